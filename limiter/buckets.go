@@ -1,0 +1,456 @@
+package limiter
+
+import (
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Buckets is a Bloom token-bucket table: a fixed number of cache lines of
+// token counters, shared by every key (after Amazon's "network communication
+// rate limiter", US 9654483).
+//
+// A key's hash picks one line and K of its 14 counters. A request of weight
+// w is granted if the fullest of those K counters holds w tokens, and only
+// that counter pays. A key that floods drains its own K counters; another
+// key is denied only if all K of its counters are drained, which happens
+// when they all collide with flooding keys (a Bloom false positive). Memory
+// is fixed by the table size, whatever the number of keys.
+//
+// Every counter is a token bucket of capacity Limit.Burst refilled at
+// Limit.Events per Limit.Window, lazily: a line is refilled when it is
+// touched, by the whole time elapsed since its tick.
+//
+// Buckets is safe for concurrent use; decisions take no lock and allocate
+// nothing.
+type Buckets struct {
+	now  func() time.Time
+	base time.Time // zero of the table's clock: ticks count from here
+	k    int
+	subs []uint8 // every k-subset of a line's counters, k bytes each
+	p    atomic.Pointer[bucketParams]
+}
+
+// bucketParams is everything a decision reads besides the lines. It is
+// immutable; SetLimit swaps in a new one.
+type bucketParams struct {
+	limit Limit
+	tickParams
+	t *lineTable
+}
+
+// lineTable is the lines and their clock. The tick length is a property of
+// the table: a limit with a different tick moves the counters to a new one.
+type lineTable struct {
+	lines     []line
+	tick      time.Duration
+	lastSweep atomic.Int64 // tick of the last wrap sweep (see sweep)
+}
+
+// BucketsConfig configures a Buckets table.
+type BucketsConfig struct {
+	// Limit is the rate and burst of every counter.
+	Limit Limit
+	// Bytes is the table's size, rounded down to whole 64-byte lines. Zero
+	// means: size it from Sources and FalseDeny.
+	Bytes int
+	// Sources is the number of sources expected to be over their limit at
+	// the same time (flooding). Used only when Bytes is zero; default
+	// DefaultSources.
+	Sources int
+	// FalseDeny is the largest acceptable probability that a source under
+	// its limit is denied while Sources others flood. Used only when Bytes
+	// is zero; default DefaultFalseDeny.
+	FalseDeny float64
+	// K is how many counters each key may draw on, 1 to 8; default 4.
+	K int
+	// Now is the table's clock; default time.Now. It should be monotonic.
+	Now func() time.Time
+}
+
+// Defaults of BucketsConfig.
+const (
+	DefaultSources   = 100_000
+	DefaultFalseDeny = 0.005
+	DefaultK         = 4
+	// MaxBytes bounds a table: 16 GiB.
+	MaxBytes = 16 << 30
+)
+
+// NewBuckets returns a table of full buckets.
+func NewBuckets(cfg BucketsConfig) (*Buckets, error) {
+	if err := cfg.Limit.Validate(); err != nil {
+		return nil, err
+	}
+	k := cfg.K
+	if k == 0 {
+		k = DefaultK
+	}
+	if k < 1 || k > 8 {
+		return nil, fmt.Errorf("k must be between 1 and 8, got %d", k)
+	}
+	n, err := cfg.lines(k)
+	if err != nil {
+		return nil, err
+	}
+	tp, _ := cfg.Limit.ticks()
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	b := &Buckets{now: now, base: now(), k: k, subs: subsets(countersPerLine, k)}
+	b.p.Store(&bucketParams{limit: cfg.Limit, tickParams: tp, t: newLineTable(n, tp.tick)})
+	return b, nil
+}
+
+// lines works out the number of lines the config asks for.
+func (cfg BucketsConfig) lines(k int) (int, error) {
+	if cfg.Bytes != 0 {
+		if cfg.Bytes < 64 || cfg.Bytes > MaxBytes {
+			return 0, fmt.Errorf("memory must be between 64 bytes and %d bytes, got %d", MaxBytes, cfg.Bytes)
+		}
+		return cfg.Bytes / 64, nil
+	}
+	sources, fd := cfg.Sources, cfg.FalseDeny
+	if sources == 0 {
+		sources = DefaultSources
+	}
+	if fd == 0 {
+		fd = DefaultFalseDeny
+	}
+	if sources < 1 {
+		return 0, fmt.Errorf("sources must be at least 1, got %d", sources)
+	}
+	if !(fd > 0 && fd < 1) {
+		return 0, fmt.Errorf("false-deny probability must be between 0 and 1, got %g", fd)
+	}
+	n := LinesFor(sources, fd, k)
+	if n > MaxBytes/64 {
+		return 0, fmt.Errorf("%d sources at false-deny probability %g need %d bytes, more than the maximum of %d",
+			sources, fd, n*64, MaxBytes)
+	}
+	return n, nil
+}
+
+// newLineTable allocates n lines aligned to 64 bytes, so that a line is one
+// cache line and no decision touches two.
+func newLineTable(n int, tick time.Duration) *lineTable {
+	raw := make([]line, n+1)
+	off := uintptr(unsafe.Pointer(&raw[0])) & 63
+	start := 0
+	if off != 0 {
+		// Go aligns large allocations to pages in practice; this is the
+		// fallback when it does not. A line is 64 bytes, so shift by whole
+		// words into the spare line.
+		words := unsafe.Slice((*uint64)(unsafe.Pointer(&raw[0])), 8*(n+1))
+		shifted := words[(64-off)/8:]
+		return &lineTable{lines: unsafe.Slice((*line)(unsafe.Pointer(&shifted[0])), n), tick: tick}
+	}
+	return &lineTable{lines: raw[start:n], tick: tick}
+}
+
+// Limit returns the limit in force.
+func (b *Buckets) Limit() Limit { return b.p.Load().limit }
+
+// K returns the number of counters each key draws on.
+func (b *Buckets) K() int { return b.k }
+
+// Bytes returns the memory held by the table's lines.
+func (b *Buckets) Bytes() int { return len(b.p.Load().t.lines) * 64 }
+
+// Lines returns the number of lines in the table.
+func (b *Buckets) Lines() int { return len(b.p.Load().t.lines) }
+
+// Allow is TakeHash(Hash(key), weight) without the Reservation.
+func (b *Buckets) Allow(key []byte, weight int64) Decision {
+	d, _ := b.TakeHash(Hash(key), weight)
+	return d
+}
+
+// TakeHash grants weight tokens to the key with hash h if the fullest of its
+// counters holds them, and charges that counter. A weight below 1 counts as
+// 1. A weight above the burst is denied with RetryAfter Never.
+func (b *Buckets) TakeHash(h uint64, weight int64) (Decision, Reservation) {
+	return b.decide(h, weight, true)
+}
+
+// PeekHash answers what TakeHash would, charging nothing and changing
+// nothing.
+func (b *Buckets) PeekHash(h uint64, weight int64) Decision {
+	d, _ := b.decide(h, weight, false)
+	return d
+}
+
+// nowNanos is the table's clock reading, never negative.
+func (b *Buckets) nowNanos() int64 {
+	ns := int64(b.now().Sub(b.base))
+	if ns < 0 {
+		return 0
+	}
+	return ns
+}
+
+// place returns the line and counters of hash h, and where they are as a
+// Reservation index: the line in the high bits, the subset in the low 16.
+func (b *Buckets) place(t *lineTable, h uint64) (*line, []uint8, uint64) {
+	idx := uint64(uint32(h>>32)) * uint64(len(t.lines)) >> 32
+	s := int(uint64(uint32(h)) * uint64(len(b.subs)/b.k) >> 32)
+	return &t.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k], idx<<16 | uint64(s)
+}
+
+// counterAt resolves a Reservation index back to its line and counters, or
+// nil if it does not fit the current table.
+func (b *Buckets) counterAt(t *lineTable, index uint64) (*line, []uint8) {
+	idx, s := index>>16, int(index&0xffff)
+	if idx >= uint64(len(t.lines)) || s >= len(b.subs)/b.k {
+		return nil, nil
+	}
+	return &t.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k]
+}
+
+func (b *Buckets) decide(h uint64, weight int64, charge bool) (Decision, Reservation) {
+	p := b.p.Load()
+	t := p.t
+	if weight < 1 {
+		weight = 1
+	}
+	nowNs := b.nowNanos()
+	nowTick := nowNs / int64(t.tick)
+	if nowTick-t.lastSweep.Load() >= sweepEvery {
+		t.sweep(p, nowTick)
+	}
+	ln, counters, at := b.place(t, h)
+	d := Decision{Limit: p.limit.burst()}
+	capUnits := uint64(p.capUnits)
+	cost := uint64(weight) * UnitsPerToken
+	if weight > MaxBurst || cost > capUnits {
+		d.RetryAfter = Never
+		charge = false // still report what the key holds
+	}
+	for {
+		w0 := atomic.LoadUint64(&ln[0])
+		tick, pending, gen := unpackClock(w0)
+		// elapsed is exact while a line's tick is less than 2³¹ ticks old;
+		// sweep keeps every line younger than that.
+		var owed uint64
+		if elapsed := int32(uint32(nowTick) - tick); elapsed > 0 {
+			if charge {
+				t.refill(ln, w0, nowTick, uint64(elapsed), p)
+				continue
+			}
+			owed = min(uint64(elapsed)*uint64(p.refill), capUnits)
+		}
+		// The fullest counter (smallest deficit; the first of equals)
+		// decides.
+		best, f := uint64(math.MaxUint64), 0
+		for i, c := range counters {
+			w := atomic.LoadUint64(&ln[counterWord(c)])
+			def := w >> counterShift(c) & laneMask
+			if owes(w, gen) {
+				def = subSat(def, pending)
+			}
+			if def = subSat(def, owed); def < best {
+				best, f = def, i
+			}
+		}
+		if best+cost > capUnits || !charge {
+			d.Allowed = d.RetryAfter != Never && best+cost <= capUnits
+			d.Remaining = int64(capUnits-min(best, capUnits)) / UnitsPerToken
+			d.Reset = p.untilBelow(best, 0, nowNs, nowTick)
+			if !d.Allowed && d.RetryAfter != Never {
+				d.RetryAfter = p.untilBelow(best, capUnits-cost, nowNs, nowTick)
+			}
+			return d, Reservation{}
+		}
+		// Every counter of the key pays, so that a key alone on its
+		// counters sees exactly one token bucket; the others pay first,
+		// and the fullest pays last with the one CAS that grants. Two requests of one key therefore meet on the
+		// same counter, and every grant is checked against a counter
+		// that already holds every earlier grant's charge.
+		r := Reservation{index: uint64(at), units: int64(cost)}
+		for i, c := range counters {
+			if i != f {
+				r.short[i] = uint32(cost - b.charge(ln, c, cost, capUnits))
+			}
+		}
+		if after, ok := b.chargeIfRoom(ln, counters[f], cost, capUnits); ok {
+			d.Allowed = true
+			d.Remaining = int64(capUnits-min(after, capUnits)) / UnitsPerToken
+			d.Reset = p.untilBelow(after, 0, nowNs, nowTick)
+			return d, r
+		}
+		// The fullest counter no longer has room: take back the others'
+		// payments and decide again.
+		b.refundExcept(ln, counters, f, r)
+	}
+}
+
+// untilBelow is the time from nowNs until a deficit of def units, refilled
+// every tick from nowTick on, is at most target.
+func (p *bucketParams) untilBelow(def, target uint64, nowNs, nowTick int64) time.Duration {
+	if def <= target {
+		return 0
+	}
+	ticks := (def - target + uint64(p.refill) - 1) / uint64(p.refill)
+	return time.Duration((nowTick+int64(ticks))*int64(p.t.tick) - nowNs)
+}
+
+// refill brings line ln, whose clock word read w0, up to nowTick: it pays
+// every word's debt to the previous refill, then claims the new one. It gives
+// up silently if another goroutine claims first; callers re-read the line.
+func (t *lineTable) refill(ln *line, w0 uint64, nowTick int64, elapsed uint64, p *bucketParams) {
+	_, pending, gen := unpackClock(w0)
+	for i := 1; i < len(ln); i++ {
+		for {
+			w := atomic.LoadUint64(&ln[i])
+			if !owes(w, gen) || atomic.CompareAndSwapUint64(&ln[i], w, settle(w, pending, gen)) {
+				break
+			}
+		}
+	}
+	amount := min(elapsed*uint64(p.refill), uint64(p.capUnits), laneMask)
+	atomic.CompareAndSwapUint64(&ln[0], w0, clockWord(uint32(nowTick), amount, gen^1))
+}
+
+// Refund returns what r charged to its counters. Refunding after the
+// counters refilled is harmless: a deficit never goes below zero.
+func (b *Buckets) Refund(r Reservation) {
+	if r.units <= 0 {
+		return
+	}
+	if ln, counters := b.counterAt(b.p.Load().t, r.index); ln != nil {
+		b.refundExcept(ln, counters, -1, r)
+	}
+}
+
+// refundExcept gives back what r charged to each counter but the one at
+// position skip.
+func (b *Buckets) refundExcept(ln *line, counters []uint8, skip int, r Reservation) {
+	for i, c := range counters {
+		if i == skip {
+			continue
+		}
+		paid := uint64(r.units) - uint64(r.short[i])
+		b.adjust(ln, c, func(def uint64) (uint64, bool) { return subSat(def, paid), true })
+	}
+}
+
+// charge adds cost to counter c's deficit and returns what it added.
+//
+// A deficit may go past capacity (the counter is then "below empty" and
+// must refill past zero before it grants again), up to twice capacity. Only
+// at that ceiling does a charge fall short. Within it, charges and refunds
+// are plain additions, so they commute: a request that rolls back its
+// charges after losing a race undoes exactly what it did, whatever other
+// requests did in between. A ceiling at capacity would not: a charge that
+// stopped at empty, then a rollback, leaves the counter fuller than every
+// grant it has seen.
+func (b *Buckets) charge(ln *line, c uint8, cost, capUnits uint64) uint64 {
+	ceiling := min(2*capUnits, laneMask)
+	var added uint64
+	b.adjust(ln, c, func(def uint64) (uint64, bool) {
+		added = min(cost, ceiling-min(def, ceiling))
+		return def + added, true
+	})
+	return added
+}
+
+// chargeIfRoom adds cost to counter c if it still holds that much, and
+// returns its new deficit.
+func (b *Buckets) chargeIfRoom(ln *line, c uint8, cost, capUnits uint64) (uint64, bool) {
+	var after uint64
+	ok := b.adjust(ln, c, func(def uint64) (uint64, bool) {
+		after = def + cost
+		return after, after <= capUnits
+	})
+	return after, ok
+}
+
+// Reset makes the counters of the key with hash h full again. Keys that
+// share those counters gain too.
+func (b *Buckets) Reset(h uint64) {
+	ln, counters, _ := b.place(b.p.Load().t, h)
+	for _, c := range counters {
+		b.adjust(ln, c, func(uint64) (uint64, bool) { return 0, true })
+	}
+}
+
+// adjust replaces counter c of ln by f(deficit), settling its word, unless f
+// declines. It reports whether it wrote.
+func (b *Buckets) adjust(ln *line, c uint8, f func(uint64) (uint64, bool)) bool {
+	wi, sh := counterWord(c), counterShift(c)
+	for {
+		_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
+		w := atomic.LoadUint64(&ln[wi])
+		s := settle(w, pending, gen)
+		def, ok := f(s >> sh & laneMask)
+		if !ok {
+			return false
+		}
+		if atomic.CompareAndSwapUint64(&ln[wi], w, s&^(laneMask<<sh)|def<<sh) {
+			return true
+		}
+	}
+}
+
+// sweepEvery is how often (in ticks) every line of a table is refilled, so
+// that no line's 32-bit tick is ever more than 2³¹ ticks behind the clock.
+const sweepEvery = 1 << 30
+
+// sweep refills every line to nowTick, once per sweepEvery ticks. A line
+// whose tick is older than half the tick's wrap period would otherwise read
+// a wrong elapsed time. The tick is at least a microsecond, so a sweep runs
+// at most every 18 minutes, in the request that finds it due (about 20 ns a
+// line). If the table went unused for more than 2³¹ ticks, every line has
+// been idle for at least 2³⁰ ticks, far longer than any bucket takes to
+// fill, so the sweep sets every counter full without reading it.
+func (t *lineTable) sweep(p *bucketParams, nowTick int64) {
+	last := t.lastSweep.Load()
+	if nowTick-last < sweepEvery || !t.lastSweep.CompareAndSwap(last, nowTick) {
+		return
+	}
+	idle := nowTick-last >= 2*sweepEvery
+	for i := range t.lines {
+		ln := &t.lines[i]
+		for {
+			w0 := atomic.LoadUint64(&ln[0])
+			tick, _, gen := unpackClock(w0)
+			if idle {
+				for j := 1; j < len(ln); j++ {
+					atomic.StoreUint64(&ln[j], gen<<63)
+				}
+				atomic.StoreUint64(&ln[0], clockWord(uint32(nowTick), 0, gen))
+				break
+			}
+			elapsed := int32(uint32(nowTick) - tick)
+			if elapsed <= 0 {
+				break
+			}
+			t.refill(ln, w0, nowTick, uint64(elapsed), p)
+		}
+	}
+}
+
+// subsets lists every k-element subset of {0 … n−1}, k bytes each, in
+// lexicographic order. A key's hash picks one uniformly.
+func subsets(n, k int) []uint8 {
+	var out []uint8
+	cur := make([]uint8, k)
+	var rec func(start, depth int)
+	rec = func(start, depth int) {
+		if depth == k {
+			out = append(out, cur...)
+			return
+		}
+		for i := start; i < n; i++ {
+			cur[depth] = uint8(i)
+			rec(i+1, depth+1)
+		}
+	}
+	rec(0, 0)
+	return out
+}
+
+var _ Policy = (*Buckets)(nil)

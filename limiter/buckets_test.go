@@ -1,0 +1,481 @@
+package limiter
+
+import (
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// roomy returns a table far larger than the keys a test uses, so that a lone
+// key never shares a counter with another.
+func roomy(t testing.TB, l Limit, clk *fakeClock) *Buckets {
+	t.Helper()
+	b, err := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 16, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestBurstThenRefill(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 5, Window: 10 * time.Second}, clk)
+	key := []byte("client")
+	for i := range 5 {
+		d := b.Allow(key, 1)
+		if !d.Allowed || d.Remaining != int64(4-i) || d.Limit != 5 {
+			t.Fatalf("request %d: %+v, want allowed with %d remaining of 5", i+1, d, 4-i)
+		}
+	}
+	d := b.Allow(key, 1)
+	if d.Allowed || d.Remaining != 0 || d.RetryAfter != 2*time.Second || d.Reset != 10*time.Second {
+		t.Fatalf("6th request: %+v, want denied, retry after 2s, full in 10s", d)
+	}
+	clk.Advance(2*time.Second - time.Nanosecond)
+	if d := b.Allow(key, 1); d.Allowed {
+		t.Fatalf("1ns before RetryAfter: %+v, want denied", d)
+	}
+	clk.Advance(time.Nanosecond)
+	if d := b.Allow(key, 1); !d.Allowed {
+		t.Fatalf("at RetryAfter: %+v, want allowed", d)
+	}
+}
+
+func TestWeightsSpendSeveralTokens(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 10, Window: 10 * time.Second}, clk)
+	key := []byte("search")
+	if d := b.Allow(key, 7); !d.Allowed || d.Remaining != 3 {
+		t.Fatalf("weight 7 of 10: %+v", d)
+	}
+	d := b.Allow(key, 4)
+	if d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("weight 4 with 3 left: %+v, want denied for 1s", d)
+	}
+	if d := b.Allow(key, 3); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("a denied request must charge nothing: weight 3 with 3 left gave %+v", d)
+	}
+	if d := b.Allow(key, 11); d.Allowed || d.RetryAfter != Never {
+		t.Fatalf("weight above burst: %+v, want denied forever", d)
+	}
+}
+
+// TestLoneKeyMatchesTextbookBucket replays a random schedule against
+// golang.org/x/time/rate, the textbook token bucket. Requests fall on tick
+// boundaries, where the two must agree exactly on every decision, on the
+// tokens left, and on the wait.
+func TestLoneKeyMatchesTextbookBucket(t *testing.T) {
+	limits := []Limit{
+		{Events: 5, Window: 10 * time.Second},
+		{Events: 100, Window: time.Minute, Burst: 20},
+		{Events: 1000, Window: time.Second},
+		{Events: 1, Window: time.Hour, Burst: 3},
+	}
+	for _, l := range limits {
+		t.Run(l.String(), func(t *testing.T) {
+			clk := newFakeClock()
+			b := roomy(t, l, clk)
+			tick := b.p.Load().t.tick
+			if tp, _ := l.ticks(); float64(tp.refill)/float64(tick) != float64(l.Events)*UnitsPerToken/float64(l.Window) {
+				// A tick that is not a whole number of nanoseconds makes
+				// the rate differ in the ninth digit; such limits are
+				// covered by TestAnyRateIsEnforcedWithin01Percent.
+				t.Fatalf("%v is not exact in ticks; pick an exact one for this test", l)
+			}
+			ref := rate.NewLimiter(rate.Limit(l.PerSecond()), int(l.burst()))
+			r := rand.New(rand.NewPCG(3, 4))
+			key := []byte("lone")
+			for i := range 20_000 {
+				clk.Advance(tick * time.Duration(r.IntN(int(time.Second/tick)+2)))
+				now := clk.Now()
+				w := int64(1 + r.IntN(3))
+				want := ref.TokensAt(now)
+				d := b.Allow(key, w)
+				refAllowed := ref.AllowN(now, int(w))
+				if d.Allowed != refAllowed {
+					t.Fatalf("request %d (weight %d, %.4f tokens): allowed=%v, textbook %v", i, w, want, d.Allowed, refAllowed)
+				}
+				left := ref.TokensAt(now)
+				if d.Remaining != int64(math.Floor(left+1e-9)) {
+					t.Fatalf("request %d: remaining %d, textbook %.4f", i, d.Remaining, left)
+				}
+				if !d.Allowed {
+					wait := time.Duration((float64(w) - left) / l.PerSecond() * float64(time.Second))
+					if diff := d.RetryAfter - wait; diff < -time.Microsecond || diff > time.Microsecond {
+						t.Fatalf("request %d: retry after %v, textbook %v", i, d.RetryAfter, wait)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestAnyRateIsEnforcedWithin01Percent(t *testing.T) {
+	limits := []Limit{
+		{Events: 1, Window: 24 * time.Hour},
+		{Events: 7, Window: 13 * time.Second},
+		{Events: 1_000_000, Window: time.Second},
+		{Events: 1_000_000, Window: time.Second, Burst: 1},
+		{Events: 1_000_000, Window: time.Hour, Burst: 1_000_000},
+		{Events: 10_000, Window: time.Second, Burst: 2_000_000},
+		{Events: 3, Window: 7 * time.Second},
+	}
+	for _, l := range limits {
+		t.Run(l.String(), func(t *testing.T) {
+			if err := l.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			tp, _ := l.ticks()
+			got := float64(tp.refill) / UnitsPerToken / tp.tick.Seconds()
+			if e := math.Abs(got-l.PerSecond()) / l.PerSecond(); e > 0.001 {
+				t.Fatalf("effective rate %g/s, want %g/s (error %.4f%%)", got, l.PerSecond(), e*100)
+			}
+			// Drain, then count grants over 50 full refills: burst plus
+			// the refill, within 0.1%.
+			clk := newFakeClock()
+			b := roomy(t, l, clk)
+			w := max(1, l.burst()/1000)
+			fill := time.Duration(float64(l.burst()) / l.PerSecond() * float64(time.Second))
+			step := fill / 200
+			granted := int64(0)
+			for range 200 * 50 {
+				for b.Allow([]byte("k"), w).Allowed {
+					granted += w
+				}
+				clk.Advance(step)
+			}
+			want := float64(l.burst()) + l.PerSecond()*(step*200*50).Seconds()
+			if e := math.Abs(float64(granted)-want) / want; e > 0.001+float64(w)/want {
+				t.Fatalf("granted %d tokens, textbook %.0f (error %.4f%%)", granted, want, e*100)
+			}
+		})
+	}
+}
+
+func TestLargeBurstIsCountedToTheToken(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 1_000_000, Window: time.Hour}, clk)
+	n := 0
+	for b.Allow([]byte("k"), 1).Allowed {
+		n++
+	}
+	if n != 1_000_000 {
+		t.Fatalf("burst of 10^6 granted %d", n)
+	}
+	b2 := roomy(t, Limit{Events: 1_000_000, Window: time.Hour}, clk)
+	n = 0
+	for b2.Allow([]byte("k"), 10_000).Allowed {
+		n++
+	}
+	if n != 100 {
+		t.Fatalf("weight 10^4 from a burst of 10^6 granted %d times, want 100", n)
+	}
+}
+
+func TestInvalidLimitsAreRejected(t *testing.T) {
+	for _, l := range []Limit{
+		{Events: 0, Window: time.Second},
+		{Events: -1, Window: time.Second},
+		{Events: 1, Window: 0},
+		{Events: 1, Window: -time.Second},
+		{Events: 1, Window: time.Second, Burst: -1},
+		{Events: 1, Window: time.Second, Burst: MaxBurst + 1},
+		{Events: 10_000_000, Window: time.Second, Burst: 1},
+	} {
+		if _, err := NewBuckets(BucketsConfig{Limit: l, Bytes: 64}); err == nil {
+			t.Errorf("%+v: accepted", l)
+		}
+	}
+	ok := Limit{Events: 1, Window: time.Second}
+	for _, cfg := range []BucketsConfig{
+		{Limit: ok, Bytes: 63},
+		{Limit: ok, Bytes: -1},
+		{Limit: ok, K: 9},
+		{Limit: ok, K: -1},
+		{Limit: ok, Sources: -5},
+		{Limit: ok, FalseDeny: 1},
+		{Limit: ok, FalseDeny: -0.1},
+		{Limit: ok, Sources: 1 << 40, FalseDeny: 1e-9},
+	} {
+		if _, err := NewBuckets(cfg); err == nil {
+			t.Errorf("%+v: accepted", cfg)
+		}
+	}
+}
+
+// TestIdlePastWrapReadsFull leaves a drained key alone for exactly one wrap
+// of the 32-bit tick, and for longer: the line's tick then reads as if no
+// time had passed, and only the sweep makes the counters full again.
+func TestIdlePastWrapReadsFull(t *testing.T) {
+	for _, idle := range []int64{1 << 31, 1 << 32, 1<<32 + 3, 5 << 32} {
+		clk := newFakeClock()
+		b := roomy(t, Limit{Events: 5, Window: time.Second}, clk)
+		tick := b.p.Load().t.tick
+		key := []byte("sleeper")
+		for b.Allow(key, 1).Allowed {
+		}
+		clk.Advance(time.Duration(idle) * tick)
+		if d := b.PeekHash(Hash(key), 1); d.Remaining != 5 && idle != 1<<31 {
+			// Peek does not sweep; only a decision does. Checked below.
+			_ = d
+		}
+		if d := b.Allow(key, 5); !d.Allowed {
+			t.Fatalf("after %d idle ticks: %+v, want a full bucket", idle, d)
+		}
+	}
+}
+
+// TestBusyTableSweepsBeforeWrap keeps a table in use across several wraps
+// of the tick; a key idle all that time must still find its bucket full.
+func TestBusyTableSweepsBeforeWrap(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 5, Window: time.Second}, clk)
+	tick := b.p.Load().t.tick
+	for b.Allow([]byte("sleeper"), 1).Allowed {
+	}
+	for range 40 {
+		clk.Advance(time.Duration(1<<28) * tick)
+		b.Allow([]byte("busy"), 1)
+	}
+	if d := b.Allow([]byte("sleeper"), 5); !d.Allowed {
+		t.Fatalf("key idle for 40×2²⁸ ticks of a busy table: %+v, want full", d)
+	}
+}
+
+func TestConcurrentTakesNeverExceedBurstPlusRefill(t *testing.T) {
+	clk := newFakeClock()
+	l := Limit{Events: 1000, Window: time.Second, Burst: 100}
+	b := roomy(t, l, clk)
+	var granted, steps atomic.Int64
+	var wg sync.WaitGroup
+	const totalSteps = 2000
+	step := 100 * time.Microsecond // a tenth of a token per step
+	// Eight goroutines take 1 or 2 tokens at a time from one key; between
+	// takes they move the shared clock on, so refills race with charges.
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; steps.Load() < totalSteps; i++ {
+				w := int64(1 + (g+i)%2)
+				if d, _ := b.TakeHash(Hash([]byte("hot")), w); d.Allowed {
+					granted.Add(w)
+				}
+				if i%4 == 0 && steps.Add(1) <= totalSteps {
+					clk.Advance(step)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// With the clock stopped, take what is left: nothing may have been
+	// created, and (since the takers kept the bucket from ever filling up)
+	// nothing lost.
+	for b.Allow([]byte("hot"), 1).Allowed {
+		granted.Add(1)
+	}
+	elapsed := time.Duration(totalSteps) * step
+	limit := l.burst() + int64(l.PerSecond()*elapsed.Seconds())
+	if g := granted.Load(); g > limit {
+		t.Fatalf("granted %d tokens in %v, more than burst+refill = %d", g, elapsed, limit)
+	} else if g < limit-2 {
+		t.Fatalf("granted only %d tokens of %d: refills were lost", g, limit)
+	}
+}
+
+func TestConcurrentTakesWithFrozenClockGrantExactlyBurst(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 500, Window: time.Second}, clk)
+	var granted atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				if b.Allow([]byte("hot"), 1).Allowed {
+					granted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if g := granted.Load(); g != 500 {
+		t.Fatalf("1600 concurrent requests against a burst of 500 granted %d", g)
+	}
+}
+
+func TestRefundRestoresExactly(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 10, Window: time.Second}, clk)
+	h := Hash([]byte("k"))
+	b.TakeHash(h, 4)
+	_, r := b.TakeHash(h, 5)
+	if !r.Charged() {
+		t.Fatal("a granted take must hold a charge")
+	}
+	b.Refund(r)
+	if d := b.PeekHash(h, 1); d.Remaining != 6 {
+		t.Fatalf("after refunding 5 of 9: %d remaining, want 6", d.Remaining)
+	}
+	_, none := b.TakeHash(h, 7)
+	if none.Charged() {
+		t.Fatal("a denied take must hold no charge")
+	}
+	b.Refund(none)
+	if d := b.PeekHash(h, 1); d.Remaining != 6 {
+		t.Fatalf("refunding a denial changed the bucket: %d remaining", d.Remaining)
+	}
+}
+
+func TestPeekChargesNothing(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 2, Window: time.Second}, clk)
+	h := Hash([]byte("k"))
+	for range 10 {
+		if d := b.PeekHash(h, 1); !d.Allowed || d.Remaining != 2 {
+			t.Fatalf("peek: %+v", d)
+		}
+	}
+}
+
+func TestResetRefillsAKey(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 2, Window: time.Hour}, clk)
+	h := Hash([]byte("k"))
+	b.TakeHash(h, 2)
+	b.Reset(h)
+	if d := b.PeekHash(h, 2); !d.Allowed {
+		t.Fatalf("after reset: %+v", d)
+	}
+}
+
+func TestSetLimitKeepsConsumption(t *testing.T) {
+	tests := []struct {
+		name     string
+		to       Limit
+		wantLeft int64
+	}{
+		{"raising 3 to 5 gives 2 more", Limit{Events: 5, Window: time.Minute}, 2},
+		{"raising the window keeps the tick", Limit{Events: 3, Window: 2 * time.Minute}, 0},
+		{"an odd new rate moves to a new tick", Limit{Events: 7, Window: 11 * time.Second}, 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := newFakeClock()
+			b := roomy(t, Limit{Events: 3, Window: time.Minute}, clk)
+			h := Hash([]byte("k"))
+			b.TakeHash(h, 3)
+			if err := b.SetLimit(tt.to); err != nil {
+				t.Fatal(err)
+			}
+			n := int64(0)
+			for {
+				if d, _ := b.TakeHash(h, 1); !d.Allowed {
+					break
+				}
+				n++
+			}
+			if n != tt.wantLeft {
+				t.Fatalf("after SetLimit(%v) an exhausted key got %d more, want %d", tt.to, n, tt.wantLeft)
+			}
+		})
+	}
+}
+
+func TestSetLimitLoweringTakesTheDifference(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 5, Window: 10 * time.Second}, clk)
+	h := Hash([]byte("k"))
+	b.TakeHash(h, 4) // 1 left of 5
+	if err := b.SetLimit(Limit{Events: 3, Window: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	d := b.PeekHash(h, 1)
+	if d.Allowed || d.Limit != 3 {
+		t.Fatalf("used 4, limit lowered to 3: %+v, want denied", d)
+	}
+	// The deficit of 4 refills at 3 per 10s: 1 token is back after
+	// (4−3+1)/0.3 = 6.67s.
+	if d.RetryAfter < 6*time.Second || d.RetryAfter > 7*time.Second {
+		t.Fatalf("retry after %v, want about 6.7s", d.RetryAfter)
+	}
+}
+
+func TestSnapshotRestoreCarriesState(t *testing.T) {
+	clk := newFakeClock()
+	l := Limit{Events: 10, Window: 10 * time.Second}
+	a := roomy(t, l, clk)
+	for i := range 100 {
+		a.Allow([]byte{byte(i)}, int64(1+i%10))
+	}
+	snap := a.AppendSnapshot(nil)
+	clk.Advance(3 * time.Second) // the restart takes 3s: 3 tokens come back
+	b := roomy(t, l, clk)
+	if err := b.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		h := Hash([]byte{byte(i)})
+		want := min(10, 10-int64(1+i%10)+3)
+		if d := b.PeekHash(h, 1); d.Remaining != want {
+			t.Fatalf("key %d: %d remaining after restore, want %d", i, d.Remaining, want)
+		}
+	}
+}
+
+func TestRestoreRejectsBadInput(t *testing.T) {
+	clk := newFakeClock()
+	l := Limit{Events: 10, Window: 10 * time.Second}
+	a := roomy(t, l, clk)
+	a.Allow([]byte("x"), 3)
+	good := a.AppendSnapshot(nil)
+	other, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 12, Now: clk.Now})
+	cases := map[string][]byte{
+		"empty":         nil,
+		"bad magic":     append([]byte("XXXX"), good[4:]...),
+		"truncated":     good[:len(good)-1],
+		"trailing":      append(append([]byte{}, good...), 1),
+		"other shape":   other.AppendSnapshot(nil),
+		"header only":   good[:5],
+		"huge index":    append(append([]byte{}, good[:len(good)-15]...), 0xff, 0xff, 0xff, 0xff, 0x0f),
+		"wide counter":  append(append([]byte{}, good...), append([]byte{0}, 0xff, 0xff, 0xff, 0xff, 0x0f)...),
+	}
+	for name, data := range cases {
+		if err := a.Restore(data); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if err := a.Restore(good); err != nil {
+		t.Fatalf("good snapshot: %v", err)
+	}
+}
+
+func FuzzRestore(f *testing.F) {
+	clk := newFakeClock()
+	l := Limit{Events: 10, Window: 10 * time.Second}
+	a, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10, Now: clk.Now})
+	f.Add(a.AppendSnapshot(nil))
+	a.Allow([]byte("x"), 3)
+	f.Add(a.AppendSnapshot(nil))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10, Now: clk.Now})
+		if err := b.Restore(data); err != nil {
+			return
+		}
+		// Whatever was accepted must snapshot again and restore the same.
+		again := b.AppendSnapshot(nil)
+		c, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10, Now: clk.Now})
+		if err := c.Restore(again); err != nil {
+			t.Fatalf("re-snapshot of accepted input rejected: %v", err)
+		}
+		if string(c.AppendSnapshot(nil)) != string(again) {
+			t.Fatal("snapshot is not stable across restore")
+		}
+	})
+}

@@ -1,0 +1,60 @@
+package limiter
+
+import (
+	"math"
+	"time"
+)
+
+// Never is the RetryAfter of a request that can never be granted: its weight
+// is larger than the policy's capacity.
+const Never = time.Duration(math.MaxInt64)
+
+// A Decision is what a policy answers for one request.
+//
+// All counts are in the policy's tokens (requests, or whatever unit the
+// weights speak in); durations are measured from the moment of the decision.
+type Decision struct {
+	// Allowed reports whether the request was granted. A denied request is
+	// charged nothing.
+	Allowed bool
+	// Limit is the policy's capacity: the burst of a token bucket or the
+	// quota of a rolling window.
+	Limit int64
+	// Remaining is what the key could still take right now, after this
+	// request was charged (if it was). It is rounded down.
+	Remaining int64
+	// RetryAfter is zero for a granted request. For a denied one it is the
+	// time until the same request would be granted, assuming no other
+	// traffic; Never if its weight exceeds Limit.
+	RetryAfter time.Duration
+	// Reset is the time until the key is back to its full Limit, assuming
+	// no other traffic.
+	Reset time.Duration
+}
+
+// A Reservation records what a granted Take charged, so that Refund can give
+// exactly that back. The zero Reservation refunds nothing.
+type Reservation struct {
+	index uint64 // where the charge went: a counter (buckets) or a key hash (sketch)
+	epoch int64  // the window the charge was counted in (sketch only)
+	units int64  // how much was charged, in the policy's internal units; 0 means nothing
+	// short[i] is how much less than units counter i of a bucket key
+	// was charged, because it ran empty.
+	short [8]uint32
+}
+
+// Charged reports whether the reservation holds a charge that Refund would
+// return.
+func (r Reservation) Charged() bool { return r.units > 0 }
+
+// ceilDuration converts nanoseconds held in a float64 to a Duration, rounding
+// up and saturating at Never.
+func ceilDuration(ns float64) time.Duration {
+	if ns <= 0 {
+		return 0
+	}
+	if ns >= float64(Never) {
+		return Never
+	}
+	return time.Duration(math.Ceil(ns))
+}

@@ -1,0 +1,85 @@
+package limiter
+
+import "github.com/cespare/xxhash/v2"
+
+// Hash is the one hash floodgate computes per key: xxhash64 of its bytes.
+// Every policy takes the hash rather than the key, so a request that is
+// checked against several policies hashes each key once.
+func Hash(key []byte) uint64 { return xxhash.Sum64(key) }
+
+// A Policy is one limit on keys: a token-bucket table (Buckets) or a rolling
+// quota (Sketch). Implementations are safe for concurrent use.
+type Policy interface {
+	// TakeHash grants weight tokens to the key with hash h if it has them,
+	// and charges them. A denied request is charged nothing.
+	TakeHash(h uint64, weight int64) (Decision, Reservation)
+	// PeekHash answers what TakeHash would, without charging anything.
+	PeekHash(h uint64, weight int64) Decision
+	// Refund returns what a Reservation from TakeHash charged.
+	Refund(Reservation)
+}
+
+// MaxInlinePolicies is how many charges a Txn holds without allocating.
+const MaxInlinePolicies = 8
+
+type heldCharge struct {
+	p Policy
+	r Reservation
+}
+
+// A Txn charges several policies as one: a request is granted only if every
+// policy grants it, and a denied request leaves no charge anywhere.
+//
+// Charges are taken one by one and refunded if a later policy denies, so no
+// policy ever grants more than its limit, even under concurrency. The price
+// is that a concurrent request may, for the few nanoseconds between a charge
+// and its refund, see tokens that are about to come back as taken.
+//
+// The zero Txn is ready to use. A Txn is not safe for concurrent use; it is
+// meant to live on the stack of one request.
+type Txn struct {
+	denied bool
+	n      int
+	inline [MaxInlinePolicies]heldCharge
+	more   []heldCharge
+}
+
+// Take asks p for weight tokens of the key with hash h. After the first
+// denial, Take no longer charges: it answers with PeekHash, so the caller
+// still learns every policy's state (for headers and Retry-After).
+func (t *Txn) Take(p Policy, h uint64, weight int64) Decision {
+	if t.denied {
+		return p.PeekHash(h, weight)
+	}
+	d, r := p.TakeHash(h, weight)
+	if !d.Allowed {
+		t.denied = true
+		t.Rollback()
+		return d
+	}
+	if t.n < MaxInlinePolicies {
+		t.inline[t.n] = heldCharge{p, r}
+	} else {
+		t.more = append(t.more, heldCharge{p, r})
+	}
+	t.n++
+	return d
+}
+
+// Denied reports whether any Take in t was denied.
+func (t *Txn) Denied() bool { return t.denied }
+
+// Rollback refunds every charge t holds. A Txn that was denied has already
+// rolled back; Rollback is for callers that decide to abandon a granted
+// request (for example because a later, non-limiter check failed).
+func (t *Txn) Rollback() {
+	for i := 0; i < t.n && i < MaxInlinePolicies; i++ {
+		t.inline[i].p.Refund(t.inline[i].r)
+		t.inline[i] = heldCharge{}
+	}
+	for i := range t.more {
+		t.more[i].p.Refund(t.more[i].r)
+	}
+	t.more = t.more[:0]
+	t.n = 0
+}

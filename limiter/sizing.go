@@ -1,0 +1,172 @@
+package limiter
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// EstimateFalseDeny is the probability that a fresh key is denied because all
+// K of its counters are drained, when sources flooding keys are spread over
+// a table of lines lines.
+//
+// Each flooding key drains the K counters it draws on (it always takes from
+// its fullest, so it empties all of them). The number j of flooding keys on
+// a given line is Poisson with mean λ = sources/lines. A fresh key on that
+// line is denied if each of its K counters is among theirs; for j keys with
+// independent uniform K-subsets of the 14 counters, by inclusion–exclusion
+//
+//	q(j) = Σ_{i=0..K} (−1)^i C(K,i) (C(14−i,K) / C(14,K))^j
+//
+// and the false-deny probability is Σ_j Poisson(j; λ) q(j).
+//
+// For K = 4: λ = 0.25 gives 0.14%, λ = 0.5 gives 0.52%, λ = 1 gives 2.1%.
+// Keys under their limit drain nothing, so only flooding sources count.
+func EstimateFalseDeny(sources, lines, k int) float64 {
+	if sources <= 0 || lines <= 0 {
+		return 0
+	}
+	lambda := float64(sources) / float64(lines)
+	if lambda > 1000 {
+		// A thousand flooding keys on a line cover every counter.
+		return 1
+	}
+	base := choose(countersPerLine, k)
+	var ratio [9]float64 // C(14−i,K)/C(14,K)
+	for i := 0; i <= k; i++ {
+		ratio[i] = choose(countersPerLine-i, k) / base
+	}
+	// Poisson terms in log space, over the mean ± 40 standard deviations:
+	// beyond that they are below 1e-300 of the total.
+	spread := 40 * math.Sqrt(lambda)
+	lo, hi := max(0, int(lambda-spread)), int(lambda+spread)+40
+	total := 0.0
+	for j := lo; j <= hi; j++ {
+		lg, _ := math.Lgamma(float64(j + 1))
+		term := math.Exp(-lambda + float64(j)*math.Log(lambda) - lg)
+		q := 0.0
+		for i := 0; i <= k; i++ {
+			sign := 1.0
+			if i%2 == 1 {
+				sign = -1
+			}
+			q += sign * choose(k, i) * math.Pow(ratio[i], float64(j))
+		}
+		total += term * q
+	}
+	return max(0, min(1, total))
+}
+
+// LinesFor is the smallest number of lines at which sources flooding keys
+// leave a fresh key a false-deny probability of at most fd (see
+// EstimateFalseDeny).
+func LinesFor(sources int, fd float64, k int) int {
+	lo, hi := 1, 1
+	for EstimateFalseDeny(sources, hi, k) > fd {
+		lo = hi
+		hi *= 2
+		if hi > MaxBytes/64 {
+			return hi // more than any table may hold; NewBuckets says so
+		}
+	}
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		if EstimateFalseDeny(sources, mid, k) > fd {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+func choose(n, k int) float64 {
+	if k < 0 || k > n {
+		return 0
+	}
+	r := 1.0
+	for i := 0; i < k; i++ {
+		r = r * float64(n-i) / float64(i+1)
+	}
+	return r
+}
+
+// BucketStats describes the state of a token-bucket table.
+type BucketStats struct {
+	Lines    int
+	Counters int
+	Bytes    int
+	K        int
+	// Occupancy is the share of counters that are empty: holding less than
+	// one token.
+	Occupancy float64
+	// Busy is the share of counters that are not full.
+	Busy float64
+	// FalseDeny is the probability that a key never seen before would be
+	// denied now: the mean over lines of C(e, K)/C(14, K), e being the
+	// line's empty counters.
+	FalseDeny float64
+	// Sampled is the number of lines the figures were computed from: every
+	// line up to 65,536, an even spread of 65,536 beyond.
+	Sampled int
+}
+
+// maxStatLines bounds the work of Stats.
+const maxStatLines = 1 << 16
+
+// Stats measures the table now. It reads (at most 65,536) lines without
+// locking them, so under traffic its figures are a consistent-enough sample,
+// not a snapshot.
+func (b *Buckets) Stats() BucketStats {
+	p := b.p.Load()
+	t := p.t
+	nowTick := b.nowNanos() / int64(t.tick)
+	n := len(t.lines)
+	step := 1
+	if n > maxStatLines {
+		step = n / maxStatLines
+	}
+	oneToken := uint64(p.capUnits) - UnitsPerToken // deficits above this leave < 1 token
+	if uint64(p.capUnits) < UnitsPerToken {
+		oneToken = 0
+	}
+	base := choose(countersPerLine, b.k)
+	var empty, busy, sampled int
+	var fd float64
+	for i := 0; i < n; i += step {
+		ln := &t.lines[i]
+		tick, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
+		var owed uint64
+		if elapsed := int32(uint32(nowTick) - tick); elapsed > 0 {
+			owed = min(uint64(elapsed)*uint64(p.refill), uint64(p.capUnits))
+		}
+		lineEmpty := 0
+		for c := uint8(0); c < countersPerLine; c++ {
+			w := atomic.LoadUint64(&ln[counterWord(c)])
+			def := w >> counterShift(c) & laneMask
+			if owes(w, gen) {
+				def = subSat(def, pending)
+			}
+			def = subSat(def, owed)
+			if def > 0 {
+				busy++
+			}
+			if def > oneToken {
+				lineEmpty++
+			}
+		}
+		empty += lineEmpty
+		fd += choose(lineEmpty, b.k) / base
+		sampled++
+	}
+	counters := sampled * countersPerLine
+	return BucketStats{
+		Lines:     n,
+		Counters:  n * countersPerLine,
+		Bytes:     n * 64,
+		K:         b.k,
+		Occupancy: float64(empty) / float64(counters),
+		Busy:      float64(busy) / float64(counters),
+		FalseDeny: fd / float64(sampled),
+		Sampled:   sampled,
+	}
+}
