@@ -437,14 +437,14 @@ func TestRestoreRejectsBadInput(t *testing.T) {
 	good := a.AppendSnapshot(nil)
 	other, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 12, Now: clk.Now})
 	cases := map[string][]byte{
-		"empty":         nil,
-		"bad magic":     append([]byte("XXXX"), good[4:]...),
-		"truncated":     good[:len(good)-1],
-		"trailing":      append(append([]byte{}, good...), 1),
-		"other shape":   other.AppendSnapshot(nil),
-		"header only":   good[:5],
-		"huge index":    append(append([]byte{}, good[:len(good)-15]...), 0xff, 0xff, 0xff, 0xff, 0x0f),
-		"wide counter":  append(append([]byte{}, good...), append([]byte{0}, 0xff, 0xff, 0xff, 0xff, 0x0f)...),
+		"empty":        nil,
+		"bad magic":    append([]byte("XXXX"), good[4:]...),
+		"truncated":    good[:len(good)-1],
+		"trailing":     append(append([]byte{}, good...), 1),
+		"other shape":  other.AppendSnapshot(nil),
+		"header only":  good[:5],
+		"huge index":   append(append([]byte{}, good[:len(good)-15]...), 0xff, 0xff, 0xff, 0xff, 0x0f),
+		"wide counter": append(append([]byte{}, good...), append([]byte{0}, 0xff, 0xff, 0xff, 0xff, 0x0f)...),
 	}
 	for name, data := range cases {
 		if err := a.Restore(data); err == nil {
