@@ -26,8 +26,9 @@ import (
 // Buckets is safe for concurrent use; decisions take no lock and allocate
 // nothing.
 type Buckets struct {
-	now  func() time.Time
-	base time.Time // zero of the table's clock: ticks count from here
+	now      func() time.Time // the injected clock; nil means the runtime's monotonic clock
+	base     time.Time        // zero of the table's clock: ticks count from here
+	baseMono int64            // nanotime at base, for the default clock
 	k    int
 	subs []uint8 // every k-subset of a line's counters, k bytes each
 	p    atomic.Pointer[bucketParams]
@@ -96,11 +97,12 @@ func NewBuckets(cfg BucketsConfig) (*Buckets, error) {
 		return nil, err
 	}
 	tp, _ := cfg.Limit.ticks()
-	now := cfg.Now
-	if now == nil {
-		now = time.Now
+	b := &Buckets{now: cfg.Now, k: k, subs: subsets(countersPerLine, k)}
+	if b.now == nil {
+		b.base, b.baseMono = time.Now(), nanotime()
+	} else {
+		b.base = b.now()
 	}
-	b := &Buckets{now: now, base: now(), k: k, subs: subsets(countersPerLine, k)}
 	b.p.Store(&bucketParams{limit: cfg.Limit, tickParams: tp, t: newLineTable(n, tp.tick)})
 	return b, nil
 }
@@ -146,8 +148,9 @@ func newLineTable(n int, tick time.Duration) *lineTable {
 		// words into the spare line.
 		words := unsafe.Slice((*uint64)(unsafe.Pointer(&raw[0])), 8*(n+1))
 		shifted := words[(64-off)/8:]
-		return &lineTable{lines: unsafe.Slice((*line)(unsafe.Pointer(&shifted[0])), n), tick: tick}
+		raw = unsafe.Slice((*line)(unsafe.Pointer(&shifted[0])), n)
 	}
+	adviseHugePages(raw[start:n])
 	return &lineTable{lines: raw[start:n], tick: tick}
 }
 
@@ -185,11 +188,21 @@ func (b *Buckets) PeekHash(h uint64, weight int64) Decision {
 
 // nowNanos is the table's clock reading, never negative.
 func (b *Buckets) nowNanos() int64 {
-	ns := int64(b.now().Sub(b.base))
-	if ns < 0 {
-		return 0
+	var ns int64
+	if b.now == nil {
+		ns = nanotime() - b.baseMono
+	} else {
+		ns = int64(b.now().Sub(b.base))
 	}
-	return ns
+	return max(ns, 0)
+}
+
+// wallNow is the wall-clock time, for snapshots that outlive the process.
+func (b *Buckets) wallNow() time.Time {
+	if b.now == nil {
+		return time.Now()
+	}
+	return b.now()
 }
 
 // place returns the line and counters of hash h, and where they are as a

@@ -85,7 +85,7 @@ func (b *Buckets) AppendSnapshot(dst []byte) []byte {
 	dst = append(dst, snapshotMagic...)
 	dst = binary.AppendUvarint(dst, uint64(len(p.t.lines)))
 	dst = binary.AppendUvarint(dst, uint64(b.k))
-	dst = binary.AppendVarint(dst, b.now().UnixNano())
+	dst = binary.AppendVarint(dst, b.wallNow().UnixNano())
 	var defs [countersPerLine]uint64
 	prev := -1
 	for i := range p.t.lines {
@@ -116,7 +116,7 @@ func (b *Buckets) Restore(data []byte) error {
 	p := b.p.Load()
 	nowTick := b.nowNanos() / int64(p.t.tick)
 	var owed uint64 = math.MaxUint64
-	if elapsed := b.now().UnixNano() - s.wall; elapsed < int64(p.capUnits/p.refill+1)*int64(p.t.tick) {
+	if elapsed := b.wallNow().UnixNano() - s.wall; elapsed < int64(p.capUnits/p.refill+1)*int64(p.t.tick) {
 		owed = uint64(max(0, elapsed)/int64(p.t.tick)) * uint64(p.refill)
 	}
 	var defs [countersPerLine]uint64

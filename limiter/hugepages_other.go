@@ -1,0 +1,5 @@
+//go:build !linux
+
+package limiter
+
+func adviseHugePages([]line) {}
