@@ -36,7 +36,7 @@ func BenchmarkAllow(b *testing.B) {
 		b.Fatal(err)
 	}
 	floor := newLineTable(fg.Lines(), time.Second).lines // same size, same pages
-	for i := range floor { // fault the pages in: a table in use is in memory
+	for i := range floor {                               // fault the pages in: a table in use is in memory
 		floor[i][0] = 2
 	}
 	xr := newXrateMap()

@@ -29,9 +29,9 @@ type Buckets struct {
 	now      func() time.Time // the injected clock; nil means the runtime's monotonic clock
 	base     time.Time        // zero of the table's clock: ticks count from here
 	baseMono int64            // nanotime at base, for the default clock
-	k    int
-	subs []uint8 // every k-subset of a line's counters, k bytes each
-	p    atomic.Pointer[bucketParams]
+	k        int
+	subs     []uint8 // every k-subset of a line's counters, k bytes each
+	p        atomic.Pointer[bucketParams]
 }
 
 // bucketParams is everything a decision reads besides the lines. It is
