@@ -72,6 +72,27 @@
 // seen before, which matches what Peek finds for fresh keys to within
 // sampling error.
 //
+// # Rolling quotas: the sliding-window sketch
+//
+// A Sketch holds Cloudflare's two fixed windows per key (estimate = previous ×
+// (W − t)/W + current) in a count-min sketch: rows × width counters for each
+// window, fixed memory, lazily rotated per counter by a window tag, mergeable
+// by addition with another instance's snapshot, and encoded sparsely for
+// storage by a decoder that treats its input as untrusted.
+//
+// Accuracy (TestSketchAccuracy: 10,000 keys, 12 windows, about a million
+// requests; 85% of keys light, 8% near the quota, 4% abusive, 3% bursty):
+// against an exact sliding log, the light keys' decisions differ on 0.11%
+// (width 2¹⁴) and 0.074% (width 2¹⁶) of requests. Over the whole trace 12.5%
+// of decisions differ, and that is the two-window rule itself, not the
+// sketch: with exact per-key counters the rule differs on 12.51%, because for
+// a key over its quota both grant about the quota per window but not the same
+// requests (every shifted grant counts as one wrong allow and one wrong
+// deny). Tokens granted match the exact log to within 0.2%; sketch collisions
+// change 0.99% of decisions at width 2¹⁴ and 0.0016% at 2¹⁶, so size the
+// width at several times the number of busy keys. The rule's known weakness
+// remains: a bursty key held up to 1.85× its quota within one sliding window.
+//
 // # Concurrency and time
 //
 // Decisions take no lock and allocate nothing. Time is a per-table clock

@@ -1,0 +1,205 @@
+package limiter
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+)
+
+// The binary form of a SketchSnapshot is
+//
+//	"FGSK" version=1
+//	uvarint rows, uvarint width, uvarint window (ns), varint epoch
+//	previous window: uvarint n, then n × (uvarint index delta, uvarint count)
+//	current window:  the same
+//
+// Only nonzero cells are listed, in increasing index order; each index is
+// the previous entry's plus its delta (the first entry's previous index
+// being −1), so every delta is at least 1. Varints are minimal. The form
+// is canonical: a snapshot has exactly one encoding, so decoding and
+// encoding again gives back the same bytes.
+const (
+	sketchMagic        = "FGSK"
+	sketchCodecVersion = 1
+)
+
+// AppendBinary appends the compact binary form of o to dst: at most 39
+// bytes of header and entry counts, then at most 9 bytes per nonzero cell
+// (typically 2 to 4). It returns dst unchanged and an error if o's shape, window or
+// count slices are inconsistent, since a peer would reject them.
+func (o *SketchSnapshot) AppendBinary(dst []byte) ([]byte, error) {
+	if err := o.validate(); err != nil {
+		return dst, err
+	}
+	dst = append(dst, sketchMagic...)
+	dst = append(dst, sketchCodecVersion)
+	dst = binary.AppendUvarint(dst, uint64(o.Rows))
+	dst = binary.AppendUvarint(dst, uint64(o.Width))
+	dst = binary.AppendUvarint(dst, uint64(o.Window))
+	dst = binary.AppendVarint(dst, o.Epoch)
+	dst = appendSketchCells(dst, o.Prev)
+	dst = appendSketchCells(dst, o.Curr)
+	return dst, nil
+}
+
+func appendSketchCells(dst []byte, counts []uint32) []byte {
+	n := 0
+	for _, c := range counts {
+		if c != 0 {
+			n++
+		}
+	}
+	dst = binary.AppendUvarint(dst, uint64(n))
+	last := -1
+	for i, c := range counts {
+		if c != 0 {
+			dst = binary.AppendUvarint(dst, uint64(i-last))
+			dst = binary.AppendUvarint(dst, uint64(c))
+			last = i
+		}
+	}
+	return dst
+}
+
+// DecodeSketchSnapshot decodes the binary form written by AppendBinary.
+// It treats data as untrusted: it never panics, and rejects with an error
+// saying what and where any input that AppendBinary would not have written,
+// including a shape of more than maxCells cells (rows × width), which must
+// be at least 1.
+//
+// It allocates 8 bytes per cell of the shape the header claims, at most
+// 8 × maxCells bytes, plus under 1 KiB for the snapshot and any error,
+// whatever the length of data: a few bytes can claim an empty sketch of
+// maxCells cells. Set maxCells to the cells of the sketch the snapshot
+// is for. Input rejected before the counts are reached allocates only the
+// error.
+func DecodeSketchSnapshot(data []byte, maxCells int) (*SketchSnapshot, error) {
+	if maxCells < 1 {
+		return nil, fmt.Errorf("sketch snapshot: maxCells must be at least 1, got %d", maxCells)
+	}
+	if len(data) < len(sketchMagic) || string(data[:len(sketchMagic)]) != sketchMagic {
+		return nil, fmt.Errorf("sketch snapshot: bad magic, not a sketch snapshot")
+	}
+	d := sketchDecoder{data: data, off: len(sketchMagic)}
+	if d.off == len(data) {
+		return nil, fmt.Errorf("sketch snapshot: truncated before the version")
+	}
+	if v := data[d.off]; v != sketchCodecVersion {
+		return nil, fmt.Errorf("sketch snapshot: unsupported version %d, want %d", v, sketchCodecVersion)
+	}
+	d.off++
+	rows, err := d.uvarint("rows")
+	if err != nil {
+		return nil, err
+	}
+	if rows < 1 || rows > MaxSketchRows {
+		return nil, fmt.Errorf("sketch snapshot: rows must be between 1 and %d, got %d", MaxSketchRows, rows)
+	}
+	width, err := d.uvarint("width")
+	if err != nil {
+		return nil, err
+	}
+	if width < 1 || width > MaxSketchWidth {
+		return nil, fmt.Errorf("sketch snapshot: width must be between 1 and %d, got %d", MaxSketchWidth, width)
+	}
+	cells := int(rows * width)
+	if cells > maxCells {
+		return nil, fmt.Errorf("sketch snapshot: %d×%d shape has %d cells, over the limit of %d", rows, width, cells, maxCells)
+	}
+	window, err := d.uvarint("window")
+	if err != nil {
+		return nil, err
+	}
+	if window < uint64(MinSketchWindow) || window > uint64(MaxSketchWindow) {
+		return nil, fmt.Errorf("sketch snapshot: window must be between %v and %v, got %d ns", MinSketchWindow, MaxSketchWindow, window)
+	}
+	epoch, err := d.uvarint("epoch")
+	if err != nil {
+		return nil, err
+	}
+	counts := make([]uint32, 2*cells)
+	o := &SketchSnapshot{
+		Window: time.Duration(window),
+		Epoch:  sketchUnzigzag(epoch),
+		Rows:   int(rows),
+		Width:  int(width),
+		Prev:   counts[:cells:cells],
+		Curr:   counts[cells:],
+	}
+	if err := d.cells(o.Prev, "previous"); err != nil {
+		return nil, err
+	}
+	if err := d.cells(o.Curr, "current"); err != nil {
+		return nil, err
+	}
+	if d.off != len(data) {
+		return nil, fmt.Errorf("sketch snapshot: %d trailing bytes at byte %d", len(data)-d.off, d.off)
+	}
+	return o, nil
+}
+
+// sketchUnzigzag undoes the zig-zag encoding of binary.AppendVarint, which is
+// read as a uvarint so that its minimality can be checked.
+func sketchUnzigzag(u uint64) int64 {
+	x := int64(u >> 1)
+	if u&1 != 0 {
+		x = ^x
+	}
+	return x
+}
+
+type sketchDecoder struct {
+	data []byte
+	off  int
+}
+
+// uvarint reads a minimal uvarint; what names it in errors.
+func (d *sketchDecoder) uvarint(what string) (uint64, error) {
+	v, n := binary.Uvarint(d.data[d.off:])
+	switch {
+	case n == 0:
+		return 0, fmt.Errorf("sketch snapshot: truncated reading %s at byte %d", what, d.off)
+	case n < 0:
+		return 0, fmt.Errorf("sketch snapshot: %s at byte %d overflows 64 bits", what, d.off)
+	case n > 1 && d.data[d.off+n-1] == 0:
+		return 0, fmt.Errorf("sketch snapshot: %s at byte %d is not minimally encoded", what, d.off)
+	}
+	d.off += n
+	return v, nil
+}
+
+// cells reads one window's list of nonzero cells into counts, which is
+// all zeros and as long as the shape has cells.
+func (d *sketchDecoder) cells(counts []uint32, which string) error {
+	n, err := d.uvarint("entry count")
+	if err != nil {
+		return err
+	}
+	if n > uint64(len(counts)) {
+		return fmt.Errorf("sketch snapshot: %s window lists %d cells, the shape has only %d", which, n, len(counts))
+	}
+	last := -1
+	for k := range int(n) {
+		delta, err := d.uvarint("index delta")
+		if err != nil {
+			return err
+		}
+		if delta == 0 {
+			return fmt.Errorf("sketch snapshot: %s window entry %d repeats index %d", which, k, last)
+		}
+		if delta > uint64(len(counts)-1-last) {
+			return fmt.Errorf("sketch snapshot: %s window entry %d: index %d+%d is out of range for %d cells", which, k, last, delta, len(counts))
+		}
+		last += int(delta)
+		c, err := d.uvarint("count")
+		if err != nil {
+			return err
+		}
+		if c == 0 || c > math.MaxUint32 {
+			return fmt.Errorf("sketch snapshot: %s window cell %d: count %d is not between 1 and %d", which, last, c, uint64(math.MaxUint32))
+		}
+		counts[last] = uint32(c)
+	}
+	return nil
+}
