@@ -1,0 +1,90 @@
+package limiter
+
+import (
+	"testing"
+	"time"
+)
+
+// TestTxnDeniedRequestChargesNoPolicy combines a token bucket (burst 5) with
+// a rolling quota (3 per minute): the quota's denial must leave the bucket
+// as it was.
+func TestTxnDeniedRequestChargesNoPolicy(t *testing.T) {
+	clk := newFakeClock()
+	bucket := roomy(t, Limit{Events: 5, Window: time.Minute}, clk)
+	quota, err := NewSketch(SketchConfig{Quota: 3, Window: time.Minute, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := Hash([]byte("client"))
+	for i := range 3 {
+		var txn Txn
+		txn.Take(bucket, h, 1)
+		txn.Take(quota, h, 1)
+		if txn.Denied() {
+			t.Fatalf("request %d denied", i+1)
+		}
+	}
+	for range 10 {
+		var txn Txn
+		b := txn.Take(bucket, h, 1)
+		q := txn.Take(quota, h, 1)
+		if !txn.Denied() || !b.Allowed || q.Allowed {
+			t.Fatalf("4th+ request: bucket %+v quota %+v, want the quota to deny", b, q)
+		}
+	}
+	if d := bucket.PeekHash(h, 1); d.Remaining != 2 {
+		t.Fatalf("bucket has %d left after 3 granted and 10 denied requests, want 2", d.Remaining)
+	}
+}
+
+// TestTxnAfterDenialOnlyPeeks: once a policy denies, later policies are
+// asked without charging, so the caller still learns their state.
+func TestTxnAfterDenialOnlyPeeks(t *testing.T) {
+	clk := newFakeClock()
+	first := roomy(t, Limit{Events: 1, Window: time.Hour}, clk)
+	second := roomy(t, Limit{Events: 9, Window: time.Hour}, clk)
+	h := Hash([]byte("k"))
+	first.TakeHash(h, 1)
+	var txn Txn
+	txn.Take(first, h, 1)
+	d := txn.Take(second, h, 1)
+	if !d.Allowed || d.Remaining != 9 {
+		t.Fatalf("second policy after a denial: %+v, want a peek (allowed, 9 left)", d)
+	}
+	if got := second.PeekHash(h, 1).Remaining; got != 9 {
+		t.Fatalf("second policy was charged: %d left", got)
+	}
+}
+
+func TestTxnRollbackRefundsMoreThanInline(t *testing.T) {
+	clk := newFakeClock()
+	h := Hash([]byte("k"))
+	var ps []*Buckets
+	var txn Txn
+	for range MaxInlinePolicies + 3 {
+		b := roomy(t, Limit{Events: 4, Window: time.Hour}, clk)
+		ps = append(ps, b)
+		txn.Take(b, h, 3)
+	}
+	txn.Rollback()
+	for i, b := range ps {
+		if got := b.PeekHash(h, 1).Remaining; got != 4 {
+			t.Fatalf("policy %d: %d left after rollback, want 4", i, got)
+		}
+	}
+}
+
+func TestTxnAllocatesNothing(t *testing.T) {
+	clk := newFakeClock()
+	a := roomy(t, Limit{Events: 1 << 20, Window: time.Second}, clk)
+	s, _ := NewSketch(SketchConfig{Quota: 1 << 30, Window: time.Hour, Now: clk.Now})
+	h := Hash([]byte("k"))
+	allocs := testing.AllocsPerRun(1000, func() {
+		var txn Txn
+		txn.Take(a, h, 1)
+		txn.Take(s, h, 1)
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per two-policy decision", allocs)
+	}
+}
