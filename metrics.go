@@ -1,0 +1,37 @@
+package floodgate
+
+import (
+	"errors"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// requests counts the requests the rate_limit handler decided, by zone and
+// outcome (allowed or denied). Labels are bounded by the configuration:
+// never a key.
+var requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "caddy",
+	Subsystem: "rate_limit",
+	Name:      "requests_total",
+	Help:      "Requests checked by the rate_limit handler, by zone and outcome.",
+}, []string{"zone", "outcome"})
+
+// counter is a metric a zone increments; nil when metrics are disabled.
+type counter = prometheus.Counter
+
+// registerMetrics registers the collectors with the registry of the config
+// being loaded: each config has its own registry, and the same collector
+// registered again keeps its counts across reloads.
+func registerMetrics(ctx caddy.Context) {
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return
+	}
+	if err := reg.Register(requests); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if !errors.As(err, &already) {
+			ctx.Logger().Error("registering rate_limit metrics: " + err.Error())
+		}
+	}
+}
