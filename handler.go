@@ -224,10 +224,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	denied := txn.Denied()
 	if denied {
-		// Zones that granted before the denial were refunded.
+		// Zones that granted before the denial were refunded: their key
+		// has its token back, and is one token's refill closer to full.
 		for i := range verdicts {
 			if d := &verdicts[i].d; d.Allowed {
 				d.Remaining = min(d.Remaining+1, d.Limit)
+				d.Reset = max(d.Reset-verdicts[i].z.perToken, 0)
 			}
 		}
 	}

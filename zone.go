@@ -209,6 +209,7 @@ func parseKeySpec(s string) keySpec {
 type zone struct {
 	name     string
 	limit    limiter.Limit
+	perToken time.Duration // how long one token takes to return
 	keys     []keySpec
 	v4, v6   int
 	matchers caddyhttp.MatcherSets
@@ -227,10 +228,11 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		return nil, err
 	}
 	z := &zone{
-		name:  name,
-		limit: zc.limit(),
-		v4:    prefixOr(zc.IPv4Prefix, defaultIPv4Prefix),
-		v6:    prefixOr(zc.IPv6Prefix, defaultIPv6Prefix),
+		name:     name,
+		limit:    zc.limit(),
+		perToken: time.Duration(zc.Window) / time.Duration(zc.MaxEvents),
+		v4:       prefixOr(zc.IPv4Prefix, defaultIPv4Prefix),
+		v6:       prefixOr(zc.IPv6Prefix, defaultIPv6Prefix),
 	}
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
 		if k != "" {
