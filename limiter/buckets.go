@@ -223,7 +223,7 @@ func (b *Buckets) counterAt(t *lineTable, index uint64) (*line, []uint8) {
 	return &t.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k]
 }
 
-func (b *Buckets) decide(h uint64, weight int64, charge bool) (Decision, Reservation) {
+func (b *Buckets) decide(h uint64, weight int64, commit bool) (Decision, Reservation) {
 	p := b.p.Load()
 	t := p.t
 	if weight < 1 {
@@ -240,20 +240,30 @@ func (b *Buckets) decide(h uint64, weight int64, charge bool) (Decision, Reserva
 	cost := uint64(weight) * UnitsPerToken
 	if weight > MaxBurst || cost > capUnits {
 		d.RetryAfter = Never
-		charge = false // still report what the key holds
+		commit = false // still report what the key holds
 	}
 	for {
 		w0 := atomic.LoadUint64(&ln[0])
 		tick, pending, gen := unpackClock(w0)
-		// elapsed is exact while a line's tick is less than 2³¹ ticks old;
-		// sweep keeps every line younger than that.
+		// The refill a line is owed since its tick is not written back on
+		// every touch: a charge lifts the counter to the owed amount
+		// first (see charge), which keeps it exact relative to the old
+		// tick. Only once a full bucket's worth is owed is the line
+		// brought up to date (refill), so a busy line pays for that once
+		// per refill period, not once per tick.
+		//
+		// elapsed is exact while a line's tick is less than 2³¹ ticks
+		// old; sweep keeps every line younger than that.
 		var owed uint64
 		if elapsed := int32(uint32(nowTick) - tick); elapsed > 0 {
-			if charge {
-				t.refill(ln, w0, nowTick, uint64(elapsed), p)
-				continue
+			owed = uint64(elapsed) * uint64(p.refill)
+			if owed >= capUnits {
+				if commit {
+					t.refill(ln, w0, nowTick, uint64(elapsed), p)
+					continue
+				}
+				owed = min(owed, laneMask)
 			}
-			owed = min(uint64(elapsed)*uint64(p.refill), capUnits)
 		}
 		// The fullest counter (smallest deficit; the first of equals)
 		// decides.
@@ -268,7 +278,7 @@ func (b *Buckets) decide(h uint64, weight int64, charge bool) (Decision, Reserva
 				best, f = def, i
 			}
 		}
-		if best+cost > capUnits || !charge {
+		if best+cost > capUnits || !commit {
 			d.Allowed = d.RetryAfter != Never && best+cost <= capUnits
 			d.Remaining = int64(capUnits-min(best, capUnits)) / UnitsPerToken
 			d.Reset = p.untilBelow(best, 0, nowNs, nowTick)
@@ -279,16 +289,17 @@ func (b *Buckets) decide(h uint64, weight int64, charge bool) (Decision, Reserva
 		}
 		// Every counter of the key pays, so that a key alone on its
 		// counters sees exactly one token bucket; the others pay first,
-		// and the fullest pays last with the one CAS that grants. Two requests of one key therefore meet on the
-		// same counter, and every grant is checked against a counter
-		// that already holds every earlier grant's charge.
+		// and the fullest pays last with the one CAS that grants.
+		// Two requests of one key therefore meet on the same counter,
+		// and every grant is checked against a counter that already
+		// holds every earlier grant's charge.
 		r := Reservation{index: uint64(at), units: int64(cost)}
 		for i, c := range counters {
 			if i != f {
-				r.short[i] = uint32(cost - b.charge(ln, c, cost, capUnits))
+				r.short[i] = uint32(cost - charge(ln, c, cost, capUnits, owed))
 			}
 		}
-		if after, ok := b.chargeIfRoom(ln, counters[f], cost, capUnits); ok {
+		if after, ok := chargeIfRoom(ln, counters[f], cost, capUnits, owed); ok {
 			d.Allowed = true
 			d.Remaining = int64(capUnits-min(after, capUnits)) / UnitsPerToken
 			d.Reset = p.untilBelow(after, 0, nowNs, nowTick)
@@ -296,7 +307,7 @@ func (b *Buckets) decide(h uint64, weight int64, charge bool) (Decision, Reserva
 		}
 		// The fullest counter no longer has room: take back the others'
 		// payments and decide again.
-		b.refundExcept(ln, counters, f, r)
+		refundExcept(ln, counters, f, r)
 	}
 }
 
@@ -323,32 +334,53 @@ func (t *lineTable) refill(ln *line, w0 uint64, nowTick int64, elapsed uint64, p
 			}
 		}
 	}
-	amount := min(elapsed*uint64(p.refill), uint64(p.capUnits), laneMask)
+	// Stored deficits reach three capacities (see charge), so the amount
+	// is not capped at one.
+	amount := min(elapsed*uint64(p.refill), laneMask)
 	atomic.CompareAndSwapUint64(&ln[0], w0, clockWord(uint32(nowTick), amount, gen^1))
 }
 
-// Refund returns what r charged to its counters. Refunding after the
-// counters refilled is harmless: a deficit never goes below zero.
+// Refund returns what r charged to its counters. A charge that has since
+// been refilled away returns nothing more than the counter lacks: a
+// deficit never goes below zero.
 func (b *Buckets) Refund(r Reservation) {
 	if r.units <= 0 {
 		return
 	}
 	if ln, counters := b.counterAt(b.p.Load().t, r.index); ln != nil {
-		b.refundExcept(ln, counters, -1, r)
+		refundExcept(ln, counters, -1, r)
 	}
 }
 
 // refundExcept gives back what r charged to each counter but the one at
-// position skip.
-func (b *Buckets) refundExcept(ln *line, counters []uint8, skip int, r Reservation) {
+// position skip. Refunds subtract from the stored deficit, the inverse of
+// the additions charge made, so a rollback undoes exactly what it did.
+func refundExcept(ln *line, counters []uint8, skip int, r Reservation) {
 	for i, c := range counters {
 		if i == skip {
 			continue
 		}
 		paid := uint64(r.units) - uint64(r.short[i])
-		b.adjust(ln, c, func(def uint64) (uint64, bool) { return subSat(def, paid), true })
+		wi, sh := counterWord(c), counterShift(c)
+		for {
+			_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
+			w := atomic.LoadUint64(&ln[wi])
+			s := settle(w, pending, gen)
+			def := s >> sh & laneMask
+			if atomic.CompareAndSwapUint64(&ln[wi], w, s&^(laneMask<<sh)|subSat(def, paid)<<sh) {
+				break
+			}
+		}
 	}
 }
+
+// A counter's stored deficit is relative to its line's tick: the deficit
+// now is the stored one less what the line is owed since (owed), floored at
+// zero. To charge it without bringing the whole line up to date, a charge
+// first lifts the stored deficit to at least owed (which changes nothing
+// now, but stops the refill credited before the charge from also paying
+// for the charge), then adds. Stored deficits stay below three capacities:
+// owed is less than one, and the deficit now at most two (see charge).
 
 // charge adds cost to counter c's deficit and returns what it added.
 //
@@ -360,25 +392,40 @@ func (b *Buckets) refundExcept(ln *line, counters []uint8, skip int, r Reservati
 // requests did in between. A ceiling at capacity would not: a charge that
 // stopped at empty, then a rollback, leaves the counter fuller than every
 // grant it has seen.
-func (b *Buckets) charge(ln *line, c uint8, cost, capUnits uint64) uint64 {
-	ceiling := min(2*capUnits, laneMask)
-	var added uint64
-	b.adjust(ln, c, func(def uint64) (uint64, bool) {
-		added = min(cost, ceiling-min(def, ceiling))
-		return def + added, true
-	})
-	return added
+func charge(ln *line, c uint8, cost, capUnits, owed uint64) uint64 {
+	wi, sh := counterWord(c), counterShift(c)
+	ceiling := 2 * capUnits
+	for {
+		_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
+		w := atomic.LoadUint64(&ln[wi])
+		s := settle(w, pending, gen)
+		def := s >> sh & laneMask
+		added := min(cost, ceiling-min(subSat(def, owed), ceiling))
+		nw := s&^(laneMask<<sh) | (max(def, owed)+added)<<sh
+		if atomic.CompareAndSwapUint64(&ln[wi], w, nw) {
+			return added
+		}
+	}
 }
 
 // chargeIfRoom adds cost to counter c if it still holds that much, and
-// returns its new deficit.
-func (b *Buckets) chargeIfRoom(ln *line, c uint8, cost, capUnits uint64) (uint64, bool) {
-	var after uint64
-	ok := b.adjust(ln, c, func(def uint64) (uint64, bool) {
-		after = def + cost
-		return after, after <= capUnits
-	})
-	return after, ok
+// returns its deficit now.
+func chargeIfRoom(ln *line, c uint8, cost, capUnits, owed uint64) (uint64, bool) {
+	wi, sh := counterWord(c), counterShift(c)
+	for {
+		_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
+		w := atomic.LoadUint64(&ln[wi])
+		s := settle(w, pending, gen)
+		def := s >> sh & laneMask
+		after := subSat(def, owed) + cost
+		if after > capUnits {
+			return after, false
+		}
+		nw := s&^(laneMask<<sh) | (max(def, owed)+cost)<<sh
+		if atomic.CompareAndSwapUint64(&ln[wi], w, nw) {
+			return after, true
+		}
+	}
 }
 
 // Reset makes the counters of the key with hash h full again. Keys that
@@ -386,24 +433,14 @@ func (b *Buckets) chargeIfRoom(ln *line, c uint8, cost, capUnits uint64) (uint64
 func (b *Buckets) Reset(h uint64) {
 	ln, counters, _ := b.place(b.p.Load().t, h)
 	for _, c := range counters {
-		b.adjust(ln, c, func(uint64) (uint64, bool) { return 0, true })
-	}
-}
-
-// adjust replaces counter c of ln by f(deficit), settling its word, unless f
-// declines. It reports whether it wrote.
-func (b *Buckets) adjust(ln *line, c uint8, f func(uint64) (uint64, bool)) bool {
-	wi, sh := counterWord(c), counterShift(c)
-	for {
-		_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
-		w := atomic.LoadUint64(&ln[wi])
-		s := settle(w, pending, gen)
-		def, ok := f(s >> sh & laneMask)
-		if !ok {
-			return false
-		}
-		if atomic.CompareAndSwapUint64(&ln[wi], w, s&^(laneMask<<sh)|def<<sh) {
-			return true
+		wi, sh := counterWord(c), counterShift(c)
+		for {
+			_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
+			w := atomic.LoadUint64(&ln[wi])
+			s := settle(w, pending, gen)
+			if atomic.CompareAndSwapUint64(&ln[wi], w, s&^(laneMask<<sh)) {
+				break
+			}
 		}
 	}
 }

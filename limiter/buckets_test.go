@@ -122,7 +122,7 @@ func TestAnyRateIsEnforcedWithin01Percent(t *testing.T) {
 		{Events: 1_000_000, Window: time.Second},
 		{Events: 1_000_000, Window: time.Second, Burst: 1},
 		{Events: 1_000_000, Window: time.Hour, Burst: 1_000_000},
-		{Events: 10_000, Window: time.Second, Burst: 2_000_000},
+		{Events: 10_000, Window: time.Second, Burst: MaxBurst},
 		{Events: 3, Window: 7 * time.Second},
 	}
 	for _, l := range limits {
@@ -478,4 +478,31 @@ func FuzzRestore(f *testing.F) {
 			t.Fatal("snapshot is not stable across restore")
 		}
 	})
+}
+
+// TestIdleTimeIsNotCreditedToLaterCharges: a full key left alone for half a
+// refill period, then drained, has a burst and no more. The line is not
+// brought up to date (less than a bucket's worth is owed), so a charge that
+// did not first lift its counter to the owed refill would be paid for by
+// refill that accrued while the counter was already full.
+func TestIdleTimeIsNotCreditedToLaterCharges(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 10, Window: 10 * time.Second}, clk)
+	key := []byte("k")
+	b.Allow([]byte("neighbour"), 1)
+	clk.Advance(5 * time.Second)
+	n := 0
+	for b.Allow(key, 1).Allowed {
+		n++
+	}
+	if n != 10 {
+		t.Fatalf("after 5s idle a full key took %d, want its burst of 10", n)
+	}
+	clk.Advance(time.Second)
+	if d := b.Allow(key, 1); !d.Allowed {
+		t.Fatalf("a second later: %+v, want one token back", d)
+	}
+	if d := b.Allow(key, 1); d.Allowed {
+		t.Fatalf("a second later, second request: %+v, want denied", d)
+	}
 }

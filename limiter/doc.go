@@ -34,8 +34,9 @@
 // floodgate uses a clock word (32-bit tick, 31-bit pending refill,
 // generation bit) and seven words of two 31-bit counters, because:
 //
-//   - A counter holds tokens in units of 1/1024 token, so weights are exact
-//     and a burst of up to MaxBurst (2,097,151) tokens fits; 16 bits hold
+//   - A counter holds tokens in units of 1/512 token, so weights are exact
+//     and a burst of up to MaxBurst (1,398,101) tokens fits, with room for
+//     the stored deficit to reach three bursts (see charge); 16 bits hold
 //     neither a burst of 10⁶ nor weight-1 requests against it.
 //   - Refill per tick is a whole number of units (at least 1/16 token) over a
 //     tick of at least 1µs rounded to a whole nanosecond, so any rate from
@@ -45,8 +46,12 @@
 //     decades; a table is swept once per 2³⁰ ticks so that no line's tick is
 //     ambiguous, and a line idle past the wrap reads as full.
 //   - The pending refill and the generation bit make refill exact and
-//     lock-free (see line.go); the patent's refill-on-empty credits a line
-//     for the time it sat full, which would grant a second burst.
+//     lock-free (see line.go). A line is brought up to date only once a
+//     full bucket's worth of refill is owed; in between, a charge lifts its
+//     counter to the refill owed since the line's tick before adding, which
+//     keeps the deficit exact relative to that tick. The patent's
+//     refill-on-empty instead credits a line for the time it sat full,
+//     which would grant a second burst.
 //
 // Counters hold deficits (how far from full), so a zeroed table is full, a
 // changed capacity applies at once to existing state, and "add the refill,

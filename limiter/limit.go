@@ -23,16 +23,17 @@ type Limit struct {
 // package documentation).
 const (
 	// UnitsPerToken is the fixed-point scale of a counter: one token is
-	// 1024 units, so weights and refills are exact to 1/1024 token.
-	UnitsPerToken = 1024
-	// MaxBurst is the largest capacity a counter can hold.
-	MaxBurst = (1<<31 - 1) / UnitsPerToken
+	// 512 units, so weights and refills are exact to 1/512 token.
+	UnitsPerToken = 512
+	// MaxBurst is the largest capacity a counter can hold: a stored
+	// deficit reaches three capacities (see charge), in 31 bits.
+	MaxBurst = (1<<31 - 1) / 3 / UnitsPerToken
 	// minTick is the shortest tick. Rounding a tick to whole nanoseconds
 	// then changes the rate by at most 0.05%.
 	minTick = time.Microsecond
 	// minRefill is the smallest refill per tick, in units: 1/16 token. Ticks
 	// are as short as possible given this and minTick.
-	minRefill = 64
+	minRefill = UnitsPerToken / 16
 )
 
 // burst returns the effective capacity.

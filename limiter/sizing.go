@@ -137,7 +137,7 @@ func (b *Buckets) Stats() BucketStats {
 		tick, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
 		var owed uint64
 		if elapsed := int32(uint32(nowTick) - tick); elapsed > 0 {
-			owed = min(uint64(elapsed)*uint64(p.refill), uint64(p.capUnits))
+			owed = min(uint64(elapsed)*uint64(p.refill), laneMask)
 		}
 		lineEmpty := 0
 		for c := uint8(0); c < countersPerLine; c++ {
