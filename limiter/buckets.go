@@ -3,6 +3,7 @@ package limiter
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -47,7 +48,19 @@ type bucketParams struct {
 type lineTable struct {
 	lines     []line
 	tick      time.Duration
+	tickInv   uint64       // ⌊(2⁶⁴−1)/tick⌋, to divide by tick with a multiply
 	lastSweep atomic.Int64 // tick of the last wrap sweep (see sweep)
+}
+
+// ticksAt is ns / tick for ns ≥ 0. A 64-bit division is the slowest
+// instruction of a decision; the multiply by the reciprocal is short by at
+// most one, which one comparison repairs.
+func (t *lineTable) ticksAt(ns int64) int64 {
+	q, _ := bits.Mul64(uint64(ns), t.tickInv)
+	if uint64(ns)-q*uint64(t.tick) >= uint64(t.tick) {
+		q++
+	}
+	return int64(q)
 }
 
 // BucketsConfig configures a Buckets table.
@@ -151,7 +164,7 @@ func newLineTable(n int, tick time.Duration) *lineTable {
 		raw = unsafe.Slice((*line)(unsafe.Pointer(&shifted[0])), n)
 	}
 	adviseHugePages(raw[start:n])
-	return &lineTable{lines: raw[start:n], tick: tick}
+	return &lineTable{lines: raw[start:n], tick: tick, tickInv: math.MaxUint64 / uint64(tick)}
 }
 
 // Limit returns the limit in force.
@@ -230,7 +243,7 @@ func (b *Buckets) decide(h uint64, weight int64, commit bool) (Decision, Reserva
 		weight = 1
 	}
 	nowNs := b.nowNanos()
-	nowTick := nowNs / int64(t.tick)
+	nowTick := t.ticksAt(nowNs)
 	if nowTick-t.lastSweep.Load() >= sweepEvery {
 		t.sweep(p, nowTick)
 	}

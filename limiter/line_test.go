@@ -3,6 +3,7 @@ package limiter
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 func TestSubSatMatchesReference(t *testing.T) {
@@ -63,4 +64,25 @@ func FuzzSubSat(f *testing.F) {
 			t.Fatalf("subSat(%#x, %d) = %#x, reference %#x", v, amount, got, want)
 		}
 	})
+}
+
+func TestTicksAtIsExactDivision(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, tick := range []time.Duration{1000, 1001, 1333, 625 * time.Millisecond, 145833333, 1<<40 + 7} {
+		lt := newLineTable(1, tick)
+		for range 100_000 {
+			ns := int64(r.Uint64() >> 1)
+			if r.IntN(2) == 0 {
+				ns = int64(r.Uint64N(1 << 40))
+			}
+			if got, want := lt.ticksAt(ns), ns/int64(tick); got != want {
+				t.Fatalf("ticksAt(%d) with tick %d = %d, want %d", ns, tick, got, want)
+			}
+		}
+		for _, ns := range []int64{0, int64(tick) - 1, int64(tick), 1<<63 - 1} {
+			if got, want := lt.ticksAt(ns), ns/int64(tick); got != want {
+				t.Fatalf("ticksAt(%d) with tick %d = %d, want %d", ns, tick, got, want)
+			}
+		}
+	}
 }
