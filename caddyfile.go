@@ -256,18 +256,22 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 // dispenser being on it; nesting is the level outside the block.
 func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, error) {
 	zc := new(Zone)
+	windowSet := false
 	for more := true; more; more = d.NextBlock(nesting) {
 		switch field := d.Val(); field {
 		case "key":
-			keys := d.RemainingArgs()
+			// Caddy expands placeholder shorthands ({client_ip},
+			// {header.X}) in site blocks but not in global options.
+			keys := caddyfile.Segment(d.RemainingArgsAsTokens())
 			if len(keys) == 0 {
 				return nil, d.ArgErr()
 			}
+			httpcaddyfile.NewShorthandReplacer().ApplyToSegment(&keys)
 			for _, k := range keys {
 				if zc.Key == "" && len(zc.FallbackKeys) == 0 {
-					zc.Key = k
+					zc.Key = k.Text
 				} else {
-					zc.FallbackKeys = append(zc.FallbackKeys, k)
+					zc.FallbackKeys = append(zc.FallbackKeys, k.Text)
 				}
 			}
 		case "events", "burst":
@@ -288,6 +292,7 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 			if err := parseDuration(d, &zc.Window); err != nil {
 				return nil, err
 			}
+			windowSet = true
 		case "ipv4_prefix", "ipv6_prefix":
 			v, err := oneArg(d)
 			if err != nil {
@@ -342,8 +347,11 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 			return nil, d.Errf("zone %q: unrecognized subdirective %q", name, field)
 		}
 	}
-	if zc.MaxEvents == 0 || zc.Window == 0 {
-		return nil, d.Errf("zone %q: a zone needs both events and window", name)
+	if zc.MaxEvents == 0 {
+		return nil, d.Errf("zone %q: events is required", name)
+	}
+	if !windowSet {
+		return nil, d.Errf("zone %q: window is required", name)
 	}
 	if err := zc.Validate(name); err != nil {
 		return nil, d.Err(err.Error())

@@ -1,0 +1,174 @@
+package integration
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// validate adapts (for a Caddyfile) and provisions a config without starting
+// it, as `caddy validate` does, and returns the first error.
+func validate(t *testing.T, cfg, adapter string) error {
+	t.Helper()
+	raw := []byte(cfg)
+	if adapter == "caddyfile" {
+		out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(raw, map[string]any{"filename": "Caddyfile"})
+		if err != nil {
+			return err
+		}
+		raw = out
+	}
+	var c caddy.Config
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return err
+	}
+	return caddy.Validate(&c)
+}
+
+// handlerCaddyfile is a config whose only site has the rate_limit block body.
+func handlerCaddyfile(body string) string {
+	return "http://localhost:9480 {\n\trate_limit {\n" + body + "\n\t}\n\trespond ok\n}\n"
+}
+
+// zoneCaddyfile is a config with one zone named z whose block holds the
+// given lines plus events and window unless the lines set them.
+func zoneCaddyfile(lines string) string {
+	if !strings.Contains(lines, "events") {
+		lines += "\nevents 5"
+	}
+	if !strings.Contains(lines, "window") {
+		lines += "\nwindow 1m"
+	}
+	return handlerCaddyfile("zone z {\n" + lines + "\n}")
+}
+
+// handlerJSON is a config whose only route runs the given rate_limit handler
+// JSON, with the rate_limit app's JSON if app is not empty.
+func handlerJSON(handler, app string) string {
+	apps := `"http": {"servers": {"srv0": {"listen": ["localhost:9480"], "routes": [{"handle": [` + handler + `]}]}}}`
+	if app != "" {
+		apps = `"rate_limit": ` + app + `, ` + apps
+	}
+	return `{"admin": {"disabled": true}, "apps": {` + apps + `}}`
+}
+
+func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
+	for _, tt := range []struct {
+		name, adapter, cfg string
+		want               []string // every substring must be in the error
+	}{
+		{"events zero", "caddyfile", zoneCaddyfile("events 0"), []string{`events "0"`, "at least 1"}},
+		{"events negative", "caddyfile", zoneCaddyfile("events -3"), []string{`events "-3"`}},
+		{"events not a number", "caddyfile", zoneCaddyfile("events lots"), []string{`events "lots"`}},
+		{"events missing", "caddyfile", handlerCaddyfile("zone z {\nwindow 1m\n}"), []string{"events is required"}},
+		{"window missing", "caddyfile", handlerCaddyfile("zone z {\nevents 1\n}"), []string{"window is required"}},
+		{"window zero", "caddyfile", zoneCaddyfile("window 0"), []string{"window 0s", "positive"}},
+		{"window negative", "caddyfile", zoneCaddyfile("window -5s"), []string{`window "-5s"`, "negative"}},
+		{"window not a duration", "caddyfile", zoneCaddyfile("window soon"), []string{`window "soon"`}},
+		{"burst zero", "caddyfile", zoneCaddyfile("burst 0"), []string{`burst "0"`}},
+		{"ipv4_prefix too long", "caddyfile", zoneCaddyfile("ipv4_prefix 33"), []string{"ipv4_prefix 33", "between 0 and 32"}},
+		{"ipv4_prefix negative", "caddyfile", zoneCaddyfile("ipv4_prefix -1"), []string{"ipv4_prefix -1"}},
+		{"ipv6_prefix too long", "caddyfile", zoneCaddyfile("ipv6_prefix 129"), []string{"ipv6_prefix 129", "between 0 and 128"}},
+		{"ipv6_prefix not a number", "caddyfile", zoneCaddyfile("ipv6_prefix wide"), []string{`ipv6_prefix "wide"`}},
+		{"memory too small", "caddyfile", zoneCaddyfile("memory 12"), []string{"memory 12", "between 64 bytes"}},
+		{"memory too large", "caddyfile", zoneCaddyfile("memory 1TiB"), []string{"memory 1099511627776"}},
+		{"memory not a size", "caddyfile", zoneCaddyfile("memory plenty"), []string{`memory "plenty"`}},
+		{"memory and sources", "caddyfile", zoneCaddyfile("memory 1MiB\nsources 10"), []string{"memory 1048576", "not both"}},
+		{"sources zero", "caddyfile", zoneCaddyfile("sources 0"), []string{`sources "0"`}},
+		{"false_deny one", "caddyfile", zoneCaddyfile("false_deny 1"), []string{`false_deny "1"`}},
+		{"false_deny zero", "caddyfile", zoneCaddyfile("false_deny 0"), []string{`false_deny "0"`}},
+		{"unknown zone subdirective", "caddyfile", zoneCaddyfile("max_burst 3"), []string{`unrecognized subdirective "max_burst"`}},
+		{"unknown handler subdirective", "caddyfile", handlerCaddyfile("zone z {\nevents 1\nwindow 1m\n}\nsweep 1m"), []string{`unrecognized rate_limit subdirective "sweep"`}},
+		{"unknown distributed subdirective", "caddyfile", handlerCaddyfile("distributed {\nread_every 1s\n}"), []string{`unrecognized subdirective "read_every"`}},
+		{"unknown global option", "caddyfile", "{\n\trate_limit {\n\t\tzones x\n\t}\n}\n" + handlerCaddyfile(""), []string{`unrecognized rate_limit global option "zones"`}},
+		{"negative jitter", "caddyfile", handlerCaddyfile("jitter -0.5"), []string{`jitter "-0.5"`}},
+		{"jitter not a number", "caddyfile", handlerCaddyfile("jitter some"), []string{`jitter "some"`}},
+		{"negative sweep_interval", "caddyfile", handlerCaddyfile("sweep_interval -1m"), []string{`sweep_interval "-1m"`, "negative"}},
+		{"negative read_interval", "caddyfile", handlerCaddyfile("distributed {\nread_interval -1s\n}"), []string{`read_interval "-1s"`}},
+		{"negative write_interval", "caddyfile", handlerCaddyfile("distributed {\nwrite_interval -2s\n}"), []string{`write_interval "-2s"`}},
+		{"negative purge_age", "caddyfile", handlerCaddyfile("distributed {\npurge_age -3s\n}"), []string{`purge_age "-3s"`}},
+		{"headers neither on nor off", "caddyfile", handlerCaddyfile("headers maybe"), []string{`headers "maybe"`}},
+		{"duplicate zone in a handler", "caddyfile", handlerCaddyfile("zone z {\nevents 1\nwindow 1m\n}\nzone z {\nevents 2\nwindow 1m\n}"), []string{`duplicate zone name "z"`}},
+		{"duplicate zone in the global option", "caddyfile", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g"), []string{`duplicate zone name "g"`}},
+		{"inline zone named like a global zone", "caddyfile", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g {\nevents 2\nwindow 1m\n}"), []string{`duplicate zone name "g"`}},
+		{"duplicate zone across handlers", "caddyfile", "http://localhost:9480 {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n", []string{`duplicate zone name "d"`}},
+		{"undefined global zone", "caddyfile", handlerCaddyfile("zone nowhere"), []string{`zone "nowhere" is not defined`}},
+		{"undefined global zone as argument", "caddyfile", "http://localhost:9480 {\n\trate_limit nowhere\n\trespond ok\n}\n", []string{`zone "nowhere" is not defined`}},
+		{"zone name with a space", "caddyfile", handlerCaddyfile("zone \"a b\" {\nevents 1\nwindow 1m\n}"), []string{`zone name "a b"`}},
+
+		{"JSON max_events zero", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 0, "window": "1m"}}}`, ""), []string{"max_events 0"}},
+		{"JSON max_events not a number", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": "ten", "window": "1m"}}}`, ""), []string{"max_events"}},
+		{"JSON window negative", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "-1m"}}}`, ""), []string{"window -1m0s"}},
+		{"JSON burst negative", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "1m", "burst": -2}}}`, ""), []string{"burst -2"}},
+		{"JSON ipv6_prefix", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "1m", "ipv6_prefix": 200}}}`, ""), []string{"ipv6_prefix 200"}},
+		{"JSON false_deny", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "1m", "false_deny": 2}}}`, ""), []string{"false_deny 2"}},
+		{"JSON sources negative", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "1m", "sources": -5}}}`, ""), []string{"sources -5"}},
+		{"JSON jitter negative", "json", handlerJSON(`{"handler": "rate_limit", "jitter": -1}`, ""), []string{"jitter -1"}},
+		{"JSON sweep_interval negative", "json", handlerJSON(`{"handler": "rate_limit", "sweep_interval": "-1s"}`, ""), []string{"sweep_interval -1s"}},
+		{"JSON purge_age negative", "json", handlerJSON(`{"handler": "rate_limit", "distributed": {"purge_age": "-1s"}}`, ""), []string{"purge_age -1s"}},
+		{"JSON undefined global zone", "json", handlerJSON(`{"handler": "rate_limit", "zones": ["nope"]}`, `{"zones": {"yes": {"max_events": 1, "window": "1m"}}}`), []string{`zone "nope" is not defined`}},
+		{"JSON zone listed twice", "json", handlerJSON(`{"handler": "rate_limit", "zones": ["yes", "yes"]}`, `{"zones": {"yes": {"max_events": 1, "window": "1m"}}}`), []string{`zone "yes" is listed twice`}},
+		{"JSON inline zone named like a global", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"yes": {"max_events": 1, "window": "1m"}}}`, `{"zones": {"yes": {"max_events": 1, "window": "1m"}}}`), []string{`duplicate zone name "yes"`}},
+		{"JSON global zone window missing", "json", handlerJSON(`{"handler": "rate_limit"}`, `{"zones": {"g": {"max_events": 1}}}`), []string{`zone "g"`, "window 0s"}},
+		{"JSON unknown field", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "1m", "evnets": 2}}}`, ""), []string{"evnets"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := validate(t, tt.cfg, tt.adapter)
+			if err == nil {
+				t.Fatalf("config loaded; want an error containing %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestGoodConfigsValidate(t *testing.T) {
+	for _, tt := range []struct{ name, cfg string }{
+		{"every subdirective", handlerCaddyfile(`zone all {
+			key {client_ip} {remote_host} {http.request.header.X-Key}
+			events 100
+			window 1m
+			burst 20
+			ipv4_prefix 24
+			ipv6_prefix 48
+			match {
+				method GET
+				path /api/*
+			}
+			memory 1MiB
+		}
+		zone sized {
+			events 1
+			window 1s
+			sources 1000
+			false_deny 0.01
+		}
+		distributed {
+			read_interval 1s
+			write_interval 2s
+			purge_age 1m
+		}
+		storage file_system /tmp/floodgate-unused
+		jitter 0.2
+		log_key
+		sweep_interval 1m
+		disable_metrics
+		headers off`)},
+		{"prefix zero", zoneCaddyfile("ipv4_prefix 0\nipv6_prefix 0")},
+		{"distributed without block", handlerCaddyfile("distributed")},
+		{"jitter above one", handlerCaddyfile("jitter 1.5")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := validate(t, tt.cfg, "caddyfile"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
