@@ -1,0 +1,372 @@
+package layer4
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/mholt/caddy-l4/layer4"
+	"go.uber.org/zap"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// fakeConn is a connection with chosen addresses. Its embedded Conn is nil,
+// so any read or write panics: the matcher must read nothing.
+type fakeConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (f *fakeConn) RemoteAddr() net.Addr { return f.remote }
+func (f *fakeConn) LocalAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9580}
+}
+
+func tcpConn(ip string) *layer4.Connection {
+	a := net.ParseIP(ip)
+	if a == nil {
+		panic("bad test address " + ip)
+	}
+	return layer4.WrapConnection(&fakeConn{remote: &net.TCPAddr{IP: a, Port: 40000}}, nil, zap.NewNop())
+}
+
+// fakeZones stands in for the rate_limit app: it builds tables directly.
+type fakeZones struct {
+	global   map[string]Zone
+	inline   []Inline
+	released int
+}
+
+func (f *fakeZones) Layer4Zone(name string) (Zone, error) {
+	z, ok := f.global[name]
+	if !ok {
+		return Zone{}, fmt.Errorf("zone %q is not defined", name)
+	}
+	return z, nil
+}
+
+func (f *fakeZones) Layer4Inline(in Inline) (Zone, func(), error) {
+	f.inline = append(f.inline, in)
+	b, err := limiter.NewBuckets(limiter.BucketsConfig{Limit: in.Limit, Bytes: 64 << 10})
+	if err != nil {
+		return Zone{}, nil, err
+	}
+	return Zone{Name: in.Name, Buckets: b, IPv4Prefix: in.IPv4Prefix, IPv6Prefix: in.IPv6Prefix}, func() { f.released++ }, nil
+}
+
+func provisioned(t *testing.T, m *Matcher, zones Zones) *Matcher {
+	t.Helper()
+	if err := m.provision(zones, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Cleanup() })
+	return m
+}
+
+// threePerHour is an inline limit no test outlives: no token returns.
+func threePerHour() *Matcher {
+	return &Matcher{MaxEvents: 3, Window: caddy.Duration(time.Hour)}
+}
+
+func match(t *testing.T, m *Matcher, cx *layer4.Connection) bool {
+	t.Helper()
+	over, err := m.Match(cx)
+	if err != nil {
+		t.Fatalf("Match(%v) returned an error: %v", cx.RemoteAddr(), err)
+	}
+	return over
+}
+
+func TestConnectionIsChargedOnceHoweverOftenMatched(t *testing.T) {
+	m := provisioned(t, threePerHour(), &fakeZones{})
+	for i := 1; i <= 5; i++ {
+		cx := tcpConn(fmt.Sprintf("10.0.0.%d", i))
+		want := i > 3
+		for run := 0; run < 4; run++ { // caddy-l4 may evaluate a route again after each read
+			if got := match(t, m, cx); got != want {
+				t.Fatalf("connection %d, evaluation %d: over = %v, want %v", i, run+1, got, want)
+			}
+		}
+	}
+}
+
+func TestMatchersKeepSeparateVerdicts(t *testing.T) {
+	zones := &fakeZones{}
+	loose := provisioned(t, threePerHour(), zones)
+	strict := provisioned(t, &Matcher{MaxEvents: 1, Window: caddy.Duration(time.Hour)}, zones)
+	for i := 1; i <= 2; i++ {
+		cx := tcpConn("10.0.0.1")
+		if match(t, strict, cx) != (i > 1) || match(t, loose, cx) {
+			t.Fatalf("connection %d: one matcher's verdict leaked into the other's", i)
+		}
+	}
+}
+
+func TestSourceNetworkSharesTheLimit(t *testing.T) {
+	m := provisioned(t, threePerHour(), &fakeZones{})
+	for _, ip := range []string{"192.0.2.1", "192.0.2.200", "192.0.2.77"} {
+		if match(t, m, tcpConn(ip)) {
+			t.Fatalf("%s: over before the /24 used its 3 connections", ip)
+		}
+	}
+	if !match(t, m, tcpConn("192.0.2.9")) {
+		t.Fatal("fourth connection from 192.0.2.0/24 was not over the limit")
+	}
+	if match(t, m, tcpConn("192.0.3.1")) {
+		t.Fatal("192.0.3.1 is in another /24 but was over the limit")
+	}
+}
+
+func TestIPv6NetworksAreGroupedBy48(t *testing.T) {
+	m := provisioned(t, threePerHour(), &fakeZones{})
+	for _, ip := range []string{"2001:db8:1::1", "2001:db8:1:ffff::1", "2001:db8:1:2:3:4:5:6"} {
+		if match(t, m, tcpConn(ip)) {
+			t.Fatalf("%s: over before its /48 used 3 connections", ip)
+		}
+	}
+	if !match(t, m, tcpConn("2001:db8:1:9::9")) {
+		t.Fatal("fourth connection from 2001:db8:1::/48 was not over")
+	}
+	if match(t, m, tcpConn("2001:db8:2::1")) {
+		t.Fatal("2001:db8:2::1 is in another /48 but was over")
+	}
+}
+
+// A dual-stack listener reports IPv4 clients as ::ffff:a.b.c.d. Unmapped,
+// they count per IPv4 /24; left mapped, all of IPv4 would share ::ffff:0:0/48.
+func TestDualStackIPv4SourcesAreUnmapped(t *testing.T) {
+	m := provisioned(t, threePerHour(), &fakeZones{})
+	for _, ip := range []string{"::ffff:198.51.100.1", "198.51.100.2", "::ffff:198.51.100.3"} {
+		if match(t, m, tcpConn(ip)) {
+			t.Fatalf("%s: over too early", ip)
+		}
+	}
+	if !match(t, m, tcpConn("198.51.100.4")) {
+		t.Fatal("plain and mapped addresses of one /24 did not share its limit")
+	}
+	for _, ip := range []string{"::ffff:203.0.113.1", "::ffff:10.1.1.1", "::ffff:172.16.0.1", "::ffff:8.8.8.8"} {
+		if match(t, m, tcpConn(ip)) {
+			t.Fatalf("%s was over: mapped IPv4 sources were grouped as one IPv6 network", ip)
+		}
+	}
+}
+
+func TestUnixSocketPassesUnmetered(t *testing.T) {
+	m := provisioned(t, &Matcher{MaxEvents: 1, Window: caddy.Duration(time.Hour)}, &fakeZones{})
+	for i := 0; i < 5; i++ {
+		cx := layer4.WrapConnection(&fakeConn{remote: &net.UnixAddr{Name: "@", Net: "unix"}}, nil, zap.NewNop())
+		if match(t, m, cx) {
+			t.Fatalf("unix connection %d matched", i+1)
+		}
+	}
+	if match(t, m, tcpConn("10.0.0.1")) {
+		t.Fatal("unix connections were charged to the empty key and a later IP paid for them")
+	}
+}
+
+// Match must work on a connection as caddy-l4 builds it, over a real
+// net.Conn, and leave its bytes for the next matcher or handler.
+func TestMatchReadsNothingFromAPipe(t *testing.T) {
+	m := provisioned(t, &Matcher{MaxEvents: 1, Window: caddy.Duration(time.Hour)}, &fakeZones{})
+	client, server := net.Pipe()
+	defer client.Close()
+	defer server.Close()
+	addr := &net.TCPAddr{IP: net.IPv4(10, 9, 9, 9), Port: 5555}
+	cx := layer4.WrapConnection(&addrConn{Conn: server, remote: addr}, []byte{}, zap.NewNop())
+	if match(t, m, cx) {
+		t.Fatal("first connection was over")
+	}
+	go func() { _, _ = client.Write([]byte("hi")) }()
+	buf := make([]byte, 2)
+	_ = cx.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := cx.Read(buf); err != nil || string(buf) != "hi" {
+		t.Fatalf("after Match, read %q, %v; want the client's first bytes", buf, err)
+	}
+}
+
+type addrConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (a *addrConn) RemoteAddr() net.Addr { return a.remote }
+
+// textAddr is an address type the matcher does not know, as a PROXY protocol
+// wrapper might return.
+type textAddr string
+
+func (a textAddr) Network() string { return "tcp" }
+func (a textAddr) String() string  { return string(a) }
+
+func TestSourceIP(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		want string // "" for none
+	}{
+		{&net.TCPAddr{IP: net.ParseIP("::ffff:1.2.3.4"), Port: 1}, "1.2.3.4"},
+		{&net.TCPAddr{IP: net.ParseIP("1.2.3.4").To4(), Port: 1}, "1.2.3.4"},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 1, Zone: "eth0"}, "fe80::1"},
+		{&net.UDPAddr{IP: net.ParseIP("2001:db8::1"), Port: 53}, "2001:db8::1"},
+		{textAddr("[::ffff:5.6.7.8]:443"), "5.6.7.8"},
+		{textAddr("pipe"), ""},
+		{&net.UnixAddr{Name: "/run/caddy.sock", Net: "unix"}, ""},
+		{&net.TCPAddr{}, ""},
+		{nil, ""},
+	} {
+		ip, ok := SourceIP(tc.addr)
+		got := ""
+		if ok {
+			got = ip.String()
+		}
+		if got != tc.want {
+			t.Errorf("SourceIP(%v) = %q, want %q", tc.addr, got, tc.want)
+		}
+	}
+}
+
+func TestGlobalZoneGroupsByItsOwnPrefixes(t *testing.T) {
+	b, err := limiter.NewBuckets(limiter.BucketsConfig{Limit: limiter.Limit{Events: 1, Window: time.Hour}, Bytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zones := &fakeZones{global: map[string]Zone{"edge": {Name: "edge", Buckets: b, IPv4Prefix: 32, IPv6Prefix: 64}}}
+	m := provisioned(t, &Matcher{Zone: "edge"}, zones)
+	if match(t, m, tcpConn("10.0.0.1")) || !match(t, m, tcpConn("10.0.0.1")) {
+		t.Fatal("a zone of one connection per hour did not stop the second")
+	}
+	if match(t, m, tcpConn("10.0.0.2")) {
+		t.Fatal("the zone groups by /32, but 10.0.0.2 paid for 10.0.0.1")
+	}
+	if len(zones.inline) != 0 || m.release != nil {
+		t.Fatal("a matcher using a global zone created an inline limit")
+	}
+}
+
+func TestInlineLimitDefaultsAndRelease(t *testing.T) {
+	zones := &fakeZones{}
+	m := threePerHour()
+	if err := m.provision(zones, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	want := Inline{
+		Name:       "layer4:3/1h0m0s,burst=3,v4=24,v6=48",
+		Limit:      limiter.Limit{Events: 3, Window: time.Hour},
+		IPv4Prefix: 24,
+		IPv6Prefix: 48,
+	}
+	if len(zones.inline) != 1 || zones.inline[0] != want {
+		t.Fatalf("inline limits asked for: %+v, want [%+v]", zones.inline, want)
+	}
+	_ = m.Cleanup()
+	_ = m.Cleanup()
+	if zones.released != 1 {
+		t.Fatalf("released %d times, want 1", zones.released)
+	}
+}
+
+func TestUnknownZoneFailsToLoad(t *testing.T) {
+	err := (&Matcher{Zone: "nope"}).provision(&fakeZones{}, zap.NewNop())
+	if err == nil || !strings.Contains(err.Error(), `zone "nope"`) {
+		t.Fatalf("error = %v, want one naming zone \"nope\"", err)
+	}
+}
+
+func intp(n int) *int { return &n }
+
+func TestValidationNamesFieldAndValue(t *testing.T) {
+	hour := caddy.Duration(time.Hour)
+	for _, tc := range []struct {
+		m    Matcher
+		want string // "" for valid
+	}{
+		{Matcher{MaxEvents: 3, Window: hour}, ""},
+		{Matcher{Zone: "edge"}, ""},
+		{Matcher{MaxEvents: 3, Window: hour, Burst: 10, IPv4Prefix: intp(0), IPv6Prefix: intp(128)}, ""},
+		{Matcher{}, "max_events 0: must be at least 1"},
+		{Matcher{MaxEvents: -1, Window: hour}, "max_events -1"},
+		{Matcher{MaxEvents: 3}, "window 0s: must be positive"},
+		{Matcher{MaxEvents: 3, Window: caddy.Duration(-time.Second)}, "window -1s"},
+		{Matcher{MaxEvents: 3, Window: hour, Burst: -2}, "burst -2"},
+		{Matcher{MaxEvents: 3, Window: hour, IPv4Prefix: intp(33)}, "ipv4_prefix 33"},
+		{Matcher{MaxEvents: 3, Window: hour, IPv4Prefix: intp(-1)}, "ipv4_prefix -1"},
+		{Matcher{MaxEvents: 3, Window: hour, IPv6Prefix: intp(129)}, "ipv6_prefix 129"},
+		{Matcher{MaxEvents: 3, Window: hour, Burst: limiter.MaxBurst + 1}, "burst"},
+		{Matcher{Zone: "edge", MaxEvents: 3}, `zone edge: uses the global zone's settings`},
+		{Matcher{Zone: "edge", IPv4Prefix: intp(24)}, "zone edge"},
+	} {
+		err := tc.m.validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v: unexpected error %v", tc.m, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%+v: error %v, want one containing %q", tc.m, err, tc.want)
+		}
+	}
+}
+
+func TestCaddyfile(t *testing.T) {
+	for _, tc := range []struct {
+		input, json, err string
+	}{
+		{"rate_limit {\nzone edge\n}", `{"zone":"edge"}`, ""},
+		{`rate_limit zone edge`, `{"zone":"edge"}`, ""},
+		{`rate_limit {
+			events 3
+			window 1m
+			burst 5
+			ipv4_prefix 24
+			ipv6_prefix 48
+		}`, `{"max_events":3,"window":60000000000,"burst":5,"ipv4_prefix":24,"ipv6_prefix":48}`, ""},
+		{`rate_limit {
+			name ssh
+			events 10
+			window 1s
+			memory 1MiB
+		}`, `{"name":"ssh","max_events":10,"window":1000000000,"memory":1048576}`, ""},
+		{`rate_limit {
+			events 10
+			window 1s
+			sources 1000
+			false_deny 0.01
+		}`, `{"max_events":10,"window":1000000000,"sources":1000,"false_deny":0.01}`, ""},
+		{`rate_limit`, "", "max_events 0"},
+		{"rate_limit {\nevents 3\n}", "", "window 0s"},
+		{"rate_limit {\nwindow 1m\n}", "", "max_events 0"},
+		{`rate_limit { events three window 1m }`, "", "wrong argument count"},
+		{"rate_limit {\nevents three\nwindow 1m\n}", "", `events "three": must be a whole number`},
+		{"rate_limit {\nevents 0\nwindow 1m\n}", "", `events "0"`},
+		{"rate_limit {\nevents 3\nwindow soon\n}", "", `window "soon": must be a positive duration`},
+		{"rate_limit {\nevents 3\nwindow 1m\nipv4_prefix x\n}", "", `ipv4_prefix "x"`},
+		{"rate_limit {\nevents 3\nwindow 1m\nipv6_prefix 200\n}", "", `ipv6_prefix 200`},
+		{"rate_limit {\nevents 3\nwindow 1m\nmemory lots\n}", "", `memory "lots"`},
+		{"rate_limit {\nevents 3\nwindow 1m\nfalse_deny 2\n}", "", `false_deny "2"`},
+		{"rate_limit {\nevents 3\nwindow 1m\nkey {remote_host}\n}", "", `unrecognized option "key"`},
+		{"rate_limit {\nzone edge\nevents 3\n}", "", "zone edge: uses the global zone's settings"},
+		{`rate_limit 3 1m`, "", `unexpected argument "3"`},
+	} {
+		var m Matcher
+		err := m.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want one containing %q", tc.input, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.input, err)
+			continue
+		}
+		// caddy-l4 turns the matcher into JSON after parsing it, so every
+		// option must survive json.Marshal.
+		got, err := json.Marshal(&m)
+		if err != nil || string(got) != tc.json {
+			t.Errorf("%s: JSON %s (%v), want %s", tc.input, got, err, tc.json)
+		}
+	}
+}
