@@ -207,14 +207,17 @@ func parseKeySpec(s string) keySpec {
 // zone is a Zone provisioned for one config: its matchers, its parsed keys and
 // the table it shares with every other config that holds the same zone.
 type zone struct {
-	name     string
-	limit    limiter.Limit
-	perToken time.Duration // how long one token takes to return
-	keys     []keySpec
-	v4, v6   int
-	matchers caddyhttp.MatcherSets
-	tkey     tableKey
-	buckets  *limiter.Buckets
+	name string
+	// nameValue is name as an interface value, boxed once rather than on
+	// every request that sets the zone placeholder.
+	nameValue any
+	limit     limiter.Limit
+	perToken  time.Duration // how long one token takes to return
+	keys      []keySpec
+	v4, v6    int
+	matchers  caddyhttp.MatcherSets
+	tkey      tableKey
+	buckets   *limiter.Buckets
 	// policy is the zone's RateLimit-Policy item: `"name";q=<burst>;w=<s>`.
 	policy string
 	// allowed and denied count the zone's requests.
@@ -228,11 +231,12 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		return nil, err
 	}
 	z := &zone{
-		name:     name,
-		limit:    zc.limit(),
-		perToken: time.Duration(zc.Window) / time.Duration(zc.MaxEvents),
-		v4:       prefixOr(zc.IPv4Prefix, defaultIPv4Prefix),
-		v6:       prefixOr(zc.IPv6Prefix, defaultIPv6Prefix),
+		name:      name,
+		nameValue: name,
+		limit:     zc.limit(),
+		perToken:  time.Duration(zc.Window) / time.Duration(zc.MaxEvents),
+		v4:        prefixOr(zc.IPv4Prefix, defaultIPv4Prefix),
+		v6:        prefixOr(zc.IPv6Prefix, defaultIPv6Prefix),
 	}
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
 		if k != "" {
