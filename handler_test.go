@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
@@ -352,4 +353,32 @@ func BenchmarkServeHTTP(b *testing.B) {
 	b.Run("template_zone", func(b *testing.B) {
 		run(b, newTestHandler(b, nil, allowAll("{http.request.method}-{http.request.uri.path}")), "192.0.2.1:1234")
 	})
+}
+
+func TestDenialLogNamesZoneAndClientButKeyOnlyWithLogKey(t *testing.T) {
+	for _, logKey := range []bool{false, true} {
+		core, logs := observer.New(zap.InfoLevel)
+		h := newTestHandler(t, nil, map[string]*Zone{
+			"logged_" + strconv.FormatBool(logKey): {Key: "{http.request.header.X-Secret}", MaxEvents: 1, Window: caddy.Duration(time.Hour)},
+		})
+		h.logger, h.LogKey = zap.New(core), logKey
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.RemoteAddr = "192.0.2.44:1234"
+		req.Header.Set("X-Secret", "hunter2")
+		_, _ = serve(h, req)
+		if _, err := serve(h, req); status(err) != http.StatusTooManyRequests {
+			t.Fatalf("second request: %v", err)
+		}
+		entries := logs.All()
+		if len(entries) != 1 {
+			t.Fatalf("log_key %v: %d log lines, want 1", logKey, len(entries))
+		}
+		fields := entries[0].ContextMap()
+		if fields["zone"] != "logged_"+strconv.FormatBool(logKey) || fields["client_ip"] != "192.0.2.44" {
+			t.Errorf("log_key %v: fields %v, want zone and client_ip", logKey, fields)
+		}
+		if key, ok := fields["key"]; ok != logKey || (ok && key != "hunter2") {
+			t.Errorf("log_key %v: key field %v (present %v)", logKey, key, ok)
+		}
+	}
 }

@@ -412,3 +412,28 @@ func TestJSONConfig(t *testing.T) {
 		t.Errorf("bob: %s", got)
 	}
 }
+
+func TestMetricsCountByZoneAndOutcome(t *testing.T) {
+	tc := newTester(t)
+	tc.InitServer(config("", `
+	rate_limit {
+		zone metrics_zone {
+			events 2
+			window 1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	if got := codes(t, tc, 3, "/"); got != "200 200 429" {
+		t.Fatalf("requests: %s", got)
+	}
+	req, _ := http.NewRequest(http.MethodGet, adminURL+"/metrics", nil)
+	_, body, _ := do(t, tc.Client, req)
+	for _, want := range []string{
+		`caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_zone"} 2`,
+		`caddy_rate_limit_requests_total{outcome="denied",zone="metrics_zone"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
