@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -155,7 +156,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // validateSettings checks the handler's own fields, naming the one at fault.
 func (h *Handler) validateSettings() error {
-	if h.Jitter < 0 || h.Jitter != h.Jitter || h.Jitter > 1e6 {
+	if h.Jitter < 0 || math.IsNaN(h.Jitter) {
 		return fmt.Errorf("jitter %v: must be a fraction of the wait, at least 0", h.Jitter)
 	}
 	if h.SweepInterval < 0 {
