@@ -249,7 +249,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	main := deciding(verdicts)
 	v := verdicts[main]
 	repl.Set("http.rate_limit.zone", v.z.nameValue)
-	repl.Set("http.rate_limit.limit", v.d.Limit)
+	repl.Set("http.rate_limit.limit", v.z.burstValue)
 	repl.Set("http.rate_limit.remaining", v.d.Remaining)
 	if h.LogKey {
 		repl.Set("http.rate_limit.key", v.key)

@@ -6,6 +6,13 @@ import (
 	"strings"
 )
 
+// The header fields in canonical form (textproto.CanonicalMIMEHeaderKey), so
+// that setting them does not canonicalise on every request.
+const (
+	policyField = "Ratelimit-Policy"
+	limitField  = "Ratelimit"
+)
+
 // setHeaders writes the RateLimit-Policy and RateLimit fields of
 // draft-ietf-httpapi-ratelimit-headers-10, one list item per zone that
 // applied to the request:
@@ -19,7 +26,7 @@ import (
 // escaping in a quoted string.
 func setHeaders(hdr http.Header, verdicts []verdict) {
 	if len(verdicts) == 1 {
-		hdr.Set("RateLimit-Policy", verdicts[0].z.policy)
+		hdr[policyField] = []string{verdicts[0].z.policy}
 	} else {
 		var p strings.Builder
 		for i, v := range verdicts {
@@ -28,7 +35,7 @@ func setHeaders(hdr http.Header, verdicts []verdict) {
 			}
 			p.WriteString(v.z.policy)
 		}
-		hdr.Set("RateLimit-Policy", p.String())
+		hdr[policyField] = []string{p.String()}
 	}
 	var buf [96]byte
 	b := buf[:0]
@@ -38,7 +45,7 @@ func setHeaders(hdr http.Header, verdicts []verdict) {
 		}
 		b = appendLimitItem(b, v.z.name, v.d.Remaining, ceilSeconds(v.d.Reset))
 	}
-	hdr.Set("RateLimit", string(b))
+	hdr[limitField] = []string{string(b)}
 }
 
 // appendLimitItem appends one RateLimit list item: `"name";r=<remaining>;t=<seconds>`.

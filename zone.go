@@ -211,13 +211,15 @@ type zone struct {
 	// nameValue is name as an interface value, boxed once rather than on
 	// every request that sets the zone placeholder.
 	nameValue any
-	limit     limiter.Limit
-	perToken  time.Duration // how long one token takes to return
-	keys      []keySpec
-	v4, v6    int
-	matchers  caddyhttp.MatcherSets
-	tkey      tableKey
-	buckets   *limiter.Buckets
+	// burstValue is the burst in force, boxed once likewise.
+	burstValue any
+	limit      limiter.Limit
+	perToken   time.Duration // how long one token takes to return
+	keys       []keySpec
+	v4, v6     int
+	matchers   caddyhttp.MatcherSets
+	tkey       tableKey
+	buckets    *limiter.Buckets
 	// policy is the zone's RateLimit-Policy item: `"name";q=<burst>;w=<s>`.
 	policy string
 	// allowed and denied count the zone's requests.
@@ -256,6 +258,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	if burst == 0 {
 		burst = z.limit.Events
 	}
+	z.burstValue = burst
 	z.policy = policyItem(name, burst, z.limit.Window)
 	z.allowed = requests.WithLabelValues(name, "allowed")
 	z.denied = requests.WithLabelValues(name, "denied")
