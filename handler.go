@@ -34,7 +34,8 @@ import (
 // that denied it or, if allowed, the zone with the fewest requests left:
 // `{http.rate_limit.zone}`, `{http.rate_limit.limit}` (the burst),
 // `{http.rate_limit.remaining}`, `{http.rate_limit.retry_after}` (seconds,
-// 0 if allowed) and, only with log_key, `{http.rate_limit.key}`.
+// 0 if allowed) and `{http.rate_limit.key}` (the raw key with log_key, else
+// empty).
 type Handler struct {
 	// RateLimits defines zones for this handler, keyed by zone name. Zone
 	// names are unique across the whole config.
@@ -253,6 +254,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl.Set("http.rate_limit.remaining", v.d.Remaining)
 	if h.LogKey {
 		repl.Set("http.rate_limit.key", v.key)
+	} else {
+		repl.Set("http.rate_limit.key", "")
 	}
 	if !denied {
 		repl.Set("http.rate_limit.retry_after", 0)
