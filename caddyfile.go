@@ -188,7 +188,7 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App) error
 			return d.Errf("unrecognized rate_limit subdirective %q", d.Val())
 		}
 	}
-	if err := rl.validateSettings(); err != nil {
+	if err := rl.Validate(); err != nil {
 		return d.Err(err.Error())
 	}
 	return nil

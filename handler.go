@@ -109,8 +109,8 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	if err := h.validateSettings(); err != nil {
-		return err
+	if h.Distributed != nil || len(h.StorageRaw) > 0 {
+		h.logger.Warn("distributed and storage are accepted for compatibility but not implemented yet: this instance limits on its own")
 	}
 	appIface, err := ctx.App("rate_limit")
 	if err != nil {
@@ -155,8 +155,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// validateSettings checks the handler's own fields, naming the one at fault.
-func (h *Handler) validateSettings() error {
+// Validate checks the handler's own settings, naming the field at fault.
+// Zones are checked as they are provisioned.
+func (h *Handler) Validate() error {
 	if h.Jitter < 0 || math.IsNaN(h.Jitter) {
 		return fmt.Errorf("jitter %v: must be a fraction of the wait, at least 0", h.Jitter)
 	}
@@ -326,6 +327,7 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
