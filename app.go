@@ -89,15 +89,24 @@ func (a *App) addInline(z *zone) error {
 // gives an exhausted key 2 more requests at once.
 func (a *App) Start() error {
 	for _, z := range a.live {
-		if err := z.applyLimit(); err != nil {
-			return err
+		if err := z.table.putInForce(a, z.limit); err != nil {
+			_ = a.Stop()
+			return fmt.Errorf("zone %q: %v", z.name, err)
 		}
 	}
 	return nil
 }
 
-// Stop implements caddy.App. Tables outlive configs; nothing stops.
-func (a *App) Stop() error { return nil }
+// Stop gives the limits back to the config that had them before this one
+// started, unless a newer config has started since: Caddy stops a config
+// either when a newer one replaces it (nothing to undo) or when another app
+// of the same config fails to start (the reload failed; undo).
+func (a *App) Stop() error {
+	for _, z := range slices.Backward(a.live) {
+		z.table.giveBack(a)
+	}
+	return nil
+}
 
 // Cleanup releases the global zones' tables.
 func (a *App) Cleanup() error {

@@ -150,10 +150,16 @@ func TestJitterAddsAtMostItsFractionAndIsRaceFree(t *testing.T) {
 	}
 }
 
-func TestProvisionDoesNotChangeARunningTable(t *testing.T) {
-	h := newTestHandler(t, nil, map[string]*Zone{"provision_only": {MaxEvents: 3, Window: caddy.Duration(time.Hour)}})
+func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
+	h := newTestHandler(t, nil, map[string]*Zone{"goes_live": {MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 4096}})
 	running := h.zones[0]
-	z, err := provisionZone(caddy.Context{}, "provision_only", &Zone{MaxEvents: 10, Window: caddy.Duration(time.Hour)})
+	events := func() int64 { return running.buckets.Limit().Events }
+	oldApp := &App{live: []*zone{running}}
+	if err := oldApp.Start(); err != nil {
+		t.Fatal(err)
+	}
+
+	z, err := provisionZone(caddy.Context{}, "goes_live", &Zone{MaxEvents: 10, Window: caddy.Duration(time.Hour), Memory: 4096})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,16 +167,40 @@ func TestProvisionDoesNotChangeARunningTable(t *testing.T) {
 	if z.buckets != running.buckets {
 		t.Fatal("same zone and shape got a different table")
 	}
-	if got := running.buckets.Limit().Events; got != 3 {
-		t.Fatalf("after provisioning a new limit: events %d, want 3 until the config starts", got)
+	if events() != 3 {
+		t.Fatalf("after provisioning events 10: %d in force, want 3 until the config starts", events())
 	}
-	if err := z.applyLimit(); err != nil {
+
+	// A config that starts, then is stopped because another of its apps
+	// failed to start, gives the limit back.
+	failed := &App{live: []*zone{z}}
+	if err := failed.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if got := running.buckets.Limit().Events; got != 10 {
-		t.Errorf("after applyLimit: events %d, want 10", got)
+	if events() != 10 {
+		t.Fatalf("after Start: events %d, want 10", events())
 	}
-	other, err := provisionZone(caddy.Context{}, "provision_only", &Zone{MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 4096})
+	if err := failed.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if events() != 3 {
+		t.Fatalf("after the failed config stopped: events %d, want 3 again", events())
+	}
+
+	// A config that goes live keeps its limit when the config it replaced
+	// is stopped.
+	live := &App{live: []*zone{z}}
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := oldApp.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if events() != 10 {
+		t.Errorf("after the replaced config stopped: events %d, want 10", events())
+	}
+
+	other, err := provisionZone(caddy.Context{}, "goes_live", &Zone{MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 8192})
 	if err != nil {
 		t.Fatal(err)
 	}

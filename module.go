@@ -24,6 +24,7 @@ package floodgate
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -59,6 +60,50 @@ func (k tableKey) String() string {
 // table is the value held in tables.
 type table struct {
 	buckets *limiter.Buckets
+
+	// The limit in force is the one of the config (App) that last started
+	// with this table. A config whose start fails after its rate_limit app
+	// started is stopped without ever going live; it then gives the limit
+	// back to the config that had it (see putInForce and giveBack).
+	mu        sync.Mutex
+	owner     *App
+	prevOwner *App
+	prevLimit limiter.Limit
+}
+
+// putInForce applies limit on behalf of the starting config app.
+func (t *table) putInForce(app *App, limit limiter.Limit) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.owner == app {
+		return nil
+	}
+	prev := t.buckets.Limit()
+	if prev != limit {
+		if err := t.buckets.SetLimit(limit); err != nil {
+			return err
+		}
+	}
+	t.prevOwner, t.prevLimit, t.owner = t.owner, prev, app
+	return nil
+}
+
+// giveBack undoes putInForce if app is still the config whose limit is in
+// force: app is being stopped without a newer config having started with
+// this table, which happens when a later part of app's config failed to
+// start. A config replaced by a newer one no longer owns the table, and
+// changes nothing.
+func (t *table) giveBack(app *App) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.owner != app {
+		return
+	}
+	if t.buckets.Limit() != t.prevLimit {
+		// prevLimit was in force before, so it is valid.
+		_ = t.buckets.SetLimit(t.prevLimit)
+	}
+	t.owner, t.prevOwner = t.prevOwner, nil
 }
 
 // Destruct implements caddy.Destructor. The table is garbage once no config
@@ -68,7 +113,7 @@ func (*table) Destruct() error { return nil }
 // acquireTable returns the table for key, creating it with cfg if no running
 // or loading config holds one. It never changes an existing table: limits are
 // applied by App.Start, when the config that asked for them goes live.
-func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*limiter.Buckets, error) {
+func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*table, error) {
 	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
 		if testNow != nil {
 			cfg.Now = testNow
@@ -82,7 +127,7 @@ func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*limiter.Buckets, er
 	if err != nil {
 		return nil, err
 	}
-	return v.(*table).buckets, nil
+	return v.(*table), nil
 }
 
 // releaseTable gives back one reference taken by acquireTable.

@@ -219,7 +219,8 @@ type zone struct {
 	v4, v6     int
 	matchers   caddyhttp.MatcherSets
 	tkey       tableKey
-	buckets    *limiter.Buckets
+	table      *table
+	buckets    *limiter.Buckets // table.buckets
 	// policy is the zone's RateLimit-Policy item: `"name";q=<burst>;w=<s>`.
 	policy string
 	// allowed and denied count the zone's requests.
@@ -263,7 +264,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	z.allowed = requests.WithLabelValues(name, "allowed")
 	z.denied = requests.WithLabelValues(name, "denied")
 	z.tkey = tableKey{zone: name, lines: zc.lines(), k: limiter.DefaultK}
-	b, err := acquireTable(z.tkey, limiter.BucketsConfig{
+	t, err := acquireTable(z.tkey, limiter.BucketsConfig{
 		Limit:     z.limit,
 		Bytes:     int(zc.Memory),
 		Sources:   zc.Sources,
@@ -272,24 +273,12 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	if err != nil {
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}
-	z.buckets = b
+	z.table, z.buckets = t, t.buckets
 	return z, nil
 }
 
 // release gives back the zone's reference to its table.
 func (z *zone) release() { releaseTable(z.tkey) }
-
-// applyLimit puts the zone's limit in force on its table, keeping what every
-// key has consumed. Called when the config holding z goes live.
-func (z *zone) applyLimit() error {
-	if z.buckets.Limit() == z.limit {
-		return nil
-	}
-	if err := z.buckets.SetLimit(z.limit); err != nil {
-		return fmt.Errorf("zone %q: %v", z.name, err)
-	}
-	return nil
-}
 
 // key returns the hash of the request's key for this zone, and the key as
 // text (for logs with log_key).

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -435,5 +436,42 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+func TestReloadThatFailsToStartLeavesStateUntouched(t *testing.T) {
+	tc := newTester(t)
+	tc.InitServer(reloadConfig("failed_start", "3", "a"), "caddyfile")
+	if got := codes(t, tc, 2, "/"); got != "200 200" {
+		t.Fatalf("before: %s", got)
+	}
+	// The new config raises the zone to 10 and passes provisioning, but its
+	// second server cannot listen: the port is taken. Caddy starts apps in
+	// map order, so the rate_limit app may start (and must then undo its
+	// change) before the http app fails; try a few times.
+	taken, err := net.Listen("tcp", "127.0.0.1:9482")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	bad := `{
+	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+	  "apps": {"http": {"http_port": 9480, "servers": {
+	    "srv0": {"listen": [":9480"], "routes": [{"handle": [
+	      {"handler": "rate_limit", "rate_limits": {"reload_failed_start": {"max_events": 10, "window": "1h"}}},
+	      {"handler": "static_response", "body": "bad"}]}]},
+	    "taken": {"listen": ["127.0.0.1:9482"], "routes": [{"handle": [{"handler": "static_response", "body": "never"}]}]}
+	  }}}}`
+	for range 6 {
+		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "9482") {
+			t.Fatalf("loading the config with a taken port: %v, want an error about 9482", err)
+		}
+	}
+	code, body, _ := get(t, tc, "/")
+	if code != 200 || body != "a" {
+		t.Errorf("third request: %d %q, want 200 \"a\"", code, body)
+	}
+	if got := codes(t, tc, 1, "/"); got != "429" {
+		t.Errorf("fourth request: %s, want 429: the failed start must not raise the limit", got)
 	}
 }
