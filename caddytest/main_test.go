@@ -22,6 +22,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	_ "github.com/floodgate-rl/floodgate"
@@ -47,7 +48,17 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv("XDG_DATA_HOME", dir)
 	os.Setenv("XDG_CONFIG_HOME", dir)
+	// Start the in-process Caddy here rather than in the first InitServer,
+	// which polls for it once a second for at most 10 s: on a loaded machine
+	// that was not always enough. caddy.Load returns once the admin
+	// endpoint listens.
+	admin := fmt.Sprintf(`{"admin": {"listen": "localhost:%d", "config": {"persist": false}}}`, adminPort)
+	if err := caddy.Load([]byte(admin), false); err != nil {
+		fmt.Fprintln(os.Stderr, "starting Caddy:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	_ = caddy.Stop()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
