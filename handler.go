@@ -237,6 +237,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	if !h.DisableMetrics {
+		// A zone counts a request denied if it would deny it, allowed if
+		// the request went through; a zone that granted a request another
+		// zone denied counts nothing, as it was charged nothing.
 		for i := range verdicts {
 			if verdicts[i].d.Allowed && !denied {
 				verdicts[i].z.allowed.Inc()

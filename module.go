@@ -134,3 +134,6 @@ func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*table, error) {
 func releaseTable(key tableKey) {
 	_, _ = tables.Delete(key)
 }
+
+// Interface guards
+var _ caddy.Destructor = (*table)(nil)
