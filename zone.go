@@ -314,7 +314,7 @@ func (z *zone) hash(s string) uint64 {
 			return limiter.Hash(nk.Bytes())
 		}
 	}
-	return limiter.Hash([]byte(s))
+	return limiter.HashString(s)
 }
 
 // maxIPText is the length of the longest IP address text worth parsing

@@ -32,6 +32,7 @@ type Buckets struct {
 	baseMono int64            // nanotime at base, for the default clock
 	k        int
 	subs     []uint8 // every k-subset of a line's counters, k bytes each
+	nSubs    uint64  // len(subs)/k
 	p        atomic.Pointer[bucketParams]
 }
 
@@ -40,7 +41,8 @@ type Buckets struct {
 type bucketParams struct {
 	limit Limit
 	tickParams
-	t *lineTable
+	perRefill divisor // divides by refill
+	t         *lineTable
 }
 
 // lineTable is the lines and their clock. The tick length is a property of
@@ -48,19 +50,26 @@ type bucketParams struct {
 type lineTable struct {
 	lines     []line
 	tick      time.Duration
-	tickInv   uint64       // ⌊(2⁶⁴−1)/tick⌋, to divide by tick with a multiply
+	perTick   divisor      // divides by tick
 	lastSweep atomic.Int64 // tick of the last wrap sweep (see sweep)
 }
 
-// ticksAt is ns / tick for ns ≥ 0. A 64-bit division is the slowest
-// instruction of a decision; the multiply by the reciprocal is short by at
-// most one, which one comparison repairs.
-func (t *lineTable) ticksAt(ns int64) int64 {
-	q, _ := bits.Mul64(uint64(ns), t.tickInv)
-	if uint64(ns)-q*uint64(t.tick) >= uint64(t.tick) {
+// ticksAt is ns / tick for ns ≥ 0.
+func (t *lineTable) ticksAt(ns int64) int64 { return int64(t.perTick.div(uint64(ns))) }
+
+// A divisor divides by a fixed d > 0 with a multiply. A 64-bit division is
+// the slowest instruction of a decision; the multiply by ⌊(2⁶⁴−1)/d⌋ is short
+// by at most one, which one comparison repairs.
+type divisor struct{ d, inv uint64 }
+
+func newDivisor(d uint64) divisor { return divisor{d: d, inv: math.MaxUint64 / d} }
+
+func (v divisor) div(x uint64) uint64 {
+	q, _ := bits.Mul64(x, v.inv)
+	if x-q*v.d >= v.d {
 		q++
 	}
-	return int64(q)
+	return q
 }
 
 // BucketsConfig configures a Buckets table.
@@ -111,13 +120,18 @@ func NewBuckets(cfg BucketsConfig) (*Buckets, error) {
 	}
 	tp, _ := cfg.Limit.ticks()
 	b := &Buckets{now: cfg.Now, k: k, subs: subsets(countersPerLine, k)}
+	b.nSubs = uint64(len(b.subs) / k)
 	if b.now == nil {
 		b.base, b.baseMono = time.Now(), nanotime()
 	} else {
 		b.base = b.now()
 	}
-	b.p.Store(&bucketParams{limit: cfg.Limit, tickParams: tp, t: newLineTable(n, tp.tick)})
+	b.p.Store(newParams(cfg.Limit, tp, newLineTable(n, tp.tick)))
 	return b, nil
+}
+
+func newParams(l Limit, tp tickParams, t *lineTable) *bucketParams {
+	return &bucketParams{limit: l, tickParams: tp, perRefill: newDivisor(uint64(tp.refill)), t: t}
 }
 
 // lines works out the number of lines the config asks for.
@@ -164,7 +178,7 @@ func newLineTable(n int, tick time.Duration) *lineTable {
 		raw = unsafe.Slice((*line)(unsafe.Pointer(&shifted[0])), n)
 	}
 	adviseHugePages(raw[start:n])
-	return &lineTable{lines: raw[start:n], tick: tick, tickInv: math.MaxUint64 / uint64(tick)}
+	return &lineTable{lines: raw[start:n], tick: tick, perTick: newDivisor(uint64(tick))}
 }
 
 // Limit returns the limit in force.
@@ -222,7 +236,7 @@ func (b *Buckets) wallNow() time.Time {
 // Reservation index: the line in the high bits, the subset in the low 16.
 func (b *Buckets) place(t *lineTable, h uint64) (*line, []uint8, uint64) {
 	idx := uint64(uint32(h>>32)) * uint64(len(t.lines)) >> 32
-	s := int(uint64(uint32(h)) * uint64(len(b.subs)/b.k) >> 32)
+	s := int(uint64(uint32(h)) * b.nSubs >> 32)
 	return &t.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k], idx<<16 | uint64(s)
 }
 
@@ -230,7 +244,7 @@ func (b *Buckets) place(t *lineTable, h uint64) (*line, []uint8, uint64) {
 // nil if it does not fit the current table.
 func (b *Buckets) counterAt(t *lineTable, index uint64) (*line, []uint8) {
 	idx, s := index>>16, int(index&0xffff)
-	if idx >= uint64(len(t.lines)) || s >= len(b.subs)/b.k {
+	if idx >= uint64(len(t.lines)) || uint64(s) >= b.nSubs {
 		return nil, nil
 	}
 	return &t.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k]
@@ -330,7 +344,7 @@ func (p *bucketParams) untilBelow(def, target uint64, nowNs, nowTick int64) time
 	if def <= target {
 		return 0
 	}
-	ticks := (def - target + uint64(p.refill) - 1) / uint64(p.refill)
+	ticks := p.perRefill.div(def - target + uint64(p.refill) - 1)
 	return time.Duration((nowTick+int64(ticks))*int64(p.t.tick) - nowNs)
 }
 

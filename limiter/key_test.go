@@ -60,3 +60,11 @@ func TestNetworkKeyAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per key", n)
 	}
 }
+
+func TestHashStringIsHashOfBytes(t *testing.T) {
+	for _, s := range []string{"", "k", "a key longer than thirty-two bytes, which would allocate"} {
+		if HashString(s) != Hash([]byte(s)) {
+			t.Fatalf("HashString(%q) differs from Hash", s)
+		}
+	}
+}

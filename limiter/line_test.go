@@ -66,7 +66,7 @@ func FuzzSubSat(f *testing.F) {
 	})
 }
 
-func TestTicksAtIsExactDivision(t *testing.T) {
+func TestDivisorIsExactDivision(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	for _, tick := range []time.Duration{1000, 1001, 1333, 625 * time.Millisecond, 145833333, 1<<40 + 7} {
 		lt := newLineTable(1, tick)
@@ -77,6 +77,9 @@ func TestTicksAtIsExactDivision(t *testing.T) {
 			}
 			if got, want := lt.ticksAt(ns), ns/int64(tick); got != want {
 				t.Fatalf("ticksAt(%d) with tick %d = %d, want %d", ns, tick, got, want)
+			}
+			if got, want := newDivisor(uint64(tick)).div(uint64(ns)*2), uint64(ns)*2/uint64(tick); got != want {
+				t.Fatalf("div(%d) by %d = %d, want %d", uint64(ns)*2, tick, got, want)
 			}
 		}
 		for _, ns := range []int64{0, int64(tick) - 1, int64(tick), 1<<63 - 1} {

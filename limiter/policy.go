@@ -7,6 +7,9 @@ import "github.com/cespare/xxhash/v2"
 // checked against several policies hashes each key once.
 func Hash(key []byte) uint64 { return xxhash.Sum64(key) }
 
+// HashString is Hash of a string's bytes, without copying them.
+func HashString(key string) uint64 { return xxhash.Sum64String(key) }
+
 // A Policy is one limit on keys: a token-bucket table (Buckets) or a rolling
 // quota (Sketch). Implementations are safe for concurrent use.
 type Policy interface {

@@ -28,7 +28,7 @@ func (b *Buckets) SetLimit(l Limit) error {
 	rate := float64(l.Events) * UnitsPerToken / float64(l.Window)
 	exact := rate * float64(old.t.tick)
 	if r := math.Round(exact); r >= 1 && math.Abs(exact-r) <= 5e-4*exact && int64(r) <= tp.capUnits {
-		b.p.Store(&bucketParams{limit: l, tickParams: tickParams{tick: old.t.tick, refill: int64(r), capUnits: tp.capUnits}, t: old.t})
+		b.p.Store(newParams(l, tickParams{tick: old.t.tick, refill: int64(r), capUnits: tp.capUnits}, old.t))
 		return nil
 	}
 	nowNs := b.nowNanos()
@@ -40,7 +40,7 @@ func (b *Buckets) SetLimit(l Limit) error {
 		old.deficits(&old.t.lines[i], oldTick, &defs)
 		storeLine(&nt.lines[i], &defs, uint32(newTick))
 	}
-	b.p.Store(&bucketParams{limit: l, tickParams: tp, t: nt})
+	b.p.Store(newParams(l, tp, nt))
 	return nil
 }
 
