@@ -388,17 +388,29 @@ func refundExcept(ln *line, counters []uint8, skip int, r Reservation) {
 			continue
 		}
 		paid := uint64(r.units) - uint64(r.short[i])
-		wi, sh := counterWord(c), counterShift(c)
 		for {
-			_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
-			w := atomic.LoadUint64(&ln[wi])
-			s := settle(w, pending, gen)
-			def := s >> sh & laneMask
-			if atomic.CompareAndSwapUint64(&ln[wi], w, s&^(laneMask<<sh)|subSat(def, paid)<<sh) {
+			w, s, def := counterState(ln, c)
+			if casCounter(ln, c, w, s, subSat(def, paid)) {
 				break
 			}
 		}
 	}
+}
+
+// counterState reads counter c: its word as it is (what a CAS must find),
+// the word with any refill it owes paid, and the counter's stored deficit.
+func counterState(ln *line, c uint8) (w, settled, def uint64) {
+	_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
+	w = atomic.LoadUint64(&ln[counterWord(c)])
+	settled = settle(w, pending, gen)
+	return w, settled, settled >> counterShift(c) & laneMask
+}
+
+// casCounter stores def as counter c's stored deficit if its word still
+// reads w; settled is that word with its debt paid (from counterState).
+func casCounter(ln *line, c uint8, w, settled, def uint64) bool {
+	sh := counterShift(c)
+	return atomic.CompareAndSwapUint64(&ln[counterWord(c)], w, settled&^(laneMask<<sh)|def<<sh)
 }
 
 // A counter's stored deficit is relative to its line's tick: the deficit
@@ -420,16 +432,11 @@ func refundExcept(ln *line, counters []uint8, skip int, r Reservation) {
 // stopped at empty, then a rollback, leaves the counter fuller than every
 // grant it has seen.
 func charge(ln *line, c uint8, cost, capUnits, owed uint64) uint64 {
-	wi, sh := counterWord(c), counterShift(c)
 	ceiling := 2 * capUnits
 	for {
-		_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
-		w := atomic.LoadUint64(&ln[wi])
-		s := settle(w, pending, gen)
-		def := s >> sh & laneMask
+		w, s, def := counterState(ln, c)
 		added := min(cost, ceiling-min(subSat(def, owed), ceiling))
-		nw := s&^(laneMask<<sh) | (max(def, owed)+added)<<sh
-		if atomic.CompareAndSwapUint64(&ln[wi], w, nw) {
+		if casCounter(ln, c, w, s, max(def, owed)+added) {
 			return added
 		}
 	}
@@ -438,18 +445,13 @@ func charge(ln *line, c uint8, cost, capUnits, owed uint64) uint64 {
 // chargeIfRoom adds cost to counter c if it still holds that much, and
 // returns its deficit now.
 func chargeIfRoom(ln *line, c uint8, cost, capUnits, owed uint64) (uint64, bool) {
-	wi, sh := counterWord(c), counterShift(c)
 	for {
-		_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
-		w := atomic.LoadUint64(&ln[wi])
-		s := settle(w, pending, gen)
-		def := s >> sh & laneMask
+		w, s, def := counterState(ln, c)
 		after := subSat(def, owed) + cost
 		if after > capUnits {
 			return after, false
 		}
-		nw := s&^(laneMask<<sh) | (max(def, owed)+cost)<<sh
-		if atomic.CompareAndSwapUint64(&ln[wi], w, nw) {
+		if casCounter(ln, c, w, s, max(def, owed)+cost) {
 			return after, true
 		}
 	}
@@ -460,12 +462,9 @@ func chargeIfRoom(ln *line, c uint8, cost, capUnits, owed uint64) (uint64, bool)
 func (b *Buckets) Reset(h uint64) {
 	ln, counters, _ := b.place(b.p.Load().t, h)
 	for _, c := range counters {
-		wi, sh := counterWord(c), counterShift(c)
 		for {
-			_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
-			w := atomic.LoadUint64(&ln[wi])
-			s := settle(w, pending, gen)
-			if atomic.CompareAndSwapUint64(&ln[wi], w, s&^(laneMask<<sh)) {
+			w, s, _ := counterState(ln, c)
+			if casCounter(ln, c, w, s, 0) {
 				break
 			}
 		}
