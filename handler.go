@@ -188,9 +188,10 @@ func (h *Handler) Cleanup() error {
 
 // verdict is one zone's answer to one request.
 type verdict struct {
-	z   *zone
-	d   limiter.Decision
-	key string
+	z    *zone
+	d    limiter.Decision
+	hash uint64
+	key  string
 }
 
 // maxInlineVerdicts is how many zones a request can apply without the
@@ -220,19 +221,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 		hash, key := z.key(r, repl)
-		verdicts = append(verdicts, verdict{z: z, d: txn.Take(z.buckets, hash, 1), key: key})
+		verdicts = append(verdicts, verdict{z: z, d: txn.Take(z.buckets, hash, 1), hash: hash, key: key})
 	}
 	if len(verdicts) == 0 {
 		return next.ServeHTTP(w, r)
 	}
 	denied := txn.Denied()
 	if denied {
-		// Zones that granted before the denial were refunded: their key
-		// has its token back, and is one token's refill closer to full.
+		// Zones that granted before the denial have been refunded: ask
+		// them again for what the key holds now.
 		for i := range verdicts {
-			if d := &verdicts[i].d; d.Allowed {
-				d.Remaining = min(d.Remaining+1, d.Limit)
-				d.Reset = max(d.Reset-verdicts[i].z.perToken, 0)
+			if v := &verdicts[i]; v.d.Allowed {
+				v.d = v.z.buckets.PeekHash(v.hash, 1)
 			}
 		}
 	}

@@ -214,7 +214,6 @@ type zone struct {
 	// burstValue is the burst in force, boxed once likewise.
 	burstValue any
 	limit      limiter.Limit
-	perToken   time.Duration // how long one token takes to return
 	keys       []keySpec
 	v4, v6     int
 	matchers   caddyhttp.MatcherSets
@@ -237,7 +236,6 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		name:      name,
 		nameValue: name,
 		limit:     zc.limit(),
-		perToken:  time.Duration(zc.Window) / time.Duration(zc.MaxEvents),
 		v4:        prefixOr(zc.IPv4Prefix, defaultIPv4Prefix),
 		v6:        prefixOr(zc.IPv6Prefix, defaultIPv6Prefix),
 	}
