@@ -73,7 +73,16 @@ func (a *App) sharesLayer4Zone(z *zone) bool {
 }
 
 func (z *zone) layer4() layer4.Zone {
-	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6}
+	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6, Count: z.count}
+}
+
+// count records one decision of the zone in its metrics.
+func (z *zone) count(denied bool) {
+	if denied {
+		z.denied.Inc()
+	} else {
+		z.allowed.Inc()
+	}
 }
 
 var _ layer4.Zones = (*App)(nil)

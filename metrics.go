@@ -7,14 +7,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// requests counts the requests the rate_limit handler decided, by zone and
-// outcome (allowed or denied). Labels are bounded by the configuration:
-// never a key.
+// requests counts the requests the rate_limit handler decided and the
+// connections the layer4 matcher decided, by zone and outcome (allowed or
+// denied). Labels are bounded by the configuration: never a key.
 var requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Namespace: "caddy",
 	Subsystem: "rate_limit",
 	Name:      "requests_total",
-	Help:      "Requests checked by the rate_limit handler, by zone and outcome.",
+	Help:      "Requests (HTTP) and connections (layer4) checked by rate_limit, by zone and outcome.",
 }, []string{"zone", "outcome"})
 
 // counter is a metric a zone increments; nil when metrics are disabled.

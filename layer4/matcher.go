@@ -127,6 +127,9 @@ type Zone struct {
 	Buckets    *limiter.Buckets
 	IPv4Prefix int
 	IPv6Prefix int
+	// Count, if not nil, is told the outcome of every connection the zone
+	// decided (over = denied), for the zone's metrics.
+	Count func(over bool)
 }
 
 // Inline is a matcher's own limit, with every default filled in.
@@ -278,6 +281,9 @@ func (m *Matcher) Match(cx *layer4.Connection) (bool, error) {
 	if ip, ok := SourceIP(cx.RemoteAddr()); ok {
 		key := limiter.NetworkKey(ip, m.zone.IPv4Prefix, m.zone.IPv6Prefix)
 		over = !m.zone.Buckets.Allow(key.Bytes(), 1).Allowed
+		if m.zone.Count != nil {
+			m.zone.Count(over)
+		}
 		if over {
 			if ce := m.logger.Check(zap.DebugLevel, "connection rate exceeded"); ce != nil {
 				ce.Write(zap.String("zone", m.zone.Name),

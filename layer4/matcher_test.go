@@ -370,3 +370,29 @@ func TestCaddyfile(t *testing.T) {
 		}
 	}
 }
+
+func TestEveryDecisionIsCountedOnce(t *testing.T) {
+	b, err := limiter.NewBuckets(limiter.BucketsConfig{Limit: limiter.Limit{Events: 2, Window: time.Hour}, Bytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allowed, denied int
+	count := func(over bool) {
+		if over {
+			denied++
+		} else {
+			allowed++
+		}
+	}
+	zones := &fakeZones{global: map[string]Zone{"edge": {Name: "edge", Buckets: b, IPv4Prefix: 24, IPv6Prefix: 48, Count: count}}}
+	m := provisioned(t, &Matcher{Zone: "edge"}, zones)
+	for range 3 {
+		cx := tcpConn("10.0.0.1")
+		match(t, m, cx)
+		match(t, m, cx) // caddy-l4 asking again about the same connection
+	}
+	match(t, m, tcpConn("::ffff:10.0.0.9"))
+	if allowed != 2 || denied != 2 {
+		t.Fatalf("counted %d allowed and %d denied, want 2 and 2", allowed, denied)
+	}
+}
