@@ -2,6 +2,7 @@ package floodgate
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"strconv"
 
@@ -10,7 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/dustin/go-humanize"
 )
 
 func init() {
@@ -274,77 +274,23 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 					zc.FallbackKeys = append(zc.FallbackKeys, k.Text)
 				}
 			}
-		case "events", "burst":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 1 {
-				return nil, d.Errf("zone %q: %s %q: must be a whole number of at least 1", name, field, v)
-			}
-			if field == "events" {
-				zc.MaxEvents = n
-			} else {
-				zc.Burst = n
-			}
-		case "window":
-			if err := parseDuration(d, &zc.Window); err != nil {
-				return nil, err
-			}
-			windowSet = true
-		case "ipv4_prefix", "ipv6_prefix":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			bits, err := strconv.Atoi(v)
-			if err != nil {
-				return nil, d.Errf("zone %q: %s %q: must be a number of bits", name, field, v)
-			}
-			if field == "ipv4_prefix" {
-				zc.IPv4Prefix = &bits
-			} else {
-				zc.IPv6Prefix = &bits
-			}
 		case "match":
 			ms, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 			if err != nil {
 				return nil, d.Errf("zone %q: match: %v", name, err)
 			}
 			zc.MatcherSetsRaw = append(zc.MatcherSetsRaw, ms)
-		case "memory":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			size, err := humanize.ParseBytes(v)
-			if err != nil || size > math.MaxInt64 {
-				return nil, d.Errf("zone %q: memory %q: must be a size such as 16MiB", name, v)
-			}
-			zc.Memory = int64(size)
-		case "sources":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return nil, d.Errf("zone %q: sources %q: must be a whole number of at least 1", name, v)
-			}
-			zc.Sources = n
-		case "false_deny":
-			v, err := oneArg(d)
-			if err != nil {
-				return nil, err
-			}
-			p, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(p > 0 && p < 1) {
-				return nil, d.Errf("zone %q: false_deny %q: must be a probability above 0 and below 1", name, v)
-			}
-			zc.FalseDeny = p
 		default:
-			return nil, d.Errf("zone %q: unrecognized subdirective %q", name, field)
+			ok, err := zc.UnmarshalOption(d, fmt.Sprintf("zone %q: ", name))
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				return nil, d.Errf("zone %q: unrecognized subdirective %q", name, field)
+			}
+			if field == "window" {
+				windowSet = true
+			}
 		}
 	}
 	if zc.MaxEvents == 0 {

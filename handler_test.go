@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // fakeClock is a clock tests move by hand.
@@ -87,7 +88,7 @@ func status(err error) int {
 func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
 	h := newTestHandler(t, clock, map[string]*Zone{
-		"retry_ceiling": {MaxEvents: 1, Window: caddy.Duration(3 * time.Second)},
+		"retry_ceiling": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(3 * time.Second)}},
 	})
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	if _, err := serve(h, req); err != nil {
@@ -117,7 +118,7 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 }
 
 func TestDenialIsAnUnwrappedHandlerError(t *testing.T) {
-	h := newTestHandler(t, nil, map[string]*Zone{"unwrapped": {MaxEvents: 1, Window: caddy.Duration(time.Hour)}})
+	h := newTestHandler(t, nil, map[string]*Zone{"unwrapped": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}})
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	_, _ = serve(h, req)
 	_, err := serve(h, req)
@@ -128,7 +129,7 @@ func TestDenialIsAnUnwrappedHandlerError(t *testing.T) {
 
 func TestJitterAddsAtMostItsFractionAndIsRaceFree(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
-	h := newTestHandler(t, clock, map[string]*Zone{"jitter": {MaxEvents: 1, Window: caddy.Duration(10 * time.Second)}})
+	h := newTestHandler(t, clock, map[string]*Zone{"jitter": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(10 * time.Second)}}})
 	h.Jitter = 0.5
 	if _, err := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)); err != nil {
 		t.Fatal(err)
@@ -151,7 +152,7 @@ func TestJitterAddsAtMostItsFractionAndIsRaceFree(t *testing.T) {
 }
 
 func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
-	h := newTestHandler(t, nil, map[string]*Zone{"goes_live": {MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 4096}})
+	h := newTestHandler(t, nil, map[string]*Zone{"goes_live": {Limit: zoneconf.Limit{MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 4096}}})
 	running := h.zones[0]
 	events := func() int64 { return running.buckets.Limit().Events }
 	oldApp := &App{live: []*zone{running}}
@@ -159,7 +160,7 @@ func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	z, err := provisionZone(caddy.Context{}, "goes_live", &Zone{MaxEvents: 10, Window: caddy.Duration(time.Hour), Memory: 4096})
+	z, err := provisionZone(caddy.Context{}, "goes_live", &Zone{Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Hour), Memory: 4096}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
 		t.Errorf("after the replaced config stopped: events %d, want 10", events())
 	}
 
-	other, err := provisionZone(caddy.Context{}, "goes_live", &Zone{MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 8192})
+	other, err := provisionZone(caddy.Context{}, "goes_live", &Zone{Limit: zoneconf.Limit{MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 8192}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +371,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 		run(b, newTestHandler(b, nil, nil), "192.0.2.1:1234")
 	})
 	allowAll := func(key string) map[string]*Zone {
-		return map[string]*Zone{"bench" + key: {Key: key, MaxEvents: 1 << 20, Window: caddy.Duration(time.Millisecond), Memory: 1 << 20}}
+		return map[string]*Zone{"bench" + key: {Key: key, Limit: zoneconf.Limit{MaxEvents: 1 << 20, Window: caddy.Duration(time.Millisecond), Memory: 1 << 20}}}
 	}
 	b.Run("client_ip_zone", func(b *testing.B) {
 		run(b, newTestHandler(b, nil, allowAll("{http.vars.client_ip}")), "192.0.2.1:1234")
@@ -389,7 +390,7 @@ func TestDenialLogNamesZoneAndClientButKeyOnlyWithLogKey(t *testing.T) {
 	for _, logKey := range []bool{false, true} {
 		core, logs := observer.New(zap.InfoLevel)
 		h := newTestHandler(t, nil, map[string]*Zone{
-			"logged_" + strconv.FormatBool(logKey): {Key: "{http.request.header.X-Secret}", MaxEvents: 1, Window: caddy.Duration(time.Hour)},
+			"logged_" + strconv.FormatBool(logKey): {Key: "{http.request.header.X-Secret}", Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}},
 		})
 		h.logger, h.LogKey = zap.New(core), logKey
 		req := httptest.NewRequest(http.MethodGet, "/", nil)

@@ -3,8 +3,6 @@ package floodgate
 import (
 	"sync"
 
-	"github.com/caddyserver/caddy/v2"
-
 	// The whole caddy-l4 app (servers, listener wrapper, handlers such as
 	// close, proxy and echo), so that building Caddy with floodgate alone
 	// gives the layer4 matcher something to run in.
@@ -32,16 +30,7 @@ func (a *App) Layer4Zone(name string) (layer4.Zone, error) {
 // live. Matchers with the same name and settings share the zone; any other
 // zone of that name in the config is a duplicate.
 func (a *App) Layer4Inline(in layer4.Inline) (layer4.Zone, func(), error) {
-	zc := &Zone{
-		MaxEvents:  in.Limit.Events,
-		Window:     caddy.Duration(in.Limit.Window),
-		Burst:      in.Limit.Burst,
-		IPv4Prefix: &in.IPv4Prefix,
-		IPv6Prefix: &in.IPv6Prefix,
-		Memory:     in.Memory,
-		Sources:    in.Sources,
-		FalseDeny:  in.FalseDeny,
-	}
+	zc := &Zone{Limit: in.Limit}
 	z, err := provisionZone(a.ctx, in.Name, zc)
 	if err != nil {
 		return layer4.Zone{}, nil, err

@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // Zone is a named rate limit: which requests it applies to, what identifies a
@@ -40,40 +41,11 @@ type Zone struct {
 	// bucket of the empty key, shared by every request without a key.
 	FallbackKeys []string `json:"fallback_keys,omitempty"`
 
-	// MaxEvents is how many requests a key may make per window, sustained.
-	// Required, at least 1.
-	MaxEvents int64 `json:"max_events,omitempty"`
-
-	// Window is the period over which max_events are allowed. Required,
-	// positive.
-	Window caddy.Duration `json:"window,omitempty"`
-
-	// Burst is how many requests a key may make at once, after being idle.
-	// Default: max_events.
-	Burst int64 `json:"burst,omitempty"`
-
-	// IPv4Prefix groups IPv4 keys by network: keys in the same /ipv4_prefix
-	// share a bucket. 0 to 32; default 32 (one bucket per address).
-	IPv4Prefix *int `json:"ipv4_prefix,omitempty"`
-
-	// IPv6Prefix groups IPv6 keys by network. 0 to 128; default 64 (one
-	// bucket per /64, the smallest network a client usually gets).
-	IPv6Prefix *int `json:"ipv6_prefix,omitempty"`
-
-	// Memory is the size of the zone's table in bytes, fixed whatever the
-	// number of clients. Default: sized from sources and false_deny. Do not
-	// set both.
-	Memory int64 `json:"memory,omitempty"`
-
-	// Sources is the number of clients expected to be over the limit at the
-	// same time. Used to size the table when memory is not set. Default:
-	// 100000.
-	Sources int `json:"sources,omitempty"`
-
-	// FalseDeny is the largest acceptable probability that a client under
-	// its limit is denied while sources others flood. Used to size the table
-	// when memory is not set. Above 0, below 1. Default: 0.005.
-	FalseDeny float64 `json:"false_deny,omitempty"`
+	// The rate, burst, source-network grouping and table size:
+	// max_events, window, burst, ipv4_prefix (default 32: one bucket per
+	// address), ipv6_prefix (default 64: the smallest network a client
+	// usually gets), memory, sources and false_deny.
+	zoneconf.Limit
 }
 
 const (
@@ -81,56 +53,13 @@ const (
 	defaultIPv6Prefix = 64
 )
 
-// limit returns the zone's token-bucket rate.
-func (z *Zone) limit() limiter.Limit {
-	return limiter.Limit{Events: z.MaxEvents, Window: time.Duration(z.Window), Burst: z.Burst}
-}
-
 // Validate reports the first setting of z that cannot work, naming the zone,
 // the field and the value.
 func (z *Zone) Validate(name string) error {
 	if err := validZoneName(name); err != nil {
 		return err
 	}
-	bad := func(field string, value any, why string) error {
-		return fmt.Errorf("zone %q: %s %v: %s", name, field, value, why)
-	}
-	if z.MaxEvents < 1 {
-		return bad("max_events", z.MaxEvents, "must be at least 1")
-	}
-	if z.Window <= 0 {
-		return bad("window", time.Duration(z.Window), "must be positive")
-	}
-	if z.Burst < 0 {
-		return bad("burst", z.Burst, "must not be negative")
-	}
-	if err := z.limit().Validate(); err != nil {
-		return fmt.Errorf("zone %q: %v", name, err)
-	}
-	if p := z.IPv4Prefix; p != nil && (*p < 0 || *p > 32) {
-		return bad("ipv4_prefix", *p, "must be between 0 and 32")
-	}
-	if p := z.IPv6Prefix; p != nil && (*p < 0 || *p > 128) {
-		return bad("ipv6_prefix", *p, "must be between 0 and 128")
-	}
-	if z.Memory != 0 && (z.Sources != 0 || z.FalseDeny != 0) {
-		return bad("memory", z.Memory, "set either memory or sources and false_deny, not both")
-	}
-	if z.Memory != 0 && (z.Memory < 64 || z.Memory > limiter.MaxBytes) {
-		return bad("memory", z.Memory, fmt.Sprintf("must be between 64 bytes and %d bytes", int64(limiter.MaxBytes)))
-	}
-	if z.Sources < 0 {
-		return bad("sources", z.Sources, "must be positive")
-	}
-	if z.FalseDeny != 0 && !(z.FalseDeny > 0 && z.FalseDeny < 1) {
-		return bad("false_deny", z.FalseDeny, "must be above 0 and below 1")
-	}
-	if z.Memory == 0 {
-		if lines := z.lines(); lines > limiter.MaxBytes/64 {
-			return bad("sources", z.Sources, fmt.Sprintf("with false_deny %g needs more than the maximum table size of %d bytes", z.falseDeny(), int64(limiter.MaxBytes)))
-		}
-	}
-	return nil
+	return z.Limit.Validate(fmt.Sprintf("zone %q: ", name))
 }
 
 // validZoneName accepts names that can be written in a header's quoted
@@ -145,35 +74,6 @@ func validZoneName(name string) error {
 		}
 	}
 	return nil
-}
-
-func (z *Zone) sources() int {
-	if z.Sources == 0 {
-		return limiter.DefaultSources
-	}
-	return z.Sources
-}
-
-func (z *Zone) falseDeny() float64 {
-	if z.FalseDeny == 0 {
-		return limiter.DefaultFalseDeny
-	}
-	return z.FalseDeny
-}
-
-// lines is the number of 64-byte lines of the zone's table.
-func (z *Zone) lines() int {
-	if z.Memory != 0 {
-		return int(z.Memory / 64)
-	}
-	return limiter.LinesFor(z.sources(), z.falseDeny(), limiter.DefaultK)
-}
-
-func prefixOr(p *int, def int) int {
-	if p == nil {
-		return def
-	}
-	return *p
 }
 
 // keyKind says how a key is read from a request.
@@ -235,10 +135,9 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	z := &zone{
 		name:      name,
 		nameValue: name,
-		limit:     zc.limit(),
-		v4:        prefixOr(zc.IPv4Prefix, defaultIPv4Prefix),
-		v6:        prefixOr(zc.IPv6Prefix, defaultIPv6Prefix),
+		limit:     zc.Rate(),
 	}
+	z.v4, z.v6 = zc.Prefixes(defaultIPv4Prefix, defaultIPv6Prefix)
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
 		if k != "" {
 			z.keys = append(z.keys, parseKeySpec(k))
@@ -261,13 +160,8 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	z.policy = policyItem(name, burst, z.limit.Window)
 	z.allowed = requests.WithLabelValues(name, "allowed")
 	z.denied = requests.WithLabelValues(name, "denied")
-	z.tkey = tableKey{zone: name, lines: zc.lines(), k: limiter.DefaultK}
-	t, err := acquireTable(z.tkey, limiter.BucketsConfig{
-		Limit:     z.limit,
-		Bytes:     int(zc.Memory),
-		Sources:   zc.Sources,
-		FalseDeny: zc.FalseDeny,
-	})
+	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK}
+	t, err := acquireTable(z.tkey, zc.Buckets())
 	if err != nil {
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}

@@ -1,12 +1,7 @@
 package layer4
 
 import (
-	"math"
-	"strconv"
-
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/dustin/go-humanize"
 )
 
 // UnmarshalCaddyfile sets up the matcher from Caddyfile tokens, inside a
@@ -42,63 +37,25 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		m.Zone = v
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		field := d.Val()
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		bad := func(why string) error { return d.Errf("rate_limit: %s %q: %s", field, v, why) }
-		switch field {
-		case "zone":
-			m.Zone = v
-		case "name":
-			m.Name = v
-		case "events", "burst":
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 1 {
-				return bad("must be a whole number of at least 1")
-			}
-			if field == "events" {
-				m.MaxEvents = n
-			} else {
-				m.Burst = n
-			}
-		case "window":
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return bad("must be a positive duration such as 1m")
-			}
-			m.Window = caddy.Duration(dur)
-		case "ipv4_prefix", "ipv6_prefix":
-			bits, err := strconv.Atoi(v)
+		switch field := d.Val(); field {
+		case "zone", "name":
+			v, err := oneArg(d)
 			if err != nil {
-				return bad("must be a number of bits")
+				return err
 			}
-			if field == "ipv4_prefix" {
-				m.IPv4Prefix = &bits
+			if field == "zone" {
+				m.Zone = v
 			} else {
-				m.IPv6Prefix = &bits
+				m.Name = v
 			}
-		case "memory":
-			size, err := humanize.ParseBytes(v)
-			if err != nil || size > math.MaxInt64 {
-				return bad("must be a size such as 16MiB")
-			}
-			m.Memory = int64(size)
-		case "sources":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return bad("must be a whole number of at least 1")
-			}
-			m.Sources = n
-		case "false_deny":
-			p, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(p > 0 && p < 1) {
-				return bad("must be a probability above 0 and below 1")
-			}
-			m.FalseDeny = p
 		default:
-			return d.Errf("rate_limit: unrecognized option %q", field)
+			ok, err := m.UnmarshalOption(d, "rate_limit: ")
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return d.Errf("rate_limit: unrecognized option %q", field)
+			}
 		}
 	}
 	if err := m.validate(); err != nil {

@@ -17,13 +17,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/mholt/caddy-l4/layer4"
 	"go.uber.org/zap"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 func init() {
@@ -66,39 +66,11 @@ type Matcher struct {
 	// and identical unnamed limits count together.
 	Name string `json:"name,omitempty"`
 
-	// MaxEvents is how many connections a source network may open per
-	// window, sustained. At least 1; required for an inline limit.
-	MaxEvents int64 `json:"max_events,omitempty"`
-
-	// Window is the period over which max_events are allowed. Positive;
-	// required for an inline limit.
-	Window caddy.Duration `json:"window,omitempty"`
-
-	// Burst is how many connections a source network may open at once,
-	// after being idle. Default: max_events.
-	Burst int64 `json:"burst,omitempty"`
-
-	// IPv4Prefix is the length of the IPv4 networks that share a limit, 0
-	// to 32. Default 24.
-	IPv4Prefix *int `json:"ipv4_prefix,omitempty"`
-
-	// IPv6Prefix is the length of the IPv6 networks that share a limit, 0
-	// to 128. Default 48.
-	IPv6Prefix *int `json:"ipv6_prefix,omitempty"`
-
-	// Memory is the size in bytes of the inline limit's table, fixed
-	// whatever the number of sources. Default: sized from sources and
-	// false_deny, as for HTTP zones. Do not set both.
-	Memory int64 `json:"memory,omitempty"`
-
-	// Sources is the number of networks expected to flood at the same
-	// time, for sizing. Default 100000.
-	Sources int `json:"sources,omitempty"`
-
-	// FalseDeny is the largest acceptable probability that a network under
-	// its limit is dropped while sources others flood, for sizing. Default
-	// 0.005.
-	FalseDeny float64 `json:"false_deny,omitempty"`
+	// The inline limit: max_events connections per window sustained, up to
+	// burst at once, per source network of ipv4_prefix (default 24) or
+	// ipv6_prefix (default 48) bits, in a table of memory bytes or sized
+	// from sources and false_deny, as for HTTP zones.
+	zoneconf.Limit
 
 	zone    Zone
 	release func()
@@ -132,15 +104,11 @@ type Zone struct {
 	Count func(over bool)
 }
 
-// Inline is a matcher's own limit, with every default filled in.
+// Inline is a matcher's own limit, with its name and prefix lengths filled
+// in.
 type Inline struct {
-	Name       string
-	Limit      limiter.Limit
-	IPv4Prefix int
-	IPv6Prefix int
-	Memory     int64
-	Sources    int
-	FalseDeny  float64
+	Name string
+	zoneconf.Limit
 }
 
 // CaddyModule returns the Caddy module information.
@@ -191,50 +159,21 @@ func (m *Matcher) validate() error {
 		return fmt.Errorf("rate_limit: %s %v: %s", field, value, why)
 	}
 	if m.Zone != "" {
-		if m.MaxEvents != 0 || m.Window != 0 || m.Burst != 0 || m.IPv4Prefix != nil || m.IPv6Prefix != nil ||
-			m.Memory != 0 || m.Sources != 0 || m.FalseDeny != 0 || m.Name != "" {
+		if !m.Limit.IsZero() || m.Name != "" {
 			return bad("zone", m.Zone, "uses the global zone's settings; do not set name, max_events, window, burst, prefixes or sizing with it")
 		}
 		return nil
 	}
-	if m.MaxEvents < 1 {
-		return bad("max_events", m.MaxEvents, "must be at least 1 (or set zone)")
-	}
-	if m.Window <= 0 {
-		return bad("window", time.Duration(m.Window), "must be positive")
-	}
-	if m.Burst < 0 {
-		return bad("burst", m.Burst, "must not be negative")
-	}
-	if err := m.limit().Validate(); err != nil {
-		return fmt.Errorf("rate_limit: %v", err)
-	}
-	if p := m.IPv4Prefix; p != nil && (*p < 0 || *p > 32) {
-		return bad("ipv4_prefix", *p, "must be between 0 and 32")
-	}
-	if p := m.IPv6Prefix; p != nil && (*p < 0 || *p > 128) {
-		return bad("ipv6_prefix", *p, "must be between 0 and 128")
-	}
-	return nil
-}
-
-func (m *Matcher) limit() limiter.Limit {
-	return limiter.Limit{Events: m.MaxEvents, Window: time.Duration(m.Window), Burst: m.Burst}
+	return m.Limit.Validate("rate_limit: ")
 }
 
 // inline returns the matcher's own limit with its defaults.
 func (m *Matcher) inline() Inline {
-	in := Inline{
-		Name:       m.Name,
-		Limit:      m.limit(),
-		IPv4Prefix: prefixOr(m.IPv4Prefix, DefaultIPv4Prefix),
-		IPv6Prefix: prefixOr(m.IPv6Prefix, DefaultIPv6Prefix),
-		Memory:     m.Memory,
-		Sources:    m.Sources,
-		FalseDeny:  m.FalseDeny,
-	}
+	in := Inline{Name: m.Name, Limit: m.Limit}
+	v4, v6 := m.Prefixes(DefaultIPv4Prefix, DefaultIPv6Prefix)
+	in.IPv4Prefix, in.IPv6Prefix = &v4, &v6
 	if in.Name == "" {
-		in.Name = DerivedName(in.Limit, in.IPv4Prefix, in.IPv6Prefix)
+		in.Name = DerivedName(in.Rate(), v4, v6)
 	}
 	return in
 }
@@ -247,13 +186,6 @@ func DerivedName(l limiter.Limit, v4, v6 int) string {
 		burst = l.Events
 	}
 	return fmt.Sprintf("layer4:%d/%s,burst=%d,v4=%d,v6=%d", l.Events, l.Window, burst, v4, v6)
-}
-
-func prefixOr(p *int, def int) int {
-	if p == nil {
-		return def
-	}
-	return *p
 }
 
 // Cleanup gives back the inline limit's buckets. They outlive this config if

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // fakeConn is a connection with chosen addresses. Its embedded Conn is nil,
@@ -53,11 +54,11 @@ func (f *fakeZones) Layer4Zone(name string) (Zone, error) {
 
 func (f *fakeZones) Layer4Inline(in Inline) (Zone, func(), error) {
 	f.inline = append(f.inline, in)
-	b, err := limiter.NewBuckets(limiter.BucketsConfig{Limit: in.Limit, Bytes: 64 << 10})
+	b, err := limiter.NewBuckets(limiter.BucketsConfig{Limit: in.Rate(), Bytes: 64 << 10})
 	if err != nil {
 		return Zone{}, nil, err
 	}
-	return Zone{Name: in.Name, Buckets: b, IPv4Prefix: in.IPv4Prefix, IPv6Prefix: in.IPv6Prefix}, func() { f.released++ }, nil
+	return Zone{Name: in.Name, Buckets: b, IPv4Prefix: *in.IPv4Prefix, IPv6Prefix: *in.IPv6Prefix}, func() { f.released++ }, nil
 }
 
 func provisioned(t *testing.T, m *Matcher, zones Zones) *Matcher {
@@ -71,7 +72,7 @@ func provisioned(t *testing.T, m *Matcher, zones Zones) *Matcher {
 
 // threePerHour is an inline limit no test outlives: no token returns.
 func threePerHour() *Matcher {
-	return &Matcher{MaxEvents: 3, Window: caddy.Duration(time.Hour)}
+	return &Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: caddy.Duration(time.Hour)}}
 }
 
 func match(t *testing.T, m *Matcher, cx *layer4.Connection) bool {
@@ -99,7 +100,7 @@ func TestConnectionIsChargedOnceHoweverOftenMatched(t *testing.T) {
 func TestMatchersKeepSeparateVerdicts(t *testing.T) {
 	zones := &fakeZones{}
 	loose := provisioned(t, threePerHour(), zones)
-	strict := provisioned(t, &Matcher{MaxEvents: 1, Window: caddy.Duration(time.Hour)}, zones)
+	strict := provisioned(t, &Matcher{Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}, zones)
 	for i := 1; i <= 2; i++ {
 		cx := tcpConn("10.0.0.1")
 		if match(t, strict, cx) != (i > 1) || match(t, loose, cx) {
@@ -158,7 +159,7 @@ func TestDualStackIPv4SourcesAreUnmapped(t *testing.T) {
 }
 
 func TestUnixSocketPassesUnmetered(t *testing.T) {
-	m := provisioned(t, &Matcher{MaxEvents: 1, Window: caddy.Duration(time.Hour)}, &fakeZones{})
+	m := provisioned(t, &Matcher{Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}, &fakeZones{})
 	for i := 0; i < 5; i++ {
 		cx := layer4.WrapConnection(&fakeConn{remote: &net.UnixAddr{Name: "@", Net: "unix"}}, nil, zap.NewNop())
 		if match(t, m, cx) {
@@ -173,7 +174,7 @@ func TestUnixSocketPassesUnmetered(t *testing.T) {
 // Match must work on a connection as caddy-l4 builds it, over a real
 // net.Conn, and leave its bytes for the next matcher or handler.
 func TestMatchReadsNothingFromAPipe(t *testing.T) {
-	m := provisioned(t, &Matcher{MaxEvents: 1, Window: caddy.Duration(time.Hour)}, &fakeZones{})
+	m := provisioned(t, &Matcher{Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}, &fakeZones{})
 	client, server := net.Pipe()
 	defer client.Close()
 	defer server.Close()
@@ -254,14 +255,13 @@ func TestInlineLimitDefaultsAndRelease(t *testing.T) {
 	if err := m.provision(zones, zap.NewNop()); err != nil {
 		t.Fatal(err)
 	}
-	want := Inline{
-		Name:       "layer4:3/1h0m0s,burst=3,v4=24,v6=48",
-		Limit:      limiter.Limit{Events: 3, Window: time.Hour},
-		IPv4Prefix: 24,
-		IPv6Prefix: 48,
+	if len(zones.inline) != 1 {
+		t.Fatalf("%d inline limits asked for, want 1", len(zones.inline))
 	}
-	if len(zones.inline) != 1 || zones.inline[0] != want {
-		t.Fatalf("inline limits asked for: %+v, want [%+v]", zones.inline, want)
+	in := zones.inline[0]
+	if in.Name != "layer4:3/1h0m0s,burst=3,v4=24,v6=48" || in.Rate() != (limiter.Limit{Events: 3, Window: time.Hour}) ||
+		*in.IPv4Prefix != 24 || *in.IPv6Prefix != 48 {
+		t.Fatalf("inline limit asked for: %+v (prefixes %d, %d)", in, *in.IPv4Prefix, *in.IPv6Prefix)
 	}
 	_ = m.Cleanup()
 	_ = m.Cleanup()
@@ -285,20 +285,20 @@ func TestValidationNamesFieldAndValue(t *testing.T) {
 		m    Matcher
 		want string // "" for valid
 	}{
-		{Matcher{MaxEvents: 3, Window: hour}, ""},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: hour}}, ""},
 		{Matcher{Zone: "edge"}, ""},
-		{Matcher{MaxEvents: 3, Window: hour, Burst: 10, IPv4Prefix: intp(0), IPv6Prefix: intp(128)}, ""},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: hour, Burst: 10, IPv4Prefix: intp(0), IPv6Prefix: intp(128)}}, ""},
 		{Matcher{}, "max_events 0: must be at least 1"},
-		{Matcher{MaxEvents: -1, Window: hour}, "max_events -1"},
-		{Matcher{MaxEvents: 3}, "window 0s: must be positive"},
-		{Matcher{MaxEvents: 3, Window: caddy.Duration(-time.Second)}, "window -1s"},
-		{Matcher{MaxEvents: 3, Window: hour, Burst: -2}, "burst -2"},
-		{Matcher{MaxEvents: 3, Window: hour, IPv4Prefix: intp(33)}, "ipv4_prefix 33"},
-		{Matcher{MaxEvents: 3, Window: hour, IPv4Prefix: intp(-1)}, "ipv4_prefix -1"},
-		{Matcher{MaxEvents: 3, Window: hour, IPv6Prefix: intp(129)}, "ipv6_prefix 129"},
-		{Matcher{MaxEvents: 3, Window: hour, Burst: limiter.MaxBurst + 1}, "burst"},
-		{Matcher{Zone: "edge", MaxEvents: 3}, `zone edge: uses the global zone's settings`},
-		{Matcher{Zone: "edge", IPv4Prefix: intp(24)}, "zone edge"},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: -1, Window: hour}}, "max_events -1"},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3}}, "window 0s: must be positive"},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: caddy.Duration(-time.Second)}}, "window -1s"},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: hour, Burst: -2}}, "burst -2"},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: hour, IPv4Prefix: intp(33)}}, "ipv4_prefix 33"},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: hour, IPv4Prefix: intp(-1)}}, "ipv4_prefix -1"},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: hour, IPv6Prefix: intp(129)}}, "ipv6_prefix 129"},
+		{Matcher{Limit: zoneconf.Limit{MaxEvents: 3, Window: hour, Burst: limiter.MaxBurst + 1}}, "burst"},
+		{Matcher{Zone: "edge", Limit: zoneconf.Limit{MaxEvents: 3}}, `zone edge: uses the global zone's settings`},
+		{Matcher{Zone: "edge", Limit: zoneconf.Limit{IPv4Prefix: intp(24)}}, "zone edge"},
 	} {
 		err := tc.m.validate()
 		switch {
@@ -341,7 +341,8 @@ func TestCaddyfile(t *testing.T) {
 		{`rate_limit { events three window 1m }`, "", "wrong argument count"},
 		{"rate_limit {\nevents three\nwindow 1m\n}", "", `events "three": must be a whole number`},
 		{"rate_limit {\nevents 0\nwindow 1m\n}", "", `events "0"`},
-		{"rate_limit {\nevents 3\nwindow soon\n}", "", `window "soon": must be a positive duration`},
+		{"rate_limit {\nevents 3\nwindow soon\n}", "", `window "soon": not a duration`},
+		{"rate_limit {\nevents 3\nwindow -1m\n}", "", `window "-1m": must not be negative`},
 		{"rate_limit {\nevents 3\nwindow 1m\nipv4_prefix x\n}", "", `ipv4_prefix "x"`},
 		{"rate_limit {\nevents 3\nwindow 1m\nipv6_prefix 200\n}", "", `ipv6_prefix 200`},
 		{"rate_limit {\nevents 3\nwindow 1m\nmemory lots\n}", "", `memory "lots"`},

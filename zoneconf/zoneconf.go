@@ -1,0 +1,221 @@
+// Package zoneconf is the part of a zone's configuration that is the same
+// wherever the zone is used, in an HTTP handler or in a layer4 matcher: its
+// rate, burst, source-network grouping and table size, with their JSON form,
+// their Caddyfile subdirectives and their validation. The packages that use a
+// zone embed Limit in their own configuration and add what is theirs (keys
+// and request matchers for HTTP, zone names and reload identity for layer4).
+package zoneconf
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/dustin/go-humanize"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// Limit is a zone's token-bucket rate and the table that holds it.
+type Limit struct {
+	// MaxEvents is how many events (requests, or connections for layer4)
+	// a key may make per window, sustained. At least 1. Caddyfile: events.
+	MaxEvents int64 `json:"max_events,omitempty"`
+
+	// Window is the period over which max_events are allowed. Positive.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Burst is how many events a key may make at once, after being idle.
+	// Default: max_events.
+	Burst int64 `json:"burst,omitempty"`
+
+	// IPv4Prefix groups IPv4 sources by network: sources in the same
+	// /ipv4_prefix share a bucket. 0 to 32. The default depends on where
+	// the zone is used (32 for HTTP keys, 24 for layer4 connections).
+	IPv4Prefix *int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix groups IPv6 sources by network. 0 to 128. Default 64 for
+	// HTTP keys, 48 for layer4 connections.
+	IPv6Prefix *int `json:"ipv6_prefix,omitempty"`
+
+	// Memory is the size of the zone's table in bytes, fixed whatever the
+	// number of keys. Default: sized from sources and false_deny. Do not
+	// set both.
+	Memory int64 `json:"memory,omitempty"`
+
+	// Sources is the number of keys expected to be over the limit at the
+	// same time. Used to size the table when memory is not set. Default:
+	// 100000.
+	Sources int `json:"sources,omitempty"`
+
+	// FalseDeny is the largest acceptable probability that a key under its
+	// limit is denied while sources others flood. Used to size the table
+	// when memory is not set. Above 0, below 1. Default: 0.005.
+	FalseDeny float64 `json:"false_deny,omitempty"`
+}
+
+// Rate is the token-bucket limit of l.
+func (l *Limit) Rate() limiter.Limit {
+	return limiter.Limit{Events: l.MaxEvents, Window: time.Duration(l.Window), Burst: l.Burst}
+}
+
+// Prefixes returns l's prefix lengths, or the given defaults where unset.
+func (l *Limit) Prefixes(v4, v6 int) (int, int) {
+	if l.IPv4Prefix != nil {
+		v4 = *l.IPv4Prefix
+	}
+	if l.IPv6Prefix != nil {
+		v6 = *l.IPv6Prefix
+	}
+	return v4, v6
+}
+
+// Buckets is the configuration of l's table.
+func (l *Limit) Buckets() limiter.BucketsConfig {
+	return limiter.BucketsConfig{Limit: l.Rate(), Bytes: int(l.Memory), Sources: l.Sources, FalseDeny: l.FalseDeny}
+}
+
+// Lines is the number of 64-byte lines of l's table.
+func (l *Limit) Lines() int {
+	if l.Memory != 0 {
+		return int(l.Memory / 64)
+	}
+	return limiter.LinesFor(l.sources(), l.falseDeny(), limiter.DefaultK)
+}
+
+func (l *Limit) sources() int {
+	if l.Sources == 0 {
+		return limiter.DefaultSources
+	}
+	return l.Sources
+}
+
+func (l *Limit) falseDeny() float64 {
+	if l.FalseDeny == 0 {
+		return limiter.DefaultFalseDeny
+	}
+	return l.FalseDeny
+}
+
+// Validate reports the first setting of l that cannot work, as where
+// followed by the field, its value and why (where is e.g. `zone "api": `).
+func (l *Limit) Validate(where string) error {
+	bad := func(field string, value any, why string) error {
+		return fmt.Errorf("%s%s %v: %s", where, field, value, why)
+	}
+	if l.MaxEvents < 1 {
+		return bad("max_events", l.MaxEvents, "must be at least 1")
+	}
+	if l.Window <= 0 {
+		return bad("window", time.Duration(l.Window), "must be positive")
+	}
+	if l.Burst < 0 {
+		return bad("burst", l.Burst, "must not be negative")
+	}
+	if err := l.Rate().Validate(); err != nil {
+		return fmt.Errorf("%s%v", where, err)
+	}
+	if p := l.IPv4Prefix; p != nil && (*p < 0 || *p > 32) {
+		return bad("ipv4_prefix", *p, "must be between 0 and 32")
+	}
+	if p := l.IPv6Prefix; p != nil && (*p < 0 || *p > 128) {
+		return bad("ipv6_prefix", *p, "must be between 0 and 128")
+	}
+	if l.Memory != 0 && (l.Sources != 0 || l.FalseDeny != 0) {
+		return bad("memory", l.Memory, "set either memory or sources and false_deny, not both")
+	}
+	if l.Memory != 0 && (l.Memory < 64 || l.Memory > limiter.MaxBytes) {
+		return bad("memory", l.Memory, fmt.Sprintf("must be between 64 bytes and %d bytes", int64(limiter.MaxBytes)))
+	}
+	if l.Sources < 0 {
+		return bad("sources", l.Sources, "must be positive")
+	}
+	if l.FalseDeny != 0 && !(l.FalseDeny > 0 && l.FalseDeny < 1) {
+		return bad("false_deny", l.FalseDeny, "must be above 0 and below 1")
+	}
+	if l.Memory == 0 && l.Lines() > limiter.MaxBytes/64 {
+		return bad("sources", l.Sources, fmt.Sprintf("with false_deny %g needs more than the maximum table size of %d bytes",
+			l.falseDeny(), int64(limiter.MaxBytes)))
+	}
+	return nil
+}
+
+// IsZero reports whether no setting of l is set.
+func (l *Limit) IsZero() bool {
+	return l.MaxEvents == 0 && l.Window == 0 && l.Burst == 0 && l.IPv4Prefix == nil && l.IPv6Prefix == nil &&
+		l.Memory == 0 && l.Sources == 0 && l.FalseDeny == 0
+}
+
+// UnmarshalOption reads the Caddyfile subdirective the dispenser is on if it
+// is one of l's (events, window, burst, ipv4_prefix, ipv6_prefix, memory,
+// sources, false_deny), and reports whether it was. Errors start with
+// where and name the subdirective and its value.
+func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string) (bool, error) {
+	field := d.Val()
+	switch field {
+	case "events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny":
+	default:
+		return false, nil
+	}
+	if !d.NextArg() {
+		return true, d.ArgErr()
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return true, d.ArgErr()
+	}
+	bad := func(why string) error { return d.Errf("%s%s %q: %s", where, field, v, why) }
+	switch field {
+	case "events", "burst":
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			return true, bad("must be a whole number of at least 1")
+		}
+		if field == "events" {
+			l.MaxEvents = n
+		} else {
+			l.Burst = n
+		}
+	case "window":
+		dur, err := caddy.ParseDuration(v)
+		if err != nil {
+			return true, bad(fmt.Sprintf("not a duration: %v", err))
+		}
+		if dur < 0 {
+			return true, bad("must not be negative")
+		}
+		l.Window = caddy.Duration(dur)
+	case "ipv4_prefix", "ipv6_prefix":
+		bits, err := strconv.Atoi(v)
+		if err != nil {
+			return true, bad("must be a number of bits")
+		}
+		if field == "ipv4_prefix" {
+			l.IPv4Prefix = &bits
+		} else {
+			l.IPv6Prefix = &bits
+		}
+	case "memory":
+		size, err := humanize.ParseBytes(v)
+		if err != nil || size > math.MaxInt64 {
+			return true, bad("must be a size such as 16MiB")
+		}
+		l.Memory = int64(size)
+	case "sources":
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return true, bad("must be a whole number of at least 1")
+		}
+		l.Sources = n
+	case "false_deny":
+		p, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(p > 0 && p < 1) {
+			return true, bad("must be a probability above 0 and below 1")
+		}
+		l.FalseDeny = p
+	}
+	return true, nil
+}
