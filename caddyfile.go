@@ -9,8 +9,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 func init() {
@@ -148,7 +150,7 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App) error
 			}
 			rl.StorageRaw = caddyconfig.JSONModuleObject(storage, "module", storage.(caddy.Module).CaddyModule().ID.Name(), nil)
 		case "jitter":
-			v, err := oneArg(d)
+			v, err := zoneconf.OneArg(d)
 			if err != nil {
 				return err
 			}
@@ -172,7 +174,7 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App) error
 			}
 			rl.DisableMetrics = true
 		case "headers":
-			v, err := oneArg(d)
+			v, err := zoneconf.OneArg(d)
 			if err != nil {
 				return err
 			}
@@ -305,23 +307,11 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 	return zc, nil
 }
 
-// oneArg returns the single argument of the current subdirective.
-func oneArg(d *caddyfile.Dispenser) (string, error) {
-	if !d.NextArg() {
-		return "", d.ArgErr()
-	}
-	v := d.Val()
-	if d.NextArg() {
-		return "", d.ArgErr()
-	}
-	return v, nil
-}
-
 // parseDuration reads the single, non-negative duration argument of the
 // current subdirective into dst.
 func parseDuration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	field := d.Val()
-	v, err := oneArg(d)
+	v, err := zoneconf.OneArg(d)
 	if err != nil {
 		return err
 	}

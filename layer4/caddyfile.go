@@ -2,6 +2,8 @@ package layer4
 
 import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // UnmarshalCaddyfile sets up the matcher from Caddyfile tokens, inside a
@@ -30,7 +32,7 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if d.Val() != "zone" {
 			return d.Errf("rate_limit: unexpected argument %q; options go in a block", d.Val())
 		}
-		v, err := oneArg(d)
+		v, err := zoneconf.OneArg(d)
 		if err != nil {
 			return err
 		}
@@ -39,7 +41,7 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch field := d.Val(); field {
 		case "zone", "name":
-			v, err := oneArg(d)
+			v, err := zoneconf.OneArg(d)
 			if err != nil {
 				return err
 			}
@@ -62,18 +64,6 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Err(err.Error())
 	}
 	return nil
-}
-
-// oneArg returns the single argument of the current option.
-func oneArg(d *caddyfile.Dispenser) (string, error) {
-	if !d.NextArg() {
-		return "", d.ArgErr()
-	}
-	v := d.Val()
-	if d.NextArg() {
-		return "", d.ArgErr()
-	}
-	return v, nil
 }
 
 var _ caddyfile.Unmarshaler = (*Matcher)(nil)

@@ -160,12 +160,9 @@ func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string) (bool, err
 	default:
 		return false, nil
 	}
-	if !d.NextArg() {
-		return true, d.ArgErr()
-	}
-	v := d.Val()
-	if d.NextArg() {
-		return true, d.ArgErr()
+	v, err := OneArg(d)
+	if err != nil {
+		return true, err
 	}
 	bad := func(why string) error { return d.Errf("%s%s %q: %s", where, field, v, why) }
 	switch field {
@@ -218,4 +215,17 @@ func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string) (bool, err
 		l.FalseDeny = p
 	}
 	return true, nil
+}
+
+// OneArg returns the single argument of the subdirective the dispenser is
+// on, or an argument-count error.
+func OneArg(d *caddyfile.Dispenser) (string, error) {
+	if !d.NextArg() {
+		return "", d.ArgErr()
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return "", d.ArgErr()
+	}
+	return v, nil
 }
