@@ -177,13 +177,9 @@ func (s *Sketch) Memory() int { return 8 * len(s.slots) }
 // denied where one of them would have fitted, and a RetryAfter computed
 // after such a race may be zero.
 func (s *Sketch) TakeHash(h uint64, weight int64) (Decision, Reservation) {
-	q := uint64(s.quota.Load())
-	w := sketchWeight(weight)
-	e, t := s.clock()
 	var cols sketchCols
-	s.columns(h, &cols)
 	var v sketchView
-	s.read(&cols, e, t, &v)
+	q, w, e, t := s.look(h, weight, &cols, &v)
 	if w > q || !v.fits(q-w) {
 		return v.denied(q, w), Reservation{}
 	}
@@ -197,16 +193,24 @@ func (s *Sketch) TakeHash(h uint64, weight int64) (Decision, Reservation) {
 	return v.granted(q), Reservation{index: h, epoch: e, units: int64(w)}
 }
 
+// look reads what TakeHash and PeekHash both start from: the quota, the
+// weight as charged, the current window and the time into it, the key's
+// cells (into cols) and their counts now (into v).
+func (s *Sketch) look(h uint64, weight int64, cols *sketchCols, v *sketchView) (q, w uint64, e, t int64) {
+	q = uint64(s.quota.Load())
+	w = sketchWeight(weight)
+	e, t = s.clock()
+	s.columns(h, cols)
+	s.read(cols, e, t, v)
+	return q, w, e, t
+}
+
 // PeekHash answers what TakeHash would, charging nothing. A weight below 1
 // is taken as 1.
 func (s *Sketch) PeekHash(h uint64, weight int64) Decision {
-	q := uint64(s.quota.Load())
-	w := sketchWeight(weight)
-	e, t := s.clock()
 	var cols sketchCols
-	s.columns(h, &cols)
 	var v sketchView
-	s.read(&cols, e, t, &v)
+	q, w, _, _ := s.look(h, weight, &cols, &v)
 	if w > q || !v.fits(q-w) {
 		return v.denied(q, w)
 	}
