@@ -35,8 +35,8 @@ func BenchmarkAllow(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	floor := newLineTable(fg.Lines(), time.Second).lines // same size, same pages
-	for i := range floor {                               // fault the pages in: a table in use is in memory
+	floor := newLines(fg.Lines()) // same size, same pages
+	for i := range floor {        // fault the pages in: a table in use is in memory
 		floor[i][0] = 2
 	}
 	xr := newXrateMap()

@@ -87,7 +87,7 @@ func TestValidate(t *testing.T) {
 		{Limit{MaxEvents: 1}, "window 0s: must be positive"},
 		{Limit{MaxEvents: 1, Window: hour, Burst: -1}, "burst -1"},
 		{Limit{MaxEvents: 1, Window: hour, Burst: limiter.MaxBurst + 1}, "burst"},
-		{Limit{MaxEvents: 10_000_000, Window: caddy.Duration(time.Second), Burst: 1}, "raise burst"},
+		{Limit{MaxEvents: 10_000_000, Window: caddy.Duration(time.Second), Burst: 1}, "maximum rate"},
 		{Limit{MaxEvents: 1, Window: hour, IPv4Prefix: p(33)}, "ipv4_prefix 33"},
 		{Limit{MaxEvents: 1, Window: hour, IPv6Prefix: p(-1)}, "ipv6_prefix -1"},
 		{Limit{MaxEvents: 1, Window: hour, Memory: 1 << 20, Sources: 5}, "not both"},
