@@ -8,7 +8,9 @@
 // Tests here must not call t.Parallel: every InitServer replaces the one
 // Caddy's whole config. Zone names are unique per test, because a zone's
 // state deliberately survives config loads. No test sleeps: windows are long
-// enough that no token returns during a test.
+// enough that no token returns during a test, and a value that depends on
+// how long the requests took (Retry-After, t=) is checked against the time
+// the test measured around them (see checkSeconds).
 //
 // After a config load, the next request must reach the new config, on a new
 // connection: every client of this process opens a connection per request
@@ -21,6 +23,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -250,6 +253,23 @@ func listening(port int) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// checkSeconds parses got, a whole number of seconds that a server computed
+// as the ceiling of full minus the time since some moment, and fails the test
+// unless it is within what that allows when that time is between 0 and
+// elapsed, which the test measured around the requests involved.
+func checkSeconds(t *testing.T, what, got string, full, elapsed time.Duration) int64 {
+	t.Helper()
+	if elapsed >= full-time.Second {
+		t.Fatalf("%s: the requests took %v, too close to the %v being measured", what, elapsed, full)
+	}
+	lo, hi := int64(math.Ceil((full - elapsed).Seconds())), int64(math.Ceil(full.Seconds()))
+	n, err := strconv.ParseInt(got, 10, 64)
+	if err != nil || n < lo || n > hi {
+		t.Errorf("%s = %q, want %d to %d (%v less up to the %v the requests took)", what, got, lo, hi, full, elapsed)
+	}
+	return n
 }
 
 // clientFrom returns an HTTP client whose connections come from the local

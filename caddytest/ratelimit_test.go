@@ -3,8 +3,10 @@ package integration
 import (
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestZoneMatcherSelectsRequests(t *testing.T) {
@@ -78,18 +80,20 @@ func TestHandleErrorsSeesPlaceholdersAndRetryAfter(t *testing.T) {
 		respond "limited by {http.rate_limit.exceeded.name} zone={http.rate_limit.zone} limit={http.rate_limit.limit} remaining={http.rate_limit.remaining} retry={http.rate_limit.retry_after} status={err.status_code}" 429
 	}`), "caddyfile")
 
+	start := time.Now()
 	if code, body, _ := get(t, tc, "/"); code != 200 || body != "ok" {
 		t.Fatalf("first request: %d %q", code, body)
 	}
 	code, body, resp := get(t, tc, "/")
-	want := "limited by errors_zone zone=errors_zone limit=1 remaining=0 retry=100 status=429"
+	elapsed := time.Since(start)
+	// One token returns every 100 s: the wait is 100 s less the time
+	// between the two requests, rounded up, in Retry-After and in the
+	// retry_after placeholder alike.
+	ra := resp.Header.Get("Retry-After")
+	checkSeconds(t, "Retry-After", ra, 100*time.Second, elapsed)
+	want := "limited by errors_zone zone=errors_zone limit=1 remaining=0 retry=" + ra + " status=429"
 	if code != 429 || body != want {
 		t.Errorf("denied: %d %q, want 429 %q", code, body, want)
-	}
-	// One token returns every 100 s; the wait is just under 100 s and
-	// Retry-After rounds it up.
-	if ra := resp.Header.Get("Retry-After"); ra != "100" {
-		t.Errorf("Retry-After = %q, want 100", ra)
 	}
 }
 
@@ -259,26 +263,67 @@ func TestRateLimitHeaders(t *testing.T) {
 			t.Errorf("%s %s = %q, want %q", path, name, got, want)
 		}
 	}
+	// Values of the request that takes the token are exact: no time
+	// passes between taking it and reporting.
 	check("/one", "RateLimit-Policy", `"hdr_one";q=4;w=60`)
 	// One of 4 used, one token per 15 s: full again in 15 s.
 	check("/one", "RateLimit", `"hdr_one";r=3;t=15`)
 
+	start := time.Now()
 	_, _, resp = get(t, tc, "/two")
 	check("/two", "RateLimit-Policy", `"hdr_a";q=4;w=60, "hdr_b";q=2;w=3600`)
 	check("/two", "RateLimit", `"hdr_a";r=3;t=15, "hdr_b";r=1;t=360`)
 	get(t, tc, "/two")
-	code, _, r3 := get(t, tc, "/two")
-	resp = r3
+	code, _, resp := get(t, tc, "/two")
+	elapsed := time.Since(start)
 	if code != 429 {
 		t.Fatalf("/two third request: %d, want 429 from hdr_b", code)
 	}
-	// Denied: hdr_b is empty; hdr_a was refunded, so it shows 2 left.
-	check("/two", "RateLimit", `"hdr_a";r=2;t=30, "hdr_b";r=0;t=720`)
-	check("/two", "Retry-After", "360")
+	// Denied: hdr_b is empty; hdr_a was refunded, so it shows 2 left. The
+	// seconds count from the first /two request, some time up to elapsed
+	// ago: hdr_b is full 720 s after it and has a token 360 s after it,
+	// hdr_a is full 30 s after it.
+	items := rateLimitItems(t, resp.Header.Get("RateLimit"))
+	if len(items) != 2 || items[0].zone != "hdr_a" || items[0].r != 2 || items[1].zone != "hdr_b" || items[1].r != 0 {
+		t.Fatalf("/two denied: RateLimit %q, want hdr_a with r=2 and hdr_b with r=0", resp.Header.Get("RateLimit"))
+	}
+	ra := checkSeconds(t, "/two Retry-After", resp.Header.Get("Retry-After"), 360*time.Second, elapsed)
+	ta := checkSeconds(t, "/two hdr_a t", items[0].t, 30*time.Second, elapsed)
+	tb := checkSeconds(t, "/two hdr_b t", items[1].t, 720*time.Second, elapsed)
+	// All three are measured from the same two instants.
+	if tb != ra+360 || ta != ra-330 {
+		t.Errorf("/two denied: Retry-After %d, hdr_a t=%d, hdr_b t=%d; want t=%d and t=%d", ra, ta, tb, ra-330, ra+360)
+	}
 
 	_, _, resp = get(t, tc, "/off")
 	check("/off", "RateLimit-Policy", "")
 	check("/off", "RateLimit", "")
+}
+
+// rateLimitItem is one item of a RateLimit header: "zone";r=<r>;t=<t>.
+type rateLimitItem struct {
+	zone string
+	r    int64
+	t    string
+}
+
+// rateLimitItems parses a RateLimit header, failing the test if it is not a
+// list of `"zone";r=<int>;t=<int>`.
+func rateLimitItems(t *testing.T, header string) []rateLimitItem {
+	t.Helper()
+	var items []rateLimitItem
+	for item := range strings.SplitSeq(header, ", ") {
+		var it rateLimitItem
+		quoted, params, ok := strings.Cut(item, ";r=")
+		r, tv, ok2 := strings.Cut(params, ";t=")
+		n, err := strconv.ParseInt(r, 10, 64)
+		if !ok || !ok2 || err != nil || len(quoted) < 2 || quoted[0] != '"' || quoted[len(quoted)-1] != '"' {
+			t.Fatalf("RateLimit %q: item %q is not \"zone\";r=N;t=N", header, item)
+		}
+		it.zone, it.r, it.t = quoted[1:len(quoted)-1], n, tv
+		items = append(items, it)
+	}
+	return items
 }
 
 func TestTrustedProxiesClientIP(t *testing.T) {
