@@ -1,12 +1,16 @@
 package integration
 
 import (
-	"net"
+	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 func TestZoneMatcherSelectsRequests(t *testing.T) {
@@ -484,39 +488,108 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	}
 }
 
-func TestReloadThatFailsToStartLeavesStateUntouched(t *testing.T) {
-	tc := newTester(t)
-	tc.InitServer(reloadConfig("failed_start", "3", "a"), "caddyfile")
-	if got := codes(t, tc, 2, "/"); got != "200 200" {
-		t.Fatalf("before: %s", got)
+func init() {
+	caddy.RegisterModule(startFailure{})
+}
+
+// startFailure is an app, for tests only, that fails to start. Before it
+// fails it sends Probe one request with the header X-User: Key and keeps the
+// response's RateLimit header in probed: a new key's remaining count there
+// shows the limit in force at that moment, which is the failing config's if
+// its rate_limit app started first (Caddy starts apps in map order).
+type startFailure struct {
+	Probe string `json:"probe"`
+	Key   string `json:"key"`
+}
+
+var probed struct {
+	sync.Mutex
+	header string
+}
+
+func (startFailure) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "floodgate_test_start_failure",
+		New: func() caddy.Module { return new(startFailure) },
 	}
-	// The new config raises the zone to 10 and passes provisioning, but its
-	// second server cannot listen: the port is taken. Caddy starts apps in
-	// map order, so the rate_limit app may start (and must then undo its
-	// change) before the http app fails; try a few times.
-	taken, err := net.Listen("tcp", "127.0.0.1:9482")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	bad := `{
-	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
-	  "apps": {"http": {"http_port": 9480, "servers": {
-	    "srv0": {"listen": [":9480"], "routes": [{"handle": [
-	      {"handler": "rate_limit", "rate_limits": {"reload_failed_start": {"max_events": 10, "window": "1h"}}},
-	      {"handler": "static_response", "body": "bad"}]}]},
-	    "taken": {"listen": ["127.0.0.1:9482"], "routes": [{"handle": [{"handler": "static_response", "body": "never"}]}]}
-	  }}}}`
-	for range 6 {
-		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "9482") {
-			t.Fatalf("loading the config with a taken port: %v, want an error about 9482", err)
+}
+
+func (s startFailure) Start() error {
+	header := "no probe"
+	req, err := http.NewRequest(http.MethodGet, s.Probe, nil)
+	if err == nil {
+		req.Header.Set("X-User", s.Key)
+		var resp *http.Response
+		if resp, err = http.DefaultClient.Do(req); err == nil {
+			header = resp.Header.Get("RateLimit")
+			resp.Body.Close()
 		}
 	}
-	code, body, _ := get(t, tc, "/")
-	if code != 200 || body != "a" {
-		t.Errorf("third request: %d %q, want 200 \"a\"", code, body)
+	if err != nil {
+		header = err.Error()
 	}
-	if got := codes(t, tc, 1, "/"); got != "429" {
-		t.Errorf("fourth request: %s, want 429: the failed start must not raise the limit", got)
+	probed.Lock()
+	probed.header = header
+	probed.Unlock()
+	return errors.New("fails to start, as this test app always does")
+}
+
+func (startFailure) Stop() error { return nil }
+
+// A reload that fails to start after its rate_limit app has put a raised
+// limit in force puts the previous limit back.
+func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
+	tc := newTester(t)
+	zone := func(events int) string {
+		return fmt.Sprintf(`{"handler": "rate_limit", "rate_limits": {"undo_start": {"max_events": %d, "window": "1h", "key": "{http.request.header.X-User}"}}}`, events)
+	}
+	tc.InitServer(`{
+	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+	  "apps": {"http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
+	    `+zone(3)+`, {"handler": "static_response", "body": "a"}]}]}}}}}`, "json")
+	if got := codes(t, tc, 2, "/", "X-User: alice"); got != "200 200" {
+		t.Fatalf("alice before: %s", got)
+	}
+	// The new config raises the zone to 10 and then fails to start. Whether
+	// its rate_limit app starts before the failing app is up to Caddy's map
+	// order, so load it until the probe shows that the raised limit was in
+	// force: then only the undo can bring the limit back to 3.
+	const (
+		raised   = `"undo_start";r=9;t=360`  // a new key after one request, at 10 per hour
+		unraised = `"undo_start";r=2;t=1200` // and at 3 per hour
+	)
+	for i := 1; ; i++ {
+		bad := fmt.Sprintf(`{
+		  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+		  "apps": {
+		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "key": "probe%d"},
+		    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
+		      %s, {"handler": "static_response", "body": "bad"}]}]}}}}}`, i, zone(10))
+		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "fails to start, as this test app always does") {
+			t.Fatalf("loading the config that fails to start: %v, want the test app's error", err)
+		}
+		probed.Lock()
+		header := probed.header
+		probed.Unlock()
+		if header == raised {
+			t.Logf("the raised limit was in force when the config failed, at attempt %d", i)
+			break
+		}
+		if header != unraised {
+			t.Fatalf("attempt %d: the probe saw RateLimit %q, want %q or %q", i, header, raised, unraised)
+		}
+		if i == 100 {
+			t.Fatal("in 100 loads, the rate_limit app never started before the failing app")
+		}
+	}
+	code, body, _ := get(t, tc, "/", "X-User: alice")
+	if code != 200 || body != "a" {
+		t.Errorf("alice's third request: %d %q, want 200 \"a\" from the running config", code, body)
+	}
+	if got := codes(t, tc, 1, "/", "X-User: alice"); got != "429" {
+		t.Errorf("alice's fourth request: %s, want 429: the failed start must give the limit of 3 back", got)
+	}
+	if got := codes(t, tc, 4, "/", "X-User: carol"); got != "200 200 200 429" {
+		t.Errorf("carol, a new key: %s, want 3 allowed", got)
 	}
 }
