@@ -479,8 +479,8 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodGet, adminURL+"/metrics", nil)
 	_, body, _ := do(t, tc.Client, req)
 	for _, want := range []string{
-		`caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_zone"} 2`,
-		`caddy_rate_limit_requests_total{outcome="denied",zone="metrics_zone"} 1`,
+		"\n" + `caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_zone"} 2` + "\n",
+		"\n" + `caddy_rate_limit_requests_total{outcome="denied",zone="metrics_zone"} 1` + "\n",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
