@@ -520,7 +520,7 @@ func (s startFailure) Start() error {
 	if err == nil {
 		req.Header.Set("X-User", s.Key)
 		var resp *http.Response
-		if resp, err = http.DefaultClient.Do(req); err == nil {
+		if resp, err = (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil {
 			header = resp.Header.Get("RateLimit")
 			resp.Body.Close()
 		}
