@@ -244,7 +244,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 			}
 		}
 		c := z.key(&q)
-		verdicts = append(verdicts, verdict{z: z, d: txn.Take(z.buckets, c.hash, 1), c: c})
+		verdicts = append(verdicts, verdict{z: z, d: txn.Take(z.buckets, c.hash, 1, now), c: c})
 	}
 	if len(verdicts) == 0 {
 		return next.ServeHTTP(w, r)
@@ -255,7 +255,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		// them again for what the key holds now.
 		for i := range verdicts {
 			if v := &verdicts[i]; v.d.Allowed {
-				v.d = v.z.buckets.PeekHash(v.c.hash, 1)
+				v.d = v.z.buckets.PeekHash(v.c.hash, 1, now)
 			}
 		}
 	}
