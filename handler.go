@@ -69,8 +69,10 @@ type Handler struct {
 	// secrets (API keys, session tokens).
 	LogKey bool `json:"log_key,omitempty"`
 
-	// DisableMetrics stops this handler from counting requests in the
-	// caddy_rate_limit_requests_total metric.
+	// DisableMetrics stops this handler from counting requests: in the
+	// caddy_rate_limit_requests_total and caddy_rate_limit_weight_total
+	// metrics and in the admin API's counts. The zone's top sources are
+	// still recorded.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
 	// DisableHeaders turns off the RateLimit-Policy and RateLimit response
@@ -242,9 +244,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// zone denied counts nothing, as it was charged nothing.
 		for i := range verdicts {
 			if verdicts[i].d.Allowed && !denied {
-				verdicts[i].z.allowed.Inc()
+				verdicts[i].z.counts.count(outcomeAllowed, 1)
 			} else if !verdicts[i].d.Allowed {
-				verdicts[i].z.denied.Inc()
+				verdicts[i].z.counts.count(outcomeDenied, 1)
 			}
 		}
 	}
@@ -302,6 +304,12 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	secs := max(ceilSeconds(wait), 1)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	zoneName := verdicts[main].z.name
+	now := time.Now()
+	for _, v := range verdicts {
+		if !v.d.Allowed {
+			v.z.recordDenied(now, v.hash, v.key, h.LogKey)
+		}
+	}
 	repl.Set("http.rate_limit.exceeded.name", zoneName)
 	repl.Set("http.rate_limit.retry_after", secs)
 
