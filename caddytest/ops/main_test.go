@@ -155,9 +155,18 @@ func listening(t *testing.T, port int) int {
 	return n
 }
 
+// mustLoad loads a Caddyfile.
 func mustLoad(t *testing.T, cfg string) {
 	t.Helper()
 	if err := load(t, cfg, "caddyfile"); err != nil {
+		t.Fatalf("loading config: %v", err)
+	}
+}
+
+// mustLoadJSON loads a JSON config.
+func mustLoadJSON(t *testing.T, cfg string) {
+	t.Helper()
+	if err := load(t, cfg, "json"); err != nil {
 		t.Fatalf("loading config: %v", err)
 	}
 }
