@@ -345,7 +345,7 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	if r.Method == http.MethodDelete {
 		z.buckets.Reset(h)
 	}
-	d := z.buckets.PeekHash(h, 1)
+	d := z.buckets.PeekHash(h, 1, time.Now())
 	src := z.source(key, false)
 	return writeJSON(w, KeyInfo{
 		Zone:    z.name,

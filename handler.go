@@ -237,10 +237,13 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	denied := txn.Denied()
 	if denied {
 		// Zones that granted before the denial have been refunded: ask
-		// them again for what the key holds now.
+		// them again for what the key holds now. Zones that denied
+		// note the source in their top sketch.
 		for i := range verdicts {
 			if v := &verdicts[i]; v.d.Allowed {
 				v.d = v.z.buckets.PeekHash(v.hash, 1, now)
+			} else {
+				v.z.recordDenied(now, v.hash, v.key, h.LogKey)
 			}
 		}
 	}
@@ -310,12 +313,6 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 	secs := max(ceilSeconds(wait), 1)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	zoneName := verdicts[main].z.name
-	now := time.Now()
-	for _, v := range verdicts {
-		if !v.d.Allowed {
-			v.z.recordDenied(now, v.hash, v.key, h.LogKey)
-		}
-	}
 	repl.Set("http.rate_limit.exceeded.name", zoneName)
 	repl.Set("http.rate_limit.retry_after", secs)
 

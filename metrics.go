@@ -109,7 +109,7 @@ func (c *zoneCounts) tableStats(b *limiter.Buckets, now time.Time) limiter.Bucke
 	c.statsMu.Lock()
 	defer c.statsMu.Unlock()
 	if c.statsOf != b || now.Sub(c.statsAt) >= statsEvery || now.Before(c.statsAt) {
-		c.stats, c.statsOf, c.statsAt = b.Stats(), b, now
+		c.stats, c.statsOf, c.statsAt = b.Stats(now), b, now
 	}
 	return c.stats
 }
