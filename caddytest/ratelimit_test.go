@@ -1,10 +1,15 @@
 package integration
 
 import (
-	"net"
+	"errors"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 func TestZoneMatcherSelectsRequests(t *testing.T) {
@@ -66,6 +71,9 @@ func TestDistinctZonesAndKeys(t *testing.T) {
 
 func TestHandleErrorsSeesPlaceholdersAndRetryAfter(t *testing.T) {
 	tc := newTester(t)
+	// The wait counts from a moment between the load, which creates the
+	// zone's table, and the first request (see TestRateLimitHeaders).
+	start := time.Now()
 	tc.InitServer(config("", `
 	rate_limit {
 		zone errors_zone {
@@ -82,14 +90,15 @@ func TestHandleErrorsSeesPlaceholdersAndRetryAfter(t *testing.T) {
 		t.Fatalf("first request: %d %q", code, body)
 	}
 	code, body, resp := get(t, tc, "/")
-	want := "limited by errors_zone zone=errors_zone limit=1 remaining=0 retry=100 status=429"
+	elapsed := time.Since(start)
+	// One token returns every 100 s: the wait is 100 s less the time
+	// since then, rounded up, in Retry-After and in the retry_after
+	// placeholder alike.
+	ra := resp.Header.Get("Retry-After")
+	checkSeconds(t, "Retry-After", ra, 100*time.Second, elapsed)
+	want := "limited by errors_zone zone=errors_zone limit=1 remaining=0 retry=" + ra + " status=429"
 	if code != 429 || body != want {
 		t.Errorf("denied: %d %q, want 429 %q", code, body, want)
-	}
-	// One token returns every 100 s; the wait is just under 100 s and
-	// Retry-After rounds it up.
-	if ra := resp.Header.Get("Retry-After"); ra != "100" {
-		t.Errorf("Retry-After = %q, want 100", ra)
 	}
 }
 
@@ -225,6 +234,13 @@ func TestDeniedRequestChargesNoZone(t *testing.T) {
 
 func TestRateLimitHeaders(t *testing.T) {
 	tc := newTester(t)
+	// A zone's table counts time in ticks from when the load creates it,
+	// so a t= or Retry-After counts down from a moment between the load and
+	// the request that took the token: elapsed times run from before the
+	// load. Only hdr_one's window is short enough for a token to return
+	// within a stalled test, and checkSeconds fails the test if the stall
+	// was that long.
+	start := time.Now()
 	tc.InitServer(config("", `
 	rate_limit /one {
 		zone hdr_one {
@@ -235,7 +251,7 @@ func TestRateLimitHeaders(t *testing.T) {
 	rate_limit /two {
 		zone hdr_a {
 			events 4
-			window 1m
+			window 1h
 		}
 		zone hdr_b {
 			events 10
@@ -253,32 +269,85 @@ func TestRateLimitHeaders(t *testing.T) {
 	respond "ok"`), "caddyfile")
 
 	_, _, resp := get(t, tc, "/one")
-	check := func(path, name, want string) {
-		t.Helper()
-		if got := resp.Header.Get(name); got != want {
-			t.Errorf("%s %s = %q, want %q", path, name, got, want)
-		}
+	if got, want := resp.Header.Get("RateLimit-Policy"), `"hdr_one";q=4;w=60`; got != want {
+		t.Errorf("/one RateLimit-Policy = %q, want %q", got, want)
 	}
-	check("/one", "RateLimit-Policy", `"hdr_one";q=4;w=60`)
-	// One of 4 used, one token per 15 s: full again in 15 s.
-	check("/one", "RateLimit", `"hdr_one";r=3;t=15`)
+	// One of 4 used, one token per 15 s: full again 15 s after the token
+	// was taken.
+	checkRateLimit(t, "/one", resp, time.Since(start), rateLimitWant{"hdr_one", 3, 15 * time.Second})
 
 	_, _, resp = get(t, tc, "/two")
-	check("/two", "RateLimit-Policy", `"hdr_a";q=4;w=60, "hdr_b";q=2;w=3600`)
-	check("/two", "RateLimit", `"hdr_a";r=3;t=15, "hdr_b";r=1;t=360`)
+	if got, want := resp.Header.Get("RateLimit-Policy"), `"hdr_a";q=4;w=3600, "hdr_b";q=2;w=3600`; got != want {
+		t.Errorf("/two RateLimit-Policy = %q, want %q", got, want)
+	}
+	checkRateLimit(t, "/two", resp, time.Since(start),
+		rateLimitWant{"hdr_a", 3, 900 * time.Second}, rateLimitWant{"hdr_b", 1, 360 * time.Second})
 	get(t, tc, "/two")
-	code, _, r3 := get(t, tc, "/two")
-	resp = r3
+	code, _, resp := get(t, tc, "/two")
+	elapsed := time.Since(start)
 	if code != 429 {
 		t.Fatalf("/two third request: %d, want 429 from hdr_b", code)
 	}
-	// Denied: hdr_b is empty; hdr_a was refunded, so it shows 2 left.
-	check("/two", "RateLimit", `"hdr_a";r=2;t=30, "hdr_b";r=0;t=720`)
-	check("/two", "Retry-After", "360")
+	// Denied: hdr_b is empty, full 720 s and one token 360 s after the
+	// first /two request; hdr_a was refunded, so it shows 2 left.
+	tt := checkRateLimit(t, "/two denied", resp, elapsed,
+		rateLimitWant{"hdr_a", 2, 1800 * time.Second}, rateLimitWant{"hdr_b", 0, 720 * time.Second})
+	ra := checkSeconds(t, "/two Retry-After", resp.Header.Get("Retry-After"), 360*time.Second, elapsed)
+	// hdr_b's t= and Retry-After count from the same instants.
+	if len(tt) == 2 && tt[1] != ra+360 {
+		t.Errorf("/two denied: Retry-After %d and hdr_b t=%d, want t=%d", ra, tt[1], ra+360)
+	}
 
 	_, _, resp = get(t, tc, "/off")
-	check("/off", "RateLimit-Policy", "")
-	check("/off", "RateLimit", "")
+	for _, name := range []string{"RateLimit-Policy", "RateLimit"} {
+		if got := resp.Header.Get(name); got != "" {
+			t.Errorf("/off with headers off: %s = %q", name, got)
+		}
+	}
+}
+
+// rateLimitWant is what a RateLimit item should say: the zone, its remaining
+// count r, and the time after which t= counts a bucket full again, measured
+// from the moment the counting began.
+type rateLimitWant struct {
+	zone string
+	r    int64
+	full time.Duration
+}
+
+// checkRateLimit checks resp's RateLimit header, a list of
+// `"zone";r=<int>;t=<int>`: one item per want, in order, with the zone and r
+// wanted and t within what elapsed allows (checkSeconds). It returns the t
+// values.
+func checkRateLimit(t *testing.T, what string, resp *http.Response, elapsed time.Duration, want ...rateLimitWant) []int64 {
+	t.Helper()
+	header := resp.Header.Get("RateLimit")
+	items := strings.Split(header, ", ")
+	if len(items) != len(want) {
+		t.Errorf("%s: RateLimit %q, want %d items", what, header, len(want))
+		return nil
+	}
+	var ts []int64
+	for i, item := range items {
+		zone, r, tv := parseRateLimitItem(item)
+		if zone != want[i].zone || r != fmt.Sprint(want[i].r) {
+			t.Errorf("%s: RateLimit %q: item %d is %q, want zone %s with r=%d", what, header, i+1, item, want[i].zone, want[i].r)
+			continue
+		}
+		ts = append(ts, checkSeconds(t, what+" "+zone+" t", tv, want[i].full, elapsed))
+	}
+	return ts
+}
+
+// parseRateLimitItem splits `"zone";r=<r>;t=<t>` into its parts; a part it
+// cannot find is empty.
+func parseRateLimitItem(item string) (zone, r, t string) {
+	quoted, params, _ := strings.Cut(item, ";r=")
+	r, t, _ = strings.Cut(params, ";t=")
+	if len(quoted) >= 2 && quoted[0] == '"' && quoted[len(quoted)-1] == '"' {
+		zone = quoted[1 : len(quoted)-1]
+	}
+	return zone, r, t
 }
 
 func TestTrustedProxiesClientIP(t *testing.T) {
@@ -430,8 +499,8 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodGet, adminURL+"/metrics", nil)
 	_, body, _ := do(t, tc.Client, req)
 	for _, want := range []string{
-		`caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_zone"} 2`,
-		`caddy_rate_limit_requests_total{outcome="denied",zone="metrics_zone"} 1`,
+		"\n" + `caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_zone"} 2` + "\n",
+		"\n" + `caddy_rate_limit_requests_total{outcome="denied",zone="metrics_zone"} 1` + "\n",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -439,39 +508,106 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	}
 }
 
-func TestReloadThatFailsToStartLeavesStateUntouched(t *testing.T) {
-	tc := newTester(t)
-	tc.InitServer(reloadConfig("failed_start", "3", "a"), "caddyfile")
-	if got := codes(t, tc, 2, "/"); got != "200 200" {
-		t.Fatalf("before: %s", got)
+func init() {
+	caddy.RegisterModule(startFailure{})
+}
+
+// startFailure is an app, for tests only, that fails to start. Before it
+// fails it sends Probe one request with the header X-User: Key and keeps the
+// response's RateLimit header in probed: a new key's remaining count there
+// shows the limit in force at that moment, which is the failing config's if
+// its rate_limit app started first (Caddy starts apps in map order).
+type startFailure struct {
+	Probe string `json:"probe"`
+	Key   string `json:"key"`
+}
+
+var probed struct {
+	sync.Mutex
+	header string
+}
+
+func (startFailure) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "floodgate_test_start_failure",
+		New: func() caddy.Module { return new(startFailure) },
 	}
-	// The new config raises the zone to 10 and passes provisioning, but its
-	// second server cannot listen: the port is taken. Caddy starts apps in
-	// map order, so the rate_limit app may start (and must then undo its
-	// change) before the http app fails; try a few times.
-	taken, err := net.Listen("tcp", "127.0.0.1:9482")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	bad := `{
-	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
-	  "apps": {"http": {"http_port": 9480, "servers": {
-	    "srv0": {"listen": [":9480"], "routes": [{"handle": [
-	      {"handler": "rate_limit", "rate_limits": {"reload_failed_start": {"max_events": 10, "window": "1h"}}},
-	      {"handler": "static_response", "body": "bad"}]}]},
-	    "taken": {"listen": ["127.0.0.1:9482"], "routes": [{"handle": [{"handler": "static_response", "body": "never"}]}]}
-	  }}}}`
-	for range 6 {
-		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "9482") {
-			t.Fatalf("loading the config with a taken port: %v, want an error about 9482", err)
+}
+
+func (s startFailure) Start() error {
+	header := "no probe"
+	req, err := http.NewRequest(http.MethodGet, s.Probe, nil)
+	if err == nil {
+		req.Header.Set("X-User", s.Key)
+		var resp *http.Response
+		if resp, err = (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil {
+			header = resp.Header.Get("RateLimit")
+			resp.Body.Close()
 		}
 	}
-	code, body, _ := get(t, tc, "/")
-	if code != 200 || body != "a" {
-		t.Errorf("third request: %d %q, want 200 \"a\"", code, body)
+	if err != nil {
+		header = err.Error()
 	}
-	if got := codes(t, tc, 1, "/"); got != "429" {
-		t.Errorf("fourth request: %s, want 429: the failed start must not raise the limit", got)
+	probed.Lock()
+	probed.header = header
+	probed.Unlock()
+	return errors.New("fails to start, as this test app always does")
+}
+
+func (startFailure) Stop() error { return nil }
+
+// A reload that fails to start after its rate_limit app has put a raised
+// limit in force puts the previous limit back.
+func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
+	tc := newTester(t)
+	zone := func(events int) string {
+		return fmt.Sprintf(`{"handler": "rate_limit", "rate_limits": {"undo_start": {"max_events": %d, "window": "1h", "key": "{http.request.header.X-User}"}}}`, events)
+	}
+	tc.InitServer(`{
+	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+	  "apps": {"http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
+	    `+zone(3)+`, {"handler": "static_response", "body": "a"}]}]}}}}}`, "json")
+	if got := codes(t, tc, 2, "/", "X-User: alice"); got != "200 200" {
+		t.Fatalf("alice before: %s", got)
+	}
+	// The new config raises the zone to 10 and then fails to start. Whether
+	// its rate_limit app starts before the failing app is up to Caddy's map
+	// order, so load it until the probe shows that the raised limit was in
+	// force: then only the undo can bring the limit back to 3.
+	for i := 1; ; i++ {
+		bad := fmt.Sprintf(`{
+		  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+		  "apps": {
+		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "key": "probe%d"},
+		    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
+		      %s, {"handler": "static_response", "body": "bad"}]}]}}}}}`, i, zone(10))
+		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "fails to start, as this test app always does") {
+			t.Fatalf("loading the config that fails to start: %v, want the test app's error", err)
+		}
+		probed.Lock()
+		header := probed.header
+		probed.Unlock()
+		// A new key after one request has 9 left at 10 per hour, 2 at 3.
+		zone, r, _ := parseRateLimitItem(header)
+		if zone == "undo_start" && r == "9" {
+			t.Logf("the raised limit was in force when the config failed, at attempt %d", i)
+			break
+		}
+		if zone != "undo_start" || r != "2" {
+			t.Fatalf("attempt %d: the probe saw RateLimit %q, want r=9 (raised) or r=2 for undo_start", i, header)
+		}
+		if i == 100 {
+			t.Fatal("in 100 loads, the rate_limit app never started before the failing app")
+		}
+	}
+	code, body, _ := get(t, tc, "/", "X-User: alice")
+	if code != 200 || body != "a" {
+		t.Errorf("alice's third request: %d %q, want 200 \"a\" from the running config", code, body)
+	}
+	if got := codes(t, tc, 1, "/", "X-User: alice"); got != "429" {
+		t.Errorf("alice's fourth request: %s, want 429: the failed start must give the limit of 3 back", got)
+	}
+	if got := codes(t, tc, 4, "/", "X-User: carol"); got != "200 200 200 429" {
+		t.Errorf("carol, a new key: %s, want 3 allowed", got)
 	}
 }
