@@ -426,7 +426,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 	}
 	// Refilled faster than a benchmark asks, with a burst (and so a
 	// remaining count) of a realistic size.
-	allowAll := func(key string) map[string]*Zone { return zone(key, 1<<20, 2000, time.Millisecond) }
+	allowAll := func(key string) map[string]*Zone { return zone(key, 1000, 2000, time.Millisecond) }
 	b.Run("no_zone", func(b *testing.B) {
 		run(b, newTestHandler(b, nil, nil), false)
 	})
@@ -564,7 +564,7 @@ func TestCompiledKeysHashWhatTheReplacerExpands(t *testing.T) {
 func TestHugeKeysAreNotCopied(t *testing.T) {
 	for _, tmpl := range []string{"{http.request.header.X-Key}", "{http.request.header.X-Key}-{http.request.method}"} {
 		h := newTestHandler(t, nil, map[string]*Zone{
-			"huge_" + strconv.Itoa(len(tmpl)): {Key: tmpl, Limit: zoneconf.Limit{MaxEvents: 1 << 20, Window: caddy.Duration(time.Millisecond), Memory: 4096}},
+			"huge_" + strconv.Itoa(len(tmpl)): {Key: tmpl, Limit: zoneconf.Limit{MaxEvents: 1000, Burst: 1 << 20, Window: caddy.Duration(time.Millisecond), Memory: 4096}},
 		})
 		h.DisableHeaders = true
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
