@@ -246,7 +246,7 @@ func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (De
 		d.RetryAfter = Never
 		commit = false // still report what the key holds
 	} else if weight > 1 {
-		cost *= uint32(weight)
+		cost = uint32(weight) << p.log
 	}
 	var vals [8]uint64
 	for {
@@ -265,8 +265,8 @@ func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (De
 		}
 		if !commit || best+cost > capT {
 			d.Allowed = d.RetryAfter != Never && best+cost <= capT
-			d.Remaining = int64(capT-min(best, capT)) / int64(p.per)
-			d.Reset = p.until(ns, tick, uint64(best))
+			d.Remaining = int64(capT-min(best, capT)) >> p.log
+			d.Reset = p.about(uint64(best))
 			if !d.Allowed && d.RetryAfter != Never {
 				d.RetryAfter = p.until(ns, tick, uint64(best+cost-capT))
 			}
@@ -289,8 +289,8 @@ func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (De
 		if ok {
 			r.setShort(kw, fg, cost, paid)
 			d.Allowed = true
-			d.Remaining = int64(capT-min(after, capT)) / int64(p.per)
-			d.Reset = p.until(ns, tick, uint64(after))
+			d.Remaining = int64(capT-min(after, capT)) >> p.log
+			d.Reset = p.about(uint64(after))
 			return d, r
 		}
 		// The fullest counter no longer has room: take back the others'

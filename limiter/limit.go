@@ -76,29 +76,34 @@ func (l Limit) String() string {
 
 // clock is the discretisation of a valid Limit: time in ticks, a token worth
 // per ticks. A token is a whole number of ticks, so weights are exact. per
-// is as large as maxPer, the range (a burst in at most 2^aheadBits ticks)
-// and a tick of more than a nanosecond allow: 4096 for most limits, 999 at
-// MaxRate, 512 for the largest bursts. A decision's only rounding is to
+// is the largest power of two (so that tokens are a shift away) that maxPer,
+// the range (a burst in at most 2^aheadBits ticks) and a tick of more than a
+// nanosecond allow: 4096 for most limits, 512 at MaxRate and for the
+// largest bursts. A decision's only rounding is to
 // whole ticks, always against the key (see line.go), so a limit is never
 // exceeded and a key that refills completely between requests loses at
 // most a tick per request.
 type clock struct {
-	per  uint64 // ticks per token, ≥ 1
+	per  uint64 // ticks per token, a power of two
+	log  uint8  // per = 1 << log
 	capT uint64 // burst·per: how far ahead a counter may be and still grant
 	ceil uint64 // 2·capT: how far ahead a charge may push a counter (see chargeLane)
 	// A time of ns nanoseconds is ns·pe/w ticks, exactly; ticks computes
 	// its floor with multiplications only: mult = ⌊2⁶⁴·pe/w⌋ gives it or
 	// one less, and one comparison of 128-bit products settles which.
 	pe, w, mult uint64
+	nsPerTick   float64 // w/pe, for Reset
 }
 
 // clockFor returns l's clock; l must be valid.
 func clockFor(l Limit) clock {
 	e, w := uint64(l.Events), uint64(l.Window)
-	per := min(maxPer, uint64(1<<aheadBits)/uint64(l.burst()), (w-1)/e)
+	log := uint8(bits.Len64(min(maxPer, uint64(1<<aheadBits)/uint64(l.burst()), (w-1)/e)) - 1)
+	per := uint64(1) << log
 	mult, _ := bits.Div64(per*e, 0, w) // per·e < w: ticks are longer than a nanosecond
 	capT := uint64(l.burst()) * per
-	return clock{per: per, capT: capT, ceil: 2 * capT, pe: per * e, w: w, mult: mult}
+	return clock{per: per, log: log, capT: capT, ceil: 2 * capT, pe: per * e, w: w, mult: mult,
+		nsPerTick: float64(w) / float64(per*e)}
 }
 
 // maxAhead is how far ahead of now a counter value can be: the ceiling plus
@@ -132,7 +137,8 @@ func (c clock) nanos(tick uint64) int64 {
 }
 
 // until is the time from ns (which reads tick now) until the clock reads now
-// plus ahead ticks, saturating at Never.
+// plus ahead ticks, exactly, saturating at Never. It divides; decisions call
+// it only to deny.
 func (c clock) until(ns int64, now uint64, ahead uint64) time.Duration {
 	if ahead == 0 {
 		return 0
@@ -142,4 +148,18 @@ func (c clock) until(ns int64, now uint64, ahead uint64) time.Duration {
 		return Never
 	}
 	return time.Duration(t - ns)
+}
+
+// about is until without the division: at most a tick longer than the
+// exact time (ns is at or after the start of its tick), never shorter. It
+// is for Reset, which a granted request reports.
+func (c clock) about(ahead uint64) time.Duration {
+	if ahead == 0 {
+		return 0
+	}
+	f := math.Ceil(float64(ahead) * c.nsPerTick)
+	if f >= float64(Never) {
+		return Never
+	}
+	return time.Duration(f)
 }
