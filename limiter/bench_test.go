@@ -39,6 +39,11 @@ func BenchmarkAllow(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// K = 4 at the same false-deny target, for the choice of DefaultK.
+	fg4, err := NewBuckets(BucketsConfig{Limit: benchLimit, K: 4})
+	if err != nil {
+		b.Fatal(err)
+	}
 	floor := newLines(fg.Lines()) // same size, same pages
 	for i := range floor {        // fault the pages in: a table in use is in memory
 		floor[i][0] = 2
@@ -75,6 +80,11 @@ func BenchmarkAllow(b *testing.B) {
 	run("floodgate", func(a netip.Addr) bool {
 		k := NetworkKey(a, 32, 128)
 		d, _ := fg.TakeHash(Hash(k.Bytes()), 1, time.Now())
+		return d.Allowed
+	})
+	run("floodgate_k4", func(a netip.Addr) bool {
+		k := NetworkKey(a, 32, 128)
+		d, _ := fg4.TakeHash(Hash(k.Bytes()), 1, time.Now())
 		return d.Allowed
 	})
 	run("xrate_map", xr.allow)

@@ -226,17 +226,14 @@ func groupWords(cs []uint8) (kw keyWords) {
 	return kw
 }
 
-// at is a tick as the counters see it.
-type at struct {
-	now      uint32 // the tick, mod 2³²
-	maxAhead uint32
-}
+// at is a tick as the counters see it: mod 2³².
+type at struct{ now uint32 }
 
 func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (Decision, Reservation) {
 	p := b.p.Load()
 	ns := b.nowNanos(now)
 	tick := p.ticks(ns)
-	t := at{now: uint32(tick), maxAhead: p.maxAhead()}
+	t := at{now: uint32(tick)}
 	ln, cs, index := b.place(p, h)
 	kw := groupWords(cs)
 	d := Decision{Limit: p.limit.burst()}
@@ -257,7 +254,7 @@ func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (De
 			vals[g] = loadWord(&ln[kw.word[g]])
 			for l := uint8(0); l < 2; l++ {
 				if kw.lanes[g]>>l&1 != 0 {
-					if a := aheadOf(lane(vals[g], l), t.now, t.maxAhead); a < best {
+					if a := aheadOf(lane(vals[g], l), t.now); a < best {
 						best, fg, fl = a, g, l
 					}
 				}
@@ -315,7 +312,7 @@ func (r *Reservation) setShort(kw keyWords, g int, cost uint32, paid [2]uint32) 
 // after losing a race undoes exactly what it did, but only up to ceil
 // ticks ahead: beyond, a charge falls short.
 func chargeLane(v, cost, ceil uint32, t at) (uint32, uint32) {
-	base := aheadOf(v, t.now, t.maxAhead)
+	base := aheadOf(v, t.now)
 	add := min(cost, ceil-min(base, ceil))
 	if add == 0 {
 		return v, 0
@@ -347,7 +344,7 @@ func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) (paid
 // word, in one CAS. It returns how far ahead the counter is then.
 func chargeFullest(p *uint64, w uint64, fl, lanes uint8, cost, capT, ceil uint32, t at) (after uint32, paid [2]uint32, ok bool) {
 	for {
-		a := aheadOf(lane(w, fl), t.now, t.maxAhead)
+		a := aheadOf(lane(w, fl), t.now)
 		if a+cost > capT {
 			return a + cost, paid, false
 		}
@@ -432,7 +429,7 @@ func (b *Buckets) Charge(h uint64, weight int64, now time.Time) {
 		return
 	}
 	p := b.p.Load()
-	t := at{now: uint32(p.ticks(b.nowNanos(now))), maxAhead: p.maxAhead()}
+	t := at{now: uint32(p.ticks(b.nowNanos(now)))}
 	cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
 	ln, cs, _ := b.place(p, h)
 	kw := groupWords(cs)

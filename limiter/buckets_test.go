@@ -146,8 +146,10 @@ func TestConcurrentTakesNeverExceedBurstPlusRefill(t *testing.T) {
 	b := roomy(t, l, clk)
 	var granted, steps atomic.Int64
 	var wg sync.WaitGroup
-	const totalSteps = 2000
-	step := 100 * time.Microsecond // a tenth of a token per step
+	// 20,000 steps of a tenth of a token: the burst of 100 refills 20
+	// times over while the takers race.
+	const totalSteps = 20_000
+	step := 100 * time.Microsecond
 	// Eight goroutines take 1 or 2 tokens at a time from one key; between
 	// takes they move the shared clock on, so refills race with charges.
 	for g := range 8 {

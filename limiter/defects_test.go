@@ -205,3 +205,22 @@ func roomy(t testing.TB, l Limit, clk *fakeClock) *Buckets {
 	t.Helper()
 	return newTable(t, l, 1<<16)
 }
+
+// A request whose time was read before a stall (here 0.6 s, more than half
+// a burst) must still see a drained key as drained: a counter two bursts
+// ahead of the latest time is farther ahead of a late time, and is not a
+// past time that wrapped.
+func TestALateRequestSeesADrainedKey(t *testing.T) {
+	b := newTable(t, Limit{Events: 100, Window: time.Second}, 64)
+	drain(b, 5, tm(time.Second))
+	b.Charge(5, 1000, tm(time.Second)) // a burst of debt: two bursts short of full
+	if d, _ := b.TakeHash(5, 1, tm(400*time.Millisecond)); d.Allowed {
+		t.Fatalf("a request 0.6 s late was granted on a key two bursts in debt: %+v", d)
+	}
+	if d := b.PeekHash(5, 1, tm(2*time.Second)); d.Allowed || d.Remaining != 0 {
+		t.Fatalf("a second later: %+v, want still in debt", d)
+	}
+	if d := b.PeekHash(5, 1, tm(3*time.Second+lagOf(b.Limit()))); !d.Allowed || d.Remaining != 100 {
+		t.Fatalf("two seconds later: %+v, want full", d)
+	}
+}

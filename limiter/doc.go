@@ -37,25 +37,32 @@
 // for "full" (so a zeroed table is full and untouched pages stay
 // untouched), and a computed TAT of 0 is stored as 1, a tick less granted.
 //
-//   - A token is per ticks, per an integer (4096 for most limits, 999 at a
-//     million per second, 512 for bursts of a million), so weights are
-//     exact; a burst is at most 2²⁹ ticks and a counter at most two bursts
-//     ahead, below 2³¹, so a value that reads farther ahead is a past time
-//     that wrapped. The tick is Window/(Events·per), at least a
-//     nanosecond, and time converts to ticks exactly (multiplications and
-//     one comparison, no division), rounded down, so the rate is exact.
+//   - A token is per ticks, per a power of two (4096 for most limits, 512
+//     at a million per second and for bursts of a million), so weights are
+//     exact and tokens a shift away. A burst is at most 2²⁹ ticks and a
+//     counter at most two bursts ahead of the latest time, and times
+//     compare as serial numbers (less than 2³¹ ticks ahead, or past), so a
+//     request whose time was read long before it runs (a stall, a GC
+//     pause) still sees a drained counter as drained. The tick is
+//     Window/(Events·per), more than a nanosecond, and time converts to
+//     ticks exactly (multiplications and one comparison, no division),
+//     rounded down, so the rate is exact.
 //   - The only rounding is to whole ticks. Reading the time down to a tick
 //     grants up to a tick later than a textbook bucket would; a full
 //     counter charged inside a tick is charged from the tick's start, so
 //     its next token may come up to a tick early (a 4096th of a token's
 //     time), once per refill from full: the alternative, charging from the
 //     next tick, denies the last token of a burst taken within one tick.
-//     RetryAfter and Reset are exact for the table (the request is granted
-//     at RetryAfter, not a nanosecond before) and saturate at Never.
-//   - A past TAT must be cleared before the 32-bit tick wraps round to it
-//     (2³² − 2³¹ ticks later, at least a second at a million per second,
-//     hours to years for most limits): Sweep does that, run in the
-//     background at least every SweepInterval (2³⁰ ticks). It never runs
+//     RetryAfter is exact for the table (the request is granted at
+//     RetryAfter, not a nanosecond before); Reset, which every granted
+//     request reports, is computed without a division, at most a tick
+//     long. Both saturate at Never. A request whose time is late by Δ and
+//     whose counter is full is charged from its own time: at most Δ of
+//     refill early, as with any token bucket fed times out of order.
+//   - A past TAT must be cleared before it is 2³¹ ticks old and would
+//     read as ahead (two seconds at a million per second, hours to years
+//     for most limits): Sweep does that, run in the background at least
+//     every SweepInterval (2³⁰ ticks). It never runs
 //     in a decision, writes only with CAS, and skips zero words, so it
 //     never writes a line no key touched.
 //   - SetLimit keeps what each key used, in tokens: it converts every

@@ -106,11 +106,6 @@ func clockFor(l Limit) clock {
 		nsPerTick: float64(w) / float64(per*e)}
 }
 
-// maxAhead is how far ahead of now a counter value can be: the ceiling plus
-// the tick a stored 0 is moved to (see store). A value farther ahead is a
-// time long past that wrapped.
-func (c clock) maxAhead() uint32 { return uint32(c.ceil) + 1 }
-
 // ticks converts a time on the table's clock (ns ≥ 0) to whole ticks,
 // rounding down.
 func (c clock) ticks(ns int64) uint64 {

@@ -16,10 +16,11 @@ package limiter
 // The value 0 means full (never charged, or swept: see Sweep), so a zeroed
 // table is a table of full buckets and a page of untouched lines is never
 // written. A charge that would store 0 stores 1: one tick less granted.
-// A counter is never more than maxAhead ticks ahead (< 2³¹), so a value
-// that reads farther ahead is a time in the past that has wrapped, and
-// reads as full; Sweep zeroes past values before they could wrap all the
-// way round (2³² − maxAhead ticks).
+// Times compare as serial numbers: a value less than 2³¹ ticks ahead of now
+// is ahead, any other is past. A counter is never more than two bursts
+// (2³⁰ ticks) ahead of the latest time, so a request whose time is late
+// (read before a stall) still reads it as ahead; Sweep zeroes past values
+// long before they could wrap round to look ahead again (2³¹ ticks).
 type line [8]uint64
 
 const (
@@ -33,16 +34,16 @@ func laneShift(c uint8) uint64 { return uint64(c&1) * 32 }
 // aheadOf is how many ticks counter value v is ahead of now: 0 if the
 // counter is full. This is the one reading of a counter: decisions, Sweep,
 // SetLimit, snapshots and Stats all use it.
-func aheadOf(v, now, maxAhead uint32) uint32 {
+func aheadOf(v, now uint32) uint32 {
 	d := v - now
-	if v == 0 || d > maxAhead {
+	if v == 0 || int32(d) <= 0 {
 		return 0
 	}
 	return d
 }
 
-// store is the value of a counter ahead ticks ahead of now (0 < ahead ≤
-// maxAhead − 1). 0 is reserved for "full", so a TAT of 0 is stored as 1.
+// store is the value of a counter ahead ticks ahead of now (0 < ahead <
+// 2³¹). 0 is reserved for "full", so a TAT of 0 is stored as 1.
 func store(now, ahead uint32) uint32 {
 	v := now + ahead
 	if v == 0 {
@@ -61,10 +62,10 @@ func withLane(w uint64, c uint8, v uint32) uint64 {
 
 // aheads reads the 16 counters of ln as they stand at tick now, without
 // writing.
-func aheads(ln *line, now, maxAhead uint32, out *[countersPerLine]uint32) {
+func aheads(ln *line, now uint32, out *[countersPerLine]uint32) {
 	for i := range ln {
 		w := loadWord(&ln[i])
-		out[2*i] = aheadOf(uint32(w), now, maxAhead)
-		out[2*i+1] = aheadOf(uint32(w>>32), now, maxAhead)
+		out[2*i] = aheadOf(uint32(w), now)
+		out[2*i+1] = aheadOf(uint32(w>>32), now)
 	}
 }

@@ -2,10 +2,10 @@ package limiter
 
 import "testing"
 
-// TestAheadOfReadsPastAndWrappedTimesAsFull: a counter's value is a time mod
-// 2³²; it is ahead only by up to maxAhead, on either side of the wrap.
-func TestAheadOfReadsPastAndWrappedTimesAsFull(t *testing.T) {
-	const maxA = 1000
+// TestAheadOfComparesTimesAsSerialNumbers: a counter's value is a time mod
+// 2³²; it is ahead of now by less than 2³¹ ticks or it is past, on either
+// side of the wrap.
+func TestAheadOfComparesTimesAsSerialNumbers(t *testing.T) {
 	for _, tt := range []struct {
 		v, now, want uint32
 	}{
@@ -14,13 +14,13 @@ func TestAheadOfReadsPastAndWrappedTimesAsFull(t *testing.T) {
 		{105, 5, 100},                         // ahead
 		{5, 5, 0},                             // due now: full
 		{4, 5, 0},                             // past
-		{1005, 5, 1000},                       // as far ahead as a counter can be
-		{1006, 5, 0},                          // farther: a past time that wrapped
+		{1<<31 + 4, 5, 1<<31 - 1},             // as far ahead as a time can be
+		{1<<31 + 5, 5, 0},                     // farther: a past time that wrapped
 		{3, 1<<32 - 7, 10},                    // ahead across the wrap
 		{1<<32 - 7, 3, 0},                     // past across the wrap
 		{store(1<<32-10, 10), 1<<32 - 10, 11}, // a TAT of 0 is stored as 1: a tick more
 	} {
-		if got := aheadOf(tt.v, tt.now, maxA); got != tt.want {
+		if got := aheadOf(tt.v, tt.now); got != tt.want {
 			t.Errorf("aheadOf(%d, %d) = %d, want %d", tt.v, tt.now, got, tt.want)
 		}
 	}
@@ -29,7 +29,7 @@ func TestAheadOfReadsPastAndWrappedTimesAsFull(t *testing.T) {
 // TestChargeLaneStopsAtTheCeiling: a charge lifts a full counter to now and
 // adds the cost, up to the ceiling.
 func TestChargeLaneStopsAtTheCeiling(t *testing.T) {
-	at := at{now: 100, maxAhead: 2001}
+	at := at{now: 100}
 	for _, tt := range []struct {
 		v, cost, wantAhead, wantAdded uint32
 	}{
@@ -40,7 +40,7 @@ func TestChargeLaneStopsAtTheCeiling(t *testing.T) {
 		{2100, 100, 2000, 0},
 	} {
 		v, added := chargeLane(tt.v, tt.cost, 2000, at)
-		if got := aheadOf(v, at.now, at.maxAhead); got != tt.wantAhead || added != tt.wantAdded {
+		if got := aheadOf(v, at.now); got != tt.wantAhead || added != tt.wantAdded {
 			t.Errorf("chargeLane(%d, %d): ahead %d added %d, want %d and %d", tt.v, tt.cost, got, added, tt.wantAhead, tt.wantAdded)
 		}
 	}

@@ -29,7 +29,7 @@ func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 	newTick := np.ticks(ns)
 	var a [countersPerLine]uint32
 	for i := range old.lines {
-		aheads(&old.lines[i], uint32(oldTick), old.maxAhead(), &a)
+		aheads(&old.lines[i], uint32(oldTick), &a)
 		for c := range a {
 			if a[c] != 0 {
 				setCounter(&np.lines[i], uint8(c), uint32(newTick), convertAhead(uint64(a[c]), old.per, np.clock))

@@ -26,7 +26,7 @@ func (b *Buckets) AppendSnapshot(dst []byte, now time.Time) []byte {
 	var a [countersPerLine]uint32
 	prev := -1
 	for i := range p.lines {
-		aheads(&p.lines[i], uint32(tick), p.maxAhead(), &a)
+		aheads(&p.lines[i], uint32(tick), &a)
 		if a == [countersPerLine]uint32{} {
 			continue
 		}

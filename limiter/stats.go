@@ -43,7 +43,7 @@ func (b *Buckets) Stats(now time.Time) BucketStats {
 	var fd float64
 	var a [countersPerLine]uint32
 	for i := 0; i < n; i += step {
-		aheads(&p.lines[i], uint32(tick), p.maxAhead(), &a)
+		aheads(&p.lines[i], uint32(tick), &a)
 		lineEmpty := 0
 		for _, v := range a {
 			if v > 0 {

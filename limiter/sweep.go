@@ -14,7 +14,7 @@ import "time"
 func (b *Buckets) Sweep(now time.Time) {
 	p := b.p.Load()
 	tick := p.ticks(b.nowNanos(now))
-	nowT, maxA := uint32(tick), p.maxAhead()
+	nowT := uint32(tick)
 	for i := range p.lines {
 		ln := &p.lines[i]
 		for j := range ln {
@@ -25,7 +25,7 @@ func (b *Buckets) Sweep(now time.Time) {
 				}
 				nw := w
 				for l := uint8(0); l < 2; l++ {
-					if v := lane(w, l); v != 0 && aheadOf(v, nowT, maxA) == 0 {
+					if v := lane(w, l); v != 0 && aheadOf(v, nowT) == 0 {
 						nw = withLane(nw, l, 0)
 					}
 				}
@@ -37,9 +37,9 @@ func (b *Buckets) Sweep(now time.Time) {
 	}
 }
 
-// sweepTicks is how often, in ticks, Sweep must run. A counter swept at
-// least every sweepTicks is never more than that behind the clock, far
-// from the 2³² − maxAhead ≥ 2³¹ ticks at which it would wrap.
+// sweepTicks is how often, in ticks, Sweep must run. A past value that a
+// sweep left (it was still ahead then) is then never more than sweepTicks
+// behind the clock, far from the 2³¹ ticks at which it would read as ahead.
 const sweepTicks = 1 << 30
 
 // SweepInterval is how often Sweep must run under the limit in force: 2³⁰
