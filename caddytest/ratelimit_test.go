@@ -264,7 +264,7 @@ func TestRateLimitHeaders(t *testing.T) {
 	check("/one", "RateLimit", `"hdr_one";r=3;t=15`)
 
 	_, _, resp = get(t, tc, "/two")
-	check("/two", "RateLimit-Policy", `"hdr_a";q=4;w=60, "hdr_b";q=2;w=3600`)
+	check("/two", "RateLimit-Policy", `"hdr_a";q=4;w=60, "hdr_b";q=2;w=720`)
 	check("/two", "RateLimit", `"hdr_a";r=3;t=15, "hdr_b";r=1;t=360`)
 	get(t, tc, "/two")
 	code, _, r3 := get(t, tc, "/two")
