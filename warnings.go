@@ -60,24 +60,14 @@ func keyWarnings(key string) []string {
 	return out
 }
 
-// placeholders returns the names of the placeholders in a template, as
-// caddy.Replacer finds them: `{name}`, with `\{` escaping a brace.
-func placeholders(s string) []string {
+// placeholders returns the names of the placeholders in a key template,
+// as Caddy's replacer finds them.
+func placeholders(key string) []string {
 	var names []string
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' {
-			i++
-			continue
+	for _, p := range compileTemplate(key) {
+		if p.placeholder {
+			names = append(names, p.text)
 		}
-		if s[i] != '{' {
-			continue
-		}
-		end := strings.IndexByte(s[i+1:], '}')
-		if end < 0 {
-			break
-		}
-		names = append(names, s[i+1:i+1+end])
-		i += end + 1
 	}
 	return names
 }

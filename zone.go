@@ -4,10 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/big"
-	"net"
-	"net/http"
-	"net/netip"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -34,8 +32,9 @@ type Zone struct {
 	// `{http.vars.client_ip}` (the client IP honouring `trusted_proxies`) or
 	// `{http.request.header.X-API-Key}`. A key that expands to an IP address
 	// is grouped by network with ipv4_prefix and ipv6_prefix; any other
-	// value is hashed, whatever its length, and never stored. Default: empty,
-	// which makes the zone one bucket shared by all requests.
+	// value is hashed and never stored. A key longer than 8 KiB is
+	// identified by its first 8 KiB. Default: empty, which makes the zone
+	// one bucket shared by all requests.
 	Key string `json:"key,omitempty"`
 
 	// FallbackKeys are tried in order when Key expands to the empty string;
@@ -81,34 +80,6 @@ func validZoneName(name string) error {
 	return nil
 }
 
-// keyKind says how a key is read from a request.
-type keyKind uint8
-
-const (
-	// keyTemplate is expanded by the replacer.
-	keyTemplate keyKind = iota
-	// keyClientIP is the client IP Caddy computed (honouring
-	// trusted_proxies), read from the request's vars.
-	keyClientIP
-	// keyRemoteIP is the address of the connection's peer.
-	keyRemoteIP
-)
-
-type keySpec struct {
-	kind     keyKind
-	template string
-}
-
-func parseKeySpec(s string) keySpec {
-	switch s {
-	case "{http.vars.client_ip}", "{client_ip}":
-		return keySpec{kind: keyClientIP}
-	case "{http.request.remote.host}", "{remote_host}":
-		return keySpec{kind: keyRemoteIP}
-	}
-	return keySpec{kind: keyTemplate, template: s}
-}
-
 // zone is a Zone provisioned for one config: its matchers, its parsed keys and
 // the table it shares with every other config that holds the same zone.
 type zone struct {
@@ -129,6 +100,13 @@ type zone struct {
 	policy string
 	// allowed and denied count the zone's requests.
 	allowed, denied counter
+	// exceeded is the error of every request the zone denies: a
+	// caddyhttp.HandlerError made once, because Caddy only reads it (see
+	// denialError).
+	exceeded error
+	// denials decides which denials are logged at INFO; made at the
+	// zone's first denial.
+	denials atomic.Pointer[denialLog]
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -163,6 +141,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	}
 	z.burstValue = burst
 	z.policy = policyItem(name, z.limit)
+	z.exceeded = denialError(name)
 	z.allowed = requests.WithLabelValues(name, "allowed")
 	z.denied = requests.WithLabelValues(name, "denied")
 	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK}
@@ -176,65 +155,6 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 
 // release gives back the zone's reference to its table.
 func (z *zone) release() { releaseTable(z.tkey) }
-
-// key returns the hash of the request's key for this zone, and the key as
-// text (for logs with log_key).
-//
-// The first key that is not empty wins. An IP address (from the client IP
-// fast path or from a template that expands to one) is masked to the zone's
-// prefixes; anything else is hashed as bytes. With every key empty the result
-// is the hash of the empty key, one bucket shared by all such requests.
-func (z *zone) key(r *http.Request, repl *caddy.Replacer) (uint64, string) {
-	for _, k := range z.keys {
-		var s string
-		switch k.kind {
-		case keyClientIP:
-			s = clientIP(r)
-		case keyRemoteIP:
-			s = remoteIP(r)
-		default:
-			s = repl.ReplaceAll(k.template, "")
-		}
-		if s == "" {
-			continue
-		}
-		return z.hash(s), s
-	}
-	return limiter.Hash(nil), ""
-}
-
-// hash hashes a non-empty key, grouping IP addresses by network.
-func (z *zone) hash(s string) uint64 {
-	if len(s) <= maxIPText {
-		if a, err := netip.ParseAddr(s); err == nil {
-			nk := limiter.NetworkKey(a.WithZone(""), z.v4, z.v6)
-			return limiter.Hash(nk.Bytes())
-		}
-	}
-	return limiter.HashString(s)
-}
-
-// maxIPText is the length of the longest IP address text worth parsing
-// (a full IPv6 address with an embedded IPv4 part and a zone).
-const maxIPText = 64
-
-// clientIP returns the client IP that Caddy computed for r (honouring
-// trusted_proxies), or the peer's address outside a Caddy server.
-func clientIP(r *http.Request) string {
-	if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok && ip != "" {
-		return ip
-	}
-	return remoteIP(r)
-}
-
-// remoteIP returns the host part of r.RemoteAddr.
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
 
 // policyItem formats a zone's RateLimit-Policy list item
 // (draft-ietf-httpapi-ratelimit-headers-10): `"name";q=<quota>;w=<seconds>`.
