@@ -76,8 +76,10 @@ type Handler struct {
 	// secrets (API keys, session tokens).
 	LogKey bool `json:"log_key,omitempty"`
 
-	// DisableMetrics stops this handler from counting requests in the
-	// caddy_rate_limit_requests_total metric.
+	// DisableMetrics stops this handler from counting requests: in the
+	// caddy_rate_limit_requests_total and caddy_rate_limit_weight_total
+	// metrics and in the admin API's counts. The zone's top sources are
+	// still recorded.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
 	// DisableHeaders turns off the RateLimit-Policy and RateLimit response
@@ -250,10 +252,13 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	denied := txn.Denied()
 	if denied {
 		// Zones that granted before the denial have been refunded: ask
-		// them again for what the key holds now.
+		// them again for what the key holds now. Zones that denied
+		// note the source in their top sketch.
 		for i := range verdicts {
 			if v := &verdicts[i]; v.d.Allowed {
 				v.d = v.z.buckets.PeekHash(v.c.hash, 1, now)
+			} else {
+				v.z.recordDenied(now, &q, v.c, h.LogKey)
 			}
 		}
 	}
@@ -263,9 +268,9 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		// zone denied counts nothing, as it was charged nothing.
 		for i := range verdicts {
 			if verdicts[i].d.Allowed && !denied {
-				verdicts[i].z.allowed.Inc()
+				verdicts[i].z.counts.count(outcomeAllowed, 1)
 			} else if !verdicts[i].d.Allowed {
-				verdicts[i].z.denied.Inc()
+				verdicts[i].z.counts.count(outcomeDenied, 1)
 			}
 		}
 	}

@@ -2,6 +2,8 @@ package floodgate
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -133,16 +135,6 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 	clock.advance(600*time.Millisecond + time.Millisecond)
 	if _, err := serve(h, req); err != nil {
 		t.Errorf("after the full wait: %v", err)
-	}
-}
-
-func TestDenialIsAnUnwrappedHandlerError(t *testing.T) {
-	h := newTestHandler(t, nil, map[string]*Zone{"unwrapped": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}})
-	req := httptest.NewRequest(http.MethodGet, "/", nil)
-	_, _ = serve(h, req)
-	_, err := serve(h, req)
-	if _, ok := err.(caddyhttp.HandlerError); !ok {
-		t.Fatalf("error %T %v, want a caddyhttp.HandlerError itself", err, err)
 	}
 }
 
@@ -478,9 +470,40 @@ func BenchmarkServeHTTP(b *testing.B) {
 	})
 	b.Run("denied", func(b *testing.B) {
 		h := newTestHandler(b, nil, zone("{http.vars.client_ip}", 1, 0, time.Hour))
-		h.logger = zap.NewExample(zap.IncreaseLevel(zapcore.InfoLevel))
+		// Logging at INFO, as Caddy does by default, to nowhere.
+		h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.InfoLevel))
 		run(b, h, true)
 	})
+	// Denied requests from one source, and from 1024 sources in turn (each
+	// one a miss in the zone's top-sources sketch).
+	for _, sources := range []int{1, 1024} {
+		b.Run(fmt.Sprintf("denied_%d_sources", sources), func(b *testing.B) {
+			h := newTestHandler(b, nil, map[string]*Zone{"denied": {Key: "{http.vars.client_ip}", Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour), Memory: 1 << 20}}})
+			ips := make([]string, sources)
+			for i := range ips {
+				ips[i] = fmt.Sprintf("198.51.%d.%d", i/256, i%256)
+			}
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			vars := map[string]any{}
+			ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r))
+			r = r.WithContext(context.WithValue(ctx, caddyhttp.VarsCtxKey, vars))
+			w := httptest.NewRecorder()
+			for _, ip := range ips {
+				vars[caddyhttp.ClientIPVarKey] = ip
+				_ = h.ServeHTTP(w, r, okHandler) // drain
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				vars[caddyhttp.ClientIPVarKey] = ips[i%sources]
+				i++
+				if err := h.ServeHTTP(w, r, okHandler); status(err) != http.StatusTooManyRequests {
+					b.Fatalf("not denied: %v", err)
+				}
+			}
+		})
+	}
 }
 
 func TestDenialLogNamesZoneAndClientButKeyOnlyWithLogKey(t *testing.T) {
@@ -760,14 +783,15 @@ func TestDenialPlaceholdersReplaceAnEarlierHandlers(t *testing.T) {
 	second.LogKey = true
 	const text = "{http.rate_limit.exceeded.name} {http.rate_limit.zone} {http.rate_limit.limit} {http.rate_limit.remaining} {http.rate_limit.retry_after} [{http.rate_limit.key}]"
 	var got []string
+	now := time.Now()
 	for range 2 {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		repl := caddyhttp.NewTestReplacer(r)
 		w := httptest.NewRecorder()
 		chain := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			return second.serveAt(w, r, okHandler, time.Now())
+			return second.serveAt(w, r, okHandler, now)
 		})
-		err := first.serveAt(w, r, chain, time.Now())
+		err := first.serveAt(w, r, chain, now)
 		got = append(got, strconv.Itoa(status(err))+" "+repl.ReplaceKnown(text, ""))
 	}
 	want := []string{
@@ -779,7 +803,9 @@ func TestDenialPlaceholdersReplaceAnEarlierHandlers(t *testing.T) {
 	}
 }
 
-func TestDenialErrorIsMadeOnceAndNamesTheZone(t *testing.T) {
+// A denial returns a caddyhttp.HandlerError itself (not wrapped: Caddy's
+// server finds it by type assertion), made once per zone.
+func TestDenialIsOneUnwrappedHandlerErrorPerZone(t *testing.T) {
 	h := newTestHandler(t, nil, map[string]*Zone{"once": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}})
 	req := httptest.NewRequest(http.MethodGet, "/", nil)
 	_, _ = serve(h, req)
@@ -787,7 +813,7 @@ func TestDenialErrorIsMadeOnceAndNamesTheZone(t *testing.T) {
 	_, err2 := serve(h, req)
 	he, ok := err1.(caddyhttp.HandlerError)
 	if !ok || he.StatusCode != http.StatusTooManyRequests || he.Err == nil || he.Err.Error() != `rate limit exceeded in zone "once"` {
-		t.Fatalf("error %#v, want a HandlerError 429 naming the zone", err1)
+		t.Fatalf("error %T %#v, want a caddyhttp.HandlerError 429 naming the zone", err1, err1)
 	}
 	if err1 != err2 {
 		t.Errorf("two denials returned different errors: %v, %v", err1, err2)
@@ -813,9 +839,10 @@ func TestEventOnlyWhenSomethingListens(t *testing.T) {
 		ev := &recordingEmitter{listening: listening}
 		h.events = ev
 		r := requestFrom("203.0.113.9:4")
-		_, _ = serve(h, r)
-		_, _ = serve(h, r)
-		_, _ = serve(h, r)
+		now := time.Now()
+		for range 3 {
+			_, _ = serveAt(h, r, now)
+		}
 		if !listening {
 			if len(ev.events) != 0 {
 				t.Errorf("nothing listens: %d events emitted", len(ev.events))

@@ -262,12 +262,19 @@ func (z *zone) key(q *request) charge {
 		if s == "" {
 			continue
 		}
-		if a := parseIP(s); a.IsValid() {
-			return z.network(a, i)
-		}
-		return charge{hash: limiter.HashString(s[:min(len(s), maxKeyHashed)]), key: i}
+		return z.textCharge(s, i)
 	}
 	return charge{hash: limiter.Hash(nil), key: -1}
+}
+
+// textCharge is what a key that expanded to s, the zone's key number i,
+// charges: the network of an address, else the hash of s (cut at
+// maxKeyHashed bytes). The admin API uses it for a key given as text.
+func (z *zone) textCharge(s string, i int) charge {
+	if a := parseIP(s); a.IsValid() {
+		return z.network(a, i)
+	}
+	return charge{hash: limiter.HashString(s[:min(len(s), maxKeyHashed)]), key: i}
 }
 
 // templateKey hashes the expansion of a template piece by piece, without

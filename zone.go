@@ -98,8 +98,6 @@ type zone struct {
 	buckets    *limiter.Buckets // table.buckets
 	// policy is the zone's RateLimit-Policy item (see policyItem).
 	policy string
-	// allowed and denied count the zone's requests.
-	allowed, denied counter
 	// exceeded is the error of every request the zone denies: a
 	// caddyhttp.HandlerError made once, because Caddy only reads it (see
 	// denialError).
@@ -107,6 +105,11 @@ type zone struct {
 	// denials decides which denials are logged at INFO; made at the
 	// zone's first denial.
 	denials atomic.Pointer[denialLog]
+	// conf is the zone's configuration, as the admin API shows it.
+	conf *Zone
+	// counts are what the zone has done, shared by every config that has
+	// a zone of this name (see zoneCounts).
+	counts *zoneCounts
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -119,6 +122,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		name:      name,
 		nameValue: name,
 		limit:     zc.Rate(),
+		conf:      zc,
 	}
 	z.v4, z.v6 = zc.Prefixes(defaultIPv4Prefix, defaultIPv6Prefix)
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
@@ -142,19 +146,21 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	z.burstValue = burst
 	z.policy = policyItem(name, z.limit)
 	z.exceeded = denialError(name)
-	z.allowed = requests.WithLabelValues(name, "allowed")
-	z.denied = requests.WithLabelValues(name, "denied")
 	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK}
 	t, err := acquireTable(z.tkey, zc.Buckets())
 	if err != nil {
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}
 	z.table, z.buckets = t, t.buckets
+	z.counts = acquireCounts(name)
 	return z, nil
 }
 
-// release gives back the zone's reference to its table.
-func (z *zone) release() { releaseTable(z.tkey) }
+// release gives back the zone's references to its table and counts.
+func (z *zone) release() {
+	releaseTable(z.tkey)
+	releaseCounts(z.name)
+}
 
 // policyItem formats a zone's RateLimit-Policy list item
 // (draft-ietf-httpapi-ratelimit-headers-10): `"name";q=<quota>;w=<seconds>`.

@@ -16,32 +16,22 @@
 # file; the script prints the bytes each wrote during the rounds.
 #
 # Needs: Go, wrk (apt-get install -y wrk). Uses ports 9721-9734 on 127.0.0.1
-# and runs under /tmp/floodgate-bench.lock, so that benchmarks do not overlap.
+# and measures under /tmp/floodgate-bench.lock, so that benchmarks do not
+# overlap (set FLOODGATE_BENCH_LOCKED=1 if the caller holds it already).
 # Knobs: ROUNDS (3), DURATION (10s), CONNS (32), OUT (a temp dir; binaries
 # already in OUT are reused).
 set -euo pipefail
-if [ -z "${FLOODGATE_BENCH_LOCKED:-}" ]; then
-	FLOODGATE_BENCH_LOCKED=1 exec flock /tmp/floodgate-bench.lock "$(realpath "$0")" "$@"
-fi
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
 CONNS=${CONNS:-32}
-OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT"
-command -v wrk >/dev/null || { echo "wrk is needed: apt-get install -y wrk" >&2; exit 1; }
-
-export CADDY_VERSION=v2.11.9
-build() { # binary, extra xcaddy args...
-	local name=$1; shift
-	[ -x "$OUT/$name" ] && return
-	echo "building $name" >&2
-	go tool xcaddy build v2.11.9 --output "$OUT/$name" "$@" >"$OUT/$name.build.log" 2>&1 ||
-		{ cat "$OUT/$name.build.log" >&2; exit 1; }
-}
-build caddy-plain
-build caddy-floodgate --with "github.com/floodgate-rl/floodgate@v0.0.0-00010101000000-000000000000=$PWD"
-build caddy-ratelimit --with github.com/mholt/caddy-ratelimit@v0.1.0
+. bench/caddies.sh
+# Build first, then wait for other benchmarks to finish: the lock is held
+# from here until the script exits.
+if [ -z "${FLOODGATE_BENCH_LOCKED:-}" ]; then
+	exec 9>/tmp/floodgate-bench.lock
+	flock 9
+fi
 
 servers=(respond-429 error-429 floodgate caddy-ratelimit)
 declare -A BIN=([respond-429]=caddy-plain [error-429]=caddy-plain [floodgate]=caddy-floodgate [caddy-ratelimit]=caddy-ratelimit)
