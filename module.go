@@ -1,7 +1,7 @@
 // Package floodgate is a rate limiter for the Caddy web server whose memory is
 // fixed by configuration, not by the number of clients.
 //
-// It registers three things with Caddy:
+// It registers with Caddy:
 //
 //   - the HTTP handler http.handlers.rate_limit (handler.go), which checks a
 //     request against every zone that applies to it and answers 429 when any
@@ -9,7 +9,10 @@
 //   - the app rate_limit (app.go), which holds zones defined once in the
 //     Caddyfile's rate_limit global option and shared by any number of sites
 //     and routes, and which applies limit changes when a config goes live;
-//   - the Caddyfile directive and global option rate_limit (caddyfile.go).
+//   - the Caddyfile directive and global option rate_limit (caddyfile.go);
+//   - the admin API admin.api.rate_limit (admin.go) and the command
+//     `caddy rate-limit` over it (command.go), each registered beside its
+//     code.
 //
 // Importing it also registers the layer4 connection matcher
 // layer4.matchers.rate_limit (package layer4, through layer4.go), which draws
