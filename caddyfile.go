@@ -29,9 +29,9 @@ func init() {
 //	rate_limit [<matcher>] [<global zone>...] {
 //	    zone <name> {
 //	        key         <placeholder>...   # several = priority order, first non-empty wins
-//	        events      <n>
-//	        window      <duration>
-//	        burst       <n>                # default: events
+//	        events      <n>                # at most 10^6 per second of window
+//	        window      <duration>         # at most 365d
+//	        burst       <n>                # default: events, at most 1398101
 //	        ipv4_prefix <bits>             # default 32
 //	        ipv6_prefix <bits>             # default 64
 //	        match {
@@ -54,6 +54,10 @@ func init() {
 //	    disable_metrics
 //	    headers on|off                     # RateLimit headers; default on
 //	}
+//
+// Each setting may appear once in a zone. A zone name defined the same way in
+// several directives (an imported snippet) is one zone; defined differently,
+// an error naming both places.
 func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	var global *App
 	if opt, ok := h.Option("rate_limit").(httpcaddyfile.App); ok {

@@ -33,8 +33,10 @@ type Zone struct {
 	// `{http.request.header.X-API-Key}`. A key that expands to an IP address
 	// is grouped by network with ipv4_prefix and ipv6_prefix; any other
 	// value is hashed and never stored. A key longer than 8 KiB is
-	// identified by its first 8 KiB. Default: empty, which makes the zone
-	// one bucket shared by all requests.
+	// identified by its first 8 KiB. The Caddyfile's shorthands
+	// ({client_ip}, {header.X}, …) work here too. Default: empty, which
+	// makes the zone one bucket shared by all requests; in a zone that a
+	// layer4 matcher also uses, the client IP.
 	Key string `json:"key,omitempty"`
 
 	// FallbackKeys are tried in order when Key expands to the empty string;

@@ -245,45 +245,6 @@ http://b.localhost:9480 {
 	}
 }
 
-// TestKeylessZoneSharedWithLayer4KeysHTTPByClient shares a zone without a
-// key between the layer4 listener wrapper and the HTTP handler, as the
-// README's example does: requests are charged to the client's network, as
-// its connections are, so a new network is not denied for what another did.
-func TestKeylessZoneSharedWithLayer4KeysHTTPByClient(t *testing.T) {
-	tc := newTester(t)
-	tc.InitServer(globals(`rate_limit {
-		zone keyless_l4 {
-			events 4
-			window 1h
-			ipv4_prefix 32
-		}
-	}
-	servers :9480 {
-		listener_wrappers {
-			layer4 {
-				@flood rate_limit zone keyless_l4
-				route @flood {
-					close
-				}
-			}
-		}
-	}`)+`
-http://localhost:9480 {
-	rate_limit keyless_l4
-	respond "ok"
-}
-`, "caddyfile")
-	// Each request is a new connection (one token) and a request (one
-	// more): the first client's network is drained after two.
-	a := clientFrom("127.0.0.2")
-	if got := fetch(a, baseURL) + " " + fetch(a, baseURL) + " " + fetch(a, baseURL); got != "ok:200 ok:200 closed" {
-		t.Errorf("first network: %s", got)
-	}
-	if got := fetch(clientFrom("127.0.0.3"), baseURL); got != "ok:200" {
-		t.Errorf("a new network's first request: %s", got)
-	}
-}
-
 // TestHeaderPlaceholdersNeedTheDeferredForm checks what the README says
 // about rate_limit placeholders in the header directive: `header` runs before
 // rate_limit, so only the deferred form (`>Name`), applied as the response is

@@ -25,11 +25,14 @@ type Limit struct {
 	// a key may make per window, sustained. At least 1. Caddyfile: events.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Window is the period over which max_events are allowed. Positive.
+	// Window is the period over which max_events are allowed. Required;
+	// positive and at most 365 days, and max_events per window at most
+	// 1,000,000 per second.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst is how many events a key may make at once, after being idle.
-	// Default: max_events.
+	// At most 1,398,101 (limiter.MaxBurst). Default: max_events, capped at
+	// that maximum.
 	Burst int64 `json:"burst,omitempty"`
 
 	// IPv4Prefix groups IPv4 sources by network: sources in the same
