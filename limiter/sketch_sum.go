@@ -1,0 +1,188 @@
+package limiter
+
+import (
+	"fmt"
+	"time"
+)
+
+// A SketchSum is the sum of other instances' sketch snapshots, each added
+// once, for a Sketch to decide on its own counts plus theirs (TakeHashWith)
+// without merging them into its counters: a cluster replaces a peer's
+// snapshot by its next one by building a new sum, so no snapshot is ever
+// counted twice, and a dead peer's counts age out with its windows.
+//
+// A sum holds two windows, Epoch − 1 and Epoch, fixed when it is built
+// (NewSketchSum). A snapshot of window Epoch adds both its windows; one of
+// window Epoch − 1 adds its current counts to the sum's previous window;
+// one of Epoch + 1 (a peer whose clock is a little ahead) adds its
+// previous counts to the sum's current window; older ones add nothing.
+// When the sum is read later, in window Epoch + 1, its current window is
+// the previous one; beyond that it adds nothing.
+//
+// Counts saturate at MaxSketchQuota. Add is not safe for concurrent use; a
+// sum that is no longer added to may be read by any number of goroutines.
+type SketchSum struct {
+	window      time.Duration
+	rows, width int
+	epoch       int64
+	prev, curr  []uint32
+}
+
+// NewSketchSum returns an empty sum for snapshots of s, of the window of
+// now. It allocates 8 bytes per cell of s.
+func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
+	cells := s.rows * int(s.width)
+	counts := make([]uint32, 2*cells)
+	e, _ := s.clockAt(now)
+	return &SketchSum{
+		window: time.Duration(s.window),
+		rows:   s.rows,
+		width:  int(s.width),
+		epoch:  e,
+		prev:   counts[:cells:cells],
+		curr:   counts[cells:],
+	}
+}
+
+// Epoch returns the window number of the sum's current window.
+func (t *SketchSum) Epoch() int64 { return t.epoch }
+
+// AddBinary adds a snapshot in the binary form of SketchSnapshot.AppendBinary
+// (untrusted input) and returns its window number. A snapshot of another
+// shape or window, or not well formed, is rejected with an error and adds
+// nothing.
+func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
+	begin := func(h sketchHeader) error {
+		if h.rows != t.rows || h.width != t.width || h.window != t.window {
+			return fmt.Errorf("sketch snapshot: a %d×%d snapshot of %v windows does not fit a %d×%d sketch of %v windows",
+				h.rows, h.width, h.window, t.rows, t.width, t.window)
+		}
+		epoch = h.epoch
+		return nil
+	}
+	cells := t.rows * t.width
+	if err := walkSketchBinary(data, cells, begin, nil); err != nil {
+		return 0, err
+	}
+	var prev, curr []uint32 // where the snapshot's windows go, if anywhere
+	switch epoch {
+	case t.epoch:
+		prev, curr = t.prev, t.curr
+	case t.epoch - 1:
+		curr = t.prev
+	case t.epoch + 1:
+		prev = t.curr
+	default:
+		return epoch, nil
+	}
+	_ = walkSketchBinary(data, cells, begin, func(isCurr bool, i int, c uint32) {
+		dst := prev
+		if isCurr {
+			dst = curr
+		}
+		if dst != nil {
+			dst[i] = uint32(min(uint64(dst[i])+uint64(c), MaxSketchQuota))
+		}
+	})
+	return epoch, nil
+}
+
+// addTo adds the sum's counts of the key's cells to v, a view of window e.
+// A nil sum adds nothing.
+func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
+	if t == nil {
+		return
+	}
+	var prev, curr []uint32
+	switch t.epoch {
+	case e:
+		prev, curr = t.prev, t.curr
+	case e - 1:
+		prev = t.curr
+	case e + 1:
+		curr = t.prev
+	default:
+		return
+	}
+	for i := 0; i < v.n; i++ {
+		c := cols[i] / 2
+		if prev != nil {
+			v.rows[i].prev += uint64(prev[c])
+		}
+		if curr != nil {
+			v.rows[i].curr += uint64(curr[c])
+		}
+	}
+}
+
+// TakeHashWith is TakeHash deciding on the key's estimate in s plus its
+// estimate in peers (nil for none), at time now: the request is granted if
+// both together, plus weight, are within the quota, and only s is charged.
+// peers must be a sum for snapshots of s (NewSketchSum).
+func (s *Sketch) TakeHashWith(h uint64, weight int64, now time.Time, peers *SketchSum) (Decision, Reservation) {
+	var cols sketchCols
+	var v sketchView
+	q, w := uint64(s.quota.Load()), sketchWeight(weight)
+	e, t := s.clockAt(now)
+	s.columns(h, &cols)
+	s.read(&cols, e, t, &v)
+	peers.addTo(&cols, e, &v)
+	if w > q || !v.fits(q-w) {
+		return v.denied(q, w), Reservation{}
+	}
+	s.add(&cols, e, w)
+	s.read(&cols, e, t, &v)
+	peers.addTo(&cols, e, &v)
+	if !v.fits(q) {
+		s.sub(&cols, e, w)
+		v.remove(w)
+		return v.denied(q, w), Reservation{}
+	}
+	return v.granted(q), Reservation{index: h, epoch: e, units: int64(w)}
+}
+
+// PeekHashWith answers what TakeHashWith would, charging nothing.
+func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *SketchSum) Decision {
+	var cols sketchCols
+	var v sketchView
+	q, w := uint64(s.quota.Load()), sketchWeight(weight)
+	e, t := s.clockAt(now)
+	s.columns(h, &cols)
+	s.read(&cols, e, t, &v)
+	peers.addTo(&cols, e, &v)
+	if w > q || !v.fits(q-w) {
+		return v.denied(q, w)
+	}
+	v.insert(w)
+	return v.granted(q)
+}
+
+// AppendSnapshot appends the binary form of the sketch's snapshot at time
+// now (as Snapshot(now).AppendBinary would) straight from its counters,
+// without the dense copy, and returns it with the snapshot's window
+// number. Its size grows with the nonzero counters, at most 9 bytes per
+// counter (typically 2 to 4).
+func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
+	e, _ := s.clockAt(now)
+	cells := s.rows * int(s.width)
+	dst = appendSketchHeader(dst, s.rows, int(s.width), time.Duration(s.window), e)
+	for _, w := range [2]int64{e - 1, e} {
+		p, tag := int(w&1), sketchTag(w)
+		dst = appendSketchCells(dst, cells, func(i int) uint32 {
+			return uint32(sketchCount(s.slots[2*i+p].Load(), tag))
+		})
+	}
+	return dst, e
+}
+
+// clockAt returns the window number of now and the nanoseconds elapsed in
+// it, as clock does for the sketch's own clock.
+func (s *Sketch) clockAt(now time.Time) (e, t int64) {
+	n := now.UnixNano()
+	e, t = n/s.window, n%s.window
+	if t < 0 {
+		e--
+		t += s.window
+	}
+	return e, t
+}
