@@ -186,3 +186,19 @@ func (s *Sketch) clockAt(now time.Time) (e, t int64) {
 	}
 	return e, t
 }
+
+// MergeBinary adds a snapshot in binary form (untrusted input) into the
+// sketch's own counters, its windows aligned to now as in a SketchSum: for
+// an instance restoring what it published before a restart. It is an
+// error, and adds nothing, if the snapshot is not well formed or not of
+// the sketch's shape and window. Merging the same snapshot twice counts it
+// twice.
+func (s *Sketch) MergeBinary(data []byte, now time.Time) error {
+	sum := s.NewSketchSum(now)
+	if _, err := sum.AddBinary(data); err != nil {
+		return err
+	}
+	s.addCells(sum.prev, sum.epoch-1)
+	s.addCells(sum.curr, sum.epoch)
+	return nil
+}
