@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/storage"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -124,6 +125,8 @@ type zone struct {
 	policy string
 	// allowed and denied count the zone's requests.
 	allowed, denied counter
+	// dist is set when the zone is distributed (cluster.go).
+	dist *distributedZone
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -169,8 +172,13 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	return z, nil
 }
 
-// release gives back the zone's reference to its table.
-func (z *zone) release() { releaseTable(z.tkey) }
+// release gives back the zone's reference to its table and cluster state.
+func (z *zone) release() {
+	releaseTable(z.tkey)
+	if z.dist != nil {
+		storage.Release(z.dist.shape)
+	}
+}
 
 // key returns the hash of the request's key for this zone, and the key as
 // text (for logs with log_key).

@@ -58,15 +58,15 @@ func newCluster(s Shape, quota int64) (*Cluster, error) {
 var clusters = caddy.NewUsagePool()
 
 // Acquire returns the Cluster of shape s, creating it with quota if no
-// running or loading config holds one. Each successful Acquire must be
-// matched by a Release. The quota of an existing Cluster is not changed:
-// that is SetQuota's job when the config goes live.
-func Acquire(s Shape, quota int64) (*Cluster, error) {
-	v, _, err := clusters.LoadOrNew(s, func() (caddy.Destructor, error) { return newCluster(s, quota) })
+// running or loading config holds one (created is then true). Each
+// successful Acquire must be matched by a Release. The quota of an existing
+// Cluster is not changed: that is SetQuota's job when the config goes live.
+func Acquire(s Shape, quota int64) (c *Cluster, created bool, err error) {
+	v, loaded, err := clusters.LoadOrNew(s, func() (caddy.Destructor, error) { return newCluster(s, quota) })
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return v.(*Cluster), nil
+	return v.(*Cluster), !loaded, nil
 }
 
 // Release gives back a reference taken by Acquire.
