@@ -209,8 +209,14 @@ type verdict struct {
 // handler allocating to remember their verdicts.
 const maxInlineVerdicts = limiter.MaxInlinePolicies
 
-// ServeHTTP checks r against every zone that applies to it.
+// ServeHTTP checks r against every zone that applies to it, reading the
+// clock once for all of them.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	return h.serveAt(w, r, next, time.Now())
+}
+
+// serveAt is ServeHTTP at time now.
+func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, now time.Time) error {
 	if len(h.zones) == 0 {
 		return next.ServeHTTP(w, r)
 	}
@@ -232,7 +238,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			}
 		}
 		hash, key := z.key(r, repl)
-		verdicts = append(verdicts, verdict{z: z, d: txn.Take(z.buckets, hash, 1), hash: hash, key: key})
+		verdicts = append(verdicts, verdict{z: z, d: txn.Take(z.buckets, hash, 1, now), hash: hash, key: key})
 	}
 	if len(verdicts) == 0 {
 		return next.ServeHTTP(w, r)
@@ -243,7 +249,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// them again for what the key holds now.
 		for i := range verdicts {
 			if v := &verdicts[i]; v.d.Allowed {
-				v.d = v.z.buckets.PeekHash(v.hash, 1)
+				v.d = v.z.buckets.PeekHash(v.hash, 1, now)
 			}
 		}
 	}

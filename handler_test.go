@@ -40,16 +40,21 @@ func (c *fakeClock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// testClocks holds the clock of each handler made by newTestHandler with one;
+// serve passes its time to the handler.
+var testClocks sync.Map // *Handler → *fakeClock
+
 // newTestHandler provisions a handler with the given inline zones (without
-// matchers, which need a Caddy context) on tables driven by clock. Its
-// zones' tables are released when the test ends.
+// matchers, which need a Caddy context) whose requests, run by serve, happen
+// at clock's time (or the real time if clock is nil). Its zones' tables are
+// released when the test ends.
 func newTestHandler(t testing.TB, clock *fakeClock, zones map[string]*Zone) *Handler {
 	t.Helper()
-	if clock != nil {
-		testNow = clock.now
-		t.Cleanup(func() { testNow = nil })
-	}
 	h := &Handler{RateLimits: zones, logger: zap.NewNop()}
+	if clock != nil {
+		testClocks.Store(h, clock)
+		t.Cleanup(func() { testClocks.Delete(h) })
+	}
 	for _, name := range slices.Sorted(maps.Keys(zones)) {
 		z, err := provisionZone(caddy.Context{}, name, zones[name])
 		if err != nil {
@@ -72,6 +77,9 @@ func serve(h *Handler, r *http.Request) (*httptest.ResponseRecorder, error) {
 	w := httptest.NewRecorder()
 	repl := caddyhttp.NewTestReplacer(r)
 	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+	if c, ok := testClocks.Load(h); ok {
+		return w, h.serveAt(w, r, okHandler, c.(*fakeClock).now())
+	}
 	return w, h.ServeHTTP(w, r, okHandler)
 }
 
@@ -86,7 +94,7 @@ func status(err error) int {
 }
 
 func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
-	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	clock := &fakeClock{t: time.Now().Add(time.Hour)} // after the tables are made: their clocks start then
 	h := newTestHandler(t, clock, map[string]*Zone{
 		"retry_ceiling": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(3 * time.Second)}},
 	})
@@ -99,8 +107,8 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 		want    string
 	}{
 		{0, "3"},                       // a 3 s wait says 3
-		{900 * time.Millisecond, "3"},  // 2.1 s says 3
-		{1600 * time.Millisecond, "1"}, // 0.5 s says 1
+		{800 * time.Millisecond, "3"},  // 2.2 s says 3
+		{1600 * time.Millisecond, "1"}, // 0.6 s says 1
 	} {
 		clock.advance(step.advance)
 		w, err := serve(h, req)
@@ -111,7 +119,9 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 			t.Errorf("after %v more: Retry-After %q, want %q", step.advance, got, step.want)
 		}
 	}
-	clock.advance(500 * time.Millisecond)
+	// The table's ticks need not line up with the test's clock; the extra
+	// millisecond covers a wait that ends inside a tick.
+	clock.advance(600*time.Millisecond + time.Millisecond)
 	if _, err := serve(h, req); err != nil {
 		t.Errorf("after the full wait: %v", err)
 	}
@@ -128,7 +138,7 @@ func TestDenialIsAnUnwrappedHandlerError(t *testing.T) {
 }
 
 func TestJitterAddsAtMostItsFractionAndIsRaceFree(t *testing.T) {
-	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	clock := &fakeClock{t: time.Now().Add(time.Hour)} // after the tables are made: their clocks start then
 	h := newTestHandler(t, clock, map[string]*Zone{"jitter": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(10 * time.Second)}}})
 	h.Jitter = 0.5
 	if _, err := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)); err != nil {
