@@ -238,7 +238,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 			}
 		}
 		hash, key := z.key(r, repl)
-		verdicts = append(verdicts, verdict{z: z, d: txn.Take(z.buckets, hash, 1, now), hash: hash, key: key})
+		verdicts = append(verdicts, verdict{z: z, d: z.take(&txn, hash, 1, now), hash: hash, key: key})
 	}
 	if len(verdicts) == 0 {
 		return next.ServeHTTP(w, r)
@@ -249,7 +249,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		// them again for what the key holds now.
 		for i := range verdicts {
 			if v := &verdicts[i]; v.d.Allowed {
-				v.d = v.z.buckets.PeekHash(v.hash, 1, now)
+				v.d = v.z.peek(v.hash, 1, now)
 			}
 		}
 	}

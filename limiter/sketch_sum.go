@@ -33,7 +33,7 @@ type SketchSum struct {
 func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
 	cells := s.rows * int(s.width)
 	counts := make([]uint32, 2*cells)
-	e, _ := s.clockAt(now)
+	e, _ := s.clock(now)
 	return &SketchSum{
 		window: time.Duration(s.window),
 		rows:   s.rows,
@@ -122,11 +122,7 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 func (s *Sketch) TakeHashWith(h uint64, weight int64, now time.Time, peers *SketchSum) (Decision, Reservation) {
 	var cols sketchCols
 	var v sketchView
-	q, w := uint64(s.quota.Load()), sketchWeight(weight)
-	e, t := s.clockAt(now)
-	s.columns(h, &cols)
-	s.read(&cols, e, t, &v)
-	peers.addTo(&cols, e, &v)
+	q, w, e, t := s.look(h, weight, now, peers, &cols, &v)
 	if w > q || !v.fits(q-w) {
 		return v.denied(q, w), Reservation{}
 	}
@@ -145,11 +141,7 @@ func (s *Sketch) TakeHashWith(h uint64, weight int64, now time.Time, peers *Sket
 func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *SketchSum) Decision {
 	var cols sketchCols
 	var v sketchView
-	q, w := uint64(s.quota.Load()), sketchWeight(weight)
-	e, t := s.clockAt(now)
-	s.columns(h, &cols)
-	s.read(&cols, e, t, &v)
-	peers.addTo(&cols, e, &v)
+	q, w, _, _ := s.look(h, weight, now, peers, &cols, &v)
 	if w > q || !v.fits(q-w) {
 		return v.denied(q, w)
 	}
@@ -163,7 +155,7 @@ func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *Sket
 // number. Its size grows with the nonzero counters, at most 9 bytes per
 // counter (typically 2 to 4).
 func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
-	e, _ := s.clockAt(now)
+	e, _ := s.clock(now)
 	cells := s.rows * int(s.width)
 	dst = appendSketchHeader(dst, s.rows, int(s.width), time.Duration(s.window), e)
 	for _, w := range [2]int64{e - 1, e} {
@@ -173,18 +165,6 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 		})
 	}
 	return dst, e
-}
-
-// clockAt returns the window number of now and the nanoseconds elapsed in
-// it, as clock does for the sketch's own clock.
-func (s *Sketch) clockAt(now time.Time) (e, t int64) {
-	n := now.UnixNano()
-	e, t = n/s.window, n%s.window
-	if t < 0 {
-		e--
-		t += s.window
-	}
-	return e, t
 }
 
 // MergeBinary adds a snapshot in binary form (untrusted input) into the
