@@ -85,9 +85,6 @@ func startNode(t *testing.T, i int, home, storage, body string) *node {
 	auto_https off
 	persist_config off
 	grace_period 1ns
-	log {
-		level DEBUG
-	}
 	%s
 }
 :%d {
