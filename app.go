@@ -125,6 +125,7 @@ func (a *App) Start() error {
 			z.dist.syncer.Start()
 		}
 	}
+	goLive(a)
 	return nil
 }
 
@@ -134,6 +135,7 @@ func (a *App) Start() error {
 // of the same config fails to start (the reload failed; undo). It also stops
 // this config's cluster sync, after a last publish.
 func (a *App) Stop() error {
+	retire(a)
 	for _, z := range slices.Backward(a.live) {
 		z.table.giveBack(a)
 		if z.dist != nil {

@@ -105,7 +105,7 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st certmagic.Storag
 		return fmt.Errorf("zone %q: distributed: %v", z.name, err)
 	}
 	z.dist = &distributedZone{cluster: c, shape: shape, st: st, iv: d.intervals(z.limit.Window)}
-	z.dist.syncer = z.newSyncer(ctx.Logger(), inst.String())
+	z.dist.syncer = storage.NewSyncer(c, st, inst.String(), z.dist.iv, ctx.Logger())
 	if created {
 		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 		defer cancel()
@@ -115,14 +115,6 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st certmagic.Storag
 		}
 	}
 	return nil
-}
-
-func (z *zone) newSyncer(log *zap.Logger, instance string) *storage.Syncer {
-	skipped := clusterSkipped.WithLabelValues(z.name)
-	return storage.NewSyncer(z.dist.cluster, z.dist.st, instance, z.dist.iv, log, storage.Stats{
-		Skipped: skipped.Inc,
-		Failed:  func(op string) { clusterFailed.WithLabelValues(z.name, op).Inc() },
-	})
 }
 
 // clusterWidth is the width of a distributed zone's sketch: as many

@@ -2,6 +2,7 @@ package floodgate
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -15,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
@@ -34,8 +36,12 @@ import (
 // that denied it or, if allowed, the zone with the fewest requests left:
 // `{http.rate_limit.zone}`, `{http.rate_limit.limit}` (the burst),
 // `{http.rate_limit.remaining}`, `{http.rate_limit.retry_after}` (seconds,
-// 0 if allowed) and `{http.rate_limit.key}` (the raw key with log_key, else
-// empty).
+// 0 if allowed) and `{http.rate_limit.key}` (the raw key with log_key, cut
+// to 256 bytes, else empty).
+//
+// A denial is logged at INFO the first time a source (what the zone charged:
+// a network or a key) is denied in a 10 s interval, with the count of its
+// denials logged at DEBUG since its previous INFO line; see denialLog.
 type Handler struct {
 	// RateLimits defines zones for this handler, keyed by zone name. Zone
 	// names are unique across the whole config.
@@ -65,13 +71,16 @@ type Handler struct {
 	// the config's storage (Caddy's `storage` global option).
 	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
 
-	// LogKey puts the raw key in the log line of a denied request and in
-	// the `{http.rate_limit.key}` placeholder. Default false: keys may be
+	// LogKey puts the raw key in the log line and event of a denied
+	// request and in the `{http.rate_limit.key}` placeholder, cut to its
+	// first 256 bytes (marked "…") if longer. Default false: keys may be
 	// secrets (API keys, session tokens).
 	LogKey bool `json:"log_key,omitempty"`
 
-	// DisableMetrics stops this handler from counting requests in the
-	// caddy_rate_limit_requests_total metric.
+	// DisableMetrics stops this handler from counting requests: in the
+	// caddy_rate_limit_requests_total and caddy_rate_limit_weight_total
+	// metrics and in the admin API's counts. The zone's top sources are
+	// still recorded.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
 	// DisableHeaders turns off the RateLimit-Policy and RateLimit response
@@ -82,7 +91,15 @@ type Handler struct {
 	owned  []*zone // inline zones, released at Cleanup
 	ctx    caddy.Context
 	logger *zap.Logger
-	events *caddyevents.App
+	events emitter
+}
+
+// emitter is what the handler uses of Caddy's events app (caddyevents.App).
+type emitter interface {
+	// ShouldEmit reports whether anything observes the named event: a
+	// subscriber, or the events app's own debug log.
+	ShouldEmit(name string) bool
+	Emit(ctx caddy.Context, name string, data map[string]any) caddy.Event
 }
 
 // Distributed configures cluster-wide limiting through storage, with
@@ -125,7 +142,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading events app: %v", err)
 	}
-	h.events = eventsIface.(*caddyevents.App)
+	if ev := eventsIface.(*caddyevents.App); ev != nil {
+		h.events = ev
+	}
 	if !h.DisableMetrics {
 		registerMetrics(ctx)
 	}
@@ -199,10 +218,9 @@ func (h *Handler) Cleanup() error {
 
 // verdict is one zone's answer to one request.
 type verdict struct {
-	z    *zone
-	d    limiter.Decision
-	hash uint64
-	key  string
+	z *zone
+	d limiter.Decision
+	c charge
 }
 
 // maxInlineVerdicts is how many zones a request can apply without the
@@ -220,9 +238,10 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	if len(h.zones) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if repl == nil {
-		repl = caddy.NewReplacer()
+	q := request{r: r}
+	q.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if q.repl == nil {
+		q.repl = caddy.NewReplacer()
 	}
 	var txn limiter.Txn
 	var buf [maxInlineVerdicts]verdict
@@ -237,8 +256,8 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 				continue
 			}
 		}
-		hash, key := z.key(r, repl)
-		verdicts = append(verdicts, verdict{z: z, d: z.take(&txn, hash, 1, now), hash: hash, key: key})
+		c := z.key(&q)
+		verdicts = append(verdicts, verdict{z: z, d: z.take(&txn, c.hash, 1, now), c: c})
 	}
 	if len(verdicts) == 0 {
 		return next.ServeHTTP(w, r)
@@ -246,10 +265,13 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	denied := txn.Denied()
 	if denied {
 		// Zones that granted before the denial have been refunded: ask
-		// them again for what the key holds now.
+		// them again for what the key holds now. Zones that denied
+		// note the source in their top sketch.
 		for i := range verdicts {
 			if v := &verdicts[i]; v.d.Allowed {
-				v.d = v.z.peek(v.hash, 1, now)
+				v.d = v.z.peek(v.c.hash, 1, now)
+			} else {
+				v.z.recordDenied(now, &q, v.c, h.LogKey)
 			}
 		}
 	}
@@ -259,30 +281,32 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		// zone denied counts nothing, as it was charged nothing.
 		for i := range verdicts {
 			if verdicts[i].d.Allowed && !denied {
-				verdicts[i].z.allowed.Inc()
+				verdicts[i].z.counts.count(outcomeAllowed, 1)
 			} else if !verdicts[i].d.Allowed {
-				verdicts[i].z.denied.Inc()
+				verdicts[i].z.counts.count(outcomeDenied, 1)
 			}
 		}
 	}
-	if !h.DisableHeaders {
-		setHeaders(w.Header(), verdicts)
-	}
 	main := deciding(verdicts)
+	if denied {
+		return h.deny(w, &q, verdicts, main, now)
+	}
+	if !h.DisableHeaders {
+		new(responseHeaders).setRateLimit(w.Header(), verdicts)
+	}
+	// Static values: no allocation, and Caddy's replacer holds up to 8 of
+	// them before its map grows.
 	v := verdicts[main]
-	repl.Set("http.rate_limit.zone", v.z.nameValue)
-	repl.Set("http.rate_limit.limit", v.z.burstValue)
-	repl.Set("http.rate_limit.remaining", v.d.Remaining)
+	q.repl.Set("http.rate_limit.zone", v.z.nameValue)
+	q.repl.Set("http.rate_limit.limit", v.z.burstValue)
+	q.repl.Set("http.rate_limit.remaining", boxCount(v.d.Remaining))
+	q.repl.Set("http.rate_limit.retry_after", boxCount(0))
 	if h.LogKey {
-		repl.Set("http.rate_limit.key", v.key)
+		q.repl.Set("http.rate_limit.key", v.z.keyText(&q, v.c))
 	} else {
-		repl.Set("http.rate_limit.key", "")
+		q.repl.Set("http.rate_limit.key", "")
 	}
-	if !denied {
-		repl.Set("http.rate_limit.retry_after", 0)
-		return next.ServeHTTP(w, r)
-	}
-	return h.deny(w, r, repl, verdicts, main)
+	return next.ServeHTTP(w, r)
 }
 
 // deciding picks the verdict that describes the request: the first denial,
@@ -300,9 +324,41 @@ func deciding(verdicts []verdict) int {
 	return best
 }
 
-// deny answers a request that some zone denied: Retry-After, a log line, an
-// event, and the 429 error, returned unwrapped so handle_errors sees it.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, verdicts []verdict, main int) error {
+// A denial is what the answer to one denied request needs beyond the zone's
+// own values: its header values and its placeholders. It is the denial's one
+// allocation, and its placeholder method the other.
+type denial struct {
+	headers    responseHeaders
+	z          *zone
+	remaining  int64
+	retryAfter int64
+	key        string
+}
+
+// placeholder answers the rate_limit placeholders of a denied request.
+// Registering it once (Replacer.Map) instead of setting six values keeps
+// Caddy's map of set values, which the error handling then fills, small
+// enough not to grow.
+func (d *denial) placeholder(name string) (any, bool) {
+	switch name {
+	case "http.rate_limit.exceeded.name", "http.rate_limit.zone":
+		return d.z.nameValue, true
+	case "http.rate_limit.limit":
+		return d.z.burstValue, true
+	case "http.rate_limit.remaining":
+		return d.remaining, true
+	case "http.rate_limit.retry_after":
+		return d.retryAfter, true
+	case "http.rate_limit.key":
+		return d.key, true
+	}
+	return nil, false
+}
+
+// deny answers a request that some zone denied: Retry-After, the
+// placeholders, a log line (see denialLog), an event if anything listens,
+// and the zone's 429 error, returned unwrapped so handle_errors sees it.
+func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time) error {
 	// The request passes when every zone allows it: wait for the slowest.
 	var wait time.Duration
 	for _, v := range verdicts {
@@ -316,32 +372,94 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 			wait += extra
 		}
 	}
-	secs := max(ceilSeconds(wait), 1)
-	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	zoneName := verdicts[main].z.name
-	repl.Set("http.rate_limit.exceeded.name", zoneName)
-	repl.Set("http.rate_limit.retry_after", secs)
+	v := verdicts[main]
+	d := &denial{z: v.z, remaining: v.d.Remaining, retryAfter: max(ceilSeconds(wait), 1)}
+	hdr := w.Header()
+	d.headers.setRetryAfter(hdr, d.retryAfter)
+	if !h.DisableHeaders {
+		d.headers.setRateLimit(hdr, verdicts)
+	}
+	if h.LogKey {
+		d.key = v.z.keyText(q, v.c)
+	}
+	// A rate_limit handler earlier in this request may have set the
+	// placeholders; they would hide the provider's answers.
+	q.repl.DeleteByPrefix("http.rate_limit.")
+	q.repl.Map(d.placeholder)
 
-	ip := clientIP(r)
-	if ce := h.logger.Check(zap.InfoLevel, "rate limit exceeded"); ce != nil {
-		fields := []zap.Field{
-			zap.String("zone", zoneName),
-			zap.String("client_ip", ip),
-			zap.Duration("wait", wait),
+	if h.logger.Core().Enabled(zapcore.InfoLevel) {
+		info, suppressed := v.z.denialLog().note(v.c.hash, now)
+		level := zapcore.DebugLevel
+		if info {
+			level = zapcore.InfoLevel
+		}
+		if ce := h.logger.Check(level, "rate limit exceeded"); ce != nil {
+			fields := []zap.Field{
+				zap.String("zone", v.z.name),
+				zap.String("client_ip", q.clientIP().text),
+				zap.String("source", v.z.source(v.c)),
+				zap.Int64("retry_after", d.retryAfter),
+			}
+			if info {
+				fields = append(fields, zap.Int64("suppressed", suppressed))
+			}
+			if h.LogKey {
+				fields = append(fields, zap.String("key", d.key))
+			}
+			ce.Write(fields...)
+		}
+	}
+	if h.events != nil && h.events.ShouldEmit(exceededEvent) {
+		data := map[string]any{
+			"zone":        v.z.name,
+			"client_ip":   q.clientIP().text,
+			"source":      v.z.source(v.c),
+			"wait":        wait,
+			"retry_after": d.retryAfter,
 		}
 		if h.LogKey {
-			fields = append(fields, zap.String("key", verdicts[main].key))
+			data["key"] = d.key
 		}
-		ce.Write(fields...)
+		h.events.Emit(h.ctx, exceededEvent, data)
 	}
-	if h.events != nil {
-		data := map[string]any{"zone": zoneName, "wait": wait, "client_ip": ip}
-		if h.LogKey {
-			data["key"] = verdicts[main].key
-		}
-		h.events.Emit(h.ctx, "rate_limit_exceeded", data)
+	return v.z.exceeded
+}
+
+// exceededEvent is the name of the event emitted for each denial.
+const exceededEvent = "rate_limit_exceeded"
+
+// denialError makes the error a zone returns for each request it denies. It
+// is made once: Caddy's server only reads a HandlerError (by value, after a
+// type assertion), so one value can answer every denial. That leaves out
+// what caddyhttp.Error adds per call, a random ID and a stack trace: a
+// flood should not pay for a runtime.Caller and a random string per request.
+// `{http.error.id}` is therefore empty for a denial, and the trace names
+// this handler.
+func denialError(zoneName string) error {
+	return caddyhttp.HandlerError{
+		Err:        errors.New("rate limit exceeded in zone " + strconv.Quote(zoneName)),
+		StatusCode: http.StatusTooManyRequests,
+		Trace:      "floodgate.(*Handler).deny",
 	}
-	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", zoneName))
+}
+
+// boxedCounts holds small counts converted to interface values once, so that
+// setting a placeholder to one allocates nothing. (Go boxes integers below
+// 256 without allocating; a zone's remaining requests are often more.)
+var boxedCounts = func() (t [4096]any) {
+	for i := range t {
+		t[i] = int64(i)
+	}
+	return t
+}()
+
+// boxCount returns n as an interface value, without allocating if it is
+// small.
+func boxCount(n int64) any {
+	if uint64(n) < uint64(len(boxedCounts)) {
+		return boxedCounts[n]
+	}
+	return n
 }
 
 // Interface guards
@@ -350,4 +468,5 @@ var (
 	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ emitter                     = (*caddyevents.App)(nil)
 )

@@ -40,6 +40,11 @@ type Cluster struct {
 	// mu serialises the syncers' I/O (two overlap during a config reload)
 	// and guards restored.
 	mu sync.Mutex
+	// skipped counts entries under the zone's directory that were not
+	// well-formed snapshots of it; failed counts failed storage ops.
+	skipped atomic.Uint64
+	failed  [numOps]atomic.Uint64
+
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so
 	// that a restart cannot overwrite its state before reading it.
@@ -135,3 +140,27 @@ func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, peers *limiter
 	n := now.UnixNano()
 	c.blocks.add(h, n+int64(d.RetryAfter), n, true)
 }
+
+// An Op is a kind of storage operation a Syncer does.
+type Op uint8
+
+// The storage operations, for Failed.
+const (
+	OpRead Op = iota
+	OpWrite
+	OpRestore
+	numOps
+)
+
+// Ops lists every Op.
+var Ops = [numOps]Op{OpRead, OpWrite, OpRestore}
+
+func (o Op) String() string { return [numOps]string{"read", "write", "restore"}[o] }
+
+// Skipped returns how many entries under the zone's storage directory were
+// skipped because they were not well-formed snapshots of it (each time they
+// were read).
+func (c *Cluster) Skipped() uint64 { return c.skipped.Load() }
+
+// Failed returns how many storage operations of kind op failed.
+func (c *Cluster) Failed(op Op) uint64 { return c.failed[op].Load() }

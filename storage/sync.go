@@ -44,17 +44,6 @@ type Intervals struct {
 	PurgeAge time.Duration
 }
 
-// Stats counts what a Syncer skipped and what failed, for metrics. Each
-// func may be nil.
-type Stats struct {
-	// Skipped is called for every entry under the zone's directory that
-	// is not a well-formed snapshot of this zone.
-	Skipped func()
-	// Failed is called for every read or write that failed ("read",
-	// "write").
-	Failed func(op string)
-}
-
 // A Syncer publishes a Cluster's state and reads its peers' through one
 // storage, in one background goroutine, until Stop.
 type Syncer struct {
@@ -63,7 +52,6 @@ type Syncer struct {
 	instance string
 	iv       Intervals
 	log      *zap.Logger
-	stats    Stats
 
 	stop, done chan struct{}
 
@@ -73,15 +61,15 @@ type Syncer struct {
 	// failing and logged implement "log once per interval": the first
 	// failure after a success is logged at WARN, then at most one line per
 	// interval until storage works again, which is logged at INFO.
-	failing map[string]time.Time
+	failing map[Op]time.Time
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
 // runs it.
-func NewSyncer(c *Cluster, st certmagic.Storage, instance string, iv Intervals, log *zap.Logger, stats Stats) *Syncer {
+func NewSyncer(c *Cluster, st certmagic.Storage, instance string, iv Intervals, log *zap.Logger) *Syncer {
 	return &Syncer{
-		c: c, st: st, instance: instance, iv: iv, log: log, stats: stats,
-		failing: make(map[string]time.Time, 2),
+		c: c, st: st, instance: instance, iv: iv, log: log,
+		failing: make(map[Op]time.Time, int(numOps)),
 	}
 }
 
@@ -150,7 +138,7 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	defer c.mu.Unlock()
 	if !c.restored {
 		if err := s.restoreLocked(ctx, now); err != nil {
-			s.failed("restore", now, err)
+			s.failed(OpRestore, now, err)
 			return
 		}
 	}
@@ -158,10 +146,10 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	s.blocks = c.blocks.appendOwn(s.blocks[:0], now.UnixNano())
 	s.buf = appendSnapshot(s.buf[:0], s.instance, now, s.sk, s.blocks)
 	if err := s.st.Store(ctx, Key(c.shape.Zone, s.instance), s.buf); err != nil {
-		s.failed("write", now, err)
+		s.failed(OpWrite, now, err)
 		return
 	}
-	s.ok("write", now)
+	s.ok(OpWrite, now)
 }
 
 // LastWrite returns the size of the last snapshot written.
@@ -225,7 +213,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	dir := Dir(c.shape.Zone)
 	keys, err := s.st.List(ctx, dir, false)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.failed("read", now, err)
+		s.failed(OpRead, now, err)
 		return
 	}
 	sum := c.sketch.NewSketchSum(now)
@@ -272,27 +260,23 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 	}
 	if loadErr != nil {
-		s.failed("read", now, loadErr)
+		s.failed(OpRead, now, loadErr)
 		return
 	}
 	c.peers.Store(sum)
-	s.ok("read", now)
+	s.ok(OpRead, now)
 }
 
 func (s *Syncer) skipped(key string, err error) {
-	if s.stats.Skipped != nil {
-		s.stats.Skipped()
-	}
+	s.c.skipped.Add(1)
 	s.log.Debug("skipped an entry that is not a snapshot of this zone", zap.String("key", key), zap.Error(err))
 }
 
 // failed logs a failed op at most once per its interval and counts it.
-func (s *Syncer) failed(op string, now time.Time, err error) {
-	if s.stats.Failed != nil {
-		s.stats.Failed(op)
-	}
+func (s *Syncer) failed(op Op, now time.Time, err error) {
+	s.c.failed[op].Add(1)
 	every := s.iv.Write
-	if op == "read" {
+	if op == OpRead {
 		every = s.iv.Read
 	}
 	if last, ok := s.failing[op]; ok && now.Sub(last) < every {
@@ -300,13 +284,13 @@ func (s *Syncer) failed(op string, now time.Time, err error) {
 	}
 	s.failing[op] = now
 	s.log.Warn("cluster storage failed: limiting with what this instance knows until it works again",
-		zap.String("zone", s.c.shape.Zone), zap.String("op", op), zap.Error(err))
+		zap.String("zone", s.c.shape.Zone), zap.Stringer("op", op), zap.Error(err))
 }
 
-func (s *Syncer) ok(op string, now time.Time) {
+func (s *Syncer) ok(op Op, now time.Time) {
 	if _, ok := s.failing[op]; !ok {
 		return
 	}
 	delete(s.failing, op)
-	s.log.Info("cluster storage works again", zap.String("zone", s.c.shape.Zone), zap.String("op", op))
+	s.log.Info("cluster storage works again", zap.String("zone", s.c.shape.Zone), zap.Stringer("op", op))
 }

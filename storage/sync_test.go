@@ -26,11 +26,9 @@ const testWindow = time.Minute
 var testIntervals = Intervals{Read: time.Second, Write: time.Second, PurgeAge: 5 * time.Minute}
 
 type node struct {
-	c       *Cluster
-	s       *Syncer
-	skipped atomic.Int64
-	failed  atomic.Int64
-	logs    *observer.ObservedLogs
+	c    *Cluster
+	s    *Syncer
+	logs *observer.ObservedLogs
 }
 
 // newNode returns a Cluster of zone "z" (events 10 per minute) syncing
@@ -43,10 +41,7 @@ func newNode(t *testing.T, st certmagic.Storage, instance string) *node {
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	n := &node{c: c, logs: logs}
-	n.s = NewSyncer(c, st, instance, testIntervals, zap.New(core), Stats{
-		Skipped: func() { n.skipped.Add(1) },
-		Failed:  func(string) { n.failed.Add(1) },
-	})
+	n.s = NewSyncer(c, st, instance, testIntervals, zap.New(core))
 	return n
 }
 
@@ -92,7 +87,7 @@ func TestClusterSharesTheLimit(t *testing.T) {
 	if got := a.take("k", 1, now); got != 0 {
 		t.Fatal("a granted k after b used the rest of its limit")
 	}
-	if a.skipped.Load()+b.skipped.Load()+a.failed.Load()+b.failed.Load() != 0 {
+	if a.c.Skipped()+b.c.Skipped()+a.c.Failed(OpRead)+b.c.Failed(OpRead)+a.c.Failed(OpWrite)+b.c.Failed(OpWrite) != 0 {
 		t.Fatal("well-formed snapshots were skipped or failed")
 	}
 }
@@ -207,7 +202,7 @@ func TestJunkIsSkipped(t *testing.T) {
 	if got := b.take("k", 1, now); got != 0 {
 		t.Fatal("with junk beside it, a's snapshot no longer counts")
 	}
-	if got, want := b.skipped.Load(), int64(len(junk)); got != want {
+	if got, want := b.c.Skipped(), uint64(len(junk)); got != want {
 		t.Fatalf("skipped %d entries, want %d", got, want)
 	}
 	if n := b.logs.FilterLevelExact(zapcore.WarnLevel).Len() + b.logs.FilterLevelExact(zapcore.ErrorLevel).Len(); n != 0 {
@@ -306,8 +301,8 @@ func TestStorageFailureDegradesAndRecovers(t *testing.T) {
 		if w := n.logs.FilterLevelExact(zapcore.WarnLevel).Len(); w != 2 {
 			t.Errorf("%s logged %d warnings over two intervals of failures, want 2", name, w)
 		}
-		if n.failed.Load() != 20 {
-			t.Errorf("%s counted %d failures, want 20", name, n.failed.Load())
+		if f := n.c.Failed(OpRead) + n.c.Failed(OpWrite); f != 20 {
+			t.Errorf("%s counted %d failures, want 20", name, f)
 		}
 	}
 	st.down.Store(false)
