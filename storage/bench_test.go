@@ -147,4 +147,3 @@ func BenchmarkDecision(b *testing.B) {
 		})
 	}
 }
-
