@@ -25,27 +25,23 @@ type SketchSum struct {
 	window      time.Duration
 	rows, width int
 	epoch       int64
-	prev, curr  []uint32
+	// counts holds cell c's count of window epoch − 1 at 2c and of window
+	// epoch at 2c + 1, so that a decision finds both in one cache line.
+	counts []uint32
 }
 
 // NewSketchSum returns an empty sum for snapshots of s, of the window of
 // now. It allocates 8 bytes per cell of s.
 func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
-	cells := s.rows * int(s.width)
-	counts := make([]uint32, 2*cells)
 	e, _ := s.clock(now)
 	return &SketchSum{
 		window: time.Duration(s.window),
 		rows:   s.rows,
 		width:  int(s.width),
 		epoch:  e,
-		prev:   counts[:cells:cells],
-		curr:   counts[cells:],
+		counts: make([]uint32, 2*s.rows*int(s.width)),
 	}
 }
-
-// Epoch returns the window number of the sum's current window.
-func (t *SketchSum) Epoch() int64 { return t.epoch }
 
 // AddBinary adds a snapshot in the binary form of SketchSnapshot.AppendBinary
 // (untrusted input) and returns its window number. A snapshot of another
@@ -64,24 +60,20 @@ func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
 	if err := walkSketchBinary(data, cells, begin, nil); err != nil {
 		return 0, err
 	}
-	var prev, curr []uint32 // where the snapshot's windows go, if anywhere
-	switch epoch {
-	case t.epoch:
-		prev, curr = t.prev, t.curr
-	case t.epoch - 1:
-		curr = t.prev
-	case t.epoch + 1:
-		prev = t.curr
-	default:
+	// The snapshot's window epoch − 1 + k goes to the sum's slot
+	// epoch − 1 + k − (t.epoch − 1), if that is 0 or 1.
+	d := epoch - t.epoch
+	if d < -1 || d > 1 {
 		return epoch, nil
 	}
 	_ = walkSketchBinary(data, cells, begin, func(isCurr bool, i int, c uint32) {
-		dst := prev
+		k := d
 		if isCurr {
-			dst = curr
+			k++
 		}
-		if dst != nil {
-			dst[i] = uint32(min(uint64(dst[i])+uint64(c), MaxSketchQuota))
+		if k == 0 || k == 1 {
+			p := &t.counts[2*i+int(k)]
+			*p = uint32(min(uint64(*p)+uint64(c), MaxSketchQuota))
 		}
 	})
 	return epoch, nil
@@ -93,24 +85,22 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 	if t == nil {
 		return
 	}
-	var prev, curr []uint32
-	switch t.epoch {
-	case e:
-		prev, curr = t.prev, t.curr
-	case e - 1:
-		prev = t.curr
-	case e + 1:
-		curr = t.prev
-	default:
-		return
-	}
-	for i := 0; i < v.n; i++ {
-		c := cols[i] / 2
-		if prev != nil {
-			v.rows[i].prev += uint64(prev[c])
+	// The view's window e − 1 is the sum's slot e − t.epoch, its window e
+	// the next slot; only slots 0 and 1 exist.
+	switch e - t.epoch {
+	case 0:
+		for i := 0; i < v.n; i++ {
+			c := cols[i] // 2 × the cell's index
+			v.rows[i].prev += uint64(t.counts[c])
+			v.rows[i].curr += uint64(t.counts[c+1])
 		}
-		if curr != nil {
-			v.rows[i].curr += uint64(curr[c])
+	case 1:
+		for i := 0; i < v.n; i++ {
+			v.rows[i].prev += uint64(t.counts[cols[i]+1])
+		}
+	case -1:
+		for i := 0; i < v.n; i++ {
+			v.rows[i].curr += uint64(t.counts[cols[i]])
 		}
 	}
 }
@@ -178,7 +168,13 @@ func (s *Sketch) MergeBinary(data []byte, now time.Time) error {
 	if _, err := sum.AddBinary(data); err != nil {
 		return err
 	}
-	s.addCells(sum.prev, sum.epoch-1)
-	s.addCells(sum.curr, sum.epoch)
+	for k, e := range [2]int64{sum.epoch - 1, sum.epoch} {
+		p := int(e & 1)
+		for i := range len(sum.counts) / 2 {
+			if c := sum.counts[2*i+k]; c != 0 {
+				sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
+			}
+		}
+	}
 	return nil
 }

@@ -107,7 +107,7 @@ func TestSketchSumAlignsWindows(t *testing.T) {
 	chargeSketch(t, peer, h, 5, t0.Add(2*window)) // peer's window 2 (current)
 	ahead := must(peer.AppendSnapshot(nil, t0.Add(2*window)))
 	sum := own.NewSketchSum(t0.Add(window + window/2))
-	if e, err := sum.AddBinary(ahead); err != nil || e != sum.Epoch()+1 {
+	if e, err := sum.AddBinary(ahead); err != nil || e != sum.epoch+1 {
 		t.Fatalf("AddBinary of a snapshot a window ahead = %d, %v", e, err)
 	}
 	if d := own.PeekHashWith(h, 70, t0.Add(window+window/2), sum); !d.Allowed || d.Remaining != 0 {

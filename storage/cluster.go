@@ -83,12 +83,6 @@ func (*Cluster) Destruct() error { return nil }
 // SetQuota changes the events per window the cluster may grant a key.
 func (c *Cluster) SetQuota(q int64) error { return c.sketch.SetQuota(q) }
 
-// Memory is the bytes the Cluster holds: its sketch, the peers' sum (half
-// the sketch) and the mitigation cache's slots.
-func (c *Cluster) Memory() int {
-	return c.sketch.Memory() + c.sketch.Memory()/2 + 8*MitigationSlots
-}
-
 // TakeHash grants weight to the key with hash h at now if it is not blocked
 // and its cluster estimate plus weight is within the quota, and counts it
 // in this instance's sketch. A key found over its limit (no request of

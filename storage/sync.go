@@ -152,9 +152,6 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	s.ok(OpWrite, now)
 }
 
-// LastWrite returns the size of the last snapshot written.
-func (s *Syncer) LastWrite() int { return len(s.buf) }
-
 // Restore loads this instance's own last snapshot, if any, into the
 // Cluster once per Cluster: a restarted instance keeps what its keys used
 // before, so a key exhausted before a restart (or a crash after the last
