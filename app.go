@@ -25,6 +25,14 @@ type App struct {
 	// against it wherever it is served.
 	Zones map[string]*Zone `json:"zones,omitempty"`
 
+	// Distributed makes these zones cluster-wide, as a handler's
+	// distributed does for its inline zones.
+	Distributed *Distributed `json:"distributed,omitempty"`
+
+	// StorageRaw is the storage the distributed zones sync through.
+	// Default: the config's storage.
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+
 	ctx    caddy.Context
 	logger *zap.Logger
 	// global holds the provisioned Zones by name.
@@ -71,6 +79,20 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.defs[name] = def
 		a.live = append(a.live, z)
 		a.warn(z, zc)
+	}
+	if a.Distributed != nil && len(a.global) > 0 {
+		if err := a.Distributed.Validate(); err != nil {
+			return err
+		}
+		st, err := loadStorage(ctx, a, "StorageRaw", a.StorageRaw)
+		if err != nil {
+			return err
+		}
+		for _, name := range slices.Sorted(maps.Keys(a.global)) {
+			if err := a.global[name].distribute(ctx, a.Distributed, st); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -172,7 +194,8 @@ func (a *App) warn(z *zone, zc *Zone) {
 	}
 }
 
-// Start puts the limits of this config's zones in force. A zone whose table
+// Start puts the limits of this config's zones in force and starts the
+// cluster sync of its distributed zones. A zone whose table
 // survived a reload keeps what every key consumed: raising events from 3 to 5
 // gives an exhausted key 2 more requests at once.
 func (a *App) Start() error {
@@ -180,6 +203,13 @@ func (a *App) Start() error {
 		if err := z.table.putInForce(a, z.limit); err != nil {
 			_ = a.Stop()
 			return fmt.Errorf("zone %q: %v", z.name, err)
+		}
+		if z.dist != nil {
+			if err := z.dist.cluster.SetQuota(z.limit.Events); err != nil {
+				_ = a.Stop()
+				return fmt.Errorf("zone %q: %v", z.name, err)
+			}
+			z.dist.syncer.Start()
 		}
 	}
 	goLive(a)
@@ -189,11 +219,15 @@ func (a *App) Start() error {
 // Stop gives the limits back to the config that had them before this one
 // started, unless a newer config has started since: Caddy stops a config
 // either when a newer one replaces it (nothing to undo) or when another app
-// of the same config fails to start (the reload failed; undo).
+// of the same config fails to start (the reload failed; undo). It also stops
+// this config's cluster sync, after a last publish.
 func (a *App) Stop() error {
 	retire(a)
 	for _, z := range slices.Backward(a.live) {
 		z.table.giveBack(a)
+		if z.dist != nil {
+			z.dist.syncer.Stop()
+		}
 	}
 	return nil
 }

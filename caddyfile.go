@@ -42,12 +42,12 @@ func init() {
 //	        false_deny  <probability>      # default 0.005
 //	    }
 //	    zone <name>                        # a zone from the rate_limit global option
-//	    distributed {                      # parsed and validated; not implemented yet
-//	        read_interval  <duration>
-//	        write_interval <duration>
-//	        purge_age      <duration>
+//	    distributed {                      # these inline zones cluster-wide
+//	        read_interval  <duration>      # default 5s
+//	        write_interval <duration>      # default 5s
+//	        purge_age      <duration>      # default max(1m, 2 windows)
 //	    }
-//	    storage <module...>                # parsed; not used yet
+//	    storage <module...>                # default: the config's storage
 //	    jitter  <fraction>
 //	    log_key
 //	    sweep_interval <duration>          # accepted; no effect
@@ -149,40 +149,17 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 				return err
 			}
 		case "distributed":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			rl.Distributed = new(Distributed)
-			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				var dst *caddy.Duration
-				switch d.Val() {
-				case "read_interval":
-					dst = &rl.Distributed.ReadInterval
-				case "write_interval":
-					dst = &rl.Distributed.WriteInterval
-				case "purge_age":
-					dst = &rl.Distributed.PurgeAge
-				default:
-					return d.Errf("distributed: unrecognized subdirective %q", d.Val())
-				}
-				if err := parseDuration(d, dst); err != nil {
-					return err
-				}
-			}
-		case "storage":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			modID := "caddy.storage." + d.Val()
-			unm, err := caddyfile.UnmarshalModule(d, modID)
+			dist, err := parseDistributed(d)
 			if err != nil {
 				return err
 			}
-			storage, ok := unm.(caddy.StorageConverter)
-			if !ok {
-				return d.Errf("storage: module %s is not a caddy.StorageConverter", modID)
+			rl.Distributed = dist
+		case "storage":
+			raw, err := parseStorage(d)
+			if err != nil {
+				return err
 			}
-			rl.StorageRaw = caddyconfig.JSONModuleObject(storage, "module", storage.(caddy.Module).CaddyModule().ID.Name(), nil)
+			rl.StorageRaw = raw
 		case "jitter":
 			v, err := zoneconf.OneArg(d)
 			if err != nil {
@@ -262,6 +239,52 @@ func (rl *Handler) addInline(name string, zc *Zone, at string, global *App, defs
 	return nil
 }
 
+// parseDistributed reads a distributed block; the dispenser is on its name.
+func parseDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	dist := new(Distributed)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var dst *caddy.Duration
+		switch d.Val() {
+		case "read_interval":
+			dst = &dist.ReadInterval
+		case "write_interval":
+			dst = &dist.WriteInterval
+		case "purge_age":
+			dst = &dist.PurgeAge
+		default:
+			return nil, d.Errf("distributed: unrecognized subdirective %q", d.Val())
+		}
+		if err := parseDuration(d, dst); err != nil {
+			return nil, err
+		}
+	}
+	if err := dist.Validate(); err != nil {
+		return nil, d.Err(err.Error())
+	}
+	return dist, nil
+}
+
+// parseStorage reads `storage <module> ...`, as Caddy's storage global
+// option does; the dispenser is on the word storage.
+func parseStorage(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	modID := "caddy.storage." + d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, modID)
+	if err != nil {
+		return nil, err
+	}
+	storage, ok := unm.(caddy.StorageConverter)
+	if !ok {
+		return nil, d.Errf("storage: module %s is not a caddy.StorageConverter", modID)
+	}
+	return caddyconfig.JSONModuleObject(storage, "module", storage.(caddy.Module).CaddyModule().ID.Name(), nil), nil
+}
+
 // parseGlobal sets up the rate_limit global option, which defines zones that
 // any rate_limit directive can use by name:
 //
@@ -270,6 +293,8 @@ func (rl *Handler) addInline(name string, zc *Zone, at string, global *App, defs
 //	        zone <name> {
 //	            <zone subdirectives, as in the directive>
 //	        }
+//	        distributed { ... }   # as in the directive: these zones cluster-wide
+//	        storage <module...>   # default: the config's storage
 //	    }
 //	}
 //
@@ -286,7 +311,23 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 		return nil, d.ArgErr()
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if d.Val() != "zone" {
+		switch d.Val() {
+		case "zone":
+		case "distributed":
+			dist, err := parseDistributed(d)
+			if err != nil {
+				return nil, err
+			}
+			app.Distributed = dist
+			continue
+		case "storage":
+			raw, err := parseStorage(d)
+			if err != nil {
+				return nil, err
+			}
+			app.StorageRaw = raw
+			continue
+		default:
 			return nil, d.Errf("unrecognized rate_limit global option %q", d.Val())
 		}
 		if !d.NextArg() {

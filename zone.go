@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/storage"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -112,6 +113,8 @@ type zone struct {
 	// counts are what the zone has done, shared by every config that has
 	// a zone of this name (see zoneCounts).
 	counts *zoneCounts
+	// dist is set when the zone is distributed (cluster.go).
+	dist *distributedZone
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -158,10 +161,14 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	return z, nil
 }
 
-// release gives back the zone's references to its table and counts.
+// release gives back the zone's references to its table, counts and
+// cluster state.
 func (z *zone) release() {
 	releaseTable(z.tkey)
 	releaseCounts(z.name)
+	if z.dist != nil {
+		storage.Release(z.dist.shape)
+	}
 }
 
 // policyItem formats a zone's RateLimit-Policy list item
