@@ -102,13 +102,13 @@ func TestLoweringALimitAfterRaisingItKeepsWhatWasUsed(t *testing.T) {
 	// 50/60 × 5 = 4.17 refilled, so 2.17 used of 5: 2 left.
 	b := newTable(t, five, 64)
 	drain(b, 1, tm(0))
-	must(t, b.SetLimit(fifty, tm(time.Second)))
+	noErr(t, b.SetLimit(fifty, tm(time.Second)))
 	for range 2 {
 		if d, _ := b.TakeHash(1, 1, tm(time.Second)); !d.Allowed {
 			t.Fatalf("denied after raising to 50: %+v", d)
 		}
 	}
-	must(t, b.SetLimit(five, tm(6*time.Second)))
+	noErr(t, b.SetLimit(five, tm(6*time.Second)))
 	if d := b.PeekHash(1, 1, tm(6*time.Second)); !d.Allowed || d.Remaining != 2 || d.Reset > 60*time.Second {
 		t.Errorf("after raising, 2 requests, 5 s, lowering: %+v, want 2 left and Reset within the window", d)
 	}
@@ -117,14 +117,14 @@ func TestLoweringALimitAfterRaisingItKeepsWhatWasUsed(t *testing.T) {
 	// refilled of 5 used: full.
 	b = newTable(t, five, 64)
 	drain(b, 1, tm(0))
-	must(t, b.SetLimit(fifty, tm(time.Second)))
-	must(t, b.SetLimit(five, tm(9*time.Second)))
+	noErr(t, b.SetLimit(fifty, tm(time.Second)))
+	noErr(t, b.SetLimit(five, tm(9*time.Second)))
 	if d := b.PeekHash(1, 1, tm(9*time.Second)); !d.Allowed || d.Remaining != 5 {
 		t.Errorf("after raising, 8 s, lowering: %+v, want full (5)", d)
 	}
 }
 
-func must(t *testing.T, err error) {
+func noErr(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
