@@ -123,6 +123,16 @@ func (s *source) format(h uint64) string {
 	return fmt.Sprintf("key#%08x", h>>32)
 }
 
+// chargeOf is what a request whose key expanded to key would be charged:
+// the shared bucket of the empty key, an address's network, or the key's
+// hash.
+func (z *zone) chargeOf(key string) charge {
+	if key == "" {
+		return charge{hash: limiter.Hash(nil), key: -1}
+	}
+	return z.textCharge(key, 0)
+}
+
 // recordDenied notes in the zone's top sketch that it denied charge c of
 // request q; the key's text is kept only with log_key.
 func (z *zone) recordDenied(now time.Time, q *request, c charge, logKey bool) {
@@ -333,11 +343,7 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	key := r.PathValue("key")
-	c := charge{hash: limiter.Hash(nil), key: -1}
-	if key != "" {
-		c = z.textCharge(key, 0)
-	}
+	c := z.chargeOf(r.PathValue("key"))
 	h := c.hash
 	if r.Method == http.MethodDelete {
 		z.buckets.Reset(h)

@@ -2,6 +2,7 @@ package floodgate
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -449,6 +450,36 @@ func BenchmarkServeHTTP(b *testing.B) {
 		h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.InfoLevel))
 		run(b, h, true)
 	})
+	// Denied requests from one source, and from 1024 sources in turn (each
+	// one a miss in the zone's top-sources sketch).
+	for _, sources := range []int{1, 1024} {
+		b.Run(fmt.Sprintf("denied_%d_sources", sources), func(b *testing.B) {
+			h := newTestHandler(b, nil, map[string]*Zone{"denied": {Key: "{http.vars.client_ip}", Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour), Memory: 1 << 20}}})
+			ips := make([]string, sources)
+			for i := range ips {
+				ips[i] = fmt.Sprintf("198.51.%d.%d", i/256, i%256)
+			}
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			vars := map[string]any{}
+			ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r))
+			r = r.WithContext(context.WithValue(ctx, caddyhttp.VarsCtxKey, vars))
+			w := httptest.NewRecorder()
+			for _, ip := range ips {
+				vars[caddyhttp.ClientIPVarKey] = ip
+				_ = h.ServeHTTP(w, r, okHandler) // drain
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				vars[caddyhttp.ClientIPVarKey] = ips[i%sources]
+				i++
+				if err := h.ServeHTTP(w, r, okHandler); status(err) != http.StatusTooManyRequests {
+					b.Fatalf("not denied: %v", err)
+				}
+			}
+		})
+	}
 }
 
 func TestDenialLogNamesZoneAndClientButKeyOnlyWithLogKey(t *testing.T) {
