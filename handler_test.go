@@ -881,3 +881,21 @@ func TestHandlerAllocations(t *testing.T) {
 		})
 	}
 }
+
+// Only text that can be an address is given to netip.ParseAddr (whose error
+// allocates); every address still is.
+func TestIPLike(t *testing.T) {
+	for _, s := range []string{"192.0.2.1", "::1", "2001:db8::1", "::ffff:192.0.2.7", "fe80::1%eth0"} {
+		if !ipLike(s) || !parseIP(s).IsValid() {
+			t.Errorf("%q: not taken for an address", s)
+		}
+	}
+	for _, s := range []string{"", "alice", "deadbeef", "GET-/", "%eth0", "1.2.3.4.example", strings.Repeat("1.", 40)} {
+		if ipLike(s) || parseIP(s).IsValid() {
+			t.Errorf("%q taken for an address", s)
+		}
+	}
+	if a := parseIP("fe80::1%eth0"); a.Zone() != "" {
+		t.Errorf("zone kept: %v", a)
+	}
+}
