@@ -148,18 +148,16 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if !h.DisableMetrics {
 		registerMetrics(ctx)
 	}
+	if len(h.RateLimits) == 0 && len(h.Zones) == 0 {
+		h.logger.Warn("this rate_limit handler has no zone, so it limits nothing: define one (zone <name> { … }; rate_limits) or name a global one (zone <name>; zones)")
+	}
 	for _, name := range slices.Sorted(maps.Keys(h.RateLimits)) {
-		zc := h.RateLimits[name]
-		if zc == nil {
-			return fmt.Errorf("zone %q: no configuration", name)
-		}
-		z, err := provisionZone(ctx, name, zc)
+		z, owned, err := app.inlineZone(ctx, name, h.RateLimits[name])
 		if err != nil {
 			return err
 		}
-		h.owned = append(h.owned, z)
-		if err := app.addInline(z); err != nil {
-			return err
+		if owned {
+			h.owned = append(h.owned, z)
 		}
 		h.zones = append(h.zones, z)
 	}

@@ -256,18 +256,19 @@ func listening(port int) (int, error) {
 }
 
 // checkSeconds parses got, a whole number of seconds that a server computed
-// as the ceiling of full minus the time since some moment, and fails the test
+// as the ceiling of full less the time since some moment, and fails the test
 // unless it is within what that allows when that time is between 0 and
-// elapsed, which the test measured around the requests involved.
+// elapsed, which the test measured from before that moment until after the
+// answer. It returns the number.
 func checkSeconds(t *testing.T, what, got string, full, elapsed time.Duration) int64 {
 	t.Helper()
 	if elapsed >= full-time.Second {
-		t.Fatalf("%s: the requests took %v, too close to the %v being measured", what, elapsed, full)
+		t.Fatalf("%s: the test took %v, too close to the %v being measured", what, elapsed, full)
 	}
 	lo, hi := int64(math.Ceil((full - elapsed).Seconds())), int64(math.Ceil(full.Seconds()))
 	n, err := strconv.ParseInt(got, 10, 64)
 	if err != nil || n < lo || n > hi {
-		t.Errorf("%s = %q, want %d to %d (%v less up to the %v the requests took)", what, got, lo, hi, full, elapsed)
+		t.Errorf("%s = %q, want %d to %d (%v less at most the %v measured)", what, got, lo, hi, full, elapsed)
 	}
 	return n
 }
