@@ -346,7 +346,7 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	c := z.chargeOf(r.PathValue("key"))
 	h := c.hash
 	if r.Method == http.MethodDelete {
-		z.buckets.Reset(h)
+		z.buckets.Fill(h)
 	}
 	d := z.buckets.PeekHash(h, 1, time.Now())
 	src := topSource(c, "", z.v4, z.v6)

@@ -33,6 +33,7 @@ func (k tableKey) String() string {
 // table is the value held in tables.
 type table struct {
 	buckets *limiter.Buckets
+	stop    chan struct{} // closed by Destruct: ends sweepLoop
 
 	// The limit in force is the one of the config (App) that last started
 	// with this table. A config whose start fails after its rate_limit app
@@ -79,9 +80,28 @@ func (t *table) giveBack(app *App) {
 	t.owner, t.prevOwner = t.prevOwner, nil
 }
 
-// Destruct implements caddy.Destructor. The table is garbage once no config
-// refers to it.
-func (*table) Destruct() error { return nil }
+// Destruct implements caddy.Destructor: it stops the table's sweeps. The
+// table is garbage once no config refers to it.
+func (t *table) Destruct() error {
+	close(t.stop)
+	return nil
+}
+
+// sweepLoop runs the table's Sweep twice per SweepInterval (read again
+// each time, since a reload may change the limit and so the interval) until
+// the table is released. Sweeps never run in a request.
+func (t *table) sweepLoop() {
+	for {
+		timer := time.NewTimer(t.buckets.SweepInterval() / 2)
+		select {
+		case <-t.stop:
+			timer.Stop()
+			return
+		case <-timer.C:
+			t.buckets.Sweep(time.Now())
+		}
+	}
+}
 
 // acquireTable returns the table for key, creating it with cfg if no running
 // or loading config holds one. It never changes an existing table: limits are
@@ -92,7 +112,9 @@ func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*table, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &table{buckets: b}, nil
+		t := &table{buckets: b, stop: make(chan struct{})}
+		go t.sweepLoop()
+		return t, nil
 	})
 	if err != nil {
 		return nil, err

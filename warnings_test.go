@@ -43,7 +43,7 @@ func TestZoneWarnings(t *testing.T) {
 		{"one line", Zone{Key: "{client_ip}", Limit: withMemory(64)},
 			[]string{"memory 64 B is a table of 1 lines: from 1 keys over their limit at once, other keys are denied more than 0.5% of the time"}},
 		{"sixteen lines", Zone{Key: "{client_ip}", Limit: withMemory(1000)},
-			[]string{"memory 1000 B is a table of 15 lines: from 8 keys over their limit"}},
+			[]string{"memory 1000 B is a table of 15 lines: from 9 keys over their limit"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := tc.zc.warnings()

@@ -107,7 +107,7 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 		{"window 1ns with a large burst", "caddyfile", zoneCaddyfile("window 1ns\nburst 10000"), []string{"5 events per 1ns is 5e+09 per second"}},
 		{"window 1us", "caddyfile", zoneCaddyfile("events 10\nwindow 1us"), []string{"10 events per 1µs is 1e+07 per second"}},
 		{"window above a year", "caddyfile", zoneCaddyfile("window 36500d"), []string{`zone "z": window "36500d": must be at most 365d`}},
-		{"burst above the maximum", "caddyfile", zoneCaddyfile("burst 99999999999"), []string{`zone "z": burst "99999999999": must be at most 1398101`}},
+		{"burst above the maximum", "caddyfile", zoneCaddyfile("burst 99999999999"), []string{`zone "z": burst "99999999999": must be at most 1048576`}},
 		{"false_deny too small", "caddyfile", zoneCaddyfile("false_deny 0.000000001"), []string{`zone "z": false_deny 0.000000001 and sources 100000 (the default) need a table larger than the maximum of 16 GiB`}},
 		{"undefined global zone", "caddyfile", handlerCaddyfile("zone nowhere"), []string{`zone "nowhere" is not defined`}},
 		{"undefined global zone as argument", "caddyfile", "http://localhost:9480 {\n\trate_limit nowhere\n\trespond ok\n}\n", []string{`zone "nowhere" is not defined`}},

@@ -31,7 +31,7 @@ type Limit struct {
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst is how many events a key may make at once, after being idle.
-	// At most 1,398,101 (limiter.MaxBurst). Default: max_events, capped at
+	// At most 1,048,576 (limiter.MaxBurst). Default: max_events, capped at
 	// that maximum.
 	Burst int64 `json:"burst,omitempty"`
 

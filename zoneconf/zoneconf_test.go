@@ -73,7 +73,7 @@ func TestBadSettingsNameFieldAndValue(t *testing.T) {
 		{"window 36500d", `window "36500d": must be at most 365d`},
 		{"memory 100GiB", `memory "100GiB": must be between 64 B and 16 GiB`},
 		{"memory 12", `memory "12": must be between 64 B`},
-		{"burst 99999999999", `burst "99999999999": must be at most 1398101`},
+		{"burst 99999999999", `burst "99999999999": must be at most 1048576`},
 		{"events 5\nevents 6", `zone "z": events is set twice (first at Testfile:2)`},
 		{"window 1m\nburst 2\nwindow 2m", `window is set twice (first at Testfile:2)`},
 	} {
