@@ -15,7 +15,7 @@
 // After a config load, the next request must reach the new config, on a new
 // connection: every client of this process opens a connection per request
 // (TestMain), and every load waits until the old config's sockets are closed
-// (settle).
+// (inprocess.Settle).
 package integration
 
 import (
@@ -36,6 +36,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	_ "github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/inprocess"
 )
 
 const (
@@ -167,8 +168,8 @@ func codes(t *testing.T, tc *tester, n int, path string, headers ...string) stri
 }
 
 // load posts a config to the admin endpoint, waits until the config that
-// serves afterwards is the only one listening (settle), and returns the error
-// Caddy reports, if any.
+// serves afterwards is the only one listening (inprocess.Settle), and
+// returns the error Caddy reports, if any.
 func load(t *testing.T, cfg, adapter string) error {
 	t.Helper()
 	ct := "application/json"
@@ -187,72 +188,11 @@ func load(t *testing.T, cfg, adapter string) error {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	settle(t)
+	inprocess.Settle(t, adminPort, httpPort, httpsPort)
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%d: %s", resp.StatusCode, body)
 	}
 	return nil
-}
-
-// settle waits until none of this package's ports has more than one
-// listening socket. Caddy listens with SO_REUSEPORT: a load opens the new
-// config's sockets beside the old ones, and the replaced HTTP servers and
-// admin endpoint (or the servers of a config that failed to start) close
-// theirs in goroutines, after /load has answered. Until then the kernel hands
-// some new connections to an old socket, where the old config answers them or
-// its closing resets them. /load answers after the new sockets listen, so
-// nothing else needs waiting for.
-func settle(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		port, n := 0, 0
-		for _, p := range []int{adminPort, httpPort, httpsPort} {
-			c, err := listening(p)
-			if err != nil {
-				t.Fatalf("counting the sockets listening on port %d: %v", p, err)
-			}
-			if c > 1 {
-				port, n = p, c
-			}
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after a config load, %d sockets still listen on port %d", n, port)
-		}
-		time.Sleep(time.Millisecond) // Caddy's goroutines closing sockets, not a rate
-	}
-}
-
-// listening returns how many TCP sockets of this network namespace listen on
-// port, IPv4 and IPv6 (Linux only, as are the 127.0.0.0/8 client addresses
-// some tests use).
-func listening(port int) (int, error) {
-	n := 0
-	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		table, err := os.ReadFile(file)
-		if err != nil {
-			return 0, err
-		}
-		// sl local_address rem_address st ...; addresses are HEXIP:HEXPORT,
-		// state 0A is LISTEN.
-		for _, line := range strings.Split(string(table), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 4 || f[3] != "0A" {
-				continue
-			}
-			p, err := strconv.ParseUint(f[1][strings.LastIndexByte(f[1], ':')+1:], 16, 16)
-			if err != nil {
-				return 0, fmt.Errorf("%s: %q: %v", file, line, err)
-			}
-			if int(p) == port {
-				n++
-			}
-		}
-	}
-	return n, nil
 }
 
 // checkSeconds parses got, a whole number of seconds that a server computed
