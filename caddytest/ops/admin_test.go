@@ -157,7 +157,7 @@ func TestKeyInspectionChargesNothingAndMasksAddresses(t *testing.T) {
 	// reaches the API escaped.
 	var user floodgate.KeyInfo
 	adminJSON(t, http.MethodGet, "/rate_limit/zones/inspect_user/keys/"+url.PathEscape("bea"), &user)
-	if !strings.HasPrefix(user.Source, "key#") || user.Policies[0].Remaining != 0 {
+	if !strings.HasPrefix(user.Source, "key:") || user.Policies[0].Remaining != 0 {
 		t.Errorf("bea in inspect_user: %+v", user)
 	}
 	if got := codes(t, "127.0.5.1", 1, "X-User: a/b c"); got != "200" {
@@ -188,7 +188,7 @@ func TestResetLetsTheKeyThrough(t *testing.T) {
 		t.Fatalf("no header: %s", got)
 	}
 	adminJSON(t, http.MethodDelete, "/rate_limit/zones/reset_user/keys/", &after)
-	if after.Source != "(empty key)" || !after.Allowed {
+	if after.Source != "none" || !after.Allowed {
 		t.Errorf("empty key after reset: %+v", after)
 	}
 	if got := codes(t, "127.0.17.1", 1); got != "200" {
@@ -234,7 +234,7 @@ func TestTopShowsTheFloodFirst(t *testing.T) {
 	}
 	var top floodgate.TopInfo
 	adminJSON(t, http.MethodGet, "/rate_limit/zones/top_ip/top", &top)
-	want := []floodgate.TopSource{{Source: "127.0.9.200", Denied: 55}, {Source: "127.0.9.201", Denied: 3}}
+	want := []floodgate.TopSource{{Source: "127.0.9.200/32", Denied: 55}, {Source: "127.0.9.201/32", Denied: 3}}
 	if fmt.Sprint(top.Sources) != fmt.Sprint(want) || top.Since.IsZero() {
 		t.Errorf("top: %+v since %v, want %+v", top.Sources, top.Since, want)
 	}
@@ -257,7 +257,7 @@ func TestTopShowsTheFloodFirst(t *testing.T) {
 	req("/user", 4)
 	req("/logged", 3)
 	code, body := adminDo(t, http.MethodGet, "/rate_limit/zones/top_user/top")
-	if code != 200 || strings.Contains(body, secret) || !strings.Contains(body, `"source": "key#`) || !strings.Contains(body, `"denied": 2`) {
+	if code != 200 || strings.Contains(body, secret) || !strings.Contains(body, `"source": "key:`) || !strings.Contains(body, `"denied": 2`) {
 		t.Errorf("top_user without log_key: %d %s", code, body)
 	}
 	adminJSON(t, http.MethodGet, "/rate_limit/zones/top_logged/top", &top)
