@@ -318,7 +318,7 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	c := z.chargeOf(r.PathValue("key"))
 	h := c.hash
 	if r.Method == http.MethodDelete {
-		z.buckets.Reset(h)
+		z.buckets.Fill(h)
 	}
 	d := z.buckets.PeekHash(h, 1, time.Now())
 	return writeJSON(w, KeyInfo{

@@ -230,9 +230,33 @@ func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
 	}
 }
 
+// TestPolicyDescribesTheRate checks that RateLimit-Policy's q/w is the
+// sustained rate, or just under it, whatever the burst and window, and q the
+// burst when the bucket refills over whole seconds.
+func TestPolicyDescribesTheRate(t *testing.T) {
+	for _, tc := range []struct {
+		l    limiter.Limit
+		want string
+	}{
+		{limiter.Limit{Events: 100, Window: time.Minute}, `"z";q=100;w=60`},
+		{limiter.Limit{Events: 100, Window: time.Minute, Burst: 10}, `"z";q=10;w=6`},
+		{limiter.Limit{Events: 10, Window: time.Hour, Burst: 2}, `"z";q=2;w=720`},
+		{limiter.Limit{Events: 10, Window: time.Minute, Burst: 100}, `"z";q=100;w=600`},
+		{limiter.Limit{Events: 40, Window: time.Minute, Burst: 3}, `"z";q=3;w=5`},
+		{limiter.Limit{Events: 10, Window: 100 * time.Millisecond}, `"z";q=100;w=1`},
+		{limiter.Limit{Events: 3, Window: 1500 * time.Millisecond}, `"z";q=3;w=2`},
+		{limiter.Limit{Events: 1_000_000, Window: time.Second, Burst: 1}, `"z";q=1000000;w=1`},
+		{limiter.Limit{Events: 1, Window: 365 * 24 * time.Hour, Burst: limiter.MaxBurst}, `"z";q=1048576;w=33067892736000`},
+	} {
+		if got := policyItem("z", tc.l); got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.l, got, tc.want)
+		}
+	}
+}
+
 func TestHeaderFormat(t *testing.T) {
-	a := &zone{name: "api", policy: policyItem("api", 100, time.Minute)}
-	b := &zone{name: "daily", policy: policyItem("daily", 1000, 1500*time.Millisecond)}
+	a := &zone{name: "api", policy: policyItem("api", limiter.Limit{Events: 100, Window: time.Minute})}
+	b := &zone{name: "daily", policy: policyItem("daily", limiter.Limit{Events: 1000, Window: 1500 * time.Millisecond})}
 	hdr := http.Header{}
 	new(responseHeaders).setRateLimit(hdr, []verdict{{z: a, d: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}})
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60`; got != want {
@@ -265,7 +289,7 @@ func TestHeaderValuesOutgrowingTheBuffer(t *testing.T) {
 	var wantPolicy, wantLimit []string
 	for i := range 6 {
 		name := "zone-with-a-long-name-" + strconv.Itoa(i)
-		verdicts = append(verdicts, verdict{z: &zone{name: name, policy: policyItem(name, 100, time.Minute)}, d: limiter.Decision{Remaining: int64(i), Reset: time.Second}})
+		verdicts = append(verdicts, verdict{z: &zone{name: name, policy: policyItem(name, limiter.Limit{Events: 100, Window: time.Minute})}, d: limiter.Decision{Remaining: int64(i), Reset: time.Second}})
 		wantPolicy = append(wantPolicy, `"`+name+`";q=100;w=60`)
 		wantLimit = append(wantLimit, `"`+name+`";r=`+strconv.Itoa(i)+`;t=1`)
 	}
@@ -564,7 +588,7 @@ func TestCompiledKeysHashWhatTheReplacerExpands(t *testing.T) {
 func TestHugeKeysAreNotCopied(t *testing.T) {
 	for _, tmpl := range []string{"{http.request.header.X-Key}", "{http.request.header.X-Key}-{http.request.method}"} {
 		h := newTestHandler(t, nil, map[string]*Zone{
-			"huge_" + strconv.Itoa(len(tmpl)): {Key: tmpl, Limit: zoneconf.Limit{MaxEvents: 1 << 20, Window: caddy.Duration(time.Millisecond), Memory: 4096}},
+			"huge_" + strconv.Itoa(len(tmpl)): {Key: tmpl, Limit: zoneconf.Limit{MaxEvents: zoneconf.MaxPerSecond, Window: caddy.Duration(time.Second), Memory: 4096}},
 		})
 		h.DisableHeaders = true
 		r := httptest.NewRequest(http.MethodGet, "/", nil)

@@ -34,9 +34,9 @@ type responseHeaders struct {
 //	RateLimit-Policy: "api";q=100;w=60
 //	RateLimit: "api";r=42;t=18
 //
-// q is the zone's burst and w its window in seconds, rounded up; r is what
-// the key may still take now, rounded down, and t the seconds until its
-// bucket is full again, rounded up. Zone names are restricted
+// q and w are the zone's burst and the seconds its bucket takes to refill
+// (see policyItem); r is what the key may still take now, rounded down, and
+// t the seconds until its bucket is full again, rounded up. Zone names are restricted
 // (validZoneName) so that they need no escaping in a quoted string.
 func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 	if len(verdicts) == 1 {

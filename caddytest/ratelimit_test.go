@@ -277,7 +277,7 @@ func TestRateLimitHeaders(t *testing.T) {
 	checkRateLimit(t, "/one", resp, time.Since(start), rateLimitWant{"hdr_one", 3, 15 * time.Second})
 
 	_, _, resp = get(t, tc, "/two")
-	if got, want := resp.Header.Get("RateLimit-Policy"), `"hdr_a";q=4;w=3600, "hdr_b";q=2;w=3600`; got != want {
+	if got, want := resp.Header.Get("RateLimit-Policy"), `"hdr_a";q=4;w=3600, "hdr_b";q=2;w=720`; got != want {
 		t.Errorf("/two RateLimit-Policy = %q, want %q", got, want)
 	}
 	checkRateLimit(t, "/two", resp, time.Since(start),
