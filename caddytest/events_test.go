@@ -4,12 +4,12 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/floodgate-rl/floodgate/caddytest/internal/inprocess"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 func TestDenialEmitsRateLimitExceededEvent(t *testing.T) {
 	tc := newTester(t)
-	inprocess.Events() // forget earlier events
+	testcaddy.Events()
 	tc.InitServer(`{
 	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
 	  "apps": {
@@ -21,7 +21,7 @@ func TestDenialEmitsRateLimitExceededEvent(t *testing.T) {
 	if got := codes(t, tc, 3, "/", "X-User: alice"); got != "200 429 429" {
 		t.Fatalf("requests: %s", got)
 	}
-	events := inprocess.Events()
+	events := testcaddy.Events()
 	if len(events) != 2 {
 		t.Fatalf("%d events, want 2 (one per denial): %v", len(events), events)
 	}

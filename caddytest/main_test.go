@@ -15,14 +15,12 @@
 // After a config load, the next request must reach the new config, on a new
 // connection: every client of this process opens a connection per request
 // (TestMain), and every load waits until the old config's sockets are closed
-// (inprocess.Settle).
+// (testcaddy.Settle).
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/http"
@@ -36,7 +34,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	_ "github.com/floodgate-rl/floodgate"
-	"github.com/floodgate-rl/floodgate/caddytest/internal/inprocess"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 const (
@@ -144,16 +143,7 @@ func get(t *testing.T, tc *tester, path string, headers ...string) (int, string,
 
 func do(t *testing.T, c *http.Client, req *http.Request) (int, string, *http.Response) {
 	t.Helper()
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body), resp
+	return testcaddy.Do(t, c, req)
 }
 
 // codes sends n GETs and returns their status codes, e.g. "200 200 429".
@@ -168,31 +158,11 @@ func codes(t *testing.T, tc *tester, n int, path string, headers ...string) stri
 }
 
 // load posts a config to the admin endpoint, waits until the config that
-// serves afterwards is the only one listening (inprocess.Settle), and
-// returns the error Caddy reports, if any.
+// serves afterwards is the only one listening, and returns the error Caddy
+// reports, if any.
 func load(t *testing.T, cfg, adapter string) error {
 	t.Helper()
-	ct := "application/json"
-	if adapter == "caddyfile" {
-		ct = "text/caddyfile"
-	}
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, adminURL+"/load", bytes.NewBufferString(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", ct)
-	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	inprocess.Settle(t, adminPort, httpPort, httpsPort)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%d: %s", resp.StatusCode, body)
-	}
-	return nil
+	return testcaddy.Load(t, adminPort, cfg, adapter, adminPort, httpPort, httpsPort)
 }
 
 // checkSeconds parses got, a whole number of seconds that a server computed

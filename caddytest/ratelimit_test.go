@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/floodgate-rl/floodgate/caddytest/internal/inprocess"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 func TestZoneMatcherSelectsRequests(t *testing.T) {
@@ -531,10 +531,10 @@ func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
 		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "header": {"X-User": "probe%d"}},
 		    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
 		      %s, {"handler": "static_response", "body": "bad"}]}]}}}}}`, i, zone(10))
-		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), inprocess.StartFailureError) {
+		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), testcaddy.StartFailureError) {
 			t.Fatalf("loading the config that fails to start: %v, want the test app's error", err)
 		}
-		probe := inprocess.Probed()
+		probe := testcaddy.Probed()
 		if probe.Err != nil {
 			t.Fatalf("attempt %d: probe: %v", i, probe.Err)
 		}

@@ -13,11 +13,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/floodgate-rl/floodgate/caddytest/internal/inprocess"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 func TestEventCarriesZoneClientAndKeyOnlyWithLogKey(t *testing.T) {
-	inprocess.Events() // forget earlier events
+	testcaddy.Events()
 	mustLoadJSON(t, fmt.Sprintf(`{
 	  "admin": {"listen": "localhost:%d", "config": {"persist": false}},
 	  "apps": {
@@ -37,7 +37,7 @@ func TestEventCarriesZoneClientAndKeyOnlyWithLogKey(t *testing.T) {
 			send(t, c, req)
 		}
 	}
-	events := inprocess.Events()
+	events := testcaddy.Events()
 	if len(events) != 2 {
 		t.Fatalf("events: %v, want one per denial", events)
 	}

@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -26,7 +25,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/floodgate-rl/floodgate"
-	"github.com/floodgate-rl/floodgate/caddytest/internal/inprocess"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 const (
@@ -80,27 +80,11 @@ http://:%d {
 `, adminPort, httpPort, httpsPort, extra, httpPort, body)
 }
 
-// load posts a config to the admin endpoint and waits until only the config
-// that serves afterwards listens (inprocess.Settle); the config runs when it
-// returns without error.
+// load posts a config to the admin endpoint; the config alone serves when
+// it returns without error.
 func load(t *testing.T, cfg, adapter string) error {
 	t.Helper()
-	ct := "application/json"
-	if adapter == "caddyfile" {
-		ct = "text/caddyfile"
-	}
-	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", ct)
-	req.Header.Set("Cache-Control", "must-revalidate")
-	code, body := send(t, http.DefaultClient, req)
-	inprocess.Settle(t, adminPort, httpPort, httpsPort)
-	if code != http.StatusOK {
-		return fmt.Errorf("%d: %s", code, body)
-	}
-	return nil
+	return testcaddy.Load(t, adminPort, cfg, adapter, adminPort, httpPort, httpsPort)
 }
 
 // mustLoad loads a Caddyfile.
@@ -119,18 +103,11 @@ func mustLoadJSON(t *testing.T, cfg string) {
 	}
 }
 
+// send sends req with c and returns the answer's status and body.
 func send(t *testing.T, c *http.Client, req *http.Request) (int, string) {
 	t.Helper()
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body)
+	code, body, _ := testcaddy.Do(t, c, req)
+	return code, body
 }
 
 // from returns an HTTP client whose connections to the test site come from
