@@ -151,6 +151,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(h.RateLimits) == 0 && len(h.Zones) == 0 {
 		h.logger.Warn("this rate_limit handler has no zone, so it limits nothing: define one (zone <name> { … }; rate_limits) or name a global one (zone <name>; zones)")
 	}
+	var shared []*zone
 	for _, name := range slices.Sorted(maps.Keys(h.RateLimits)) {
 		z, owned, err := app.inlineZone(ctx, name, h.RateLimits[name])
 		if err != nil {
@@ -158,8 +159,19 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		if owned {
 			h.owned = append(h.owned, z)
+		} else {
+			shared = append(shared, z)
 		}
 		h.zones = append(h.zones, z)
+	}
+	// A zone defined the same way in several places is one zone, made
+	// cluster-wide (or not) where it was first provisioned. A handler that
+	// disagrees would silently get the other handler's choice.
+	for _, z := range shared {
+		if (z.dist != nil) != (h.Distributed != nil) {
+			return fmt.Errorf("zone %q is also defined (the same way) where it is %s, so it is one zone; write the same distributed block wherever it is defined, or define it once in the rate_limit global option",
+				z.name, map[bool]string{true: "distributed", false: "not distributed"}[z.dist != nil])
+		}
 	}
 	if h.Distributed != nil && len(h.owned) > 0 {
 		if err := h.Distributed.Validate(); err != nil {

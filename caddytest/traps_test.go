@@ -139,6 +139,37 @@ http://b.localhost:9480 {
 	}
 }
 
+// TestSharedZoneDistributedInOnePlaceOnlyFails checks that a zone shared by
+// two sites cannot be cluster-wide in one and local in the other: it is one
+// zone, and which of the two it became would depend on load order.
+func TestSharedZoneDistributedInOnePlaceOnlyFails(t *testing.T) {
+	for _, order := range [][2]string{{"distributed", ""}, {"", "distributed"}} {
+		site := func(host, dist string) string {
+			if dist != "" {
+				dist = "distributed"
+			}
+			return fmt.Sprintf(`http://%s.localhost:9480 {
+	rate_limit {
+		zone shared_dist {
+			events 10
+			window 1m
+		}
+		%s
+	}
+	respond "%s"
+}
+`, host, dist, host)
+		}
+		err := validate(t, site("a", order[0])+site("b", order[1]), "caddyfile")
+		if err == nil {
+			t.Fatalf("%q then %q: loaded", order[0], order[1])
+		}
+		if want := `zone "shared_dist" is also defined (the same way) where it is`; !strings.Contains(err.Error(), want) {
+			t.Errorf("%q then %q: error %q does not contain %q", order[0], order[1], err, want)
+		}
+	}
+}
+
 // TestJSONKeyShorthandIsPerClient checks that a Caddyfile shorthand inside a
 // JSON key means what it means in the Caddyfile: "u-{client_ip}" is one
 // bucket per client, not the text "u-" for everyone.
