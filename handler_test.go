@@ -427,6 +427,7 @@ func mustAddr(t *testing.T, s string) netip.Addr {
 // paths a request takes: allowed (with and without response headers, keyed
 // by the client IP, a header or a template) and denied. The replacer and
 // request are reused, as the handler's allocations are what it measures.
+// Requests are a millisecond apart in the handler's time.
 func BenchmarkServeHTTP(b *testing.B) {
 	run := func(b *testing.B, h *Handler, wantErr bool) {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
@@ -435,12 +436,14 @@ func BenchmarkServeHTTP(b *testing.B) {
 		caddyhttp.NewTestReplacer(r)
 		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "192.0.2.1"}))
 		w := httptest.NewRecorder()
-		_ = h.ServeHTTP(w, r, okHandler)
+		now := time.Now()
+		_ = h.serveAt(w, r, okHandler, now)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for b.Loop() {
 			clear(w.HeaderMap)
-			if err := h.ServeHTTP(w, r, okHandler); (err != nil) != wantErr {
+			now = now.Add(time.Millisecond)
+			if err := h.serveAt(w, r, okHandler, now); (err != nil) != wantErr {
 				b.Fatal(err)
 			}
 		}
@@ -448,9 +451,9 @@ func BenchmarkServeHTTP(b *testing.B) {
 	zone := func(key string, events, burst int64, window time.Duration) map[string]*Zone {
 		return map[string]*Zone{"bench" + key: {Key: key, Limit: zoneconf.Limit{MaxEvents: events, Burst: burst, Window: caddy.Duration(window), Memory: 1 << 20}}}
 	}
-	// Refilled faster than a benchmark asks, with a burst (and so a
-	// remaining count) of a realistic size.
-	allowAll := func(key string) map[string]*Zone { return zone(key, 1<<20, 2000, time.Millisecond) }
+	// One token back per request, with a burst (and so a remaining
+	// count) of a realistic size.
+	allowAll := func(key string) map[string]*Zone { return zone(key, 1000, 2000, time.Second) }
 	b.Run("no_zone", func(b *testing.B) {
 		run(b, newTestHandler(b, nil, nil), false)
 	})
@@ -469,7 +472,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 		run(b, newTestHandler(b, nil, allowAll("{http.request.method}-{http.request.uri.path}")), false)
 	})
 	b.Run("denied", func(b *testing.B) {
-		h := newTestHandler(b, nil, zone("{http.vars.client_ip}", 1, 0, time.Hour))
+		h := newTestHandler(b, nil, zone("{http.vars.client_ip}", 1, 0, zoneconf.MaxWindow))
 		// Logging at INFO, as Caddy does by default, to nowhere.
 		h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.InfoLevel))
 		run(b, h, true)
@@ -903,5 +906,23 @@ func TestHandlerAllocations(t *testing.T) {
 				t.Errorf("%v allocations per request, want at most %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// Only text that can be an address is given to netip.ParseAddr (whose error
+// allocates); every address still is.
+func TestIPLike(t *testing.T) {
+	for _, s := range []string{"192.0.2.1", "::1", "2001:db8::1", "::ffff:192.0.2.7", "fe80::1%eth0"} {
+		if !ipLike(s) || !parseIP(s).IsValid() {
+			t.Errorf("%q: not taken for an address", s)
+		}
+	}
+	for _, s := range []string{"", "alice", "deadbeef", "GET-/", "%eth0", "1.2.3.4.example", strings.Repeat("1.", 40)} {
+		if ipLike(s) || parseIP(s).IsValid() {
+			t.Errorf("%q taken for an address", s)
+		}
+	}
+	if a := parseIP("fe80::1%eth0"); a.Zone() != "" {
+		t.Errorf("zone kept: %v", a)
 	}
 }

@@ -15,7 +15,7 @@
 // After a config load, the next request must reach the new config, on a new
 // connection: every client of this process opens a connection per request
 // (TestMain), and every load waits until the old config's sockets are closed
-// (settle).
+// (testcaddy.Settle).
 package integration
 
 import (

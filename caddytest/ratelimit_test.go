@@ -1,15 +1,13 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 func TestZoneMatcherSelectsRequests(t *testing.T) {
@@ -508,54 +506,6 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	}
 }
 
-func init() {
-	caddy.RegisterModule(startFailure{})
-}
-
-// startFailure is an app, for tests only, that fails to start. Before it
-// fails it sends Probe one request with the header X-User: Key and keeps the
-// response's RateLimit header in probed: a new key's remaining count there
-// shows the limit in force at that moment, which is the failing config's if
-// its rate_limit app started first (Caddy starts apps in map order).
-type startFailure struct {
-	Probe string `json:"probe"`
-	Key   string `json:"key"`
-}
-
-var probed struct {
-	sync.Mutex
-	header string
-}
-
-func (startFailure) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "floodgate_test_start_failure",
-		New: func() caddy.Module { return new(startFailure) },
-	}
-}
-
-func (s startFailure) Start() error {
-	header := "no probe"
-	req, err := http.NewRequest(http.MethodGet, s.Probe, nil)
-	if err == nil {
-		req.Header.Set("X-User", s.Key)
-		var resp *http.Response
-		if resp, err = (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil {
-			header = resp.Header.Get("RateLimit")
-			resp.Body.Close()
-		}
-	}
-	if err != nil {
-		header = err.Error()
-	}
-	probed.Lock()
-	probed.header = header
-	probed.Unlock()
-	return errors.New("fails to start, as this test app always does")
-}
-
-func (startFailure) Stop() error { return nil }
-
 // A reload that fails to start after its rate_limit app has put a raised
 // limit in force puts the previous limit back.
 func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
@@ -578,15 +528,17 @@ func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
 		bad := fmt.Sprintf(`{
 		  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
 		  "apps": {
-		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "key": "probe%d"},
+		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "header": {"X-User": "probe%d"}},
 		    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
 		      %s, {"handler": "static_response", "body": "bad"}]}]}}}}}`, i, zone(10))
-		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "fails to start, as this test app always does") {
+		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), testcaddy.StartFailureError) {
 			t.Fatalf("loading the config that fails to start: %v, want the test app's error", err)
 		}
-		probed.Lock()
-		header := probed.header
-		probed.Unlock()
+		probe := testcaddy.Probed()
+		if probe.Err != nil {
+			t.Fatalf("attempt %d: probe: %v", i, probe.Err)
+		}
+		header := probe.Header.Get("RateLimit")
 		// A new key after one request has 9 left at 10 per hour, 2 at 3.
 		zone, r, _ := parseRateLimitItem(header)
 		if zone == "undo_start" && r == "9" {

@@ -2,13 +2,13 @@ package ops
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // twoZones has a global zone keyed by client IP in /24 networks and an
@@ -270,29 +270,40 @@ func TestTopShowsTheFloodFirst(t *testing.T) {
 
 func TestFailedStartKeepsThePreviousZonesListed(t *testing.T) {
 	mustLoad(t, twoZones("kept"))
-	taken, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", takenPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	// The new config's rate_limit app may start before its http app fails
-	// (apps start in map order): try a few times.
+	// The new config's rate_limit app lists its zone kept_new once it has
+	// started; then its start fails. Whether the rate_limit app starts
+	// before the failing app is up to Caddy's map order, so load it until
+	// the failing app's probe of the admin API saw kept_new listed: then
+	// only the undo can list the running config's zones again.
 	bad := fmt.Sprintf(`{
-	  "admin": {"listen": "localhost:%d", "config": {"persist": false}},
-	  "apps": {"http": {"servers": {
-	    "srv0": {"listen": [":%d"], "routes": [{"handle": [
+	  "admin": {"listen": "localhost:%[1]d", "config": {"persist": false}},
+	  "apps": {
+	    "floodgate_test_start_failure": {"probe": "http://localhost:%[1]d/rate_limit/zones"},
+	    "http": {"servers": {"srv0": {"listen": [":%[2]d"], "routes": [{"handle": [
 	      {"handler": "rate_limit", "rate_limits": {"kept_new": {"max_events": 1, "window": "1h"}}},
-	      {"handler": "static_response", "body": "bad"}]}]},
-	    "taken": {"listen": ["127.0.0.1:%d"], "routes": [{"handle": [{"handler": "static_response", "body": "never"}]}]}
-	  }}}}`, adminPort, httpPort, takenPort)
-	for range 6 {
-		if err := load(t, bad, "json"); err == nil {
-			t.Fatal("a config with a taken port loaded")
+	      {"handler": "static_response", "body": "bad"}]}]}}}}}`, adminPort, httpPort)
+	for i := 1; ; i++ {
+		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), testcaddy.StartFailureError) {
+			t.Fatalf("loading the config that fails to start: %v, want the test app's error", err)
 		}
 		var zs []floodgate.ZoneInfo
 		adminJSON(t, http.MethodGet, "/rate_limit/zones", &zs)
 		if len(zs) != 2 || zs[0].Name != "kept_ip" || zs[1].Name != "kept_user" {
 			t.Fatalf("after a failed start: %+v, want the running config's kept_ip and kept_user", zs)
+		}
+		p := testcaddy.Probed()
+		if p.Err != nil {
+			t.Fatalf("attempt %d: probe: %v", i, p.Err)
+		}
+		if strings.Contains(p.Body, `"kept_new"`) {
+			t.Logf("kept_new was listed while the config was failing, at attempt %d", i)
+			break
+		}
+		if !strings.Contains(p.Body, `"kept_ip"`) {
+			t.Fatalf("attempt %d: the probe saw %s, want kept_ip (not started yet) or kept_new", i, p.Body)
+		}
+		if i == 100 {
+			t.Fatal("in 100 loads, the rate_limit app never started before the failing app")
 		}
 	}
 	// A config without any zone: the API lists none.

@@ -2,10 +2,10 @@
 // admin API, the `caddy rate-limit` command, metrics across reloads, events
 // and the denial logs that fail2ban and CrowdSec read.
 //
-// Ports: admin localhost:2439, HTTP 9490, HTTPS 9491, and 9492 (taken on
-// purpose by a test). Tests must not call t.Parallel: each config load
-// replaces the one Caddy's config. Zone names are unique per test, because
-// a zone's state and counts deliberately survive config loads.
+// Ports: admin localhost:2439, HTTP 9490, HTTPS 9491. Tests must not call
+// t.Parallel: each config load replaces the one Caddy's config. Zone names
+// are unique per test, because a zone's state and counts deliberately
+// survive config loads.
 package ops
 
 import (
@@ -33,7 +33,6 @@ const (
 	adminPort = 2439
 	httpPort  = 9490
 	httpsPort = 9491
-	takenPort = 9492
 )
 
 var adminURL = fmt.Sprintf("http://localhost:%d", adminPort)

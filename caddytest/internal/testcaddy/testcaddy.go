@@ -1,6 +1,8 @@
 // Package testcaddy holds what floodgate's integration test packages share
-// about the in-process Caddy they load configs into: waiting until a load has
-// settled, and an events handler that records events.
+// about the in-process Caddy they load configs into: loading a config and
+// waiting until only the new config listens (Load, Settle), an events
+// handler that records what it is given (Events), and an app that fails to
+// start (StartFailure). Only tests import it.
 package testcaddy
 
 import (
