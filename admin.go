@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/storage"
 )
 
 func init() {
@@ -160,6 +161,18 @@ type ZoneInfo struct {
 	// FalseDeny is the estimated probability that a key never seen before
 	// is denied now.
 	FalseDeny float64 `json:"false_deny"`
+	// Cluster is the sync state of a distributed zone.
+	Cluster *ClusterInfo `json:"cluster,omitempty"`
+}
+
+// ClusterInfo is a distributed zone's sync through storage: its failures
+// by operation since the process started, and the entries it skipped
+// (storage entries under the zone that are not its snapshots).
+type ClusterInfo struct {
+	ReadErrors    uint64 `json:"read_errors"`
+	WriteErrors   uint64 `json:"write_errors"`
+	RestoreErrors uint64 `json:"restore_errors"`
+	Skipped       uint64 `json:"skipped"`
 }
 
 // PolicyInfo is one of a zone's limits.
@@ -213,6 +226,15 @@ func (z *zone) info(now time.Time) ZoneInfo {
 	if c.layer4.Load() {
 		zi.Connections = &Connections{Allowed: c.connections[outcomeAllowed].Load(), Denied: c.connections[outcomeDenied].Load()}
 	}
+	if z.dist != nil {
+		cl := z.dist.cluster
+		zi.Cluster = &ClusterInfo{
+			ReadErrors:    cl.Failed(storage.OpRead),
+			WriteErrors:   cl.Failed(storage.OpWrite),
+			RestoreErrors: cl.Failed(storage.OpRestore),
+			Skipped:       cl.Skipped(),
+		}
+	}
 	return zi
 }
 
@@ -229,12 +251,15 @@ type KeyInfo struct {
 }
 
 // KeyPolicy is a key's state in one of a zone's limits, as the RateLimit
-// header would give it; times are whole seconds, rounded up.
+// header would give it; times are whole seconds, rounded up. Policy is
+// "bucket" (this instance's token bucket) or "cluster" (a distributed
+// zone's estimate across instances).
 type KeyPolicy struct {
-	Limit      int64 `json:"limit"`
-	Remaining  int64 `json:"remaining"`
-	RetryAfter int64 `json:"retry_after"`
-	Reset      int64 `json:"reset"`
+	Policy     string `json:"policy"`
+	Limit      int64  `json:"limit"`
+	Remaining  int64  `json:"remaining"`
+	RetryAfter int64  `json:"retry_after"`
+	Reset      int64  `json:"reset"`
 }
 
 // TopInfo is a zone's most denied sources.
@@ -316,22 +341,31 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	c := z.chargeOf(r.PathValue("key"))
-	h := c.hash
+	now := time.Now()
 	if r.Method == http.MethodDelete {
-		z.buckets.Fill(h)
+		// A distributed zone's cluster estimate is not reset: it counts
+		// what every instance granted in the window.
+		z.buckets.Fill(c.hash)
 	}
-	d := z.buckets.PeekHash(h, 1, time.Now())
-	return writeJSON(w, KeyInfo{
-		Zone:    z.name,
-		Source:  z.source(c),
-		Allowed: d.Allowed,
-		Policies: []KeyPolicy{{
-			Limit:      d.Limit,
-			Remaining:  max(d.Remaining, 0),
-			RetryAfter: ceilSeconds(d.RetryAfter),
-			Reset:      ceilSeconds(d.Reset),
-		}},
-	})
+	policies := []KeyPolicy{keyPolicy("bucket", z.buckets.PeekHash(c.hash, 1, now))}
+	if z.dist != nil {
+		policies = append(policies, keyPolicy("cluster", z.dist.cluster.PeekHash(c.hash, 1, now)))
+	}
+	allowed := true
+	for _, p := range policies {
+		allowed = allowed && p.RetryAfter == 0
+	}
+	return writeJSON(w, KeyInfo{Zone: z.name, Source: z.source(c), Allowed: allowed, Policies: policies})
+}
+
+func keyPolicy(name string, d limiter.Decision) KeyPolicy {
+	return KeyPolicy{
+		Policy:     name,
+		Limit:      d.Limit,
+		Remaining:  max(d.Remaining, 0),
+		RetryAfter: ceilSeconds(d.RetryAfter),
+		Reset:      ceilSeconds(d.Reset),
+	}
 }
 
 // liveZone returns the running zone named in r's path, or a 404.
