@@ -1,6 +1,7 @@
 package floodgate
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/weight"
 )
 
 // Handler limits the rate of requests. Each request is checked against every
@@ -77,11 +79,20 @@ type Handler struct {
 	// headers. Retry-After is always sent on a denial.
 	DisableHeaders bool `json:"disable_headers,omitempty"`
 
+	// Weight is what a request through this handler costs in every zone it
+	// charges, unless the zone's own weights price it: a whole number of at
+	// least 1 (JSON number), or a string with a placeholder. It gives routes
+	// different costs on a shared zone. Default 1. A fixed weight above what
+	// a zone can grant fails at load.
+	Weight weight.Value `json:"weight,omitzero"`
+
 	zones  []*zone // inline zones by name, then referenced global zones
 	owned  []*zone // inline zones, released at Cleanup
 	ctx    caddy.Context
 	logger *zap.Logger
 	events *caddyevents.App
+	// sleep holds a delayed request; tests replace it to drive time.
+	sleep func(context.Context, time.Duration) error
 }
 
 // Distributed configures cluster-wide limiting through storage. It is parsed
@@ -152,6 +163,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 	}
+	for _, z := range h.zones {
+		if err := z.checkHandlerWeight(h.Weight); err != nil {
+			return err
+		}
+	}
+	h.sleep = sleep
 	return nil
 }
 
@@ -188,10 +205,21 @@ func (h *Handler) Cleanup() error {
 
 // verdict is one zone's answer to one request.
 type verdict struct {
-	z    *zone
-	d    limiter.Decision
+	z *zone
+	// d is the zone's answer: its rate's and quotas' combined (combine).
+	d limiter.Decision
+	// rate and q are the answers of the zone's rate and of each quota.
+	rate limiter.Decision
+	q    []limiter.Decision
 	hash uint64
 	key  string
+	// keyName is the key as configured that gave key, "" for none.
+	keyName string
+	weight  int64
+	// logged: a zone with action log would have denied the request.
+	// delayed: a zone with action delay held it; debt is its charge.
+	logged, delayed bool
+	debt            limiter.Reservation
 }
 
 // maxInlineVerdicts is how many zones a request can apply without the
@@ -210,6 +238,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	var txn limiter.Txn
 	var buf [maxInlineVerdicts]verdict
 	verdicts := buf[:0]
+	var qbuf [maxInlineVerdicts]limiter.Decision
+	quotas := qbuf[:0]
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -220,33 +250,44 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		hash, key := z.key(r, repl)
-		verdicts = append(verdicts, verdict{z: z, d: txn.Take(z.buckets, hash, 1), hash: hash, key: key})
+		v := verdict{z: z}
+		v.hash, v.key, v.keyName = z.key(r, repl)
+		wt, err := z.weightOf(r, repl, h.Weight)
+		if err != nil {
+			txn.Rollback()
+			return err
+		}
+		v.weight = wt
+		quotas = z.reserveQuotas(&v, quotas)
+		if z.action != actionLog {
+			z.take(&txn, &v)
+		}
+		verdicts = append(verdicts, v)
 	}
 	if len(verdicts) == 0 {
 		return next.ServeHTTP(w, r)
 	}
 	denied := txn.Denied()
 	if denied {
-		// Zones that granted before the denial have been refunded: ask
-		// them again for what the key holds now.
+		held, err := h.delay(r, verdicts)
+		if err != nil {
+			return err
+		}
+		denied = !held
+		// Zones that granted before the denial have been refunded, and
+		// a held request waited: ask them again what the key holds now.
 		for i := range verdicts {
-			if v := &verdicts[i]; v.d.Allowed {
-				v.d = v.z.buckets.PeekHash(v.hash, 1)
+			if v := &verdicts[i]; v.z.action != actionLog {
+				v.z.peek(v, held)
+				if held {
+					v.d.Allowed, v.d.RetryAfter = true, 0
+				}
 			}
 		}
 	}
+	logged := h.dryRun(verdicts, denied)
 	if !h.DisableMetrics {
-		// A zone counts a request denied if it would deny it, allowed if
-		// the request went through; a zone that granted a request another
-		// zone denied counts nothing, as it was charged nothing.
-		for i := range verdicts {
-			if verdicts[i].d.Allowed && !denied {
-				verdicts[i].z.allowed.Inc()
-			} else if !verdicts[i].d.Allowed {
-				verdicts[i].z.denied.Inc()
-			}
-		}
+		count(verdicts, denied)
 	}
 	if !h.DisableHeaders {
 		setHeaders(w.Header(), verdicts)
@@ -256,29 +297,42 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl.Set("http.rate_limit.zone", v.z.nameValue)
 	repl.Set("http.rate_limit.limit", v.z.burstValue)
 	repl.Set("http.rate_limit.remaining", v.d.Remaining)
+	repl.Set("http.rate_limit.key_name", v.keyName)
 	if h.LogKey {
 		repl.Set("http.rate_limit.key", v.key)
 	} else {
 		repl.Set("http.rate_limit.key", "")
 	}
 	if !denied {
+		if logged {
+			return h.passLogged(w, r, repl, verdicts, main, next)
+		}
 		repl.Set("http.rate_limit.retry_after", 0)
-		return next.ServeHTTP(w, r)
+		return h.serveCharged(w, r, verdicts, next)
 	}
 	return h.deny(w, r, repl, verdicts, main)
 }
 
-// deciding picks the verdict that describes the request: the first denial,
-// or if none, the zone with the fewest requests left.
+// deciding picks the verdict that describes the request: the first denial
+// (by a zone with action log, if the request passed), or if none, the zone
+// with the fewest requests left.
 func deciding(verdicts []verdict) int {
-	best := 0
+	best, logged := 0, -1
 	for i, v := range verdicts {
 		if !v.d.Allowed {
-			return i
+			if v.z.action != actionLog {
+				return i
+			}
+			if logged < 0 {
+				logged = i
+			}
 		}
 		if v.d.Remaining < verdicts[best].d.Remaining {
 			best = i
 		}
+	}
+	if logged >= 0 {
+		return logged
 	}
 	return best
 }
@@ -286,24 +340,8 @@ func deciding(verdicts []verdict) int {
 // deny answers a request that some zone denied: Retry-After, a log line, an
 // event, and the 429 error, returned unwrapped so handle_errors sees it.
 func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, verdicts []verdict, main int) error {
-	// The request passes when every zone allows it: wait for the slowest.
-	var wait time.Duration
-	for _, v := range verdicts {
-		if !v.d.Allowed {
-			wait = max(wait, v.d.RetryAfter)
-		}
-	}
-	if h.Jitter > 0 && wait < limiter.Never {
-		extra := time.Duration(float64(wait) * h.Jitter * rand.Float64())
-		if extra > 0 && wait <= limiter.Never-extra {
-			wait += extra
-		}
-	}
-	secs := max(ceilSeconds(wait), 1)
-	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	wait, _ := h.retryAfter(w, repl, verdicts, main, true)
 	zoneName := verdicts[main].z.name
-	repl.Set("http.rate_limit.exceeded.name", zoneName)
-	repl.Set("http.rate_limit.retry_after", secs)
 
 	ip := clientIP(r)
 	if ce := h.logger.Check(zap.InfoLevel, "rate limit exceeded"); ce != nil {
@@ -325,6 +363,30 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Repla
 		h.events.Emit(h.ctx, "rate_limit_exceeded", data)
 	}
 	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", zoneName))
+}
+
+// retryAfter sets Retry-After and the placeholders of a denial, and returns
+// the wait and its seconds. The request passes when every zone allows it:
+// the wait is the slowest of the zones that deny it, counting only zones
+// that enforce (enforcing) or only zones with action log (not enforcing).
+func (h *Handler) retryAfter(w http.ResponseWriter, repl *caddy.Replacer, verdicts []verdict, main int, enforcing bool) (time.Duration, int64) {
+	var wait time.Duration
+	for _, v := range verdicts {
+		if !v.d.Allowed && (v.z.action != actionLog) == enforcing {
+			wait = max(wait, v.d.RetryAfter)
+		}
+	}
+	if h.Jitter > 0 && wait < limiter.Never {
+		extra := time.Duration(float64(wait) * h.Jitter * rand.Float64())
+		if extra > 0 && wait <= limiter.Never-extra {
+			wait += extra
+		}
+	}
+	secs := max(ceilSeconds(wait), 1)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	repl.Set("http.rate_limit.exceeded.name", verdicts[main].z.nameValue)
+	repl.Set("http.rate_limit.retry_after", secs)
+	return wait, secs
 }
 
 // Interface guards

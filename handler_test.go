@@ -215,7 +215,7 @@ func TestHeaderFormat(t *testing.T) {
 	a := &zone{name: "api", policy: policyItem("api", 100, time.Minute)}
 	b := &zone{name: "daily", policy: policyItem("daily", 1000, 1500*time.Millisecond)}
 	hdr := http.Header{}
-	setHeaders(hdr, []verdict{{z: a, d: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}})
+	setHeaders(hdr, []verdict{{z: a, rate: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}})
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60`; got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)
 	}
@@ -223,8 +223,8 @@ func TestHeaderFormat(t *testing.T) {
 		t.Errorf("RateLimit %q, want %q", got, want)
 	}
 	setHeaders(hdr, []verdict{
-		{z: a, d: limiter.Decision{Remaining: 0, Reset: time.Minute}},
-		{z: b, d: limiter.Decision{Remaining: -1, Reset: 0}},
+		{z: a, rate: limiter.Decision{Remaining: 0, Reset: time.Minute}},
+		{z: b, rate: limiter.Decision{Remaining: -1, Reset: 0}},
 	})
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60, "daily";q=1000;w=2`; got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)
@@ -278,7 +278,7 @@ func keyOf(z *zone, remote, clientIPVar string, headers map[string]string) uint6
 	if clientIPVar != "" {
 		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: clientIPVar}))
 	}
-	h, _ := z.key(r, caddyhttp.NewTestReplacer(r))
+	h, _, _ := z.key(r, caddyhttp.NewTestReplacer(r))
 	return h
 }
 

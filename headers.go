@@ -22,10 +22,11 @@ const (
 //
 // q is the zone's burst and w its window in seconds; r is what the key may
 // still take now and t the seconds until its bucket is full again, both
-// rounded up. Zone names are restricted (validZoneName) so that they need no
+// rounded up. Each quota of a zone is an item of its own, named after the
+// zone and its window (quotaName). Zone names are restricted (validZoneName) so that they need no
 // escaping in a quoted string.
 func setHeaders(hdr http.Header, verdicts []verdict) {
-	if len(verdicts) == 1 {
+	if len(verdicts) == 1 && len(verdicts[0].q) == 0 {
 		hdr[policyField] = []string{verdicts[0].z.policy}
 	} else {
 		var p strings.Builder
@@ -34,6 +35,10 @@ func setHeaders(hdr http.Header, verdicts []verdict) {
 				p.WriteString(", ")
 			}
 			p.WriteString(v.z.policy)
+			for _, q := range v.z.quotaPolicies {
+				p.WriteString(", ")
+				p.WriteString(q)
+			}
 		}
 		hdr[policyField] = []string{p.String()}
 	}
@@ -43,7 +48,11 @@ func setHeaders(hdr http.Header, verdicts []verdict) {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = appendLimitItem(b, v.z.name, v.d.Remaining, ceilSeconds(v.d.Reset))
+		b = appendLimitItem(b, v.z.name, v.rate.Remaining, ceilSeconds(v.rate.Reset))
+		for j, q := range v.q {
+			b = append(b, ", "...)
+			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(q.Reset))
+		}
 	}
 	hdr[limitField] = []string{string(b)}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -46,6 +47,38 @@ type Zone struct {
 	// address), ipv6_prefix (default 64: the smallest network a client
 	// usually gets), memory, sources and false_deny.
 	zoneconf.Limit
+
+	// Weights set what a request costs in this zone, in tokens. The rules
+	// are tried in order; the first whose matchers match (a rule without
+	// matchers always does) gives the weight. Default: the handler's
+	// weight, else 1. See WeightRule.
+	Weights []*WeightRule `json:"weights,omitempty"`
+
+	// WeightResponseHeader names a response header whose value (a whole
+	// number) the request costs, charged when the response is written on
+	// top of what was charged at arrival. See "Weights" in the README.
+	WeightResponseHeader string `json:"weight_response_header,omitempty"`
+
+	// WeightResponseBytes charges the size of the response body, counted
+	// as it is written and charged when the handler returns; the zone's
+	// unit is then the byte (RateLimit-Policy says qu="content-bytes").
+	WeightResponseBytes bool `json:"weight_response_bytes,omitempty"`
+
+	// Quotas are rolling limits beside the rate: at most max_events in
+	// any window of that length. A request is charged to the rate and
+	// every quota only if all of them allow it. At most 4 per zone.
+	Quotas []Quota `json:"quotas,omitempty"`
+
+	// Action is what happens to a request this zone would deny: "deny"
+	// (default, a 429), "log" (a dry run: it passes, charging nothing, but
+	// is logged, counted and given the headers and placeholders of a
+	// denial) or "delay" (held until its tokens return, up to max_delay).
+	Action string `json:"action,omitempty"`
+
+	// MaxDelay is the longest a request is held with action "delay";
+	// required with it, positive. A request that would wait longer is
+	// denied at once.
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 }
 
 const (
@@ -59,7 +92,17 @@ func (z *Zone) Validate(name string) error {
 	if err := validZoneName(name); err != nil {
 		return err
 	}
-	return z.Limit.Validate(fmt.Sprintf("zone %q: ", name))
+	where := fmt.Sprintf("zone %q: ", name)
+	if err := z.Limit.Validate(where); err != nil {
+		return err
+	}
+	if err := z.validateQuotas(where); err != nil {
+		return err
+	}
+	if err := z.validateWeights(where); err != nil {
+		return err
+	}
+	return z.validateAction(where)
 }
 
 // validZoneName accepts names that can be written in a header's quoted
@@ -92,16 +135,18 @@ const (
 type keySpec struct {
 	kind     keyKind
 	template string
+	// name is the key as configured, for the key_name placeholder.
+	name string
 }
 
 func parseKeySpec(s string) keySpec {
 	switch s {
 	case "{http.vars.client_ip}", "{client_ip}":
-		return keySpec{kind: keyClientIP}
+		return keySpec{kind: keyClientIP, name: s}
 	case "{http.request.remote.host}", "{remote_host}":
-		return keySpec{kind: keyRemoteIP}
+		return keySpec{kind: keyRemoteIP, name: s}
 	}
-	return keySpec{kind: keyTemplate, template: s}
+	return keySpec{kind: keyTemplate, template: s, name: s}
 }
 
 // zone is a Zone provisioned for one config: its matchers, its parsed keys and
@@ -122,8 +167,34 @@ type zone struct {
 	buckets    *limiter.Buckets // table.buckets
 	// policy is the zone's RateLimit-Policy item: `"name";q=<burst>;w=<s>`.
 	policy string
-	// allowed and denied count the zone's requests.
-	allowed, denied counter
+	// allowed, denied, logged and delayed count the zone's requests.
+	allowed, denied, logged, delayed counter
+
+	// costs are the zone's weight rules; pricesAll is set if one of them
+	// matches every request. grantable is the largest weight the zone can
+	// ever grant.
+	costs     []costRule
+	pricesAll bool
+	grantable int64
+	// afterHeader or afterBytes: the cost reported by the response.
+	afterHeader string
+	afterBytes  bool
+	// unit is the RateLimit-Policy parameter naming the zone's unit, if
+	// not requests.
+	unit string
+
+	// quotas are the zone's rolling quotas, skeys their pool keys,
+	// quotaNames their names in the RateLimit headers and quotaPolicies
+	// their RateLimit-Policy items.
+	quotas        []*limiter.Sketch
+	skeys         []sketchKey
+	quotaNames    []string
+	quotaPolicies []string
+
+	action   action
+	maxDelay time.Duration
+	// held counts the requests the zone holds now (action delay).
+	held atomic.Int64
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -152,34 +223,52 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 			return nil, fmt.Errorf("zone %q: %v", name, err)
 		}
 	}
+	if err := z.provisionCosts(ctx, zc); err != nil {
+		return nil, err
+	}
+	if z.afterBytes {
+		z.unit = `;qu="content-bytes"`
+	}
+	z.action, z.maxDelay = parseAction(zc.Action), time.Duration(zc.MaxDelay)
 	burst := z.limit.Burst
 	if burst == 0 {
 		burst = z.limit.Events
 	}
 	z.burstValue = burst
-	z.policy = policyItem(name, burst, z.limit.Window)
+	z.policy = policyItem(name, burst, z.limit.Window) + z.unit
 	z.allowed = requests.WithLabelValues(name, "allowed")
 	z.denied = requests.WithLabelValues(name, "denied")
+	z.logged = requests.WithLabelValues(name, "logged")
+	z.delayed = requests.WithLabelValues(name, "delayed")
+	if err := z.provisionQuotas(zc); err != nil {
+		z.releaseQuotas()
+		return nil, err
+	}
 	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK}
 	t, err := acquireTable(z.tkey, zc.Buckets())
 	if err != nil {
+		z.releaseQuotas()
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}
 	z.table, z.buckets = t, t.buckets
 	return z, nil
 }
 
-// release gives back the zone's reference to its table.
-func (z *zone) release() { releaseTable(z.tkey) }
+// release gives back the zone's references to its table and sketches.
+func (z *zone) release() {
+	releaseTable(z.tkey)
+	z.releaseQuotas()
+}
 
-// key returns the hash of the request's key for this zone, and the key as
-// text (for logs with log_key).
+// key returns the hash of the request's key for this zone, the key as text
+// (for logs with log_key), and which configured key gave it ("" if none
+// did).
 //
 // The first key that is not empty wins. An IP address (from the client IP
 // fast path or from a template that expands to one) is masked to the zone's
 // prefixes; anything else is hashed as bytes. With every key empty the result
 // is the hash of the empty key, one bucket shared by all such requests.
-func (z *zone) key(r *http.Request, repl *caddy.Replacer) (uint64, string) {
+func (z *zone) key(r *http.Request, repl *caddy.Replacer) (uint64, string, string) {
 	for _, k := range z.keys {
 		var s string
 		switch k.kind {
@@ -193,9 +282,9 @@ func (z *zone) key(r *http.Request, repl *caddy.Replacer) (uint64, string) {
 		if s == "" {
 			continue
 		}
-		return z.hash(s), s
+		return z.hash(s), s, k.name
 	}
-	return limiter.Hash(nil), ""
+	return limiter.Hash(nil), "", ""
 }
 
 // hash hashes a non-empty key, grouping IP addresses by network.

@@ -63,12 +63,12 @@ func (v Value) String() string {
 	return strconv.FormatInt(v.n, 10)
 }
 
-// CheckFixed reports an error, naming the weight and the limit, if v is a
-// number above limit: a request of that weight could never be granted.
-// Templates are checked for each request, by Resolve.
-func (v Value) CheckFixed(limit int64, of string) error {
+// CheckFixed reports an error if v is a number above limit, the most that
+// who (e.g. "the zone") can grant: a request of that weight could never
+// pass. Templates are checked for each request, by Resolve.
+func (v Value) CheckFixed(limit int64, who string) error {
 	if v.n > limit {
-		return fmt.Errorf("weight %d: above %s %d, so such a request could never pass", v.n, of, limit)
+		return fmt.Errorf("weight %d: above %d, the most %s can grant: such a request could never pass", v.n, limit, who)
 	}
 	return nil
 }

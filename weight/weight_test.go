@@ -77,14 +77,14 @@ func TestResolveNeverGivesAFreePass(t *testing.T) {
 }
 
 func TestCheckFixed(t *testing.T) {
-	if err := Static(6).CheckFixed(5, "the burst"); err == nil || err.Error() != "weight 6: above the burst 5, so such a request could never pass" {
+	if err := Static(6).CheckFixed(5, "the zone"); err == nil || err.Error() != "weight 6: above 5, the most the zone can grant: such a request could never pass" {
 		t.Errorf("weight 6 with burst 5: %v", err)
 	}
-	if err := Static(5).CheckFixed(5, "the burst"); err != nil {
+	if err := Static(5).CheckFixed(5, "the zone"); err != nil {
 		t.Errorf("weight 5 with burst 5: %v", err)
 	}
 	v, _ := Parse("{cost}")
-	if err := v.CheckFixed(1, "the burst"); err != nil {
+	if err := v.CheckFixed(1, "the zone"); err != nil {
 		t.Errorf("a template is checked per request, not at load: %v", err)
 	}
 }
