@@ -123,15 +123,13 @@ func (z *zone) releaseQuotas() {
 	}
 }
 
-// quotaName names a quota in the RateLimit headers: the zone and the window,
-// e.g. "api/1h" or "api/90s".
+// quotaName names a quota in the RateLimit headers: the zone and the window
+// in its largest whole unit up to hours, e.g. "api/24h" or "api/90s".
 func quotaName(zone string, w time.Duration) string {
 	s := int64(w / time.Second)
 	switch {
 	case w%time.Second != 0:
 		return zone + "/" + strconv.FormatInt(int64(w/time.Millisecond), 10) + "ms"
-	case s%86400 == 0:
-		return zone + "/" + strconv.FormatInt(s/86400, 10) + "d"
 	case s%3600 == 0:
 		return zone + "/" + strconv.FormatInt(s/3600, 10) + "h"
 	case s%60 == 0:
@@ -170,7 +168,14 @@ func (z *zone) peek(v *verdict, all bool) {
 	}
 	for i, s := range z.quotas {
 		if all || v.q[i].Allowed {
-			v.q[i] = s.PeekHash(v.hash, v.weight)
+			// Sketch.PeekHash reports what would remain after the
+			// request, Buckets.PeekHash what remains now; the headers
+			// say what remains now.
+			d := s.PeekHash(v.hash, v.weight)
+			if d.Allowed {
+				d.Remaining = min(d.Remaining+v.weight, d.Limit)
+			}
+			v.q[i] = d
 		}
 	}
 	v.combine()
