@@ -6,9 +6,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
@@ -79,17 +77,17 @@ func sleep(ctx context.Context, d time.Duration) error {
 // later request waits behind this one and held requests never pass faster
 // than the rate; in every other zone and quota, by a normal take. It then
 // waits until its debt is repaid. It returns (false, nil) if the request
-// must be denied after all, having charged nothing; (true, nil) once the
-// request may go on, charged everywhere; and an error if the client went
-// away meanwhile, every charge returned.
-func (h *Handler) delay(r *http.Request, verdicts []verdict) (bool, error) {
+// must be denied after all, having charged nothing; true and the time it
+// waited once the request may go on, charged everywhere; and an error if
+// the client went away meanwhile, every charge returned.
+func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (bool, time.Duration, error) {
 	for i := range verdicts {
 		v := &verdicts[i]
 		if v.z.action == actionLog || v.d.Allowed {
 			continue
 		}
 		if v.z.action != actionDelay || !v.quotasAllowed() || v.rate.RetryAfter > v.z.maxDelay {
-			return false, nil
+			return false, 0, nil
 		}
 	}
 	var txn limiter.Txn
@@ -100,13 +98,14 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict) (bool, error) {
 		if v.z.action == actionLog {
 			continue
 		}
+		held := &v.z.counts.held
 		if v.z.action != actionDelay || v.rate.Allowed {
-			txn.Take(v.z.buckets, v.hash, v.weight)
-		} else if ok = v.z.held.Add(1) <= maxHeld; !ok {
-			v.z.held.Add(-1)
+			txn.Take(v.z.buckets, v.c.hash, v.weight, now)
+		} else if ok = held.Add(1) <= maxHeld; !ok {
+			held.Add(-1)
 			break
 		} else {
-			d, res := v.z.buckets.Charge(v.hash, v.weight)
+			d, res := v.z.buckets.Charge(v.c.hash, v.weight, now)
 			v.delayed, v.debt = true, res
 			if ok = d.Allowed && d.RetryAfter <= v.z.maxDelay; !ok {
 				break
@@ -114,7 +113,7 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict) (bool, error) {
 			wait = max(wait, d.RetryAfter)
 		}
 		for _, s := range v.z.quotas {
-			txn.Take(s, v.hash, v.weight)
+			txn.Take(s, v.c.hash, v.weight, now)
 		}
 	}
 	var err error
@@ -126,25 +125,23 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict) (bool, error) {
 	}
 	if !ok {
 		txn.Rollback()
+		wait = 0
 	}
 	for i := range verdicts {
 		if v := &verdicts[i]; v.delayed {
-			v.z.held.Add(-1)
+			v.z.counts.held.Add(-1)
 			if !ok {
 				v.z.buckets.Refund(v.debt)
 				v.delayed = false
 			}
 		}
 	}
-	if ok {
-		h.logger.Debug("rate limit delayed", zap.Duration("wait", wait), zap.String("client_ip", clientIP(r)))
-	}
-	return ok, err
+	return ok, wait, err
 }
 
 // quotasAllowed reports whether every quota of v's zone allowed the request.
 func (v *verdict) quotasAllowed() bool {
-	for _, q := range v.q {
+	for _, q := range v.quotas() {
 		if !q.Allowed {
 			return false
 		}
@@ -158,7 +155,7 @@ func (v *verdict) quotasAllowed() bool {
 // A request the enforcing zones denied is charged nothing anywhere; the log
 // zones are then only asked what they hold. It reports whether a log zone
 // would have denied the request, and marks its verdict logged.
-func (h *Handler) dryRun(verdicts []verdict, denied bool) bool {
+func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
 	logged := false
 	var txn limiter.Txn
 	for i := range verdicts {
@@ -167,10 +164,10 @@ func (h *Handler) dryRun(verdicts []verdict, denied bool) bool {
 			continue
 		}
 		if denied {
-			v.z.peek(v, true)
+			v.z.peek(v, true, now)
 		} else {
 			txn = limiter.Txn{} // keeps the previous zone's charges
-			v.z.take(&txn, v)
+			v.z.take(&txn, v, now)
 		}
 		if !v.d.Allowed {
 			v.logged, logged = true, true
@@ -179,44 +176,32 @@ func (h *Handler) dryRun(verdicts []verdict, denied bool) bool {
 	return logged
 }
 
-// count adds the request to each zone's metric: allowed where it was
+// count adds the request to each zone's counts: allowed where it was
 // charged, denied where an enforcing zone would deny it, logged where a log
-// zone would, delayed where it was held. A zone that granted a request
-// another zone denied counts nothing, as it was charged nothing.
+// zone would, delayed where it was held; each with the request's weight. A
+// zone that granted a request another zone denied counts nothing, as it was
+// charged nothing.
 func count(verdicts []verdict, denied bool) {
 	for i := range verdicts {
 		v := &verdicts[i]
 		switch {
 		case v.delayed:
-			v.z.delayed.Inc()
+			v.z.counts.count(outcomeDelayed, v.weight)
 		case v.logged:
-			v.z.logged.Inc()
+			v.z.counts.count(outcomeLogged, v.weight)
 		case !v.d.Allowed:
-			v.z.denied.Inc()
+			v.z.counts.count(outcomeDenied, v.weight)
 		case !denied:
-			v.z.allowed.Inc()
+			v.z.counts.count(outcomeAllowed, v.weight)
 		}
 	}
 }
 
 // passLogged lets through a request that a zone with action log would have
-// denied, with what a denial would have set (Retry-After, the placeholders,
-// a log line) for operators to see what enforcing would do.
-func (h *Handler) passLogged(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, verdicts []verdict, main int, next caddyhttp.Handler) error {
-	wait, _ := h.retryAfter(w, repl, verdicts, main, false)
-	v := &verdicts[main]
-	if ce := h.logger.Check(zap.InfoLevel, "rate limit exceeded"); ce != nil {
-		fields := []zap.Field{
-			zap.String("zone", v.z.name),
-			zap.String("action", "log"),
-			zap.String("client_ip", clientIP(r)),
-			zap.String("key_name", v.keyName),
-			zap.Duration("wait", wait),
-		}
-		if h.LogKey {
-			fields = append(fields, zap.String("key", v.key))
-		}
-		ce.Write(fields...)
-	}
-	return h.serveCharged(w, r, verdicts, next)
+// denied, with what a denial would have set (Retry-After, the RateLimit
+// headers, the placeholders, a log line) for operators to see what
+// enforcing would do.
+func (h *Handler) passLogged(w http.ResponseWriter, q *request, verdicts []verdict, main int, next caddyhttp.Handler, now time.Time) error {
+	h.overLimit(w, q, verdicts, main, now, false)
+	return h.serveCharged(w, q.r, verdicts, next, now)
 }

@@ -94,6 +94,7 @@ func (a *App) Start() error {
 			return fmt.Errorf("zone %q: %v", z.name, err)
 		}
 	}
+	goLive(a)
 	return nil
 }
 
@@ -102,6 +103,7 @@ func (a *App) Start() error {
 // either when a newer one replaces it (nothing to undo) or when another app
 // of the same config fails to start (the reload failed; undo).
 func (a *App) Stop() error {
+	retire(a)
 	for _, z := range slices.Backward(a.live) {
 		z.table.giveBack(a)
 	}

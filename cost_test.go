@@ -49,7 +49,7 @@ func TestBadWeightQuotaAndActionValuesFailAtLoad(t *testing.T) {
 		{"quota -1s", zone("quota 10 -1s"), `zone "z": quota 10 "-1s": the window must be a positive duration`},
 		{"quota above the sketch", zone("quota 4294967296 1h"), `zone "z": quota 4294967296 1h0m0s: the count must be between 1 and 4294967295`},
 		{"two quotas on one window", zone("quota 10 1h\nquota 20 1h"), `zone "z": quota 20 1h0m0s: the zone already has a quota over 1h0m0s`},
-		{"five quotas", zone("quota 10 1h\nquota 10 2h\nquota 10 3h\nquota 10 4h\nquota 10 5h"), `zone "z": quota: at most 4 quotas per zone, got 5`},
+		{"three quotas", zone("quota 10 1h\nquota 10 2h\nquota 10 3h"), `zone "z": quota: at most 2 quotas per zone, got 3`},
 		{"action explode", zone("action explode"), `zone "z": action "explode": must be deny, log or delay <max>`},
 		{"action delay -1s", zone("action delay -1s"), `zone "z": action delay "-1s": the longest delay must be a positive duration`},
 		{"action delay 0s", zone("action delay 0s"), `zone "z": action delay "0s": the longest delay must be a positive duration`},
@@ -151,21 +151,31 @@ func TestPlaceholderWeightsNeverPassForFree(t *testing.T) {
 }
 
 func TestZoneRuleWinsOverHandlerWeight(t *testing.T) {
-	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
-	h := newTestHandler(t, clock, map[string]*Zone{
-		"rule_wins":     {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour)}, Weights: []*WeightRule{{Weight: weight.Static(5)}}},
-		"handler_wins":  {Key: "x", Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour)}},
-		"default_is_1":  {Key: "y", Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour)}},
-		"unused_prefix": {Key: "z", Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour)}},
-	})
-	h.Weight = weight.Static(3)
-	w, err := serve(h, weightedRequest("/"))
-	if err != nil {
-		t.Fatal(err)
+	zones := func(prefix string) map[string]*Zone {
+		return map[string]*Zone{
+			prefix + "_rule":    {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour)}, Weights: []*WeightRule{{Weight: weight.Static(5)}}},
+			prefix + "_no_rule": {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour)}},
+		}
 	}
-	want := `"default_is_1";r=17;t=540, "handler_wins";r=17;t=540, "rule_wins";r=15;t=900, "unused_prefix";r=17;t=540`
-	if got := w.Header().Get("RateLimit"); got != want {
-		t.Errorf("RateLimit %q, want %q", got, want)
+	weighted := newTestHandler(t, nil, zones("weighted"))
+	weighted.Weight = weight.Static(3)
+	plain := newTestHandler(t, nil, zones("plain"))
+	for _, tt := range []struct {
+		h    *Handler
+		want string
+	}{
+		{weighted, `"weighted_no_rule";r=17;t=540, "weighted_rule";r=15;t=900`},
+		{plain, `"plain_no_rule";r=19;t=180, "plain_rule";r=15;t=900`},
+	} {
+		w, err := serveAt(tt.h, weightedRequest("/"), time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// t is rounded up from just under the refill time of what was
+		// charged (180 s a token).
+		if got := w.Header().Get("RateLimit"); got != tt.want {
+			t.Errorf("RateLimit %q, want %q", got, tt.want)
+		}
 	}
 }
 
@@ -215,7 +225,7 @@ func TestLogActionPassesAndChargesNothing(t *testing.T) {
 	}
 	// Charging nothing: the zone holds what enforcing would have left,
 	// zero tokens, not minus two.
-	if d := h.zones[0].buckets.PeekHash(keyOf(h.zones[0], "192.0.2.1:1", "", nil), 1); d.RetryAfter > 30*time.Minute {
+	if d := h.zones[0].buckets.PeekHash(keyOf(h.zones[0], "192.0.2.1:1", "", nil), 1, time.Now()); d.RetryAfter > 30*time.Minute {
 		t.Errorf("logged requests were charged: wait %v, want at most one token's 30m", d.RetryAfter)
 	}
 }
@@ -252,7 +262,7 @@ func (c *heldClock) sleep(ctx context.Context, d time.Duration) error {
 // delayHandler is a handler with one zone of 10 requests per second and the
 // given burst, with action delay up to maxDelay, on a clock of its own.
 func delayHandler(t *testing.T, name string, burst int64, maxDelay time.Duration) (*Handler, *heldClock) {
-	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	clock := &fakeClock{t: time.Now().Add(time.Hour)} // after the tables are made: their clocks start then
 	h := newTestHandler(t, clock, map[string]*Zone{
 		name: {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Second), Burst: burst}, Action: "delay", MaxDelay: caddy.Duration(maxDelay)},
 	})
@@ -269,12 +279,13 @@ func TestDelayHoldsUntilTheTokensReturn(t *testing.T) {
 		}
 	}
 	// One token every 100ms, burst 1: the first passes, the next ones wait
-	// 100ms each (the clock moved by the first wait).
-	if len(held.waits) != 2 || held.waits[0] != 100*time.Millisecond || held.waits[1] != 100*time.Millisecond {
-		t.Errorf("waits %v, want [100ms 100ms]", held.waits)
+	// for the next token (at most 100ms: the clock need not start on a
+	// refill), then 100ms (the clock moved by the first wait).
+	if w := held.held(); len(w) != 2 || w[0] <= 0 || w[0] > 100*time.Millisecond || w[1] != 100*time.Millisecond {
+		t.Errorf("waits %v, want [(0, 100ms] 100ms]", w)
 	}
-	if h.zones[0].held.Load() != 0 {
-		t.Errorf("%d still held", h.zones[0].held.Load())
+	if h.zones[0].counts.held.Load() != 0 {
+		t.Errorf("%d still held", h.zones[0].counts.held.Load())
 	}
 }
 
@@ -307,8 +318,8 @@ func TestDelayReservesSoHeldRequestsNeverOverAdmit(t *testing.T) {
 	defer cancel()
 	// Each held request reserved its token at arrival, so the second waits
 	// behind the first.
-	if w := held.held(); len(w) != 2 || w[0] != 100*time.Millisecond || w[1] != 200*time.Millisecond {
-		t.Errorf("waits %v, want [100ms 200ms]", w)
+	if w := held.held(); len(w) != 2 || w[0] <= 0 || w[0] > 100*time.Millisecond || w[1]-w[0] != 100*time.Millisecond {
+		t.Errorf("waits %v, want the second 100ms after the first", w)
 	}
 	// A third would wait 300ms, beyond max_delay: denied at once.
 	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
@@ -342,16 +353,16 @@ func TestDelayedClientThatLeavesGetsItsTokensBack(t *testing.T) {
 	_, _ = serve(h, weightedRequest("/"))
 	z := h.zones[0]
 	hash := keyOf(z, "192.0.2.1:1", "", nil)
-	before := z.buckets.PeekHash(hash, 1).RetryAfter
+	before := z.buckets.PeekHash(hash, 1, held.clock.now()).RetryAfter
 	cancel, errs := heldRequests(h, held, 1)
 	cancel()
 	if err := <-errs; status(err) != 499 {
 		t.Errorf("client gone: %v, want 499", err)
 	}
-	if after := z.buckets.PeekHash(hash, 1).RetryAfter; after != before {
+	if after := z.buckets.PeekHash(hash, 1, held.clock.now()).RetryAfter; after != before {
 		t.Errorf("after the held client left: wait %v, want %v as before it came", after, before)
 	}
-	if n := z.held.Load(); n != 0 {
+	if n := z.counts.held.Load(); n != 0 {
 		t.Errorf("%d requests still counted as held", n)
 	}
 }
@@ -363,11 +374,11 @@ func TestDelayHoldsAtMostMaxHeld(t *testing.T) {
 	}
 	z := h.zones[0]
 	_, _ = serve(h, weightedRequest("/"))
-	z.held.Store(maxHeld)
+	z.counts.held.Store(maxHeld)
 	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
 		t.Errorf("with %d held: %v, want 429", maxHeld, err)
 	}
-	if n := z.held.Load(); n != maxHeld {
+	if n := z.counts.held.Load(); n != maxHeld {
 		t.Errorf("held %d after a refused hold, want %d", n, maxHeld)
 	}
 }

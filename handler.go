@@ -3,6 +3,7 @@ package floodgate
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -16,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/weight"
@@ -36,8 +38,12 @@ import (
 // that denied it or, if allowed, the zone with the fewest requests left:
 // `{http.rate_limit.zone}`, `{http.rate_limit.limit}` (the burst),
 // `{http.rate_limit.remaining}`, `{http.rate_limit.retry_after}` (seconds,
-// 0 if allowed) and `{http.rate_limit.key}` (the raw key with log_key, else
-// empty).
+// 0 if allowed) and `{http.rate_limit.key}` (the raw key with log_key, cut
+// to 256 bytes, else empty).
+//
+// A denial is logged at INFO the first time a source (what the zone charged:
+// a network or a key) is denied in a 10 s interval, with the count of its
+// denials logged at DEBUG since its previous INFO line; see denialLog.
 type Handler struct {
 	// RateLimits defines zones for this handler, keyed by zone name. Zone
 	// names are unique across the whole config.
@@ -66,13 +72,16 @@ type Handler struct {
 	// storage distributed limiting would sync through); it is not used yet.
 	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
 
-	// LogKey puts the raw key in the log line of a denied request and in
-	// the `{http.rate_limit.key}` placeholder. Default false: keys may be
+	// LogKey puts the raw key in the log line and event of a denied
+	// request and in the `{http.rate_limit.key}` placeholder, cut to its
+	// first 256 bytes (marked "…") if longer. Default false: keys may be
 	// secrets (API keys, session tokens).
 	LogKey bool `json:"log_key,omitempty"`
 
-	// DisableMetrics stops this handler from counting requests in the
-	// caddy_rate_limit_requests_total metric.
+	// DisableMetrics stops this handler from counting requests: in the
+	// caddy_rate_limit_requests_total and caddy_rate_limit_weight_total
+	// metrics and in the admin API's counts. The zone's top sources are
+	// still recorded.
 	DisableMetrics bool `json:"disable_metrics,omitempty"`
 
 	// DisableHeaders turns off the RateLimit-Policy and RateLimit response
@@ -90,9 +99,17 @@ type Handler struct {
 	owned  []*zone // inline zones, released at Cleanup
 	ctx    caddy.Context
 	logger *zap.Logger
-	events *caddyevents.App
+	events emitter
 	// sleep holds a delayed request; tests replace it to drive time.
 	sleep func(context.Context, time.Duration) error
+}
+
+// emitter is what the handler uses of Caddy's events app (caddyevents.App).
+type emitter interface {
+	// ShouldEmit reports whether anything observes the named event: a
+	// subscriber, or the events app's own debug log.
+	ShouldEmit(name string) bool
+	Emit(ctx caddy.Context, name string, data map[string]any) caddy.Event
 }
 
 // Distributed configures cluster-wide limiting through storage. It is parsed
@@ -132,7 +149,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading events app: %v", err)
 	}
-	h.events = eventsIface.(*caddyevents.App)
+	if ev := eventsIface.(*caddyevents.App); ev != nil {
+		h.events = ev
+	}
 	if !h.DisableMetrics {
 		registerMetrics(ctx)
 	}
@@ -208,14 +227,13 @@ type verdict struct {
 	z *zone
 	// d is the zone's answer: its rate's and quotas' combined (combine).
 	d limiter.Decision
-	// rate and q are the answers of the zone's rate and of each quota.
-	rate limiter.Decision
-	q    []limiter.Decision
-	hash uint64
-	key  string
-	// keyName is the key as configured that gave key, "" for none.
-	keyName string
-	weight  int64
+	c charge
+	// rate and q are the answers of the zone's rate and of each of its
+	// quotas (the first len(z.quotas) of q). q is an array, not a slice
+	// of a buffer, so that verdicts stay on the stack.
+	rate   limiter.Decision
+	q      [maxQuotas]limiter.Decision
+	weight int64
 	// logged: a zone with action log would have denied the request.
 	// delayed: a zone with action delay held it; debt is its charge.
 	logged, delayed bool
@@ -226,20 +244,25 @@ type verdict struct {
 // handler allocating to remember their verdicts.
 const maxInlineVerdicts = limiter.MaxInlinePolicies
 
-// ServeHTTP checks r against every zone that applies to it.
+// ServeHTTP checks r against every zone that applies to it, reading the
+// clock once for all of them.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	return h.serveAt(w, r, next, time.Now())
+}
+
+// serveAt is ServeHTTP at time now.
+func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, now time.Time) error {
 	if len(h.zones) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if repl == nil {
-		repl = caddy.NewReplacer()
+	q := request{r: r}
+	q.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if q.repl == nil {
+		q.repl = caddy.NewReplacer()
 	}
 	var txn limiter.Txn
 	var buf [maxInlineVerdicts]verdict
 	verdicts := buf[:0]
-	var qbuf [maxInlineVerdicts]limiter.Decision
-	quotas := qbuf[:0]
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
@@ -250,17 +273,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				continue
 			}
 		}
-		v := verdict{z: z}
-		v.hash, v.key, v.keyName = z.key(r, repl)
-		wt, err := z.weightOf(r, repl, h.Weight)
+		v := verdict{z: z, c: z.key(&q)}
+		wt, err := z.weightOf(r, q.repl, h.Weight)
 		if err != nil {
 			txn.Rollback()
 			return err
 		}
 		v.weight = wt
-		quotas = z.reserveQuotas(&v, quotas)
 		if z.action != actionLog {
-			z.take(&txn, &v)
+			z.take(&txn, &v, now)
 		}
 		verdicts = append(verdicts, v)
 	}
@@ -269,53 +290,61 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	denied := txn.Denied()
 	if denied {
-		held, err := h.delay(r, verdicts)
+		held, wait, err := h.delay(r, verdicts, now)
 		if err != nil {
 			return err
 		}
-		denied = !held
-		// Zones that granted before the denial have been refunded, and
-		// a held request waited: ask them again what the key holds now.
+		denied, now = !held, now.Add(wait)
+		// Zones that granted before the denial have been refunded, and a
+		// held request waited: ask them again what the key holds now.
+		// Zones that denied note the source in their top sketch.
 		for i := range verdicts {
-			if v := &verdicts[i]; v.z.action != actionLog {
-				v.z.peek(v, held)
-				if held {
-					v.d.Allowed, v.d.RetryAfter = true, 0
-				}
+			v := &verdicts[i]
+			if v.z.action == actionLog {
+				continue
+			}
+			if denied && !v.d.Allowed {
+				v.z.recordDenied(now, &q, v.c, h.LogKey)
+			}
+			v.z.peek(v, held, now)
+			if held {
+				v.d.Allowed, v.d.RetryAfter = true, 0
 			}
 		}
 	}
-	logged := h.dryRun(verdicts, denied)
+	logged := h.dryRun(verdicts, denied, now)
 	if !h.DisableMetrics {
 		count(verdicts, denied)
 	}
-	if !h.DisableHeaders {
-		setHeaders(w.Header(), verdicts)
-	}
 	main := deciding(verdicts)
+	if denied {
+		return h.deny(w, &q, verdicts, main, now)
+	}
+	if logged {
+		return h.passLogged(w, &q, verdicts, main, next, now)
+	}
+	if !h.DisableHeaders {
+		new(responseHeaders).setRateLimit(w.Header(), verdicts)
+	}
+	// Static values: no allocation, and Caddy's replacer holds up to 8 of
+	// them before its map grows.
 	v := verdicts[main]
-	repl.Set("http.rate_limit.zone", v.z.nameValue)
-	repl.Set("http.rate_limit.limit", v.z.burstValue)
-	repl.Set("http.rate_limit.remaining", v.d.Remaining)
-	repl.Set("http.rate_limit.key_name", v.keyName)
+	q.repl.Set("http.rate_limit.zone", v.z.nameValue)
+	q.repl.Set("http.rate_limit.limit", v.z.burstValue)
+	q.repl.Set("http.rate_limit.remaining", boxCount(v.d.Remaining))
+	q.repl.Set("http.rate_limit.retry_after", boxCount(0))
+	q.repl.Set("http.rate_limit.key_name", v.z.keyNameValue(v.c))
 	if h.LogKey {
-		repl.Set("http.rate_limit.key", v.key)
+		q.repl.Set("http.rate_limit.key", v.z.keyText(&q, v.c))
 	} else {
-		repl.Set("http.rate_limit.key", "")
+		q.repl.Set("http.rate_limit.key", "")
 	}
-	if !denied {
-		if logged {
-			return h.passLogged(w, r, repl, verdicts, main, next)
-		}
-		repl.Set("http.rate_limit.retry_after", 0)
-		return h.serveCharged(w, r, verdicts, next)
-	}
-	return h.deny(w, r, repl, verdicts, main)
+	return h.serveCharged(w, r, verdicts, next, now)
 }
 
 // deciding picks the verdict that describes the request: the first denial
-// (by a zone with action log, if the request passed), or if none, the zone
-// with the fewest requests left.
+// by a zone that enforces, else the first by a zone with action log, else
+// the zone with the fewest requests left.
 func deciding(verdicts []verdict) int {
 	best, logged := 0, -1
 	for i, v := range verdicts {
@@ -337,39 +366,54 @@ func deciding(verdicts []verdict) int {
 	return best
 }
 
-// deny answers a request that some zone denied: Retry-After, a log line, an
-// event, and the 429 error, returned unwrapped so handle_errors sees it.
-func (h *Handler) deny(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, verdicts []verdict, main int) error {
-	wait, _ := h.retryAfter(w, repl, verdicts, main, true)
-	zoneName := verdicts[main].z.name
-
-	ip := clientIP(r)
-	if ce := h.logger.Check(zap.InfoLevel, "rate limit exceeded"); ce != nil {
-		fields := []zap.Field{
-			zap.String("zone", zoneName),
-			zap.String("client_ip", ip),
-			zap.Duration("wait", wait),
-		}
-		if h.LogKey {
-			fields = append(fields, zap.String("key", verdicts[main].key))
-		}
-		ce.Write(fields...)
-	}
-	if h.events != nil {
-		data := map[string]any{"zone": zoneName, "wait": wait, "client_ip": ip}
-		if h.LogKey {
-			data["key"] = verdicts[main].key
-		}
-		h.events.Emit(h.ctx, "rate_limit_exceeded", data)
-	}
-	return caddyhttp.Error(http.StatusTooManyRequests, fmt.Errorf("rate limit exceeded in zone %q", zoneName))
+// A denial is what the answer to one denied request needs beyond the zone's
+// own values: its header values and its placeholders. It is the denial's one
+// allocation, and its placeholder method the other.
+type denial struct {
+	headers    responseHeaders
+	z          *zone
+	remaining  int64
+	retryAfter int64
+	key        string
+	keyName    string
 }
 
-// retryAfter sets Retry-After and the placeholders of a denial, and returns
-// the wait and its seconds. The request passes when every zone allows it:
-// the wait is the slowest of the zones that deny it, counting only zones
-// that enforce (enforcing) or only zones with action log (not enforcing).
-func (h *Handler) retryAfter(w http.ResponseWriter, repl *caddy.Replacer, verdicts []verdict, main int, enforcing bool) (time.Duration, int64) {
+// placeholder answers the rate_limit placeholders of a denied request.
+// Registering it once (Replacer.Map) instead of setting six values keeps
+// Caddy's map of set values, which the error handling then fills, small
+// enough not to grow.
+func (d *denial) placeholder(name string) (any, bool) {
+	switch name {
+	case "http.rate_limit.exceeded.name", "http.rate_limit.zone":
+		return d.z.nameValue, true
+	case "http.rate_limit.limit":
+		return d.z.burstValue, true
+	case "http.rate_limit.remaining":
+		return d.remaining, true
+	case "http.rate_limit.retry_after":
+		return d.retryAfter, true
+	case "http.rate_limit.key":
+		return d.key, true
+	case "http.rate_limit.key_name":
+		return d.keyName, true
+	}
+	return nil, false
+}
+
+// deny answers a request that some zone denied: Retry-After, the
+// placeholders, a log line (see denialLog), an event if anything listens,
+// and the zone's 429 error, returned unwrapped so handle_errors sees it.
+func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time) error {
+	h.overLimit(w, q, verdicts, main, now, true)
+	return verdicts[main].z.exceeded
+}
+
+// overLimit answers a request over a limit, which enforcing zones deny, or
+// which only zones with action log would deny (not enforcing: the request
+// passes, with everything below for operators to see).
+func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time, enforcing bool) {
+	// The request passes when every zone allows it: wait for the slowest
+	// of those that deny it (or, for a dry run, would).
 	var wait time.Duration
 	for _, v := range verdicts {
 		if !v.d.Allowed && (v.z.action != actionLog) == enforcing {
@@ -382,11 +426,103 @@ func (h *Handler) retryAfter(w http.ResponseWriter, repl *caddy.Replacer, verdic
 			wait += extra
 		}
 	}
-	secs := max(ceilSeconds(wait), 1)
-	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	repl.Set("http.rate_limit.exceeded.name", verdicts[main].z.nameValue)
-	repl.Set("http.rate_limit.retry_after", secs)
-	return wait, secs
+	v := verdicts[main]
+	d := &denial{z: v.z, remaining: v.d.Remaining, retryAfter: max(ceilSeconds(wait), 1), keyName: v.z.keyName(v.c)}
+	hdr := w.Header()
+	d.headers.setRetryAfter(hdr, d.retryAfter)
+	if !h.DisableHeaders {
+		d.headers.setRateLimit(hdr, verdicts)
+	}
+	if h.LogKey {
+		d.key = v.z.keyText(q, v.c)
+	}
+	// A rate_limit handler earlier in this request may have set the
+	// placeholders; they would hide the provider's answers.
+	q.repl.DeleteByPrefix("http.rate_limit.")
+	q.repl.Map(d.placeholder)
+
+	if h.logger.Core().Enabled(zapcore.InfoLevel) {
+		info, suppressed := v.z.denialLog().note(v.c.hash, now)
+		level := zapcore.DebugLevel
+		if info {
+			level = zapcore.InfoLevel
+		}
+		// A dry run's line has a message of its own, so that the
+		// fail2ban and CrowdSec filters of denials never ban for it.
+		msg := "rate limit exceeded"
+		if !enforcing {
+			msg = "rate limit would be exceeded"
+		}
+		if ce := h.logger.Check(level, msg); ce != nil {
+			fields := []zap.Field{
+				zap.String("zone", v.z.name),
+				zap.String("client_ip", q.clientIP().text),
+				zap.String("source", v.z.source(v.c)),
+				zap.String("key_name", d.keyName),
+				zap.Int64("retry_after", d.retryAfter),
+			}
+			if !enforcing {
+				fields = append(fields, zap.String("action", "log"))
+			}
+			if info {
+				fields = append(fields, zap.Int64("suppressed", suppressed))
+			}
+			if h.LogKey {
+				fields = append(fields, zap.String("key", d.key))
+			}
+			ce.Write(fields...)
+		}
+	}
+	if enforcing && h.events != nil && h.events.ShouldEmit(exceededEvent) {
+		data := map[string]any{
+			"zone":        v.z.name,
+			"client_ip":   q.clientIP().text,
+			"source":      v.z.source(v.c),
+			"wait":        wait,
+			"retry_after": d.retryAfter,
+		}
+		if h.LogKey {
+			data["key"] = d.key
+		}
+		h.events.Emit(h.ctx, exceededEvent, data)
+	}
+}
+
+// exceededEvent is the name of the event emitted for each denial.
+const exceededEvent = "rate_limit_exceeded"
+
+// denialError makes the error a zone returns for each request it denies. It
+// is made once: Caddy's server only reads a HandlerError (by value, after a
+// type assertion), so one value can answer every denial. That leaves out
+// what caddyhttp.Error adds per call, a random ID and a stack trace: a
+// flood should not pay for a runtime.Caller and a random string per request.
+// `{http.error.id}` is therefore empty for a denial, and the trace names
+// this handler.
+func denialError(zoneName string) error {
+	return caddyhttp.HandlerError{
+		Err:        errors.New("rate limit exceeded in zone " + strconv.Quote(zoneName)),
+		StatusCode: http.StatusTooManyRequests,
+		Trace:      "floodgate.(*Handler).deny",
+	}
+}
+
+// boxedCounts holds small counts converted to interface values once, so that
+// setting a placeholder to one allocates nothing. (Go boxes integers below
+// 256 without allocating; a zone's remaining requests are often more.)
+var boxedCounts = func() (t [4096]any) {
+	for i := range t {
+		t[i] = int64(i)
+	}
+	return t
+}()
+
+// boxCount returns n as an interface value, without allocating if it is
+// small.
+func boxCount(n int64) any {
+	if uint64(n) < uint64(len(boxedCounts)) {
+		return boxedCounts[n]
+	}
+	return n
 }
 
 // Interface guards
@@ -395,4 +531,5 @@ var (
 	_ caddy.Validator             = (*Handler)(nil)
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+	_ emitter                     = (*caddyevents.App)(nil)
 )

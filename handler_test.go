@@ -2,20 +2,25 @@ package floodgate
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/floodgate-rl/floodgate/limiter"
@@ -40,16 +45,21 @@ func (c *fakeClock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// testClocks holds the clock of each handler made by newTestHandler with one;
+// serve passes its time to the handler.
+var testClocks sync.Map // *Handler → *fakeClock
+
 // newTestHandler provisions a handler with the given inline zones (without
-// matchers, which need a Caddy context) on tables driven by clock. Its
-// zones' tables are released when the test ends.
+// matchers, which need a Caddy context) whose requests, run by serve, happen
+// at clock's time (or the real time if clock is nil). Its zones' tables are
+// released when the test ends.
 func newTestHandler(t testing.TB, clock *fakeClock, zones map[string]*Zone) *Handler {
 	t.Helper()
-	if clock != nil {
-		testNow = clock.now
-		t.Cleanup(func() { testNow = nil })
-	}
 	h := &Handler{RateLimits: zones, logger: zap.NewNop()}
+	if clock != nil {
+		testClocks.Store(h, clock)
+		t.Cleanup(func() { testClocks.Delete(h) })
+	}
 	for _, name := range slices.Sorted(maps.Keys(zones)) {
 		z, err := provisionZone(caddy.Context{}, name, zones[name])
 		if err != nil {
@@ -67,12 +77,21 @@ var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Reques
 	return nil
 })
 
-// serve runs one request through h and returns the recorder and the error.
+// serve runs one request through h, at the time of its test clock if it
+// has one, and returns the recorder and the error.
 func serve(h *Handler, r *http.Request) (*httptest.ResponseRecorder, error) {
+	now := time.Now()
+	if c, ok := testClocks.Load(h); ok {
+		now = c.(*fakeClock).now()
+	}
+	return serveAt(h, r, now)
+}
+
+// serveAt runs one request through h at time now, with a fresh replacer.
+func serveAt(h *Handler, r *http.Request, now time.Time) (*httptest.ResponseRecorder, error) {
 	w := httptest.NewRecorder()
-	repl := caddyhttp.NewTestReplacer(r)
-	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
-	return w, h.ServeHTTP(w, r, okHandler)
+	caddyhttp.NewTestReplacer(r)
+	return w, h.serveAt(w, r, okHandler, now)
 }
 
 func status(err error) int {
@@ -86,7 +105,7 @@ func status(err error) int {
 }
 
 func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
-	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	clock := &fakeClock{t: time.Now().Add(time.Hour)} // after the tables are made: their clocks start then
 	h := newTestHandler(t, clock, map[string]*Zone{
 		"retry_ceiling": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(3 * time.Second)}},
 	})
@@ -99,8 +118,8 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 		want    string
 	}{
 		{0, "3"},                       // a 3 s wait says 3
-		{900 * time.Millisecond, "3"},  // 2.1 s says 3
-		{1600 * time.Millisecond, "1"}, // 0.5 s says 1
+		{800 * time.Millisecond, "3"},  // 2.2 s says 3
+		{1600 * time.Millisecond, "1"}, // 0.6 s says 1
 	} {
 		clock.advance(step.advance)
 		w, err := serve(h, req)
@@ -111,43 +130,43 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 			t.Errorf("after %v more: Retry-After %q, want %q", step.advance, got, step.want)
 		}
 	}
-	clock.advance(500 * time.Millisecond)
+	// The table's ticks need not line up with the test's clock; the extra
+	// millisecond covers a wait that ends inside a tick.
+	clock.advance(600*time.Millisecond + time.Millisecond)
 	if _, err := serve(h, req); err != nil {
 		t.Errorf("after the full wait: %v", err)
 	}
 }
 
-func TestDenialIsAnUnwrappedHandlerError(t *testing.T) {
-	h := newTestHandler(t, nil, map[string]*Zone{"unwrapped": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}})
-	req := httptest.NewRequest(http.MethodGet, "/", nil)
-	_, _ = serve(h, req)
-	_, err := serve(h, req)
-	if _, ok := err.(caddyhttp.HandlerError); !ok {
-		t.Fatalf("error %T %v, want a caddyhttp.HandlerError itself", err, err)
-	}
-}
-
 func TestJitterAddsAtMostItsFractionAndIsRaceFree(t *testing.T) {
-	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	clock := &fakeClock{t: time.Now().Add(time.Hour)} // after the tables are made: their clocks start then
 	h := newTestHandler(t, clock, map[string]*Zone{"jitter": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(10 * time.Second)}}})
 	h.Jitter = 0.5
 	if _, err := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	results := make([]string, 64)
+	results := make([]int, 64)
 	for i := range results {
 		wg.Go(func() {
 			w, _ := serve(h, httptest.NewRequest(http.MethodGet, "/", nil))
-			results[i] = w.Header().Get("Retry-After")
+			results[i], _ = strconv.Atoi(w.Header().Get("Retry-After"))
 		})
 	}
 	wg.Wait()
-	for _, ra := range results {
-		n, err := strconv.Atoi(ra)
-		if err != nil || n < 10 || n > 15 {
-			t.Errorf("Retry-After %q, want 10 to 15 (10 s plus up to 50%%)", ra)
+	seen := map[int]bool{}
+	for _, n := range results {
+		// The wait is 10 s (a little more if the limiter rounds its tick
+		// up); half of it again at most.
+		if n < 10 || n > 16 {
+			t.Errorf("Retry-After %d, want 10 to 16 (10 s plus up to 50%%)", n)
 		}
+		seen[n] = true
+	}
+	// Spread over the 5 s of jitter: 64 draws land on at least 3 of the
+	// whole seconds 11 to 15 unless jitter is ignored (all the same).
+	if len(seen) < 3 {
+		t.Errorf("Retry-After took the values %v over 64 denials, want at least 3 different ones", slices.Sorted(maps.Keys(seen)))
 	}
 }
 
@@ -215,22 +234,53 @@ func TestHeaderFormat(t *testing.T) {
 	a := &zone{name: "api", policy: policyItem("api", 100, time.Minute)}
 	b := &zone{name: "daily", policy: policyItem("daily", 1000, 1500*time.Millisecond)}
 	hdr := http.Header{}
-	setHeaders(hdr, []verdict{{z: a, rate: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}})
+	new(responseHeaders).setRateLimit(hdr, []verdict{{z: a, d: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}})
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60`; got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)
 	}
 	if got, want := hdr.Get("RateLimit"), `"api";r=42;t=18`; got != want {
 		t.Errorf("RateLimit %q, want %q", got, want)
 	}
-	setHeaders(hdr, []verdict{
-		{z: a, rate: limiter.Decision{Remaining: 0, Reset: time.Minute}},
-		{z: b, rate: limiter.Decision{Remaining: -1, Reset: 0}},
+	rh := new(responseHeaders)
+	rh.setRateLimit(hdr, []verdict{
+		{z: a, d: limiter.Decision{Remaining: 0, Reset: time.Minute}},
+		{z: b, d: limiter.Decision{Remaining: -1, Reset: 0}},
 	})
+	rh.setRetryAfter(hdr, 1234567)
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60, "daily";q=1000;w=2`; got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)
 	}
 	if got, want := hdr.Get("RateLimit"), `"api";r=0;t=60, "daily";r=0;t=0`; got != want {
 		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+	if got, want := hdr.Get("Retry-After"), "1234567"; got != want {
+		t.Errorf("Retry-After %q, want %q", got, want)
+	}
+}
+
+// Values longer than the headers' buffer spill to the heap, and every value
+// keeps its own text.
+func TestHeaderValuesOutgrowingTheBuffer(t *testing.T) {
+	var verdicts []verdict
+	var wantPolicy, wantLimit []string
+	for i := range 6 {
+		name := "zone-with-a-long-name-" + strconv.Itoa(i)
+		verdicts = append(verdicts, verdict{z: &zone{name: name, policy: policyItem(name, 100, time.Minute)}, d: limiter.Decision{Remaining: int64(i), Reset: time.Second}})
+		wantPolicy = append(wantPolicy, `"`+name+`";q=100;w=60`)
+		wantLimit = append(wantLimit, `"`+name+`";r=`+strconv.Itoa(i)+`;t=1`)
+	}
+	hdr := http.Header{}
+	rh := new(responseHeaders)
+	rh.setRateLimit(hdr, verdicts)
+	rh.setRetryAfter(hdr, 42)
+	if got, want := hdr.Get("RateLimit-Policy"), strings.Join(wantPolicy, ", "); got != want {
+		t.Errorf("RateLimit-Policy %q, want %q", got, want)
+	}
+	if got, want := hdr.Get("RateLimit"), strings.Join(wantLimit, ", "); got != want {
+		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+	if got := hdr.Get("Retry-After"); got != "42" {
+		t.Errorf("Retry-After %q, want 42", got)
 	}
 }
 
@@ -278,8 +328,7 @@ func keyOf(z *zone, remote, clientIPVar string, headers map[string]string) uint6
 	if clientIPVar != "" {
 		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: clientIPVar}))
 	}
-	h, _, _ := z.key(r, caddyhttp.NewTestReplacer(r))
-	return h
+	return z.key(&request{r: r, repl: caddyhttp.NewTestReplacer(r)}).hash
 }
 
 func TestKeyExtraction(t *testing.T) {
@@ -320,7 +369,7 @@ func TestKeyExtraction(t *testing.T) {
 		{"empty first key falls back", header, "", "", "", "bob", hashOf("bob")},
 		{"no key at all is the empty key", header, "192.0.2.1:5", "", "", "", limiter.Hash(nil)},
 		{"a zone without keys is one bucket", none, "192.0.2.1:5", "", "", "", limiter.Hash(nil)},
-		{"a huge key is hashed", header, "", "", huge, "", hashOf(huge)},
+		{"a huge key is hashed by its first 8 KiB", header, "", "", huge, "", hashOf(huge[:8<<10])},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			hdrs := map[string]string{}
@@ -350,40 +399,87 @@ func mustAddr(t *testing.T, s string) netip.Addr {
 	return a
 }
 
+// BenchmarkServeHTTP measures the handler's own cost per request, on the
+// paths a request takes: allowed (with and without response headers, keyed
+// by the client IP, a header or a template) and denied. The replacer and
+// request are reused, as the handler's allocations are what it measures.
 func BenchmarkServeHTTP(b *testing.B) {
-	run := func(b *testing.B, h *Handler, remote string) {
+	run := func(b *testing.B, h *Handler, wantErr bool) {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
-		r.RemoteAddr = remote
-		repl := caddyhttp.NewTestReplacer(r)
-		ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)
-		ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "192.0.2.1"})
-		r = r.WithContext(ctx)
+		r.RemoteAddr = "192.0.2.1:1234"
+		r.Header.Set("X-Key", "alice")
+		caddyhttp.NewTestReplacer(r)
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "192.0.2.1"}))
 		w := httptest.NewRecorder()
+		_ = h.ServeHTTP(w, r, okHandler)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for b.Loop() {
-			if err := h.ServeHTTP(w, r, okHandler); err != nil {
+			clear(w.HeaderMap)
+			if err := h.ServeHTTP(w, r, okHandler); (err != nil) != wantErr {
 				b.Fatal(err)
 			}
 		}
 	}
-	b.Run("no_zone", func(b *testing.B) {
-		run(b, newTestHandler(b, nil, nil), "192.0.2.1:1234")
-	})
-	allowAll := func(key string) map[string]*Zone {
-		return map[string]*Zone{"bench" + key: {Key: key, Limit: zoneconf.Limit{MaxEvents: 1 << 20, Window: caddy.Duration(time.Millisecond), Memory: 1 << 20}}}
+	zone := func(key string, events, burst int64, window time.Duration) map[string]*Zone {
+		return map[string]*Zone{"bench" + key: {Key: key, Limit: zoneconf.Limit{MaxEvents: events, Burst: burst, Window: caddy.Duration(window), Memory: 1 << 20}}}
 	}
-	b.Run("client_ip_zone", func(b *testing.B) {
-		run(b, newTestHandler(b, nil, allowAll("{http.vars.client_ip}")), "192.0.2.1:1234")
+	// Refilled faster than a benchmark asks, with a burst (and so a
+	// remaining count) of a realistic size.
+	allowAll := func(key string) map[string]*Zone { return zone(key, 1<<20, 2000, time.Millisecond) }
+	b.Run("no_zone", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, nil), false)
 	})
-	b.Run("client_ip_zone_no_headers", func(b *testing.B) {
-		h := newTestHandler(b, nil, allowAll("{remote_host}"))
+	b.Run("allowed", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, allowAll("{http.vars.client_ip}")), false)
+	})
+	b.Run("allowed_no_headers", func(b *testing.B) {
+		h := newTestHandler(b, nil, allowAll("{http.vars.client_ip}"))
 		h.DisableHeaders = true
-		run(b, h, "192.0.2.1:1234")
+		run(b, h, false)
 	})
-	b.Run("template_zone", func(b *testing.B) {
-		run(b, newTestHandler(b, nil, allowAll("{http.request.method}-{http.request.uri.path}")), "192.0.2.1:1234")
+	b.Run("allowed_header_key", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, allowAll("{http.request.header.X-Key}")), false)
 	})
+	b.Run("allowed_template_key", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, allowAll("{http.request.method}-{http.request.uri.path}")), false)
+	})
+	b.Run("denied", func(b *testing.B) {
+		h := newTestHandler(b, nil, zone("{http.vars.client_ip}", 1, 0, time.Hour))
+		// Logging at INFO, as Caddy does by default, to nowhere.
+		h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.InfoLevel))
+		run(b, h, true)
+	})
+	// Denied requests from one source, and from 1024 sources in turn (each
+	// one a miss in the zone's top-sources sketch).
+	for _, sources := range []int{1, 1024} {
+		b.Run(fmt.Sprintf("denied_%d_sources", sources), func(b *testing.B) {
+			h := newTestHandler(b, nil, map[string]*Zone{"denied": {Key: "{http.vars.client_ip}", Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour), Memory: 1 << 20}}})
+			ips := make([]string, sources)
+			for i := range ips {
+				ips[i] = fmt.Sprintf("198.51.%d.%d", i/256, i%256)
+			}
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			vars := map[string]any{}
+			ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, caddyhttp.NewTestReplacer(r))
+			r = r.WithContext(context.WithValue(ctx, caddyhttp.VarsCtxKey, vars))
+			w := httptest.NewRecorder()
+			for _, ip := range ips {
+				vars[caddyhttp.ClientIPVarKey] = ip
+				_ = h.ServeHTTP(w, r, okHandler) // drain
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				vars[caddyhttp.ClientIPVarKey] = ips[i%sources]
+				i++
+				if err := h.ServeHTTP(w, r, okHandler); status(err) != http.StatusTooManyRequests {
+					b.Fatalf("not denied: %v", err)
+				}
+			}
+		})
+	}
 }
 
 func TestDenialLogNamesZoneAndClientButKeyOnlyWithLogKey(t *testing.T) {
@@ -411,5 +507,377 @@ func TestDenialLogNamesZoneAndClientButKeyOnlyWithLogKey(t *testing.T) {
 		if key, ok := fields["key"]; ok != logKey || (ok && key != "hunter2") {
 			t.Errorf("log_key %v: key field %v (present %v)", logKey, key, ok)
 		}
+	}
+}
+
+// expandedKeyHash is how a key template was charged before keys were
+// compiled: the replacer's full expansion, an IP address masked to its
+// network, anything else hashed (now up to maxKeyHashed bytes).
+func expandedKeyHash(z *zone, tmpl string, r *http.Request, repl *caddy.Replacer) uint64 {
+	s := repl.ReplaceAll(tmpl, "")
+	if s == "" {
+		return limiter.Hash(nil)
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		nk := limiter.NetworkKey(a.WithZone(""), z.v4, z.v6)
+		return limiter.Hash(nk.Bytes())
+	}
+	return limiter.HashString(s[:min(len(s), maxKeyHashed)])
+}
+
+func TestCompiledKeysHashWhatTheReplacerExpands(t *testing.T) {
+	long := strings.Repeat("0123456789", 2000)
+	for _, tmpl := range []string{
+		"{http.request.header.X-Key}",
+		"{http.request.header.x-key}",
+		"{http.request.header.X-Multi}",
+		"{http.request.header.X-Long}",
+		"{http.request.header.X-Absent}",
+		"{header.X-Key}", // a Caddyfile shorthand, unknown in JSON
+		"{http.request.method}-{http.request.uri.path}",
+		"{http.request.uri.query.ip}",
+		"{http.request.uri.query.a}.{http.request.uri.query.b}",
+		"{http.request.header.X-Long}{http.request.header.X-Long}",
+		`a\{b}{http.request.method}`,
+		"{unclosed {http.request.method}",
+		"literal",
+		"{http.request.header.X-Multi}:{http.request.method}",
+	} {
+		t.Run(tmpl, func(t *testing.T) {
+			z := &zone{v4: 24, v6: 48, keys: []keySpec{parseKeySpec(tmpl)}}
+			r := httptest.NewRequest(http.MethodGet, "/p/q?ip=2001:db8::1&a=10.1&b=2.3", nil)
+			r.Header.Set("X-Key", "alice")
+			r.Header.Add("X-Multi", "one")
+			r.Header.Add("X-Multi", "two")
+			r.Header.Set("X-Long", long)
+			repl := caddyhttp.NewTestReplacer(r)
+			got := z.key(&request{r: r, repl: repl})
+			if want := expandedKeyHash(z, tmpl, r, repl); got.hash != want {
+				t.Errorf("hash %x, want %x (of %.40q)", got.hash, want, repl.ReplaceAll(tmpl, ""))
+			}
+		})
+	}
+}
+
+// A key template reads a client's header without copying it: a 1 MB header
+// costs no more memory per request than a short one.
+func TestHugeKeysAreNotCopied(t *testing.T) {
+	for _, tmpl := range []string{"{http.request.header.X-Key}", "{http.request.header.X-Key}-{http.request.method}"} {
+		h := newTestHandler(t, nil, map[string]*Zone{
+			"huge_" + strconv.Itoa(len(tmpl)): {Key: tmpl, Limit: zoneconf.Limit{MaxEvents: 1 << 20, Window: caddy.Duration(time.Millisecond), Memory: 4096}},
+		})
+		h.DisableHeaders = true
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-Key", strings.Repeat("k", 1<<20))
+		caddyhttp.NewTestReplacer(r)
+		w := httptest.NewRecorder()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		const n = 20
+		for range n {
+			if err := h.serveAt(w, r, okHandler, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		if perRequest := (after.TotalAlloc - before.TotalAlloc) / n; perRequest > 4<<10 {
+			t.Errorf("%s: %d bytes allocated per request with a 1 MB header, want under 4 KiB", tmpl, perRequest)
+		}
+	}
+}
+
+func TestShownKeysAreCut(t *testing.T) {
+	if got := shownKey("short"); got != "short" {
+		t.Errorf("shownKey(short) = %q", got)
+	}
+	for _, s := range []string{strings.Repeat("k", 900<<10), strings.Repeat("é", 200)} {
+		got := shownKey(s)
+		if len(got) > maxShownKey || !strings.HasSuffix(got, "…") || !utf8.ValidString(got) || !strings.HasPrefix(s, strings.TrimSuffix(got, "…")) {
+			t.Errorf("shownKey of %d bytes = %d bytes %.20q…, want a valid prefix of at most %d bytes ending in …", len(s), len(got), got, maxShownKey)
+		}
+	}
+}
+
+func TestSourceNamesWhatWasCharged(t *testing.T) {
+	z := &zone{v4: 24, v6: 48}
+	for _, tt := range []struct {
+		c    charge
+		want string
+	}{
+		{charge{addr: mustAddr(t, "203.0.113.77")}, "203.0.113.0/24"},
+		{charge{addr: mustAddr(t, "2001:db8:1:2::3")}, "2001:db8:1::/48"},
+		{charge{hash: 0xab, key: 0}, "key:00000000000000ab"},
+		{charge{key: -1}, "none"},
+	} {
+		if got := z.source(tt.c); got != tt.want {
+			t.Errorf("source(%+v) = %q, want %q", tt.c, got, tt.want)
+		}
+	}
+}
+
+// deniedHandler returns a handler whose zone denies every request after a
+// client's first, logging to an observer at level.
+func deniedHandler(t *testing.T, name, key string, level zapcore.Level) (*Handler, *observer.ObservedLogs) {
+	return limitedHandler(t, name, key, 1, level)
+}
+
+// limitedHandler returns a handler with one zone allowing events per hour,
+// grouping IPv4 clients by /24, logging to an observer at level.
+func limitedHandler(t *testing.T, name, key string, events int64, level zapcore.Level) (*Handler, *observer.ObservedLogs) {
+	core, logs := observer.New(level)
+	v4 := 24
+	h := newTestHandler(t, nil, map[string]*Zone{
+		name: {Key: key, Limit: zoneconf.Limit{MaxEvents: events, Window: caddy.Duration(time.Hour), IPv4Prefix: &v4}},
+	})
+	h.logger = zap.New(core)
+	return h, logs
+}
+
+func requestFrom(remote string) *http.Request {
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = remote
+	return r
+}
+
+func TestDenialLogIsOneInfoLinePerSourceAndInterval(t *testing.T) {
+	h, logs := deniedHandler(t, "flooded", "{remote_host}", zapcore.DebugLevel)
+	t0 := time.Unix(1_700_000_000, 0).Truncate(denialLogInterval)
+	flood := func(remote string, n int, at time.Time) {
+		t.Helper()
+		for range n {
+			if _, err := serveAt(h, requestFrom(remote), at); status(err) != http.StatusTooManyRequests {
+				t.Fatalf("%s: %v, want a denial", remote, err)
+			}
+		}
+	}
+	debugs := 0
+	infos := func() (info []observer.LoggedEntry) {
+		debugs = 0
+		for _, e := range logs.TakeAll() {
+			if e.Level == zapcore.InfoLevel {
+				info = append(info, e)
+			} else {
+				debugs++
+			}
+		}
+		return info
+	}
+	// Each source's first request is allowed.
+	for _, src := range []string{"192.0.2.1:1", "198.51.100.1:1", "203.0.113.1:1"} {
+		if _, err := serveAt(h, requestFrom(src), t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	flood("192.0.2.1:1", 500, t0)
+	got := infos()
+	if len(got) != 1 {
+		t.Fatalf("500 denials of one source: %d INFO lines, want 1", len(got))
+	}
+	f := got[0].ContextMap()
+	if got[0].Message != "rate limit exceeded" || f["zone"] != "flooded" || f["client_ip"] != "192.0.2.1" ||
+		f["source"] != "192.0.2.0/24" || f["retry_after"] != int64(3600) || f["suppressed"] != int64(0) {
+		t.Errorf("first INFO line: %q %v", got[0].Message, f)
+	}
+	if _, ok := f["key"]; ok {
+		t.Errorf("key logged without log_key: %v", f)
+	}
+	if n := debugs; n != 499 {
+		t.Errorf("%d DEBUG lines, want the other 499 denials", n)
+	}
+
+	// Another address of the same /24 is the same source.
+	flood("192.0.2.99:1", 10, t0.Add(9*time.Second))
+	if got := infos(); len(got) != 0 {
+		t.Errorf("same network, same interval: %d INFO lines, want 0", len(got))
+	}
+
+	// Two more sources: one line each.
+	flood("198.51.100.1:1", 50, t0.Add(time.Second))
+	flood("203.0.113.1:1", 50, t0.Add(2*time.Second))
+	got = infos()
+	if len(got) != 2 || got[0].ContextMap()["source"] != "198.51.100.0/24" || got[1].ContextMap()["source"] != "203.0.113.0/24" {
+		t.Errorf("two more sources: %d INFO lines %v, want one per source", len(got), got)
+	}
+
+	// The next interval: one line per source again, counting what the
+	// previous one suppressed.
+	flood("192.0.2.1:1", 3, t0.Add(denialLogInterval))
+	got = infos()
+	if len(got) != 1 || got[0].ContextMap()["suppressed"] != int64(499+10) {
+		t.Fatalf("next interval: %v, want 1 INFO line with suppressed 509", got)
+	}
+	flood("192.0.2.1:1", 1, t0.Add(3*denialLogInterval))
+	got = infos()
+	if len(got) != 1 || got[0].ContextMap()["suppressed"] != int64(2) {
+		t.Errorf("two intervals later: %v, want 1 INFO line with suppressed 2", got)
+	}
+}
+
+// However many sources flood, a zone writes at most maxInfoPerInterval INFO
+// lines per interval, and its bookkeeping stays the same fixed table.
+func TestDenialLogIsBoundedUnderManySources(t *testing.T) {
+	h, logs := deniedHandler(t, "many", "{http.request.header.X-Key}", zapcore.InfoLevel)
+	t0 := time.Unix(1_700_000_000, 0).Truncate(denialLogInterval)
+	const sources = 3000
+	for i := range sources {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-Key", "k"+strconv.Itoa(i))
+		for range 3 {
+			_, _ = serveAt(h, r, t0)
+		}
+	}
+	if n := logs.Len(); n != maxInfoPerInterval {
+		t.Errorf("%d sources denied twice each: %d INFO lines, want the bound %d", sources, n, maxInfoPerInterval)
+	}
+	if src := logs.All()[0].ContextMap()["source"]; !strings.HasPrefix(src.(string), "key:") || len(src.(string)) != len("key:")+16 {
+		t.Errorf("source of a header key %q, want key:<16 hex digits>", src)
+	}
+}
+
+func TestDenialLogKeyIsCutWithLogKey(t *testing.T) {
+	h, logs := deniedHandler(t, "longkey", "{http.request.header.X-Key}", zapcore.InfoLevel)
+	h.LogKey = true
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Key", strings.Repeat("s", 900<<10))
+	_, _ = serve(h, r)
+	if _, err := serve(h, r); status(err) != http.StatusTooManyRequests {
+		t.Fatalf("second request: %v", err)
+	}
+	key, _ := logs.All()[0].ContextMap()["key"].(string)
+	if len(key) > maxShownKey || !strings.HasPrefix(key, "sss") {
+		t.Errorf("logged key of %d bytes, want at most %d", len(key), maxShownKey)
+	}
+}
+
+// The placeholders of a denial describe the denying zone, even when an
+// earlier rate_limit handler of the same request set them for its own
+// (allowed) zone.
+func TestDenialPlaceholdersReplaceAnEarlierHandlers(t *testing.T) {
+	first := newTestHandler(t, nil, map[string]*Zone{"outer": {Limit: zoneconf.Limit{MaxEvents: 100, Window: caddy.Duration(time.Hour)}}})
+	second := newTestHandler(t, nil, map[string]*Zone{"inner": {Limit: zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(time.Hour), Burst: 1}}})
+	second.LogKey = true
+	const text = "{http.rate_limit.exceeded.name} {http.rate_limit.zone} {http.rate_limit.limit} {http.rate_limit.remaining} {http.rate_limit.retry_after} [{http.rate_limit.key}]"
+	var got []string
+	now := time.Now()
+	for range 2 {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		repl := caddyhttp.NewTestReplacer(r)
+		w := httptest.NewRecorder()
+		chain := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			return second.serveAt(w, r, okHandler, now)
+		})
+		err := first.serveAt(w, r, chain, now)
+		got = append(got, strconv.Itoa(status(err))+" "+repl.ReplaceKnown(text, ""))
+	}
+	want := []string{
+		"200 {http.rate_limit.exceeded.name} inner 1 0 0 []",
+		"429 inner inner 1 0 1800 []",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("placeholders:\n got %q\nwant %q", got, want)
+	}
+}
+
+// A denial returns a caddyhttp.HandlerError itself (not wrapped: Caddy's
+// server finds it by type assertion), made once per zone.
+func TestDenialIsOneUnwrappedHandlerErrorPerZone(t *testing.T) {
+	h := newTestHandler(t, nil, map[string]*Zone{"once": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}})
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	_, _ = serve(h, req)
+	_, err1 := serve(h, req)
+	_, err2 := serve(h, req)
+	he, ok := err1.(caddyhttp.HandlerError)
+	if !ok || he.StatusCode != http.StatusTooManyRequests || he.Err == nil || he.Err.Error() != `rate limit exceeded in zone "once"` {
+		t.Fatalf("error %T %#v, want a caddyhttp.HandlerError 429 naming the zone", err1, err1)
+	}
+	if err1 != err2 {
+		t.Errorf("two denials returned different errors: %v, %v", err1, err2)
+	}
+}
+
+// recordingEmitter stands for Caddy's events app.
+type recordingEmitter struct {
+	listening bool
+	events    []map[string]any
+}
+
+func (e *recordingEmitter) ShouldEmit(string) bool { return e.listening }
+
+func (e *recordingEmitter) Emit(_ caddy.Context, name string, data map[string]any) caddy.Event {
+	e.events = append(e.events, data)
+	return caddy.Event{}
+}
+
+func TestEventOnlyWhenSomethingListens(t *testing.T) {
+	for _, listening := range []bool{false, true} {
+		h, _ := deniedHandler(t, "evented_"+strconv.FormatBool(listening), "{remote_host}", zapcore.InfoLevel)
+		ev := &recordingEmitter{listening: listening}
+		h.events = ev
+		r := requestFrom("203.0.113.9:4")
+		now := time.Now()
+		for range 3 {
+			_, _ = serveAt(h, r, now)
+		}
+		if !listening {
+			if len(ev.events) != 0 {
+				t.Errorf("nothing listens: %d events emitted", len(ev.events))
+			}
+			continue
+		}
+		if len(ev.events) != 2 {
+			t.Fatalf("%d events for 2 denials, want 2", len(ev.events))
+		}
+		e := ev.events[0]
+		if e["zone"] != h.zones[0].name || e["client_ip"] != "203.0.113.9" || e["source"] != "203.0.113.0/24" || e["retry_after"] != int64(3600) {
+			t.Errorf("event data %v", e)
+		}
+		if _, ok := e["key"]; ok {
+			t.Errorf("event carries the key without log_key: %v", e)
+		}
+	}
+}
+
+// What a request costs in allocations, in the handler itself: the response
+// headers are one allocation, placeholders none; a denial adds its
+// placeholder provider, and builds no log line, event or error.
+func TestHandlerAllocations(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		key     string
+		headers bool
+		denied  bool
+		want    float64
+	}{
+		{"allowed", "{http.vars.client_ip}", true, false, 1},
+		{"allowed_no_headers", "{http.vars.client_ip}", false, false, 0},
+		{"allowed_header_key", "{http.request.header.X-Key}", true, false, 1},
+		{"denied", "{http.vars.client_ip}", true, true, 2},
+		{"denied_no_headers", "{http.vars.client_ip}", false, true, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			events := int64(1000)
+			if tt.denied {
+				events = 1
+			}
+			h, _ := limitedHandler(t, "allocs_"+tt.name, tt.key, events, zapcore.InfoLevel)
+			h.DisableHeaders = !tt.headers
+			h.events = &recordingEmitter{}
+			r := requestFrom("192.0.2.1:1234")
+			r.Header.Set("X-Key", "alice")
+			caddyhttp.NewTestReplacer(r)
+			r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "192.0.2.1"}))
+			w := httptest.NewRecorder()
+			now := time.Now()
+			serveOnce := func() {
+				clear(w.HeaderMap)
+				_ = h.serveAt(w, r, okHandler, now)
+			}
+			serveOnce() // the first denial is logged at INFO
+			serveOnce()
+			if got := testing.AllocsPerRun(200, serveOnce); got > tt.want {
+				t.Errorf("%v allocations per request, want at most %v", got, tt.want)
+			}
+		})
 	}
 }

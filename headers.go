@@ -3,58 +3,102 @@ package floodgate
 import (
 	"net/http"
 	"strconv"
-	"strings"
+	"unsafe"
 )
 
 // The header fields in canonical form (textproto.CanonicalMIMEHeaderKey), so
 // that setting them does not canonicalise on every request.
 const (
-	policyField = "Ratelimit-Policy"
-	limitField  = "Ratelimit"
+	policyField     = "Ratelimit-Policy"
+	limitField      = "Ratelimit"
+	retryAfterField = "Retry-After"
 )
 
-// setHeaders writes the RateLimit-Policy and RateLimit fields of
+// responseHeaders holds the values of the rate-limit header fields of one
+// response, and is their only allocation: the []string each field needs and
+// the bytes of the values live in it. Each value gets its own slice, because
+// handlers after this one may change a field's values in place (Caddy's
+// `header` directive does); strings are never changed.
+type responseHeaders struct {
+	policy, limit, retryAfter [1]string
+	// buf holds the text of the values made per request; a longer text
+	// spills to the heap.
+	buf [120]byte
+	n   int
+}
+
+// setRateLimit writes the RateLimit-Policy and RateLimit fields of
 // draft-ietf-httpapi-ratelimit-headers-10, one list item per zone that
 // applied to the request:
 //
 //	RateLimit-Policy: "api";q=100;w=60
 //	RateLimit: "api";r=42;t=18
 //
-// q is the zone's burst and w its window in seconds; r is what the key may
-// still take now and t the seconds until its bucket is full again, both
-// rounded up. Each quota of a zone is an item of its own, named after the
-// zone and its window (quotaName). Zone names are restricted (validZoneName) so that they need no
-// escaping in a quoted string.
-func setHeaders(hdr http.Header, verdicts []verdict) {
-	if len(verdicts) == 1 && len(verdicts[0].q) == 0 {
-		hdr[policyField] = []string{verdicts[0].z.policy}
+// q is the zone's burst and w its window in seconds, rounded up; r is what
+// the key may still take now, rounded down, and t the seconds until its
+// bucket is full again, rounded up. Each quota of a zone is an item of its
+// own, named after the zone and its window (quotaName). Zone names are restricted
+// (validZoneName) so that they need no escaping in a quoted string.
+func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
+	if len(verdicts) == 1 && len(verdicts[0].z.quotas) == 0 {
+		h.policy[0] = verdicts[0].z.policy
 	} else {
-		var p strings.Builder
+		b := h.start()
 		for i, v := range verdicts {
 			if i > 0 {
-				p.WriteString(", ")
+				b = append(b, ", "...)
 			}
-			p.WriteString(v.z.policy)
-			for _, q := range v.z.quotaPolicies {
-				p.WriteString(", ")
-				p.WriteString(q)
+			b = append(b, v.z.policy...)
+			for _, p := range v.z.quotaPolicies {
+				b = append(b, ", "...)
+				b = append(b, p...)
 			}
 		}
-		hdr[policyField] = []string{p.String()}
+		h.policy[0] = h.text(b)
 	}
-	var buf [96]byte
-	b := buf[:0]
+	b := h.start()
 	for i, v := range verdicts {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = appendLimitItem(b, v.z.name, v.rate.Remaining, ceilSeconds(v.rate.Reset))
-		for j, q := range v.q {
+		// d is the zone's answer; with quotas, that combines the rate's
+		// and theirs, and each has an item of its own.
+		rate := v.d
+		if len(v.z.quotas) > 0 {
+			rate = v.rate
+		}
+		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(rate.Reset))
+		for j, q := range v.quotas() {
 			b = append(b, ", "...)
 			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(q.Reset))
 		}
 	}
-	hdr[limitField] = []string{string(b)}
+	h.limit[0] = h.text(b)
+	hdr[policyField] = h.policy[:]
+	hdr[limitField] = h.limit[:]
+}
+
+// setRetryAfter writes the Retry-After field: secs, a number of seconds.
+func (h *responseHeaders) setRetryAfter(hdr http.Header, secs int64) {
+	h.retryAfter[0] = h.text(strconv.AppendInt(h.start(), secs, 10))
+	hdr[retryAfterField] = h.retryAfter[:]
+}
+
+// start returns where the next value is to be appended: the unused end of
+// buf, with no length.
+func (h *responseHeaders) start() []byte { return h.buf[h.n:h.n] }
+
+// text returns b, a value appended to start(), as a string without copying
+// it. The bytes are never written again: later values are appended after
+// them, and a value that outgrows buf moves to a new array.
+func (h *responseHeaders) text(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if h.n < len(h.buf) && unsafe.SliceData(b) == &h.buf[h.n] {
+		h.n += len(b) // it stayed in buf
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
 // appendLimitItem appends one RateLimit list item: `"name";r=<remaining>;t=<seconds>`.

@@ -62,16 +62,17 @@ func (a *App) sharesLayer4Zone(z *zone) bool {
 }
 
 func (z *zone) layer4() layer4.Zone {
+	z.counts.layer4.Store(true)
 	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6, Count: z.count}
 }
 
-// count records one decision of the zone in its metrics.
-func (z *zone) count(denied bool) {
-	if denied {
-		z.denied.Inc()
-	} else {
-		z.allowed.Inc()
+// count records one connection the zone decided.
+func (z *zone) count(over bool) {
+	o := outcomeAllowed
+	if over {
+		o = outcomeDenied
 	}
+	z.counts.connections[o].Add(1)
 }
 
 var _ layer4.Zones = (*App)(nil)

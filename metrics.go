@@ -2,33 +2,183 @@ package floodgate
 
 import (
 	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/floodgate-rl/floodgate/limiter"
 )
 
-// requests counts the requests the rate_limit handler decided and the
-// connections the layer4 matcher decided, by zone and outcome (allowed or
-// denied). Labels are bounded by the configuration: never a key.
-var requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Namespace: "caddy",
-	Subsystem: "rate_limit",
-	Name:      "requests_total",
-	Help:      "Requests (HTTP) and connections (layer4) checked by rate_limit, by zone and outcome.",
-}, []string{"zone", "outcome"})
+// An outcome is what a zone did with a request.
+type outcome uint8
 
-// counter is a metric a zone increments; nil when metrics are disabled.
-type counter = prometheus.Counter
+const (
+	outcomeAllowed outcome = iota
+	outcomeDenied
+	// logged and delayed are for zones whose action is to log, or to hold,
+	// an over-limit request instead of denying it (action log, action
+	// delay).
+	outcomeLogged
+	outcomeDelayed
+	numOutcomes
+)
 
-// registerMetrics registers the collectors with the registry of the config
-// being loaded: each config has its own registry, and the same collector
-// registered again keeps its counts across reloads.
+var outcomeNames = [numOutcomes]string{"allowed", "denied", "logged", "delayed"}
+
+// zoneCounts is what a zone has done, kept per zone name in countsPool so
+// that every config holding a zone of that name shares it: counts survive a
+// reload (the new config acquires them before the old one releases them) and
+// go when the last config with the zone is cleaned up. It also holds the
+// sketch of the zone's most denied sources, and the zone's table statistics
+// computed at most once per statsEvery.
+type zoneCounts struct {
+	// requests by outcome. Each update is one atomic add on a line every
+	// core writes, which is what a Prometheus counter would cost.
+	requests [numOutcomes]atomic.Uint64
+	// extraWeight by outcome is the weight beyond 1 per request, so that a
+	// request of weight 1 costs one atomic add; the weight of an outcome is
+	// requests + extraWeight.
+	extraWeight [numOutcomes]atomic.Uint64
+	// connections decided by layer4 matchers: allowed and denied.
+	connections [2]atomic.Uint64
+	// layer4 is set once a layer4 matcher uses the zone, which then reports
+	// connections.
+	layer4 atomic.Bool
+	// held is the number of requests waiting for tokens now (the delayed
+	// outcome, before its wait is over).
+	held atomic.Int64
+
+	// top ranks the sources the zone denied most.
+	top *limiter.TopK[source]
+
+	statsMu sync.Mutex
+	statsAt time.Time
+	statsOf *limiter.Buckets
+	stats   limiter.BucketStats
+}
+
+const (
+	// topCapacity is how many sources a zone's sketch tracks: any source
+	// with more than 1/64 of the zone's denials is sure to be among them.
+	topCapacity = 64
+	// topWindow is the sketch's window: /top covers the last one to two.
+	topWindow = time.Minute
+	// statsEvery bounds how often a zone's table is measured (up to
+	// 65,536 lines read, about a millisecond), however often /metrics and
+	// the admin API are asked.
+	statsEvery = time.Second
+)
+
+// countsPool holds a *zoneCounts per zone name.
+var countsPool = caddy.NewUsagePool()
+
+// Destruct implements caddy.Destructor.
+func (*zoneCounts) Destruct() error { return nil }
+
+// acquireCounts returns the counts of the zone name, shared with every other
+// config that holds it. Release them with releaseCounts.
+func acquireCounts(name string) *zoneCounts {
+	v, _, _ := countsPool.LoadOrNew(name, func() (caddy.Destructor, error) {
+		return &zoneCounts{top: limiter.NewTopK[source](topCapacity, topWindow)}, nil
+	})
+	return v.(*zoneCounts)
+}
+
+func releaseCounts(name string) { _, _ = countsPool.Delete(name) }
+
+// count records a request of the given weight.
+func (c *zoneCounts) count(o outcome, weight int64) {
+	c.requests[o].Add(1)
+	if weight != 1 {
+		c.extraWeight[o].Add(uint64(weight - 1))
+	}
+}
+
+// weight returns the total weight of the requests with outcome o.
+func (c *zoneCounts) weight(o outcome) uint64 {
+	return c.requests[o].Load() + c.extraWeight[o].Load()
+}
+
+// tableStats measures b, or returns the figures measured less than
+// statsEvery ago.
+func (c *zoneCounts) tableStats(b *limiter.Buckets, now time.Time) limiter.BucketStats {
+	c.statsMu.Lock()
+	defer c.statsMu.Unlock()
+	if c.statsOf != b || now.Sub(c.statsAt) >= statsEvery || now.Before(c.statsAt) {
+		c.stats, c.statsOf, c.statsAt = b.Stats(now), b, now
+	}
+	return c.stats
+}
+
+// Metric descriptions. Labels are bounded by the configuration (zone, and an
+// outcome from a fixed list): never a key.
+var (
+	requestsDesc = prometheus.NewDesc("caddy_rate_limit_requests_total",
+		"HTTP requests checked by a rate_limit zone, by zone and outcome (allowed, denied, logged, delayed).",
+		[]string{"zone", "outcome"}, nil)
+	weightDesc = prometheus.NewDesc("caddy_rate_limit_weight_total",
+		"Weight of the HTTP requests checked by a rate_limit zone, by zone and outcome.",
+		[]string{"zone", "outcome"}, nil)
+	connectionsDesc = prometheus.NewDesc("caddy_rate_limit_connections_total",
+		"Connections checked by a layer4 rate_limit matcher, by zone and outcome (allowed, denied).",
+		[]string{"zone", "outcome"}, nil)
+	heldDesc = prometheus.NewDesc("caddy_rate_limit_held_requests",
+		"Requests a rate_limit zone is holding until they may pass.",
+		[]string{"zone"}, nil)
+	memoryDesc = prometheus.NewDesc("caddy_rate_limit_memory_bytes",
+		"Size of a rate_limit zone's table.",
+		[]string{"zone"}, nil)
+	occupancyDesc = prometheus.NewDesc("caddy_rate_limit_occupancy_ratio",
+		"Share of a rate_limit zone's counters in use (not full), measured at most once a second.",
+		[]string{"zone"}, nil)
+	falseDenyDesc = prometheus.NewDesc("caddy_rate_limit_false_deny_ratio",
+		"Estimated probability that a rate_limit zone denies a key never seen before, measured at most once a second.",
+		[]string{"zone"}, nil)
+)
+
+// collector reports the zones of the running config when scraped. Zones a
+// reload removed are not running, so their series are gone.
+type collector struct{}
+
+func (collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc} {
+		ch <- d
+	}
+}
+
+func (collector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, z := range liveZones() {
+		c := z.counts
+		for o := range numOutcomes {
+			ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.CounterValue, float64(c.requests[o].Load()), z.name, outcomeNames[o])
+			ch <- prometheus.MustNewConstMetric(weightDesc, prometheus.CounterValue, float64(c.weight(o)), z.name, outcomeNames[o])
+		}
+		if c.layer4.Load() {
+			for o := range outcomeDenied + 1 {
+				ch <- prometheus.MustNewConstMetric(connectionsDesc, prometheus.CounterValue, float64(c.connections[o].Load()), z.name, outcomeNames[o])
+			}
+		}
+		s := c.tableStats(z.buckets, now)
+		ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(c.held.Load()), z.name)
+		ch <- prometheus.MustNewConstMetric(memoryDesc, prometheus.GaugeValue, float64(z.buckets.Bytes()), z.name)
+		ch <- prometheus.MustNewConstMetric(occupancyDesc, prometheus.GaugeValue, s.Busy, z.name)
+		ch <- prometheus.MustNewConstMetric(falseDenyDesc, prometheus.GaugeValue, s.FalseDeny, z.name)
+	}
+}
+
+// registerMetrics registers the collector with the registry of the config
+// being loaded: each config has its own registry, and the collector reads
+// counts that outlive any one config.
 func registerMetrics(ctx caddy.Context) {
 	reg := ctx.GetMetricsRegistry()
 	if reg == nil {
 		return
 	}
-	if err := reg.Register(requests); err != nil {
+	if err := reg.Register(collector{}); err != nil {
 		var already prometheus.AlreadyRegisteredError
 		if !errors.As(err, &already) {
 			ctx.Logger().Error("registering rate_limit metrics: " + err.Error())

@@ -41,10 +41,6 @@ func init() {
 // is a tableKey; the value a *table.
 var tables = caddy.NewUsagePool()
 
-// testNow, when set by a test in this package, is the clock of every table
-// created afterwards.
-var testNow func() time.Time
-
 // A tableKey identifies a table: a zone keeps its table across a reload only
 // if its name and the table's shape stay the same.
 type tableKey struct {
@@ -80,7 +76,7 @@ func (t *table) putInForce(app *App, limit limiter.Limit) error {
 	}
 	prev := t.buckets.Limit()
 	if prev != limit {
-		if err := t.buckets.SetLimit(limit); err != nil {
+		if err := t.buckets.SetLimit(limit, time.Now()); err != nil {
 			return err
 		}
 	}
@@ -101,7 +97,7 @@ func (t *table) giveBack(app *App) {
 	}
 	if t.buckets.Limit() != t.prevLimit {
 		// prevLimit was in force before, so it is valid.
-		_ = t.buckets.SetLimit(t.prevLimit)
+		_ = t.buckets.SetLimit(t.prevLimit, time.Now())
 	}
 	t.owner, t.prevOwner = t.prevOwner, nil
 }
@@ -115,9 +111,6 @@ func (*table) Destruct() error { return nil }
 // applied by App.Start, when the config that asked for them goes live.
 func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*table, error) {
 	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		if testNow != nil {
-			cfg.Now = testNow
-		}
 		b, err := limiter.NewBuckets(cfg)
 		if err != nil {
 			return nil, err

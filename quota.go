@@ -23,9 +23,10 @@ type Quota struct {
 	Window caddy.Duration `json:"window,omitempty"`
 }
 
-// maxQuotas is how many quotas a zone may have: each is one more decision
-// per request, and a request's decisions live on its stack.
-const maxQuotas = 4
+// maxQuotas is how many quotas a zone may have (an hour's and a day's, say):
+// each is one more decision per request, and every zone's room for them is
+// on the stack of every request.
+const maxQuotas = 2
 
 // sketchRows is the depth of every quota's sketch: limiter's default.
 const sketchRows = limiter.DefaultSketchRows
@@ -138,23 +139,12 @@ func quotaName(zone string, w time.Duration) string {
 	return zone + "/" + strconv.FormatInt(s, 10) + "s"
 }
 
-// reserveQuotas gives v room for z's quota decisions at the end of quotas,
-// the request's store of them, and returns it grown.
-func (z *zone) reserveQuotas(v *verdict, quotas []limiter.Decision) []limiter.Decision {
-	start := len(quotas)
-	for range z.quotas {
-		quotas = append(quotas, limiter.Decision{})
-	}
-	v.q = quotas[start:len(quotas):len(quotas)]
-	return quotas
-}
-
 // take asks every policy of z (its rate, then its quotas) for v's weight in
 // txn, and sets v's decisions.
-func (z *zone) take(txn *limiter.Txn, v *verdict) {
-	v.rate = txn.Take(z.buckets, v.hash, v.weight)
+func (z *zone) take(txn *limiter.Txn, v *verdict, now time.Time) {
+	v.rate = txn.Take(z.buckets, v.c.hash, v.weight, now)
 	for i, s := range z.quotas {
-		v.q[i] = txn.Take(s, v.hash, v.weight)
+		v.q[i] = txn.Take(s, v.c.hash, v.weight, now)
 	}
 	v.combine()
 }
@@ -162,16 +152,16 @@ func (z *zone) take(txn *limiter.Txn, v *verdict) {
 // peek replaces v's decisions by what z's policies hold now, charging
 // nothing: all of them, or only those that granted (and were refunded since,
 // because another policy denied the request).
-func (z *zone) peek(v *verdict, all bool) {
+func (z *zone) peek(v *verdict, all bool, now time.Time) {
 	if all || v.rate.Allowed {
-		v.rate = z.buckets.PeekHash(v.hash, v.weight)
+		v.rate = z.buckets.PeekHash(v.c.hash, v.weight, now)
 	}
 	for i, s := range z.quotas {
 		if all || v.q[i].Allowed {
 			// Sketch.PeekHash reports what would remain after the
 			// request, Buckets.PeekHash what remains now; the headers
 			// say what remains now.
-			d := s.PeekHash(v.hash, v.weight)
+			d := s.PeekHash(v.c.hash, v.weight, now)
 			if d.Allowed {
 				d.Remaining = min(d.Remaining+v.weight, d.Limit)
 			}
@@ -181,12 +171,15 @@ func (z *zone) peek(v *verdict, all bool) {
 	v.combine()
 }
 
+// quotas are the decisions of the quotas of v's zone.
+func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
+
 // combine sets v.d, the zone's answer, from its policies': allowed if all
 // allow, the fewest tokens left, the longest wait of those that deny, the
 // latest reset.
 func (v *verdict) combine() {
 	v.d = v.rate
-	for _, q := range v.q {
+	for _, q := range v.quotas() {
 		if !q.Allowed {
 			if v.d.Allowed {
 				v.d.Allowed, v.d.RetryAfter = false, q.RetryAfter

@@ -3,6 +3,7 @@ package floodgate
 import (
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -15,6 +16,9 @@ type afterCharge struct {
 	z    *zone
 	hash uint64
 	paid int64
+	// now is when the request arrived. Charges add to what a key owes
+	// whenever they are made, so the arrival time serves.
+	now time.Time
 }
 
 // settle charges what a response reported beyond what its request paid.
@@ -26,9 +30,9 @@ func (c afterCharge) settle(reported int64) {
 	if extra <= 0 {
 		return
 	}
-	c.z.buckets.Charge(c.hash, extra)
+	c.z.buckets.Charge(c.hash, extra, c.now)
 	for _, s := range c.z.quotas {
-		s.Add(c.hash, min(extra, s.Quota()))
+		s.Add(c.hash, min(extra, s.Quota()), c.now)
 	}
 }
 
@@ -46,7 +50,7 @@ type costWriter struct {
 
 // serveCharged passes the request on; for zones whose cost the response
 // reports, through a costWriter that charges it.
-func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts []verdict, next caddyhttp.Handler) error {
+func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts []verdict, next caddyhttp.Handler, now time.Time) error {
 	var cw *costWriter
 	for i := range verdicts {
 		v := &verdicts[i]
@@ -57,7 +61,7 @@ func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts 
 			cw = &costWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 			cw.pending = cw.inline[:0]
 		}
-		cw.pending = append(cw.pending, afterCharge{z: v.z, hash: v.hash, paid: v.weight})
+		cw.pending = append(cw.pending, afterCharge{z: v.z, hash: v.c.hash, paid: v.weight, now: now})
 	}
 	if cw == nil {
 		return next.ServeHTTP(w, r)

@@ -3,9 +3,6 @@ package floodgate
 import (
 	"fmt"
 	"math"
-	"net"
-	"net/http"
-	"net/netip"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -33,8 +30,9 @@ type Zone struct {
 	// `{http.vars.client_ip}` (the client IP honouring `trusted_proxies`) or
 	// `{http.request.header.X-API-Key}`. A key that expands to an IP address
 	// is grouped by network with ipv4_prefix and ipv6_prefix; any other
-	// value is hashed, whatever its length, and never stored. Default: empty,
-	// which makes the zone one bucket shared by all requests.
+	// value is hashed and never stored. A key longer than 8 KiB is
+	// identified by its first 8 KiB. Default: empty, which makes the zone
+	// one bucket shared by all requests.
 	Key string `json:"key,omitempty"`
 
 	// FallbackKeys are tried in order when Key expands to the empty string;
@@ -66,7 +64,7 @@ type Zone struct {
 
 	// Quotas are rolling limits beside the rate: at most max_events in
 	// any window of that length. A request is charged to the rate and
-	// every quota only if all of them allow it. At most 4 per zone.
+	// every quota only if all of them allow it. At most 2 per zone.
 	Quotas []Quota `json:"quotas,omitempty"`
 
 	// Action is what happens to a request this zone would deny: "deny"
@@ -119,36 +117,6 @@ func validZoneName(name string) error {
 	return nil
 }
 
-// keyKind says how a key is read from a request.
-type keyKind uint8
-
-const (
-	// keyTemplate is expanded by the replacer.
-	keyTemplate keyKind = iota
-	// keyClientIP is the client IP Caddy computed (honouring
-	// trusted_proxies), read from the request's vars.
-	keyClientIP
-	// keyRemoteIP is the address of the connection's peer.
-	keyRemoteIP
-)
-
-type keySpec struct {
-	kind     keyKind
-	template string
-	// name is the key as configured, for the key_name placeholder.
-	name string
-}
-
-func parseKeySpec(s string) keySpec {
-	switch s {
-	case "{http.vars.client_ip}", "{client_ip}":
-		return keySpec{kind: keyClientIP, name: s}
-	case "{http.request.remote.host}", "{remote_host}":
-		return keySpec{kind: keyRemoteIP, name: s}
-	}
-	return keySpec{kind: keyTemplate, template: s, name: s}
-}
-
 // zone is a Zone provisioned for one config: its matchers, its parsed keys and
 // the table it shares with every other config that holds the same zone.
 type zone struct {
@@ -167,8 +135,22 @@ type zone struct {
 	buckets    *limiter.Buckets // table.buckets
 	// policy is the zone's RateLimit-Policy item: `"name";q=<burst>;w=<s>`.
 	policy string
-	// allowed, denied, logged and delayed count the zone's requests.
-	allowed, denied, logged, delayed counter
+	// exceeded is the error of every request the zone denies: a
+	// caddyhttp.HandlerError made once, because Caddy only reads it (see
+	// denialError).
+	exceeded error
+	// denials decides which denials are logged at INFO; made at the
+	// zone's first denial.
+	denials atomic.Pointer[denialLog]
+	// conf is the zone's configuration, as the admin API shows it.
+	conf *Zone
+	// counts are what the zone has done, shared by every config that has
+	// a zone of this name (see zoneCounts).
+	counts *zoneCounts
+	// keyNames are the zone's keys as configured, for the key_name
+	// placeholder and the log; keyNameValues the same, boxed once.
+	keyNames      []string
+	keyNameValues []any
 
 	// costs are the zone's weight rules; pricesAll is set if one of them
 	// matches every request. grantable is the largest weight the zone can
@@ -193,8 +175,6 @@ type zone struct {
 
 	action   action
 	maxDelay time.Duration
-	// held counts the requests the zone holds now (action delay).
-	held atomic.Int64
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -207,11 +187,14 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		name:      name,
 		nameValue: name,
 		limit:     zc.Rate(),
+		conf:      zc,
 	}
 	z.v4, z.v6 = zc.Prefixes(defaultIPv4Prefix, defaultIPv6Prefix)
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
 		if k != "" {
 			z.keys = append(z.keys, parseKeySpec(k))
+			z.keyNames = append(z.keyNames, k)
+			z.keyNameValues = append(z.keyNameValues, k)
 		}
 	}
 	if zc.MatcherSetsRaw != nil {
@@ -236,10 +219,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	}
 	z.burstValue = burst
 	z.policy = policyItem(name, burst, z.limit.Window) + z.unit
-	z.allowed = requests.WithLabelValues(name, "allowed")
-	z.denied = requests.WithLabelValues(name, "denied")
-	z.logged = requests.WithLabelValues(name, "logged")
-	z.delayed = requests.WithLabelValues(name, "delayed")
+	z.exceeded = denialError(name)
 	if err := z.provisionQuotas(zc); err != nil {
 		z.releaseQuotas()
 		return nil, err
@@ -251,73 +231,16 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}
 	z.table, z.buckets = t, t.buckets
+	z.counts = acquireCounts(name)
 	return z, nil
 }
 
-// release gives back the zone's references to its table and sketches.
+// release gives back the zone's references to its table, sketches and
+// counts.
 func (z *zone) release() {
 	releaseTable(z.tkey)
 	z.releaseQuotas()
-}
-
-// key returns the hash of the request's key for this zone, the key as text
-// (for logs with log_key), and which configured key gave it ("" if none
-// did).
-//
-// The first key that is not empty wins. An IP address (from the client IP
-// fast path or from a template that expands to one) is masked to the zone's
-// prefixes; anything else is hashed as bytes. With every key empty the result
-// is the hash of the empty key, one bucket shared by all such requests.
-func (z *zone) key(r *http.Request, repl *caddy.Replacer) (uint64, string, string) {
-	for _, k := range z.keys {
-		var s string
-		switch k.kind {
-		case keyClientIP:
-			s = clientIP(r)
-		case keyRemoteIP:
-			s = remoteIP(r)
-		default:
-			s = repl.ReplaceAll(k.template, "")
-		}
-		if s == "" {
-			continue
-		}
-		return z.hash(s), s, k.name
-	}
-	return limiter.Hash(nil), "", ""
-}
-
-// hash hashes a non-empty key, grouping IP addresses by network.
-func (z *zone) hash(s string) uint64 {
-	if len(s) <= maxIPText {
-		if a, err := netip.ParseAddr(s); err == nil {
-			nk := limiter.NetworkKey(a.WithZone(""), z.v4, z.v6)
-			return limiter.Hash(nk.Bytes())
-		}
-	}
-	return limiter.HashString(s)
-}
-
-// maxIPText is the length of the longest IP address text worth parsing
-// (a full IPv6 address with an embedded IPv4 part and a zone).
-const maxIPText = 64
-
-// clientIP returns the client IP that Caddy computed for r (honouring
-// trusted_proxies), or the peer's address outside a Caddy server.
-func clientIP(r *http.Request) string {
-	if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok && ip != "" {
-		return ip
-	}
-	return remoteIP(r)
-}
-
-// remoteIP returns the host part of r.RemoteAddr.
-func remoteIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
+	releaseCounts(z.name)
 }
 
 // policyItem formats a RateLimit-Policy list item
@@ -337,4 +260,21 @@ func ceilSeconds(d time.Duration) int64 {
 		return math.MaxInt64 / int64(time.Second)
 	}
 	return int64((d + time.Second - 1) / time.Second)
+}
+
+// keyName is the key of z that gave charge c, as configured, or "" if every
+// key was empty.
+func (z *zone) keyName(c charge) string {
+	if c.key < 0 || c.key >= len(z.keyNames) {
+		return ""
+	}
+	return z.keyNames[c.key]
+}
+
+// keyNameValue is keyName as a placeholder value, without boxing it again.
+func (z *zone) keyNameValue(c charge) any {
+	if c.key < 0 || c.key >= len(z.keyNameValues) {
+		return ""
+	}
+	return z.keyNameValues[c.key]
 }

@@ -8,7 +8,14 @@
 // Tests here must not call t.Parallel: every InitServer replaces the one
 // Caddy's whole config. Zone names are unique per test, because a zone's
 // state deliberately survives config loads. No test sleeps: windows are long
-// enough that no token returns during a test.
+// enough that no token returns during a test, and a value that depends on
+// how long the requests took (Retry-After, t=) is checked against the time
+// the test measured around them (see checkSeconds).
+//
+// After a config load, the next request must reach the new config, on a new
+// connection: every client of this process opens a connection per request
+// (TestMain), and every load waits until the old config's sockets are closed
+// (settle).
 package integration
 
 import (
@@ -16,11 +23,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
@@ -48,6 +58,11 @@ func TestMain(m *testing.M) {
 	}
 	os.Setenv("XDG_DATA_HOME", dir)
 	os.Setenv("XDG_CONFIG_HOME", dir)
+	// No client of this process keeps a connection alive: one kept from
+	// before a config load would reach a server that the load shut down
+	// (reset, EOF, or an answer from the old config). newTester's client
+	// does the same.
+	http.DefaultTransport.(*http.Transport).DisableKeepAlives = true
 	// Start the in-process Caddy here rather than in the first InitServer,
 	// which polls for it once a second for at most 10 s: on a loaded machine
 	// that was not always enough. caddy.Load returns once the admin
@@ -84,14 +99,36 @@ func config(extra, body string) string {
 	return globals(extra) + fmt.Sprintf("http://localhost:%d {\n%s\n}\n", httpPort, body)
 }
 
-func newTester(t *testing.T) *caddytest.Tester {
+// tester is a caddytest.Tester whose client opens a new connection for every
+// request, and whose InitServer returns once the new config alone serves.
+type tester struct {
+	*caddytest.Tester
+	t *testing.T
+}
+
+func newTester(t *testing.T) *tester {
 	t.Helper()
-	return caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	tc := caddytest.NewTester(t).WithDefaultOverrides(caddytest.Config{AdminPort: adminPort})
+	tc.Client.Transport.(*http.Transport).DisableKeepAlives = true
+	return &tester{Tester: tc, t: t}
+}
+
+// InitServer loads cfg ("caddyfile" or "json") and fails the test if Caddy
+// refuses it. It replaces caddytest's, which polls GET /config/ and sleeps a
+// second whenever that request meets the old admin endpoint's socket.
+func (tc *tester) InitServer(cfg, adapter string) {
+	tc.t.Helper()
+	if testing.Short() {
+		tc.t.Skip("starts Caddy")
+	}
+	if err := load(tc.t, cfg, adapter); err != nil {
+		tc.t.Fatalf("loading the config: %v", err)
+	}
 }
 
 // get sends a GET to path on the test site with the given headers
 // ("Name: value") and returns the status, the body and the response.
-func get(t *testing.T, tc *caddytest.Tester, path string, headers ...string) (int, string, *http.Response) {
+func get(t *testing.T, tc *tester, path string, headers ...string) (int, string, *http.Response) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, baseURL+path, nil)
 	if err != nil {
@@ -119,7 +156,7 @@ func do(t *testing.T, c *http.Client, req *http.Request) (int, string, *http.Res
 }
 
 // codes sends n GETs and returns their status codes, e.g. "200 200 429".
-func codes(t *testing.T, tc *caddytest.Tester, n int, path string, headers ...string) string {
+func codes(t *testing.T, tc *tester, n int, path string, headers ...string) string {
 	t.Helper()
 	var out []string
 	for range n {
@@ -129,9 +166,9 @@ func codes(t *testing.T, tc *caddytest.Tester, n int, path string, headers ...st
 	return strings.Join(out, " ")
 }
 
-// load posts a config to the admin endpoint and returns the error Caddy
-// reports, if any. Unlike caddytest.AssertLoadError it uses this package's
-// admin port, and it does not wait for the config to be running.
+// load posts a config to the admin endpoint, waits until the config that
+// serves afterwards is the only one listening (settle), and returns the error
+// Caddy reports, if any.
 func load(t *testing.T, cfg, adapter string) error {
 	t.Helper()
 	ct := "application/json"
@@ -150,10 +187,89 @@ func load(t *testing.T, cfg, adapter string) error {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	settle(t)
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%d: %s", resp.StatusCode, body)
 	}
 	return nil
+}
+
+// settle waits until none of this package's ports has more than one
+// listening socket. Caddy listens with SO_REUSEPORT: a load opens the new
+// config's sockets beside the old ones, and the replaced HTTP servers and
+// admin endpoint (or the servers of a config that failed to start) close
+// theirs in goroutines, after /load has answered. Until then the kernel hands
+// some new connections to an old socket, where the old config answers them or
+// its closing resets them. /load answers after the new sockets listen, so
+// nothing else needs waiting for.
+func settle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		port, n := 0, 0
+		for _, p := range []int{adminPort, httpPort, httpsPort} {
+			c, err := listening(p)
+			if err != nil {
+				t.Fatalf("counting the sockets listening on port %d: %v", p, err)
+			}
+			if c > 1 {
+				port, n = p, c
+			}
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after a config load, %d sockets still listen on port %d", n, port)
+		}
+		time.Sleep(time.Millisecond) // Caddy's goroutines closing sockets, not a rate
+	}
+}
+
+// listening returns how many TCP sockets of this network namespace listen on
+// port, IPv4 and IPv6 (Linux only, as are the 127.0.0.0/8 client addresses
+// some tests use).
+func listening(port int) (int, error) {
+	n := 0
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		table, err := os.ReadFile(file)
+		if err != nil {
+			return 0, err
+		}
+		// sl local_address rem_address st ...; addresses are HEXIP:HEXPORT,
+		// state 0A is LISTEN.
+		for _, line := range strings.Split(string(table), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 4 || f[3] != "0A" {
+				continue
+			}
+			p, err := strconv.ParseUint(f[1][strings.LastIndexByte(f[1], ':')+1:], 16, 16)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %q: %v", file, line, err)
+			}
+			if int(p) == port {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// checkSeconds parses got, a whole number of seconds that a server computed
+// as the ceiling of full minus the time since some moment, and fails the test
+// unless it is within what that allows when that time is between 0 and
+// elapsed, which the test measured around the requests involved.
+func checkSeconds(t *testing.T, what, got string, full, elapsed time.Duration) int64 {
+	t.Helper()
+	if elapsed >= full-time.Second {
+		t.Fatalf("%s: the requests took %v, too close to the %v being measured", what, elapsed, full)
+	}
+	lo, hi := int64(math.Ceil((full - elapsed).Seconds())), int64(math.Ceil(full.Seconds()))
+	n, err := strconv.ParseInt(got, 10, 64)
+	if err != nil || n < lo || n > hi {
+		t.Errorf("%s = %q, want %d to %d (%v less up to the %v the requests took)", what, got, lo, hi, full, elapsed)
+	}
+	return n
 }
 
 // clientFrom returns an HTTP client whose connections come from the local

@@ -1,10 +1,16 @@
 package integration
 
 import (
-	"net"
+	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 func TestZoneMatcherSelectsRequests(t *testing.T) {
@@ -78,18 +84,20 @@ func TestHandleErrorsSeesPlaceholdersAndRetryAfter(t *testing.T) {
 		respond "limited by {http.rate_limit.exceeded.name} zone={http.rate_limit.zone} limit={http.rate_limit.limit} remaining={http.rate_limit.remaining} retry={http.rate_limit.retry_after} status={err.status_code}" 429
 	}`), "caddyfile")
 
+	start := time.Now()
 	if code, body, _ := get(t, tc, "/"); code != 200 || body != "ok" {
 		t.Fatalf("first request: %d %q", code, body)
 	}
 	code, body, resp := get(t, tc, "/")
-	want := "limited by errors_zone zone=errors_zone limit=1 remaining=0 retry=100 status=429"
+	elapsed := time.Since(start)
+	// One token returns every 100 s: the wait is 100 s less the time
+	// between the two requests, rounded up, in Retry-After and in the
+	// retry_after placeholder alike.
+	ra := resp.Header.Get("Retry-After")
+	checkSeconds(t, "Retry-After", ra, 100*time.Second, elapsed)
+	want := "limited by errors_zone zone=errors_zone limit=1 remaining=0 retry=" + ra + " status=429"
 	if code != 429 || body != want {
 		t.Errorf("denied: %d %q, want 429 %q", code, body, want)
-	}
-	// One token returns every 100 s; the wait is just under 100 s and
-	// Retry-After rounds it up.
-	if ra := resp.Header.Get("Retry-After"); ra != "100" {
-		t.Errorf("Retry-After = %q, want 100", ra)
 	}
 }
 
@@ -259,26 +267,67 @@ func TestRateLimitHeaders(t *testing.T) {
 			t.Errorf("%s %s = %q, want %q", path, name, got, want)
 		}
 	}
+	// Values of the request that takes the token are exact: no time
+	// passes between taking it and reporting.
 	check("/one", "RateLimit-Policy", `"hdr_one";q=4;w=60`)
 	// One of 4 used, one token per 15 s: full again in 15 s.
 	check("/one", "RateLimit", `"hdr_one";r=3;t=15`)
 
+	start := time.Now()
 	_, _, resp = get(t, tc, "/two")
 	check("/two", "RateLimit-Policy", `"hdr_a";q=4;w=60, "hdr_b";q=2;w=3600`)
 	check("/two", "RateLimit", `"hdr_a";r=3;t=15, "hdr_b";r=1;t=360`)
 	get(t, tc, "/two")
-	code, _, r3 := get(t, tc, "/two")
-	resp = r3
+	code, _, resp := get(t, tc, "/two")
+	elapsed := time.Since(start)
 	if code != 429 {
 		t.Fatalf("/two third request: %d, want 429 from hdr_b", code)
 	}
-	// Denied: hdr_b is empty; hdr_a was refunded, so it shows 2 left.
-	check("/two", "RateLimit", `"hdr_a";r=2;t=30, "hdr_b";r=0;t=720`)
-	check("/two", "Retry-After", "360")
+	// Denied: hdr_b is empty; hdr_a was refunded, so it shows 2 left. The
+	// seconds count from the first /two request, some time up to elapsed
+	// ago: hdr_b is full 720 s after it and has a token 360 s after it,
+	// hdr_a is full 30 s after it.
+	items := rateLimitItems(t, resp.Header.Get("RateLimit"))
+	if len(items) != 2 || items[0].zone != "hdr_a" || items[0].r != 2 || items[1].zone != "hdr_b" || items[1].r != 0 {
+		t.Fatalf("/two denied: RateLimit %q, want hdr_a with r=2 and hdr_b with r=0", resp.Header.Get("RateLimit"))
+	}
+	ra := checkSeconds(t, "/two Retry-After", resp.Header.Get("Retry-After"), 360*time.Second, elapsed)
+	ta := checkSeconds(t, "/two hdr_a t", items[0].t, 30*time.Second, elapsed)
+	tb := checkSeconds(t, "/two hdr_b t", items[1].t, 720*time.Second, elapsed)
+	// All three are measured from the same two instants.
+	if tb != ra+360 || ta != ra-330 {
+		t.Errorf("/two denied: Retry-After %d, hdr_a t=%d, hdr_b t=%d; want t=%d and t=%d", ra, ta, tb, ra-330, ra+360)
+	}
 
 	_, _, resp = get(t, tc, "/off")
 	check("/off", "RateLimit-Policy", "")
 	check("/off", "RateLimit", "")
+}
+
+// rateLimitItem is one item of a RateLimit header: "zone";r=<r>;t=<t>.
+type rateLimitItem struct {
+	zone string
+	r    int64
+	t    string
+}
+
+// rateLimitItems parses a RateLimit header, failing the test if it is not a
+// list of `"zone";r=<int>;t=<int>`.
+func rateLimitItems(t *testing.T, header string) []rateLimitItem {
+	t.Helper()
+	var items []rateLimitItem
+	for item := range strings.SplitSeq(header, ", ") {
+		var it rateLimitItem
+		quoted, params, ok := strings.Cut(item, ";r=")
+		r, tv, ok2 := strings.Cut(params, ";t=")
+		n, err := strconv.ParseInt(r, 10, 64)
+		if !ok || !ok2 || err != nil || len(quoted) < 2 || quoted[0] != '"' || quoted[len(quoted)-1] != '"' {
+			t.Fatalf("RateLimit %q: item %q is not \"zone\";r=N;t=N", header, item)
+		}
+		it.zone, it.r, it.t = quoted[1:len(quoted)-1], n, tv
+		items = append(items, it)
+	}
+	return items
 }
 
 func TestTrustedProxiesClientIP(t *testing.T) {
@@ -430,8 +479,8 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodGet, adminURL+"/metrics", nil)
 	_, body, _ := do(t, tc.Client, req)
 	for _, want := range []string{
-		`caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_zone"} 2`,
-		`caddy_rate_limit_requests_total{outcome="denied",zone="metrics_zone"} 1`,
+		"\n" + `caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_zone"} 2` + "\n",
+		"\n" + `caddy_rate_limit_requests_total{outcome="denied",zone="metrics_zone"} 1` + "\n",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -439,39 +488,108 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	}
 }
 
-func TestReloadThatFailsToStartLeavesStateUntouched(t *testing.T) {
-	tc := newTester(t)
-	tc.InitServer(reloadConfig("failed_start", "3", "a"), "caddyfile")
-	if got := codes(t, tc, 2, "/"); got != "200 200" {
-		t.Fatalf("before: %s", got)
+func init() {
+	caddy.RegisterModule(startFailure{})
+}
+
+// startFailure is an app, for tests only, that fails to start. Before it
+// fails it sends Probe one request with the header X-User: Key and keeps the
+// response's RateLimit header in probed: a new key's remaining count there
+// shows the limit in force at that moment, which is the failing config's if
+// its rate_limit app started first (Caddy starts apps in map order).
+type startFailure struct {
+	Probe string `json:"probe"`
+	Key   string `json:"key"`
+}
+
+var probed struct {
+	sync.Mutex
+	header string
+}
+
+func (startFailure) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "floodgate_test_start_failure",
+		New: func() caddy.Module { return new(startFailure) },
 	}
-	// The new config raises the zone to 10 and passes provisioning, but its
-	// second server cannot listen: the port is taken. Caddy starts apps in
-	// map order, so the rate_limit app may start (and must then undo its
-	// change) before the http app fails; try a few times.
-	taken, err := net.Listen("tcp", "127.0.0.1:9482")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	bad := `{
-	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
-	  "apps": {"http": {"http_port": 9480, "servers": {
-	    "srv0": {"listen": [":9480"], "routes": [{"handle": [
-	      {"handler": "rate_limit", "rate_limits": {"reload_failed_start": {"max_events": 10, "window": "1h"}}},
-	      {"handler": "static_response", "body": "bad"}]}]},
-	    "taken": {"listen": ["127.0.0.1:9482"], "routes": [{"handle": [{"handler": "static_response", "body": "never"}]}]}
-	  }}}}`
-	for range 6 {
-		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "9482") {
-			t.Fatalf("loading the config with a taken port: %v, want an error about 9482", err)
+}
+
+func (s startFailure) Start() error {
+	header := "no probe"
+	req, err := http.NewRequest(http.MethodGet, s.Probe, nil)
+	if err == nil {
+		req.Header.Set("X-User", s.Key)
+		var resp *http.Response
+		if resp, err = (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil {
+			header = resp.Header.Get("RateLimit")
+			resp.Body.Close()
 		}
 	}
-	code, body, _ := get(t, tc, "/")
-	if code != 200 || body != "a" {
-		t.Errorf("third request: %d %q, want 200 \"a\"", code, body)
+	if err != nil {
+		header = err.Error()
 	}
-	if got := codes(t, tc, 1, "/"); got != "429" {
-		t.Errorf("fourth request: %s, want 429: the failed start must not raise the limit", got)
+	probed.Lock()
+	probed.header = header
+	probed.Unlock()
+	return errors.New("fails to start, as this test app always does")
+}
+
+func (startFailure) Stop() error { return nil }
+
+// A reload that fails to start after its rate_limit app has put a raised
+// limit in force puts the previous limit back.
+func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
+	tc := newTester(t)
+	zone := func(events int) string {
+		return fmt.Sprintf(`{"handler": "rate_limit", "rate_limits": {"undo_start": {"max_events": %d, "window": "1h", "key": "{http.request.header.X-User}"}}}`, events)
+	}
+	tc.InitServer(`{
+	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+	  "apps": {"http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
+	    `+zone(3)+`, {"handler": "static_response", "body": "a"}]}]}}}}}`, "json")
+	if got := codes(t, tc, 2, "/", "X-User: alice"); got != "200 200" {
+		t.Fatalf("alice before: %s", got)
+	}
+	// The new config raises the zone to 10 and then fails to start. Whether
+	// its rate_limit app starts before the failing app is up to Caddy's map
+	// order, so load it until the probe shows that the raised limit was in
+	// force: then only the undo can bring the limit back to 3.
+	const (
+		raised   = `"undo_start";r=9;t=360`  // a new key after one request, at 10 per hour
+		unraised = `"undo_start";r=2;t=1200` // and at 3 per hour
+	)
+	for i := 1; ; i++ {
+		bad := fmt.Sprintf(`{
+		  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+		  "apps": {
+		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "key": "probe%d"},
+		    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
+		      %s, {"handler": "static_response", "body": "bad"}]}]}}}}}`, i, zone(10))
+		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "fails to start, as this test app always does") {
+			t.Fatalf("loading the config that fails to start: %v, want the test app's error", err)
+		}
+		probed.Lock()
+		header := probed.header
+		probed.Unlock()
+		if header == raised {
+			t.Logf("the raised limit was in force when the config failed, at attempt %d", i)
+			break
+		}
+		if header != unraised {
+			t.Fatalf("attempt %d: the probe saw RateLimit %q, want %q or %q", i, header, raised, unraised)
+		}
+		if i == 100 {
+			t.Fatal("in 100 loads, the rate_limit app never started before the failing app")
+		}
+	}
+	code, body, _ := get(t, tc, "/", "X-User: alice")
+	if code != 200 || body != "a" {
+		t.Errorf("alice's third request: %d %q, want 200 \"a\" from the running config", code, body)
+	}
+	if got := codes(t, tc, 1, "/", "X-User: alice"); got != "429" {
+		t.Errorf("alice's fourth request: %s, want 429: the failed start must give the limit of 3 back", got)
+	}
+	if got := codes(t, tc, 4, "/", "X-User: carol"); got != "200 200 200 429" {
+		t.Errorf("carol, a new key: %s, want 3 allowed", got)
 	}
 }

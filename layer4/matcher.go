@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/mholt/caddy-l4/layer4"
@@ -212,7 +213,7 @@ func (m *Matcher) Match(cx *layer4.Connection) (bool, error) {
 	over := false
 	if ip, ok := SourceIP(cx.RemoteAddr()); ok {
 		key := limiter.NetworkKey(ip, m.zone.IPv4Prefix, m.zone.IPv6Prefix)
-		over = !m.zone.Buckets.Allow(key.Bytes(), 1).Allowed
+		over = !m.zone.Buckets.Allow(key.Bytes(), 1, time.Now()).Allowed // one clock reading per connection
 		if m.zone.Count != nil {
 			m.zone.Count(over)
 		}

@@ -70,7 +70,7 @@ func BenchmarkAllow(b *testing.B) {
 	}
 	run("floodgate", func(a netip.Addr) bool {
 		k := NetworkKey(a, 32, 128)
-		d, _ := fg.TakeHash(Hash(k.Bytes()), 1)
+		d, _ := fg.TakeHash(Hash(k.Bytes()), 1, time.Now())
 		return d.Allowed
 	})
 	run("xrate_map", xr.allow)

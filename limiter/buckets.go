@@ -27,13 +27,11 @@ import (
 // Buckets is safe for concurrent use; decisions take no lock and allocate
 // nothing.
 type Buckets struct {
-	now      func() time.Time // the injected clock; nil means the runtime's monotonic clock
-	base     time.Time        // zero of the table's clock: ticks count from here
-	baseMono int64            // nanotime at base, for the default clock
-	k        int
-	subs     []uint8 // every k-subset of a line's counters, k bytes each
-	nSubs    uint64  // len(subs)/k
-	p        atomic.Pointer[bucketParams]
+	base  time.Time // zero of the table's clock: ticks count from here
+	k     int
+	subs  []uint8 // every k-subset of a line's counters, k bytes each
+	nSubs uint64  // len(subs)/k
+	p     atomic.Pointer[bucketParams]
 }
 
 // bucketParams is everything a decision reads besides the lines. It is
@@ -89,8 +87,6 @@ type BucketsConfig struct {
 	FalseDeny float64
 	// K is how many counters each key may draw on, 1 to 8; default 4.
 	K int
-	// Now is the table's clock; default time.Now. It should be monotonic.
-	Now func() time.Time
 }
 
 // Defaults of BucketsConfig.
@@ -102,8 +98,16 @@ const (
 	MaxBytes = 16 << 30
 )
 
-// NewBuckets returns a table of full buckets.
+// NewBuckets returns a table of full buckets. Its ticks count from the
+// moment it is created; every method that depends on time takes it as an
+// argument, which should come from time.Now (its monotonic reading keeps a
+// stepped wall clock from refilling or draining buckets).
 func NewBuckets(cfg BucketsConfig) (*Buckets, error) {
+	return newBuckets(cfg, time.Now())
+}
+
+// newBuckets is NewBuckets with ticks counted from base.
+func newBuckets(cfg BucketsConfig, base time.Time) (*Buckets, error) {
 	if err := cfg.Limit.Validate(); err != nil {
 		return nil, err
 	}
@@ -119,13 +123,8 @@ func NewBuckets(cfg BucketsConfig) (*Buckets, error) {
 		return nil, err
 	}
 	tp, _ := cfg.Limit.ticks()
-	b := &Buckets{now: cfg.Now, k: k, subs: subsets(countersPerLine, k)}
+	b := &Buckets{base: base, k: k, subs: subsets(countersPerLine, k)}
 	b.nSubs = uint64(len(b.subs) / k)
-	if b.now == nil {
-		b.base, b.baseMono = time.Now(), nanotime()
-	} else {
-		b.base = b.now()
-	}
 	b.p.Store(newParams(cfg.Limit, tp, newLineTable(n, tp.tick)))
 	return b, nil
 }
@@ -193,44 +192,28 @@ func (b *Buckets) Bytes() int { return len(b.p.Load().t.lines) * 64 }
 // Lines returns the number of lines in the table.
 func (b *Buckets) Lines() int { return len(b.p.Load().t.lines) }
 
-// Allow is TakeHash(Hash(key), weight) without the Reservation.
-func (b *Buckets) Allow(key []byte, weight int64) Decision {
-	d, _ := b.TakeHash(Hash(key), weight)
+// Allow is TakeHash(Hash(key), weight, now) without the Reservation.
+func (b *Buckets) Allow(key []byte, weight int64, now time.Time) Decision {
+	d, _ := b.TakeHash(Hash(key), weight, now)
 	return d
 }
 
 // TakeHash grants weight tokens to the key with hash h if the fullest of its
 // counters holds them, and charges that counter. A weight below 1 counts as
 // 1. A weight above the burst is denied with RetryAfter Never.
-func (b *Buckets) TakeHash(h uint64, weight int64) (Decision, Reservation) {
-	return b.decide(h, weight, true)
+func (b *Buckets) TakeHash(h uint64, weight int64, now time.Time) (Decision, Reservation) {
+	return b.decide(h, weight, now, true)
 }
 
 // PeekHash answers what TakeHash would, charging nothing and changing
 // nothing.
-func (b *Buckets) PeekHash(h uint64, weight int64) Decision {
-	d, _ := b.decide(h, weight, false)
+func (b *Buckets) PeekHash(h uint64, weight int64, now time.Time) Decision {
+	d, _ := b.decide(h, weight, now, false)
 	return d
 }
 
-// nowNanos is the table's clock reading, never negative.
-func (b *Buckets) nowNanos() int64 {
-	var ns int64
-	if b.now == nil {
-		ns = nanotime() - b.baseMono
-	} else {
-		ns = int64(b.now().Sub(b.base))
-	}
-	return max(ns, 0)
-}
-
-// wallNow is the wall-clock time, for snapshots that outlive the process.
-func (b *Buckets) wallNow() time.Time {
-	if b.now == nil {
-		return time.Now()
-	}
-	return b.now()
-}
+// nowNanos is now on the table's clock, never negative.
+func (b *Buckets) nowNanos(now time.Time) int64 { return max(int64(now.Sub(b.base)), 0) }
 
 // place returns the line and counters of hash h, and where they are as a
 // Reservation index: the line in the high bits, the subset in the low 16.
@@ -250,13 +233,13 @@ func (b *Buckets) counterAt(t *lineTable, index uint64) (*line, []uint8) {
 	return &t.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k]
 }
 
-func (b *Buckets) decide(h uint64, weight int64, commit bool) (Decision, Reservation) {
+func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (Decision, Reservation) {
 	p := b.p.Load()
 	t := p.t
 	if weight < 1 {
 		weight = 1
 	}
-	nowNs := b.nowNanos()
+	nowNs := b.nowNanos(now)
 	nowTick := t.ticksAt(nowNs)
 	if nowTick-t.lastSweep.Load() >= sweepEvery {
 		t.sweep(p, nowTick)

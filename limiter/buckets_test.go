@@ -15,7 +15,7 @@ import (
 // key never shares a counter with another.
 func roomy(t testing.TB, l Limit, clk *fakeClock) *Buckets {
 	t.Helper()
-	b, err := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 16, Now: clk.Now})
+	b, err := newBuckets(BucketsConfig{Limit: l, Bytes: 1 << 16}, clockEpoch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,21 +27,21 @@ func TestBurstThenRefill(t *testing.T) {
 	b := roomy(t, Limit{Events: 5, Window: 10 * time.Second}, clk)
 	key := []byte("client")
 	for i := range 5 {
-		d := b.Allow(key, 1)
+		d := b.Allow(key, 1, clk.Now())
 		if !d.Allowed || d.Remaining != int64(4-i) || d.Limit != 5 {
 			t.Fatalf("request %d: %+v, want allowed with %d remaining of 5", i+1, d, 4-i)
 		}
 	}
-	d := b.Allow(key, 1)
+	d := b.Allow(key, 1, clk.Now())
 	if d.Allowed || d.Remaining != 0 || d.RetryAfter != 2*time.Second || d.Reset != 10*time.Second {
 		t.Fatalf("6th request: %+v, want denied, retry after 2s, full in 10s", d)
 	}
 	clk.Advance(2*time.Second - time.Nanosecond)
-	if d := b.Allow(key, 1); d.Allowed {
+	if d := b.Allow(key, 1, clk.Now()); d.Allowed {
 		t.Fatalf("1ns before RetryAfter: %+v, want denied", d)
 	}
 	clk.Advance(time.Nanosecond)
-	if d := b.Allow(key, 1); !d.Allowed {
+	if d := b.Allow(key, 1, clk.Now()); !d.Allowed {
 		t.Fatalf("at RetryAfter: %+v, want allowed", d)
 	}
 }
@@ -50,17 +50,17 @@ func TestWeightsSpendSeveralTokens(t *testing.T) {
 	clk := newFakeClock()
 	b := roomy(t, Limit{Events: 10, Window: 10 * time.Second}, clk)
 	key := []byte("search")
-	if d := b.Allow(key, 7); !d.Allowed || d.Remaining != 3 {
+	if d := b.Allow(key, 7, clk.Now()); !d.Allowed || d.Remaining != 3 {
 		t.Fatalf("weight 7 of 10: %+v", d)
 	}
-	d := b.Allow(key, 4)
+	d := b.Allow(key, 4, clk.Now())
 	if d.Allowed || d.RetryAfter != time.Second {
 		t.Fatalf("weight 4 with 3 left: %+v, want denied for 1s", d)
 	}
-	if d := b.Allow(key, 3); !d.Allowed || d.Remaining != 0 {
+	if d := b.Allow(key, 3, clk.Now()); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("a denied request must charge nothing: weight 3 with 3 left gave %+v", d)
 	}
-	if d := b.Allow(key, 11); d.Allowed || d.RetryAfter != Never {
+	if d := b.Allow(key, 11, clk.Now()); d.Allowed || d.RetryAfter != Never {
 		t.Fatalf("weight above burst: %+v, want denied forever", d)
 	}
 }
@@ -95,7 +95,7 @@ func TestLoneKeyMatchesTextbookBucket(t *testing.T) {
 				now := clk.Now()
 				w := int64(1 + r.IntN(3))
 				want := ref.TokensAt(now)
-				d := b.Allow(key, w)
+				d := b.Allow(key, w, clk.Now())
 				refAllowed := ref.AllowN(now, int(w))
 				if d.Allowed != refAllowed {
 					t.Fatalf("request %d (weight %d, %.4f tokens): allowed=%v, textbook %v", i, w, want, d.Allowed, refAllowed)
@@ -144,7 +144,7 @@ func TestAnyRateIsEnforcedWithin01Percent(t *testing.T) {
 			step := fill / 200
 			granted := int64(0)
 			for range 200 * 50 {
-				for b.Allow([]byte("k"), w).Allowed {
+				for b.Allow([]byte("k"), w, clk.Now()).Allowed {
 					granted += w
 				}
 				clk.Advance(step)
@@ -161,7 +161,7 @@ func TestLargeBurstIsCountedToTheToken(t *testing.T) {
 	clk := newFakeClock()
 	b := roomy(t, Limit{Events: 1_000_000, Window: time.Hour}, clk)
 	n := 0
-	for b.Allow([]byte("k"), 1).Allowed {
+	for b.Allow([]byte("k"), 1, clk.Now()).Allowed {
 		n++
 	}
 	if n != 1_000_000 {
@@ -169,7 +169,7 @@ func TestLargeBurstIsCountedToTheToken(t *testing.T) {
 	}
 	b2 := roomy(t, Limit{Events: 1_000_000, Window: time.Hour}, clk)
 	n = 0
-	for b2.Allow([]byte("k"), 10_000).Allowed {
+	for b2.Allow([]byte("k"), 10_000, clk.Now()).Allowed {
 		n++
 	}
 	if n != 100 {
@@ -217,14 +217,14 @@ func TestIdlePastWrapReadsFull(t *testing.T) {
 		b := roomy(t, Limit{Events: 5, Window: time.Second}, clk)
 		tick := b.p.Load().t.tick
 		key := []byte("sleeper")
-		for b.Allow(key, 1).Allowed {
+		for b.Allow(key, 1, clk.Now()).Allowed {
 		}
 		clk.Advance(time.Duration(idle) * tick)
-		if d := b.PeekHash(Hash(key), 1); d.Remaining != 5 && idle != 1<<31 {
+		if d := b.PeekHash(Hash(key), 1, clk.Now()); d.Remaining != 5 && idle != 1<<31 {
 			// Peek does not sweep; only a decision does. Checked below.
 			_ = d
 		}
-		if d := b.Allow(key, 5); !d.Allowed {
+		if d := b.Allow(key, 5, clk.Now()); !d.Allowed {
 			t.Fatalf("after %d idle ticks: %+v, want a full bucket", idle, d)
 		}
 	}
@@ -236,13 +236,13 @@ func TestBusyTableSweepsBeforeWrap(t *testing.T) {
 	clk := newFakeClock()
 	b := roomy(t, Limit{Events: 5, Window: time.Second}, clk)
 	tick := b.p.Load().t.tick
-	for b.Allow([]byte("sleeper"), 1).Allowed {
+	for b.Allow([]byte("sleeper"), 1, clk.Now()).Allowed {
 	}
 	for range 40 {
 		clk.Advance(time.Duration(1<<28) * tick)
-		b.Allow([]byte("busy"), 1)
+		b.Allow([]byte("busy"), 1, clk.Now())
 	}
-	if d := b.Allow([]byte("sleeper"), 5); !d.Allowed {
+	if d := b.Allow([]byte("sleeper"), 5, clk.Now()); !d.Allowed {
 		t.Fatalf("key idle for 40×2²⁸ ticks of a busy table: %+v, want full", d)
 	}
 }
@@ -263,7 +263,7 @@ func TestConcurrentTakesNeverExceedBurstPlusRefill(t *testing.T) {
 			defer wg.Done()
 			for i := 0; steps.Load() < totalSteps; i++ {
 				w := int64(1 + (g+i)%2)
-				if d, _ := b.TakeHash(Hash([]byte("hot")), w); d.Allowed {
+				if d, _ := b.TakeHash(Hash([]byte("hot")), w, clk.Now()); d.Allowed {
 					granted.Add(w)
 				}
 				if i%4 == 0 && steps.Add(1) <= totalSteps {
@@ -276,7 +276,7 @@ func TestConcurrentTakesNeverExceedBurstPlusRefill(t *testing.T) {
 	// With the clock stopped, take what is left: nothing may have been
 	// created, and (since the takers kept the bucket from ever filling up)
 	// nothing lost.
-	for b.Allow([]byte("hot"), 1).Allowed {
+	for b.Allow([]byte("hot"), 1, clk.Now()).Allowed {
 		granted.Add(1)
 	}
 	elapsed := time.Duration(totalSteps) * step
@@ -298,7 +298,7 @@ func TestConcurrentTakesWithFrozenClockGrantExactlyBurst(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 200 {
-				if b.Allow([]byte("hot"), 1).Allowed {
+				if b.Allow([]byte("hot"), 1, clk.Now()).Allowed {
 					granted.Add(1)
 				}
 			}
@@ -314,21 +314,21 @@ func TestRefundRestoresExactly(t *testing.T) {
 	clk := newFakeClock()
 	b := roomy(t, Limit{Events: 10, Window: time.Second}, clk)
 	h := Hash([]byte("k"))
-	b.TakeHash(h, 4)
-	_, r := b.TakeHash(h, 5)
+	b.TakeHash(h, 4, clk.Now())
+	_, r := b.TakeHash(h, 5, clk.Now())
 	if !r.Charged() {
 		t.Fatal("a granted take must hold a charge")
 	}
 	b.Refund(r)
-	if d := b.PeekHash(h, 1); d.Remaining != 6 {
+	if d := b.PeekHash(h, 1, clk.Now()); d.Remaining != 6 {
 		t.Fatalf("after refunding 5 of 9: %d remaining, want 6", d.Remaining)
 	}
-	_, none := b.TakeHash(h, 7)
+	_, none := b.TakeHash(h, 7, clk.Now())
 	if none.Charged() {
 		t.Fatal("a denied take must hold no charge")
 	}
 	b.Refund(none)
-	if d := b.PeekHash(h, 1); d.Remaining != 6 {
+	if d := b.PeekHash(h, 1, clk.Now()); d.Remaining != 6 {
 		t.Fatalf("refunding a denial changed the bucket: %d remaining", d.Remaining)
 	}
 }
@@ -338,7 +338,7 @@ func TestPeekChargesNothing(t *testing.T) {
 	b := roomy(t, Limit{Events: 2, Window: time.Second}, clk)
 	h := Hash([]byte("k"))
 	for range 10 {
-		if d := b.PeekHash(h, 1); !d.Allowed || d.Remaining != 2 {
+		if d := b.PeekHash(h, 1, clk.Now()); !d.Allowed || d.Remaining != 2 {
 			t.Fatalf("peek: %+v", d)
 		}
 	}
@@ -348,9 +348,9 @@ func TestResetRefillsAKey(t *testing.T) {
 	clk := newFakeClock()
 	b := roomy(t, Limit{Events: 2, Window: time.Hour}, clk)
 	h := Hash([]byte("k"))
-	b.TakeHash(h, 2)
+	b.TakeHash(h, 2, clk.Now())
 	b.Reset(h)
-	if d := b.PeekHash(h, 2); !d.Allowed {
+	if d := b.PeekHash(h, 2, clk.Now()); !d.Allowed {
 		t.Fatalf("after reset: %+v", d)
 	}
 }
@@ -370,13 +370,13 @@ func TestSetLimitKeepsConsumption(t *testing.T) {
 			clk := newFakeClock()
 			b := roomy(t, Limit{Events: 3, Window: time.Minute}, clk)
 			h := Hash([]byte("k"))
-			b.TakeHash(h, 3)
-			if err := b.SetLimit(tt.to); err != nil {
+			b.TakeHash(h, 3, clk.Now())
+			if err := b.SetLimit(tt.to, clk.Now()); err != nil {
 				t.Fatal(err)
 			}
 			n := int64(0)
 			for {
-				if d, _ := b.TakeHash(h, 1); !d.Allowed {
+				if d, _ := b.TakeHash(h, 1, clk.Now()); !d.Allowed {
 					break
 				}
 				n++
@@ -392,11 +392,11 @@ func TestSetLimitLoweringTakesTheDifference(t *testing.T) {
 	clk := newFakeClock()
 	b := roomy(t, Limit{Events: 5, Window: 10 * time.Second}, clk)
 	h := Hash([]byte("k"))
-	b.TakeHash(h, 4) // 1 left of 5
-	if err := b.SetLimit(Limit{Events: 3, Window: 10 * time.Second}); err != nil {
+	b.TakeHash(h, 4, clk.Now()) // 1 left of 5
+	if err := b.SetLimit(Limit{Events: 3, Window: 10 * time.Second}, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	d := b.PeekHash(h, 1)
+	d := b.PeekHash(h, 1, clk.Now())
 	if d.Allowed || d.Limit != 3 {
 		t.Fatalf("used 4, limit lowered to 3: %+v, want denied", d)
 	}
@@ -412,18 +412,18 @@ func TestSnapshotRestoreCarriesState(t *testing.T) {
 	l := Limit{Events: 10, Window: 10 * time.Second}
 	a := roomy(t, l, clk)
 	for i := range 100 {
-		a.Allow([]byte{byte(i)}, int64(1+i%10))
+		a.Allow([]byte{byte(i)}, int64(1+i%10), clk.Now())
 	}
-	snap := a.AppendSnapshot(nil)
+	snap := a.AppendSnapshot(nil, clk.Now())
 	clk.Advance(3 * time.Second) // the restart takes 3s: 3 tokens come back
 	b := roomy(t, l, clk)
-	if err := b.Restore(snap); err != nil {
+	if err := b.Restore(snap, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 100 {
 		h := Hash([]byte{byte(i)})
 		want := min(10, 10-int64(1+i%10)+3)
-		if d := b.PeekHash(h, 1); d.Remaining != want {
+		if d := b.PeekHash(h, 1, clk.Now()); d.Remaining != want {
 			t.Fatalf("key %d: %d remaining after restore, want %d", i, d.Remaining, want)
 		}
 	}
@@ -433,25 +433,25 @@ func TestRestoreRejectsBadInput(t *testing.T) {
 	clk := newFakeClock()
 	l := Limit{Events: 10, Window: 10 * time.Second}
 	a := roomy(t, l, clk)
-	a.Allow([]byte("x"), 3)
-	good := a.AppendSnapshot(nil)
-	other, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 12, Now: clk.Now})
+	a.Allow([]byte("x"), 3, clk.Now())
+	good := a.AppendSnapshot(nil, clk.Now())
+	other, _ := newBuckets(BucketsConfig{Limit: l, Bytes: 1 << 12}, clockEpoch)
 	cases := map[string][]byte{
 		"empty":        nil,
 		"bad magic":    append([]byte("XXXX"), good[4:]...),
 		"truncated":    good[:len(good)-1],
 		"trailing":     append(append([]byte{}, good...), 1),
-		"other shape":  other.AppendSnapshot(nil),
+		"other shape":  other.AppendSnapshot(nil, clk.Now()),
 		"header only":  good[:5],
 		"huge index":   append(append([]byte{}, good[:len(good)-15]...), 0xff, 0xff, 0xff, 0xff, 0x0f),
 		"wide counter": append(append([]byte{}, good...), append([]byte{0}, 0xff, 0xff, 0xff, 0xff, 0x0f)...),
 	}
 	for name, data := range cases {
-		if err := a.Restore(data); err == nil {
+		if err := a.Restore(data, clk.Now()); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if err := a.Restore(good); err != nil {
+	if err := a.Restore(good, clk.Now()); err != nil {
 		t.Fatalf("good snapshot: %v", err)
 	}
 }
@@ -459,22 +459,22 @@ func TestRestoreRejectsBadInput(t *testing.T) {
 func FuzzRestore(f *testing.F) {
 	clk := newFakeClock()
 	l := Limit{Events: 10, Window: 10 * time.Second}
-	a, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10, Now: clk.Now})
-	f.Add(a.AppendSnapshot(nil))
-	a.Allow([]byte("x"), 3)
-	f.Add(a.AppendSnapshot(nil))
+	a, _ := newBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10}, clockEpoch)
+	f.Add(a.AppendSnapshot(nil, clk.Now()))
+	a.Allow([]byte("x"), 3, clk.Now())
+	f.Add(a.AppendSnapshot(nil, clk.Now()))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10, Now: clk.Now})
-		if err := b.Restore(data); err != nil {
+		b, _ := newBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10}, clockEpoch)
+		if err := b.Restore(data, clk.Now()); err != nil {
 			return
 		}
 		// Whatever was accepted must snapshot again and restore the same.
-		again := b.AppendSnapshot(nil)
-		c, _ := NewBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10, Now: clk.Now})
-		if err := c.Restore(again); err != nil {
+		again := b.AppendSnapshot(nil, clk.Now())
+		c, _ := newBuckets(BucketsConfig{Limit: l, Bytes: 1 << 10}, clockEpoch)
+		if err := c.Restore(again, clk.Now()); err != nil {
 			t.Fatalf("re-snapshot of accepted input rejected: %v", err)
 		}
-		if string(c.AppendSnapshot(nil)) != string(again) {
+		if string(c.AppendSnapshot(nil, clk.Now())) != string(again) {
 			t.Fatal("snapshot is not stable across restore")
 		}
 	})
@@ -489,20 +489,20 @@ func TestIdleTimeIsNotCreditedToLaterCharges(t *testing.T) {
 	clk := newFakeClock()
 	b := roomy(t, Limit{Events: 10, Window: 10 * time.Second}, clk)
 	key := []byte("k")
-	b.Allow([]byte("neighbour"), 1)
+	b.Allow([]byte("neighbour"), 1, clk.Now())
 	clk.Advance(5 * time.Second)
 	n := 0
-	for b.Allow(key, 1).Allowed {
+	for b.Allow(key, 1, clk.Now()).Allowed {
 		n++
 	}
 	if n != 10 {
 		t.Fatalf("after 5s idle a full key took %d, want its burst of 10", n)
 	}
 	clk.Advance(time.Second)
-	if d := b.Allow(key, 1); !d.Allowed {
+	if d := b.Allow(key, 1, clk.Now()); !d.Allowed {
 		t.Fatalf("a second later: %+v, want one token back", d)
 	}
-	if d := b.Allow(key, 1); d.Allowed {
+	if d := b.Allow(key, 1, clk.Now()); d.Allowed {
 		t.Fatalf("a second later, second request: %+v, want denied", d)
 	}
 }

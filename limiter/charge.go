@@ -3,6 +3,7 @@ package limiter
 import (
 	"math"
 	"sync/atomic"
+	"time"
 )
 
 // Charge charges weight tokens to the key with hash h whether or not it
@@ -18,14 +19,14 @@ import (
 // the time until the key is out of debt (its fullest counter back to empty,
 // no other traffic assumed): when a request that reserved its tokens with
 // Charge may go. Refund gives back exactly what was charged.
-func (b *Buckets) Charge(h uint64, weight int64) (Decision, Reservation) {
+func (b *Buckets) Charge(h uint64, weight int64, now time.Time) (Decision, Reservation) {
 	p := b.p.Load()
 	t := p.t
 	capUnits := uint64(p.capUnits)
 	// More than two bursts cannot fit under the ceiling anyway; clamping
 	// first keeps the multiplication below from overflowing.
 	cost := uint64(min(max(weight, 1), 2*p.limit.burst())) * UnitsPerToken
-	nowNs := b.nowNanos()
+	nowNs := b.nowNanos(now)
 	nowTick := t.ticksAt(nowNs)
 	ln, counters, at := b.place(t, h)
 	for {

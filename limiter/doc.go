@@ -100,7 +100,10 @@
 //
 // # Concurrency and time
 //
-// Decisions take no lock and allocate nothing. Time is a per-table clock
-// (BucketsConfig.Now), the runtime's monotonic clock by default, so tests
-// drive it by hand.
+// Decisions take no lock and allocate nothing. Time is a parameter, as in
+// golang.org/x/time/rate's AllowN(t, n): every call that depends on it takes
+// a time.Time, so a request checked against several policies reads the clock
+// once, and tests drive time by passing times. A Buckets table counts ticks
+// from its creation with the monotonic reading of time.Now; a Sketch uses
+// the wall clock, since its windows are aligned to Unix time.
 package limiter

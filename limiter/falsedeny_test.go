@@ -20,9 +20,8 @@ type simResult struct {
 func floodSim(t *testing.T, cfg BucketsConfig, heavy, light int) (simResult, *Buckets) {
 	t.Helper()
 	clk := newFakeClock()
-	cfg.Now = clk.Now
 	cfg.Limit = Limit{Events: 10, Window: time.Second}
-	b, err := NewBuckets(cfg)
+	b, err := newBuckets(cfg, clockEpoch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,20 +35,20 @@ func floodSim(t *testing.T, cfg BucketsConfig, heavy, light int) (simResult, *Bu
 	var live float64
 	for s := range 40 {
 		for i := range heavy {
-			b.TakeHash(key(i), 3) // 30/s: three times the limit
+			b.TakeHash(key(i), 3, clk.Now()) // 30/s: three times the limit
 		}
 		if s%2 == 0 { // 5/s: half the limit
 			if s >= 20 {
-				live += b.Stats().FalseDeny / 10
+				live += b.Stats(clk.Now()).FalseDeny / 10
 				for i := range 20_000 {
 					probed++
-					if !b.PeekHash(key(-1-i-s*20_000), 1).Allowed {
+					if !b.PeekHash(key(-1-i-s*20_000), 1, clk.Now()).Allowed {
 						freshDenied++
 					}
 				}
 			}
 			for i := heavy; i < heavy+light; i++ {
-				d, _ := b.TakeHash(key(i), 1)
+				d, _ := b.TakeHash(key(i), 1, clk.Now())
 				if s >= 20 {
 					asked++
 					if !d.Allowed {

@@ -1,6 +1,10 @@
 package limiter
 
-import "github.com/cespare/xxhash/v2"
+import (
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 // Hash is the one hash floodgate computes per key: xxhash64 of its bytes.
 // Every policy takes the hash rather than the key, so a request that is
@@ -13,11 +17,11 @@ func HashString(key string) uint64 { return xxhash.Sum64String(key) }
 // A Policy is one limit on keys: a token-bucket table (Buckets) or a rolling
 // quota (Sketch). Implementations are safe for concurrent use.
 type Policy interface {
-	// TakeHash grants weight tokens to the key with hash h if it has them,
-	// and charges them. A denied request is charged nothing.
-	TakeHash(h uint64, weight int64) (Decision, Reservation)
+	// TakeHash grants weight tokens to the key with hash h if it has them
+	// at time now, and charges them. A denied request is charged nothing.
+	TakeHash(h uint64, weight int64, now time.Time) (Decision, Reservation)
 	// PeekHash answers what TakeHash would, without charging anything.
-	PeekHash(h uint64, weight int64) Decision
+	PeekHash(h uint64, weight int64, now time.Time) Decision
 	// Refund returns what a Reservation from TakeHash charged.
 	Refund(Reservation)
 }
@@ -47,14 +51,15 @@ type Txn struct {
 	more   []heldCharge
 }
 
-// Take asks p for weight tokens of the key with hash h. After the first
+// Take asks p for weight tokens of the key with hash h at time now: one
+// reading of the clock for every policy of a request. After the first
 // denial, Take no longer charges: it answers with PeekHash, so the caller
 // still learns every policy's state (for headers and Retry-After).
-func (t *Txn) Take(p Policy, h uint64, weight int64) Decision {
+func (t *Txn) Take(p Policy, h uint64, weight int64, now time.Time) Decision {
 	if t.denied {
-		return p.PeekHash(h, weight)
+		return p.PeekHash(h, weight, now)
 	}
-	d, r := p.TakeHash(h, weight)
+	d, r := p.TakeHash(h, weight, now)
 	if !d.Allowed {
 		t.denied = true
 		t.Rollback()

@@ -11,28 +11,28 @@ import (
 func TestTxnDeniedRequestChargesNoPolicy(t *testing.T) {
 	clk := newFakeClock()
 	bucket := roomy(t, Limit{Events: 5, Window: time.Minute}, clk)
-	quota, err := NewSketch(SketchConfig{Quota: 3, Window: time.Minute, Now: clk.Now})
+	quota, err := NewSketch(SketchConfig{Quota: 3, Window: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := Hash([]byte("client"))
 	for i := range 3 {
 		var txn Txn
-		txn.Take(bucket, h, 1)
-		txn.Take(quota, h, 1)
+		txn.Take(bucket, h, 1, clk.Now())
+		txn.Take(quota, h, 1, clk.Now())
 		if txn.Denied() {
 			t.Fatalf("request %d denied", i+1)
 		}
 	}
 	for range 10 {
 		var txn Txn
-		b := txn.Take(bucket, h, 1)
-		q := txn.Take(quota, h, 1)
+		b := txn.Take(bucket, h, 1, clk.Now())
+		q := txn.Take(quota, h, 1, clk.Now())
 		if !txn.Denied() || !b.Allowed || q.Allowed {
 			t.Fatalf("4th+ request: bucket %+v quota %+v, want the quota to deny", b, q)
 		}
 	}
-	if d := bucket.PeekHash(h, 1); d.Remaining != 2 {
+	if d := bucket.PeekHash(h, 1, clk.Now()); d.Remaining != 2 {
 		t.Fatalf("bucket has %d left after 3 granted and 10 denied requests, want 2", d.Remaining)
 	}
 }
@@ -44,14 +44,14 @@ func TestTxnAfterDenialOnlyPeeks(t *testing.T) {
 	first := roomy(t, Limit{Events: 1, Window: time.Hour}, clk)
 	second := roomy(t, Limit{Events: 9, Window: time.Hour}, clk)
 	h := Hash([]byte("k"))
-	first.TakeHash(h, 1)
+	first.TakeHash(h, 1, clk.Now())
 	var txn Txn
-	txn.Take(first, h, 1)
-	d := txn.Take(second, h, 1)
+	txn.Take(first, h, 1, clk.Now())
+	d := txn.Take(second, h, 1, clk.Now())
 	if !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("second policy after a denial: %+v, want a peek (allowed, 9 left)", d)
 	}
-	if got := second.PeekHash(h, 1).Remaining; got != 9 {
+	if got := second.PeekHash(h, 1, clk.Now()).Remaining; got != 9 {
 		t.Fatalf("second policy was charged: %d left", got)
 	}
 }
@@ -64,11 +64,11 @@ func TestTxnRollbackRefundsMoreThanInline(t *testing.T) {
 	for range MaxInlinePolicies + 3 {
 		b := roomy(t, Limit{Events: 4, Window: time.Hour}, clk)
 		ps = append(ps, b)
-		txn.Take(b, h, 3)
+		txn.Take(b, h, 3, clk.Now())
 	}
 	txn.Rollback()
 	for i, b := range ps {
-		if got := b.PeekHash(h, 1).Remaining; got != 4 {
+		if got := b.PeekHash(h, 1, clk.Now()).Remaining; got != 4 {
 			t.Fatalf("policy %d: %d left after rollback, want 4", i, got)
 		}
 	}
@@ -77,12 +77,12 @@ func TestTxnRollbackRefundsMoreThanInline(t *testing.T) {
 func TestTxnAllocatesNothing(t *testing.T) {
 	clk := newFakeClock()
 	a := roomy(t, Limit{Events: 1 << 20, Window: time.Second}, clk)
-	s, _ := NewSketch(SketchConfig{Quota: 1 << 30, Window: time.Hour, Now: clk.Now})
+	s, _ := NewSketch(SketchConfig{Quota: 1 << 30, Window: time.Hour})
 	h := Hash([]byte("k"))
 	allocs := testing.AllocsPerRun(1000, func() {
 		var txn Txn
-		txn.Take(a, h, 1)
-		txn.Take(s, h, 1)
+		txn.Take(a, h, 1, clk.Now())
+		txn.Take(s, h, 1, clk.Now())
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per two-policy decision", allocs)

@@ -84,7 +84,7 @@ func TestBucketsMatchReference(t *testing.T) {
 	} {
 		t.Run(l.String(), func(t *testing.T) {
 			clk := newFakeClock()
-			b, err := NewBuckets(BucketsConfig{Limit: l, Bytes: 4 * 64, Now: clk.Now})
+			b, err := newBuckets(BucketsConfig{Limit: l, Bytes: 4 * 64}, clockEpoch)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,12 +107,12 @@ func TestBucketsMatchReference(t *testing.T) {
 					w = 1
 				}
 				peek := r.IntN(5) == 0
-				nowNs := b.nowNanos()
+				nowNs := b.nowNanos(clk.Now())
 				var got Decision
 				if peek {
-					got = b.PeekHash(h, w)
+					got = b.PeekHash(h, w, clk.Now())
 				} else {
-					got, _ = b.TakeHash(h, w)
+					got, _ = b.TakeHash(h, w, clk.Now())
 				}
 				want := ref.take(h, w, nowNs, !peek)
 				if got != want {

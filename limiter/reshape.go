@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync/atomic"
+	"time"
 )
 
 // SetLimit changes the rate and burst of every counter at once, keeping what
@@ -19,7 +20,7 @@ import (
 // line); charges made to the old table during that pass may be lost.
 // Concurrent SetLimit calls are serialised by the caller's config loading;
 // two racing calls leave one of the two limits in force.
-func (b *Buckets) SetLimit(l Limit) error {
+func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
@@ -31,7 +32,7 @@ func (b *Buckets) SetLimit(l Limit) error {
 		b.p.Store(newParams(l, tickParams{tick: old.t.tick, refill: int64(r), capUnits: tp.capUnits}, old.t))
 		return nil
 	}
-	nowNs := b.nowNanos()
+	nowNs := b.nowNanos(now)
 	oldTick, newTick := nowNs/int64(old.t.tick), nowNs/int64(tp.tick)
 	nt := newLineTable(len(old.t.lines), tp.tick)
 	nt.lastSweep.Store(newTick)
@@ -79,13 +80,13 @@ var snapshotMagic = []byte("FGB\x01")
 // time, and the deficit of every counter that is not full, refilled to now.
 // Full lines take no space, so the size grows with the number of lines in
 // use, at most about 60 bytes a line.
-func (b *Buckets) AppendSnapshot(dst []byte) []byte {
+func (b *Buckets) AppendSnapshot(dst []byte, now time.Time) []byte {
 	p := b.p.Load()
-	nowTick := b.nowNanos() / int64(p.t.tick)
+	nowTick := b.nowNanos(now) / int64(p.t.tick)
 	dst = append(dst, snapshotMagic...)
 	dst = binary.AppendUvarint(dst, uint64(len(p.t.lines)))
 	dst = binary.AppendUvarint(dst, uint64(b.k))
-	dst = binary.AppendVarint(dst, b.wallNow().UnixNano())
+	dst = binary.AppendVarint(dst, now.UnixNano())
 	var defs [countersPerLine]uint64
 	prev := -1
 	for i := range p.t.lines {
@@ -108,15 +109,15 @@ func (b *Buckets) AppendSnapshot(dst []byte) []byte {
 // refills them at the current limit. The input is untrusted: any defect (bad
 // magic, other shape, truncation, an index out of range, trailing bytes) is
 // an error and leaves the table unchanged.
-func (b *Buckets) Restore(data []byte) error {
+func (b *Buckets) Restore(data []byte, now time.Time) error {
 	s, err := parseSnapshot(data, b.Lines(), b.k)
 	if err != nil {
 		return err
 	}
 	p := b.p.Load()
-	nowTick := b.nowNanos() / int64(p.t.tick)
+	nowTick := b.nowNanos(now) / int64(p.t.tick)
 	var owed uint64 = math.MaxUint64
-	if elapsed := b.wallNow().UnixNano() - s.wall; elapsed < int64(p.capUnits/p.refill+1)*int64(p.t.tick) {
+	if elapsed := now.UnixNano() - s.wall; elapsed < int64(p.capUnits/p.refill+1)*int64(p.t.tick) {
 		owed = uint64(max(0, elapsed)/int64(p.t.tick)) * uint64(p.refill)
 	}
 	var defs [countersPerLine]uint64

@@ -3,6 +3,7 @@ package limiter
 import (
 	"math"
 	"sync/atomic"
+	"time"
 )
 
 // EstimateFalseDeny is the probability that a fresh key is denied because all
@@ -113,13 +114,13 @@ type BucketStats struct {
 // maxStatLines bounds the work of Stats.
 const maxStatLines = 1 << 16
 
-// Stats measures the table now. It reads (at most 65,536) lines without
+// Stats measures the table at now. It reads (at most 65,536) lines without
 // locking them, so under traffic its figures are a consistent-enough sample,
 // not a snapshot.
-func (b *Buckets) Stats() BucketStats {
+func (b *Buckets) Stats(now time.Time) BucketStats {
 	p := b.p.Load()
 	t := p.t
-	nowTick := b.nowNanos() / int64(t.tick)
+	nowTick := b.nowNanos(now) / int64(t.tick)
 	n := len(t.lines)
 	step := 1
 	if n > maxStatLines {

@@ -55,9 +55,6 @@ type SketchConfig struct {
 	// be a few times the number of keys active in two windows: a key's
 	// estimate is inflated by the keys it shares a counter with on every row.
 	Width int
-	// Now is the clock; nil means time.Now. Only its wall-clock reading is
-	// used, since windows are aligned to Unix time.
-	Now func() time.Time
 }
 
 // A Sketch enforces a rolling quota on any number of keys in fixed memory:
@@ -94,7 +91,6 @@ type Sketch struct {
 	window int64        // nanoseconds
 	rows   int          // 1..MaxSketchRows
 	width  uint64       // 1..MaxSketchWidth
-	now    func() time.Time
 	// slots holds, for row r and column c, the counter of even windows at
 	// 2(r·width+c) and that of odd windows right after it, so the two
 	// counters of a cell share a cache line.
@@ -124,14 +120,10 @@ func NewSketch(c SketchConfig) (*Sketch, error) {
 	if c.Width < 1 || c.Width > MaxSketchWidth {
 		return nil, fmt.Errorf("sketch: width must be between 1 and %d, got %d", MaxSketchWidth, c.Width)
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
 	s := &Sketch{
 		window: int64(c.Window),
 		rows:   c.Rows,
 		width:  uint64(c.Width),
-		now:    c.Now,
 		slots:  make([]atomic.Uint64, 2*c.Rows*c.Width),
 	}
 	s.quota.Store(c.Quota)
@@ -176,10 +168,10 @@ func (s *Sketch) Memory() int { return 8 * len(s.slots) }
 // if a concurrent take got there first. Two such takes may then both be
 // denied where one of them would have fitted, and a RetryAfter computed
 // after such a race may be zero.
-func (s *Sketch) TakeHash(h uint64, weight int64) (Decision, Reservation) {
+func (s *Sketch) TakeHash(h uint64, weight int64, now time.Time) (Decision, Reservation) {
 	var cols sketchCols
 	var v sketchView
-	q, w, e, t := s.look(h, weight, &cols, &v)
+	q, w, e, t := s.look(h, weight, now, &cols, &v)
 	if w > q || !v.fits(q-w) {
 		return v.denied(q, w), Reservation{}
 	}
@@ -196,10 +188,10 @@ func (s *Sketch) TakeHash(h uint64, weight int64) (Decision, Reservation) {
 // look reads what TakeHash and PeekHash both start from: the quota, the
 // weight as charged, the current window and the time into it, the key's
 // cells (into cols) and their counts now (into v).
-func (s *Sketch) look(h uint64, weight int64, cols *sketchCols, v *sketchView) (q, w uint64, e, t int64) {
+func (s *Sketch) look(h uint64, weight int64, now time.Time, cols *sketchCols, v *sketchView) (q, w uint64, e, t int64) {
 	q = uint64(s.quota.Load())
 	w = sketchWeight(weight)
-	e, t = s.clock()
+	e, t = s.clock(now)
 	s.columns(h, cols)
 	s.read(cols, e, t, v)
 	return q, w, e, t
@@ -207,10 +199,10 @@ func (s *Sketch) look(h uint64, weight int64, cols *sketchCols, v *sketchView) (
 
 // PeekHash answers what TakeHash would, charging nothing. A weight below 1
 // is taken as 1.
-func (s *Sketch) PeekHash(h uint64, weight int64) Decision {
+func (s *Sketch) PeekHash(h uint64, weight int64, now time.Time) Decision {
 	var cols sketchCols
 	var v sketchView
-	q, w, _, _ := s.look(h, weight, &cols, &v)
+	q, w, _, _ := s.look(h, weight, now, &cols, &v)
 	if w > q || !v.fits(q-w) {
 		return v.denied(q, w)
 	}
@@ -236,11 +228,11 @@ func (s *Sketch) Refund(r Reservation) {
 // Add counts n tokens for the key with hash h in the current window without
 // checking the quota: for traffic another policy decided on. An n below 1
 // adds nothing; counters saturate at MaxSketchQuota.
-func (s *Sketch) Add(h uint64, n int64) {
+func (s *Sketch) Add(h uint64, n int64, now time.Time) {
 	if n < 1 {
 		return
 	}
-	e, _ := s.clock()
+	e, _ := s.clock(now)
 	var cols sketchCols
 	s.columns(h, &cols)
 	s.add(&cols, e, uint64(n))
@@ -249,8 +241,8 @@ func (s *Sketch) Add(h uint64, n int64) {
 // Estimate returns the key's current count in the rolling window:
 // prev × (W − t)/W + curr, minimised over the rows. It is zero for a key
 // never seen, and at least the key's true count.
-func (s *Sketch) Estimate(h uint64) float64 {
-	e, t := s.clock()
+func (s *Sketch) Estimate(h uint64, now time.Time) float64 {
+	e, t := s.clock(now)
 	var cols sketchCols
 	s.columns(h, &cols)
 	var v sketchView
@@ -272,8 +264,8 @@ func sketchWeight(weight int64) uint64 {
 // The last window number seen is cached because a 64-bit division costs
 // as much as the rest of a decision's arithmetic; the cache is only a
 // hint, checked against the clock every time.
-func (s *Sketch) clock() (e, t int64) {
-	n := s.now().UnixNano()
+func (s *Sketch) clock(now time.Time) (e, t int64) {
+	n := now.UnixNano()
 	e = s.epoch.Load()
 	if t = n - e*s.window; t >= 0 && t < s.window {
 		return e, t
@@ -588,8 +580,8 @@ func (o *SketchSnapshot) validate() error {
 // windows. It allocates 8 bytes per cell. Counters are read one by one,
 // so a snapshot taken under traffic is not an instant's: it may include a
 // charge on one row and miss it on another.
-func (s *Sketch) Snapshot() *SketchSnapshot {
-	e, _ := s.clock()
+func (s *Sketch) Snapshot(now time.Time) *SketchSnapshot {
+	e, _ := s.clock(now)
 	cells := s.rows * int(s.width)
 	counts := make([]uint32, 2*cells)
 	o := &SketchSnapshot{
@@ -622,7 +614,7 @@ func (s *Sketch) Snapshot() *SketchSnapshot {
 // Merge adds: merging the same snapshot twice counts it twice. Counters
 // saturate at MaxSketchQuota. The shape and window must equal the
 // sketch's, else Merge returns an error and changes nothing.
-func (s *Sketch) Merge(o *SketchSnapshot) error {
+func (s *Sketch) Merge(o *SketchSnapshot, now time.Time) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
@@ -630,7 +622,7 @@ func (s *Sketch) Merge(o *SketchSnapshot) error {
 		return fmt.Errorf("sketch: cannot merge a %d×%d snapshot of %v windows into a %d×%d sketch of %v windows",
 			o.Rows, o.Width, o.Window, s.rows, s.width, time.Duration(s.window))
 	}
-	e, _ := s.clock()
+	e, _ := s.clock(now)
 	switch o.Epoch {
 	case e:
 		s.addCells(o.Prev, e-1)

@@ -30,16 +30,16 @@ func FuzzDecodeSketchSnapshot(f *testing.F) {
 		f.Add(enc)
 	}
 	clk := new(sketchClock).at(0)
-	s, err := NewSketch(SketchConfig{Quota: 50, Window: time.Second, Rows: 4, Width: 1024, Now: clk.Now})
+	s, err := NewSketch(SketchConfig{Quota: 50, Window: time.Second, Rows: 4, Width: 1024})
 	if err != nil {
 		f.Fatal(err)
 	}
 	for i := range 500 {
-		s.Add(uint64(i)*0x9E3779B97F4A7C15, int64(1+i%7))
+		s.Add(uint64(i)*0x9E3779B97F4A7C15, int64(1+i%7), clk.Now())
 	}
 	clk.advance(time.Second)
-	s.Add(7, 3)
-	enc, err := s.Snapshot().AppendBinary(nil)
+	s.Add(7, 3, clk.Now())
+	enc, err := s.Snapshot(clk.Now()).AppendBinary(nil)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func (c *sketchClock) at(d time.Duration) *sketchClock { c.t = sketchEpoch0.Add(
 
 func newTestSketch(t testing.TB, quota int64, window time.Duration, clk *sketchClock) *Sketch {
 	t.Helper()
-	s, err := NewSketch(SketchConfig{Quota: quota, Window: window, Now: clk.Now})
+	s, err := NewSketch(SketchConfig{Quota: quota, Window: window})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestNewSketchValidates(t *testing.T) {
 		t.Errorf("Quota, Window = %d, %v", s.Quota(), s.Window())
 	}
 	// The real clock works at the extreme window.
-	if d, _ := s.TakeHash(1, 1); !d.Allowed {
+	if d, _ := s.TakeHash(1, 1, time.Now()); !d.Allowed {
 		t.Errorf("take in an empty sketch denied: %+v", d)
 	}
 	s, err = NewSketch(SketchConfig{Quota: 1, Window: MinSketchWindow, Rows: 1, Width: 3})
@@ -85,12 +85,12 @@ func TestSketchQuotaAndRetryAfter(t *testing.T) {
 	s := newTestSketch(t, 10, 10*time.Second, clk)
 	h := Hash([]byte("lone"))
 	for i := range 10 {
-		d, r := s.TakeHash(h, 1)
+		d, r := s.TakeHash(h, 1, clk.Now())
 		if !d.Allowed || d.Remaining != int64(9-i) || d.Limit != 10 || d.RetryAfter != 0 || d.Reset != 20*time.Second || !r.Charged() {
 			t.Fatalf("take %d: %+v %+v", i, d, r)
 		}
 	}
-	d, r := s.TakeHash(h, 1)
+	d, r := s.TakeHash(h, 1, clk.Now())
 	// curr = 10 > 9, so the wait runs into the next window, where 10·(W−s)/W ≤ 9 at s = 1s.
 	want := Decision{Limit: 10, RetryAfter: 11 * time.Second, Reset: 20 * time.Second}
 	if d != want || r.Charged() {
@@ -99,7 +99,7 @@ func TestSketchQuotaAndRetryAfter(t *testing.T) {
 	assertSketchRetryExact(t, s, clk, h, 1, d.RetryAfter)
 
 	// Now in window 1 at 1s, estimate 10·0.9 + 1 = 10.
-	if got := s.Estimate(h); got != 10 {
+	if got := s.Estimate(h, clk.Now()); got != 10 {
 		t.Fatalf("estimate = %v, want 10", got)
 	}
 }
@@ -110,11 +110,11 @@ func assertSketchRetryExact(t *testing.T, s *Sketch, clk *sketchClock, h uint64,
 	t.Helper()
 	now := clk.t
 	clk.set(now.Add(ra - 1))
-	if d, _ := s.TakeHash(h, w); d.Allowed {
+	if d, _ := s.TakeHash(h, w, clk.Now()); d.Allowed {
 		t.Fatalf("take at RetryAfter−1ns (%v) granted: %+v", ra-1, d)
 	}
 	clk.set(now.Add(ra))
-	if d, _ := s.TakeHash(h, w); !d.Allowed {
+	if d, _ := s.TakeHash(h, w, clk.Now()); !d.Allowed {
 		t.Fatalf("take at RetryAfter (%v) denied: %+v", ra, d)
 	}
 }
@@ -123,7 +123,7 @@ func TestSketchSlidingDecay(t *testing.T) {
 	clk := new(sketchClock).at(0)
 	s := newTestSketch(t, 10, 10*time.Second, clk)
 	h := Hash([]byte("decay"))
-	if d, _ := s.TakeHash(h, 10); !d.Allowed || d.Remaining != 0 {
+	if d, _ := s.TakeHash(h, 10, clk.Now()); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("take 10: %+v", d)
 	}
 	for _, tc := range []struct {
@@ -134,20 +134,20 @@ func TestSketchSlidingDecay(t *testing.T) {
 		{15 * time.Second, 5}, {19 * time.Second, 1}, {20 * time.Second, 0}, {45 * time.Second, 0},
 	} {
 		clk.at(tc.at)
-		if got := s.Estimate(h); math.Abs(got-tc.want) > 1e-9 {
+		if got := s.Estimate(h, clk.Now()); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("estimate at %v = %v, want %v", tc.at, got, tc.want)
 		}
 	}
 
 	// At 12.5s the estimate is 7.5: 2 more fit (9.5), a third does not.
 	clk.at(12500 * time.Millisecond)
-	if d := s.PeekHash(h, 1); !d.Allowed || d.Remaining != 1 || d.Reset != 17500*time.Millisecond {
+	if d := s.PeekHash(h, 1, clk.Now()); !d.Allowed || d.Remaining != 1 || d.Reset != 17500*time.Millisecond {
 		t.Fatalf("peek at 12.5s: %+v", d)
 	}
-	if d, _ := s.TakeHash(h, 2); !d.Allowed || d.Remaining != 0 {
+	if d, _ := s.TakeHash(h, 2, clk.Now()); !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("take 2 at 12.5s: %+v", d)
 	}
-	d, _ := s.TakeHash(h, 1)
+	d, _ := s.TakeHash(h, 1, clk.Now())
 	// prev 10, curr 2: 10·(W−t')/W + 3 ≤ 10 at t' = 3s into the window, 0.5s from now.
 	if d.Allowed || d.RetryAfter != 500*time.Millisecond || d.Reset != 17500*time.Millisecond {
 		t.Fatalf("take 1 at 12.5s: %+v", d)
@@ -159,27 +159,27 @@ func TestSketchNeverAndWeights(t *testing.T) {
 	clk := new(sketchClock).at(time.Second)
 	s := newTestSketch(t, 10, 10*time.Second, clk)
 	h := Hash([]byte("w"))
-	d, r := s.TakeHash(h, 11)
+	d, r := s.TakeHash(h, 11, clk.Now())
 	if d.Allowed || d.RetryAfter != Never || d.Remaining != 10 || d.Reset != 0 || r.Charged() {
 		t.Fatalf("weight above quota: %+v %+v", d, r)
 	}
-	if d := s.PeekHash(h, math.MaxInt64); d.Allowed || d.RetryAfter != Never {
+	if d := s.PeekHash(h, math.MaxInt64, clk.Now()); d.Allowed || d.RetryAfter != Never {
 		t.Fatalf("peek MaxInt64: %+v", d)
 	}
-	if s.Estimate(h) != 0 {
-		t.Fatalf("denied take charged %v", s.Estimate(h))
+	if s.Estimate(h, clk.Now()) != 0 {
+		t.Fatalf("denied take charged %v", s.Estimate(h, clk.Now()))
 	}
 	for _, w := range []int64{0, -1, math.MinInt64} {
-		d, r := s.TakeHash(h, w)
+		d, r := s.TakeHash(h, w, clk.Now())
 		if !d.Allowed || r.units != 1 {
 			t.Fatalf("weight %d: %+v %+v, want a charge of 1", w, d, r)
 		}
 	}
-	if s.Estimate(h) != 3 {
-		t.Fatalf("estimate after three sub-1 weights = %v, want 3", s.Estimate(h))
+	if s.Estimate(h, clk.Now()) != 3 {
+		t.Fatalf("estimate after three sub-1 weights = %v, want 3", s.Estimate(h, clk.Now()))
 	}
 	// A weight equal to the quota waits until the estimate is exactly 0.
-	d, _ = s.TakeHash(h, 10)
+	d, _ = s.TakeHash(h, 10, clk.Now())
 	if d.Allowed || d.RetryAfter != 19*time.Second || d.Reset != 19*time.Second {
 		t.Fatalf("weight = quota with 3 counted: %+v", d)
 	}
@@ -190,49 +190,49 @@ func TestSketchRefundAndPeek(t *testing.T) {
 	clk := new(sketchClock).at(3 * time.Second)
 	s := newTestSketch(t, 100, 10*time.Second, clk)
 	h := Hash([]byte("refund"))
-	if d, _ := s.TakeHash(h, 30); !d.Allowed {
+	if d, _ := s.TakeHash(h, 30, clk.Now()); !d.Allowed {
 		t.Fatal(d)
 	}
-	before := s.Estimate(h)
-	peek := s.PeekHash(h, 7)
-	if s.Estimate(h) != before {
+	before := s.Estimate(h, clk.Now())
+	peek := s.PeekHash(h, 7, clk.Now())
+	if s.Estimate(h, clk.Now()) != before {
 		t.Fatal("peek charged")
 	}
-	d, r := s.TakeHash(h, 7)
+	d, r := s.TakeHash(h, 7, clk.Now())
 	if d != peek {
 		t.Fatalf("take = %+v, peek said %+v", d, peek)
 	}
 	s.Refund(r)
-	if got := s.Estimate(h); got != before {
+	if got := s.Estimate(h, clk.Now()); got != before {
 		t.Fatalf("after refund estimate = %v, want %v", got, before)
 	}
 	s.Refund(Reservation{})
-	if got := s.Estimate(h); got != before {
+	if got := s.Estimate(h, clk.Now()); got != before {
 		t.Fatalf("zero refund changed estimate to %v", got)
 	}
 
 	// A charge refunded in the next window comes off the previous window.
-	_, r = s.TakeHash(h, 20)
+	_, r = s.TakeHash(h, 20, clk.Now())
 	clk.at(16 * time.Second) // prev = 50, 40% left
-	if got := s.Estimate(h); math.Abs(got-20) > 1e-9 {
+	if got := s.Estimate(h, clk.Now()); math.Abs(got-20) > 1e-9 {
 		t.Fatalf("estimate in next window = %v, want 20", got)
 	}
 	s.Refund(r)
-	if got := s.Estimate(h); math.Abs(got-12) > 1e-9 {
+	if got := s.Estimate(h, clk.Now()); math.Abs(got-12) > 1e-9 {
 		t.Fatalf("estimate after refund from previous window = %v, want 12", got)
 	}
 	// Refunds never go below zero, and one from a window that is gone does nothing.
 	s.Refund(r)
 	s.Refund(r)
 	s.Refund(r)
-	if got := s.Estimate(h); got != 0 {
+	if got := s.Estimate(h, clk.Now()); got != 0 {
 		t.Fatalf("estimate after over-refund = %v, want 0", got)
 	}
-	_, r = s.TakeHash(h, 5)
+	_, r = s.TakeHash(h, 5, clk.Now())
 	clk.at(36 * time.Second)
-	s.Add(h, 4)
+	s.Add(h, 4, clk.Now())
 	s.Refund(r)
-	if got := s.Estimate(h); got != 4 {
+	if got := s.Estimate(h, clk.Now()); got != 4 {
 		t.Fatalf("refund from an expired window changed the count: %v, want 4", got)
 	}
 }
@@ -241,27 +241,27 @@ func TestSketchRollover(t *testing.T) {
 	clk := new(sketchClock).at(0)
 	s := newTestSketch(t, 5, time.Second, clk)
 	h := Hash([]byte("roll"))
-	s.Add(h, 5)
+	s.Add(h, 5, clk.Now())
 	clk.at(2 * time.Second) // two windows on: both counters are stale
-	if d, _ := s.TakeHash(h, 5); !d.Allowed || d.Reset != 2*time.Second {
+	if d, _ := s.TakeHash(h, 5, clk.Now()); !d.Allowed || d.Reset != 2*time.Second {
 		t.Fatalf("take after two windows: %+v", d)
 	}
-	if got := s.Estimate(h); got != 5 {
+	if got := s.Estimate(h, clk.Now()); got != 5 {
 		t.Fatalf("old count not reset: estimate %v, want 5", got)
 	}
 	// A charge dated to a window the counter has moved past is dropped,
 	// not allowed to reset the newer count.
 	clk.at(0)
-	s.Add(h, 3)
+	s.Add(h, 3, clk.Now())
 	clk.at(2 * time.Second)
-	if got := s.Estimate(h); got != 5 {
+	if got := s.Estimate(h, clk.Now()); got != 5 {
 		t.Fatalf("stale charge reset a newer window: estimate %v, want 5", got)
 	}
 	// Times before 1970 fall in the window that contains them.
 	clk.set(time.Unix(-1, 0))
-	s.Add(h, 4)
+	s.Add(h, 4, clk.Now())
 	clk.set(time.Unix(0, 250*int64(time.Millisecond)))
-	if got := s.Estimate(h); math.Abs(got-3) > 1e-9 {
+	if got := s.Estimate(h, clk.Now()); math.Abs(got-3) > 1e-9 {
 		t.Fatalf("estimate across the 1970 boundary = %v, want 3", got)
 	}
 }
@@ -270,28 +270,28 @@ func TestSketchAddSaturatesAndSetQuota(t *testing.T) {
 	clk := new(sketchClock).at(0)
 	s := newTestSketch(t, MaxSketchQuota, time.Minute, clk)
 	h := Hash([]byte("sat"))
-	s.Add(h, math.MaxInt64)
-	s.Add(h, 12)
-	s.Add(h, 0)
-	s.Add(h, -7)
-	if got := s.Estimate(h); got != MaxSketchQuota {
+	s.Add(h, math.MaxInt64, clk.Now())
+	s.Add(h, 12, clk.Now())
+	s.Add(h, 0, clk.Now())
+	s.Add(h, -7, clk.Now())
+	if got := s.Estimate(h, clk.Now()); got != MaxSketchQuota {
 		t.Fatalf("saturated estimate = %v", got)
 	}
-	if d, _ := s.TakeHash(h, 1); d.Allowed || d.Remaining != 0 {
+	if d, _ := s.TakeHash(h, 1, clk.Now()); d.Allowed || d.Remaining != 0 {
 		t.Fatalf("take at saturation: %+v", d)
 	}
 	if err := s.SetQuota(0); err == nil || !strings.Contains(err.Error(), "quota") {
 		t.Fatalf("SetQuota(0) = %v", err)
 	}
 	h2 := Hash([]byte("other"))
-	s.Add(h2, 50)
-	if d, _ := s.TakeHash(h2, 1); !d.Allowed {
+	s.Add(h2, 50, clk.Now())
+	if d, _ := s.TakeHash(h2, 1, clk.Now()); !d.Allowed {
 		t.Fatal(d)
 	}
 	if err := s.SetQuota(40); err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := s.TakeHash(h2, 1); d.Allowed || d.Limit != 40 || s.Quota() != 40 {
+	if d, _ := s.TakeHash(h2, 1, clk.Now()); d.Allowed || d.Limit != 40 || s.Quota() != 40 {
 		t.Fatalf("lowered quota not applied: %+v", d)
 	}
 }
@@ -308,37 +308,37 @@ func TestSketchRetryAfterExactRandom(t *testing.T) {
 		clk := new(sketchClock).at(time.Duration(rng.Int64N(int64(window))))
 		s := newTestSketch(t, quota, window, clk)
 		h := rng.Uint64()
-		s.Add(h, rng.Int64N(2*quota))
+		s.Add(h, rng.Int64N(2*quota), clk.Now())
 		clk.advance(window)
-		s.Add(h, rng.Int64N(2*quota))
+		s.Add(h, rng.Int64N(2*quota), clk.Now())
 		clk.advance(time.Duration(rng.Int64N(int64(window))))
 		w := 1 + rng.Int64N(quota)
-		d := s.PeekHash(h, w)
+		d := s.PeekHash(h, w, clk.Now())
 		now := clk.t
 		if d.Allowed {
 			// A granted decision's Reset counts the charge: take it.
-			if taken, _ := s.TakeHash(h, w); taken != d {
+			if taken, _ := s.TakeHash(h, w, clk.Now()); taken != d {
 				t.Fatalf("case %d: take %+v, peek %+v", i, taken, d)
 			}
 		} else {
 			clk.set(now.Add(d.RetryAfter - 1))
-			if s.PeekHash(h, w).Allowed {
+			if s.PeekHash(h, w, clk.Now()).Allowed {
 				t.Fatalf("case %d: granted at RetryAfter−1ns, %+v", i, d)
 			}
 			clk.set(now.Add(d.RetryAfter))
-			if !s.PeekHash(h, w).Allowed {
+			if !s.PeekHash(h, w, clk.Now()).Allowed {
 				t.Fatalf("case %d: denied at RetryAfter, %+v", i, d)
 			}
 		}
 		if d.Reset > 0 {
 			clk.set(now.Add(d.Reset - 1))
-			if s.Estimate(h) == 0 {
+			if s.Estimate(h, clk.Now()) == 0 {
 				t.Fatalf("case %d: estimate already 0 at Reset−1ns, %+v", i, d)
 			}
 		}
 		clk.set(now.Add(d.Reset))
-		if s.Estimate(h) != 0 {
-			t.Fatalf("case %d: estimate %v at Reset, %+v", i, s.Estimate(h), d)
+		if s.Estimate(h, clk.Now()) != 0 {
+			t.Fatalf("case %d: estimate %v at Reset, %+v", i, s.Estimate(h, clk.Now()), d)
 		}
 	}
 }
@@ -358,7 +358,7 @@ func TestSketchConcurrentNeverOvergrants(t *testing.T) {
 			wg.Go(func() {
 				for i := range 100 {
 					w := int64(1 + (g+i)%3)
-					d, r := s.TakeHash(h, w)
+					d, r := s.TakeHash(h, w, clk.Now())
 					if !d.Allowed {
 						continue
 					}
@@ -378,7 +378,7 @@ func TestSketchConcurrentNeverOvergrants(t *testing.T) {
 		// No charge leaked from a rolled-back race: the rest is still there.
 		var more int64
 		for {
-			if d, _ := s.TakeHash(h, 1); !d.Allowed {
+			if d, _ := s.TakeHash(h, 1, clk.Now()); !d.Allowed {
 				break
 			}
 			more++
@@ -395,11 +395,11 @@ func TestSketchAllocs(t *testing.T) {
 	var i uint64
 	if n := testing.AllocsPerRun(1000, func() {
 		i++
-		_, r := s.TakeHash(i%10, 1)
-		s.PeekHash(i, 2)
+		_, r := s.TakeHash(i%10, 1, clk.Now())
+		s.PeekHash(i, 2, clk.Now())
 		s.Refund(r)
-		s.Add(i, 1)
-		s.Estimate(i)
+		s.Add(i, 1, clk.Now())
+		s.Estimate(i, clk.Now())
 	}); n != 0 {
 		t.Fatalf("%v allocations per decision", n)
 	}
@@ -416,21 +416,21 @@ func TestSketchMerge(t *testing.T) {
 		for range 20000 {
 			h := Hash([]byte{byte(rng.IntN(256)), byte(rng.IntN(40))})
 			n := 1 + rng.Int64N(3)
-			all.Add(h, n)
+			all.Add(h, n, clk.Now())
 			if rng.IntN(3) == 0 {
-				b.Add(h, n)
+				b.Add(h, n, clk.Now())
 			} else {
-				a.Add(h, n)
+				a.Add(h, n, clk.Now())
 			}
 		}
 	}
 	traffic()
 	clk.at(13 * time.Second)
 	traffic()
-	if err := a.Merge(b.Snapshot()); err != nil {
+	if err := a.Merge(b.Snapshot(clk.Now()), clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	assertSameSketch(t, a, all)
+	assertSameSketch(t, a, all, clk.Now())
 
 	// Shape or window mismatches are errors and change nothing.
 	for _, c := range []SketchConfig{
@@ -438,25 +438,24 @@ func TestSketchMerge(t *testing.T) {
 		{Quota: 1000, Window: window, Width: 1000},
 		{Quota: 1000, Window: time.Second},
 	} {
-		c.Now = clk.Now
 		o, err := NewSketch(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.Add(1, 1)
-		if err := a.Merge(o.Snapshot()); err == nil || !strings.Contains(err.Error(), "cannot merge") {
+		o.Add(1, 1, clk.Now())
+		if err := a.Merge(o.Snapshot(clk.Now()), clk.Now()); err == nil || !strings.Contains(err.Error(), "cannot merge") {
 			t.Fatalf("merge of %+v: %v", c, err)
 		}
 	}
-	if err := a.Merge(nil); err == nil {
+	if err := a.Merge(nil, clk.Now()); err == nil {
 		t.Fatal("merge of nil snapshot succeeded")
 	}
-	bad := b.Snapshot()
+	bad := b.Snapshot(clk.Now())
 	bad.Curr = bad.Curr[:5]
-	if err := a.Merge(bad); err == nil || !strings.Contains(err.Error(), "counts per window") {
+	if err := a.Merge(bad, clk.Now()); err == nil || !strings.Contains(err.Error(), "counts per window") {
 		t.Fatalf("merge of short snapshot: %v", err)
 	}
-	assertSameSketch(t, a, all)
+	assertSameSketch(t, a, all, clk.Now())
 }
 
 func TestSketchMergeAcrossWindows(t *testing.T) {
@@ -465,54 +464,54 @@ func TestSketchMergeAcrossWindows(t *testing.T) {
 	a := newTestSketch(t, 1000, window, clk)
 	b := newTestSketch(t, 1000, window, clk)
 	h := Hash([]byte("k"))
-	b.Add(h, 100) // window 0
+	b.Add(h, 100, clk.Now()) // window 0
 	clk.at(15 * time.Second)
-	b.Add(h, 40) // window 1
-	old := b.Snapshot()
+	b.Add(h, 40, clk.Now()) // window 1
+	old := b.Snapshot(clk.Now())
 
 	clk.at(22 * time.Second) // window 2: old is one window old
-	a.Add(h, 1)
-	if err := a.Merge(old); err != nil {
+	a.Add(h, 1, clk.Now())
+	if err := a.Merge(old, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
 	// Its previous window (100) is two windows old now; its current (40)
 	// is a's previous, 80% left.
-	if got := a.Estimate(h); math.Abs(got-33) > 1e-9 {
+	if got := a.Estimate(h, clk.Now()); math.Abs(got-33) > 1e-9 {
 		t.Fatalf("estimate after merging a one-window-old snapshot = %v, want 32+1", got)
 	}
 	clk.at(35 * time.Second)
-	before := a.Snapshot()
-	if err := a.Merge(old); err != nil {
+	before := a.Snapshot(clk.Now())
+	if err := a.Merge(old, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if after := a.Snapshot(); !equalSketchSnapshots(before, after) {
+	if after := a.Snapshot(clk.Now()); !equalSketchSnapshots(before, after) {
 		t.Fatal("a snapshot two windows old changed the sketch")
 	}
 
 	// A snapshot from a peer one window ahead contributes its previous window.
 	clk.at(45 * time.Second)
-	b.Add(h, 7) // b's window 4
+	b.Add(h, 7, clk.Now()) // b's window 4
 	clk.at(50 * time.Second)
-	b.Add(h, 9) // b's window 5
-	ahead := b.Snapshot()
+	b.Add(h, 9, clk.Now()) // b's window 5
+	ahead := b.Snapshot(clk.Now())
 	clk.at(49 * time.Second)
 	c := newTestSketch(t, 1000, window, clk)
-	if err := c.Merge(ahead); err != nil {
+	if err := c.Merge(ahead, clk.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Estimate(h); got != 7 {
+	if got := c.Estimate(h, clk.Now()); got != 7 {
 		t.Fatalf("estimate after merging a snapshot one window ahead = %v, want 7", got)
 	}
 }
 
-func assertSameSketch(t *testing.T, a, b *Sketch) {
+func assertSameSketch(t *testing.T, a, b *Sketch, now time.Time) {
 	t.Helper()
-	if !equalSketchSnapshots(a.Snapshot(), b.Snapshot()) {
+	if !equalSketchSnapshots(a.Snapshot(now), b.Snapshot(now)) {
 		t.Fatal("sketches differ")
 	}
 	for i := range 1000 {
 		h := Hash([]byte{byte(i), byte(i >> 8)})
-		if ea, eb := a.Estimate(h), b.Estimate(h); ea != eb {
+		if ea, eb := a.Estimate(h, now), b.Estimate(h, now); ea != eb {
 			t.Fatalf("key %d: estimate %v, want %v", i, ea, eb)
 		}
 	}
@@ -568,13 +567,13 @@ func TestSketchCodecRoundTrip(t *testing.T) {
 	clk := new(sketchClock).at(0)
 	s := newTestSketch(t, 100, time.Minute, clk)
 	for i := range 3000 {
-		s.Add(uint64(i)*0x9E3779B97F4A7C15, int64(1+i%5))
+		s.Add(uint64(i)*0x9E3779B97F4A7C15, int64(1+i%5), clk.Now())
 	}
 	clk.advance(time.Minute)
 	for i := range 1000 {
-		s.Add(uint64(i)*0x9E3779B97F4A7C15, 1)
+		s.Add(uint64(i)*0x9E3779B97F4A7C15, 1, clk.Now())
 	}
-	cases = append(cases, s.Snapshot())
+	cases = append(cases, s.Snapshot(clk.Now()))
 
 	for i, o := range cases {
 		enc, err := o.AppendBinary([]byte("prefix"))
@@ -920,7 +919,7 @@ func (a *sketchAccuracyTally) add(b sketchAccuracyTally) {
 // of all keys and of the light ones.
 func (tr *sketchAccuracyTrace) replay(t *testing.T, width int) (all, light sketchAccuracyTally) {
 	clk := &sketchClock{}
-	s, err := NewSketch(SketchConfig{Quota: sketchAccuracyQuota, Window: time.Duration(sketchAccuracyWindow), Width: width, Now: clk.Now})
+	s, err := NewSketch(SketchConfig{Quota: sketchAccuracyQuota, Window: time.Duration(sketchAccuracyWindow), Width: width})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -930,7 +929,7 @@ func (tr *sketchAccuracyTrace) replay(t *testing.T, width int) (all, light sketc
 	for i, ev := range tr.events {
 		k, w := &tr.keys[ev.key], int64(ev.weight)
 		clk.set(time.Unix(0, ev.at))
-		d, _ := s.TakeHash(k.hash, w)
+		d, _ := s.TakeHash(k.hash, w, clk.Now())
 		c := &byClass[k.class]
 		c.requests++
 		if d.Allowed != rules[ev.key].allows(ev.at, sketchAccuracyWindow, w, sketchAccuracyQuota) {
@@ -1040,7 +1039,7 @@ func BenchmarkSketchTake(b *testing.B) {
 		var h uint64
 		for b.Loop() {
 			h += 0x9E3779B97F4A7C15
-			s.TakeHash(h, 1)
+			s.TakeHash(h, 1, time.Now())
 		}
 	})
 	b.Run("parallel", func(b *testing.B) {
@@ -1050,7 +1049,7 @@ func BenchmarkSketchTake(b *testing.B) {
 			h := seed.Add(1) << 40
 			for pb.Next() {
 				h += 0x9E3779B97F4A7C15
-				s.TakeHash(h, 1)
+				s.TakeHash(h, 1, time.Now())
 			}
 		})
 	})
@@ -1059,10 +1058,10 @@ func BenchmarkSketchTake(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		d.Add(42, 1)
+		d.Add(42, 1, time.Now())
 		b.ReportAllocs()
 		for b.Loop() {
-			d.TakeHash(42, 1)
+			d.TakeHash(42, 1, time.Now())
 		}
 	})
 }

@@ -13,6 +13,11 @@
 // to lo), so each test floods from its own /24. Tests do not call
 // t.Parallel: caddy.Load replaces the one config. No test sleeps: windows are
 // an hour, so no token returns during a test.
+//
+// Every connection is new, and caddy-l4 closes the replaced config's
+// listeners before caddy.Load returns (unlike the HTTP app, whose servers
+// close theirs in goroutines; see ../main_test.go's settle), so no connection
+// made after a load meets the old config.
 package layer4
 
 import (

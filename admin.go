@@ -1,0 +1,398 @@
+package floodgate
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(adminAPI{})
+}
+
+// live is the rate_limit app of the running config, which the admin API and
+// the metrics read at request time: admin modules are provisioned before the
+// apps of their config, and the config they were loaded with may not be the
+// one running when they are asked.
+var live struct {
+	sync.Mutex
+	app *App
+	// prev is the app that ran before app started, while it has not been
+	// stopped: if app's config fails to start, prev runs again.
+	prev *App
+}
+
+// goLive records that a's config is starting.
+func goLive(a *App) {
+	live.Lock()
+	defer live.Unlock()
+	live.prev, live.app = live.app, a
+}
+
+// retire records that a's config has stopped. Caddy stops a config when a
+// newer one has started, when the next config has no rate_limit app, or when
+// another app of a's config failed to start; only in the last case does the
+// config before a run again.
+func retire(a *App) {
+	live.Lock()
+	defer live.Unlock()
+	if live.prev == a {
+		live.prev = nil
+	}
+	if live.app == a {
+		live.app, live.prev = live.prev, nil
+	}
+}
+
+// liveZones returns the zones of the running config, by name.
+func liveZones() []*zone {
+	live.Lock()
+	a := live.app
+	live.Unlock()
+	if a == nil {
+		return nil
+	}
+	// a.live is complete once a's config has been provisioned.
+	zs := slices.Clone(a.live)
+	slices.SortFunc(zs, func(x, y *zone) int { return cmp.Compare(x.name, y.name) })
+	return zs
+}
+
+// A source is what a zone's top sketch shows for a key: the network an IP
+// key was masked to, the key itself if the handler has log_key (cut at
+// maxSourceText bytes), or nothing, for a key shown by its hash.
+type source struct {
+	net   netip.Prefix
+	text  [maxSourceText]byte
+	n     uint8
+	cut   bool
+	empty bool
+}
+
+// maxSourceText is how much of a key that is not an IP address /top shows,
+// with log_key.
+const maxSourceText = 64
+
+// topSource describes a charge for the top sketch: the network of an IP
+// key, the key's text (shown, with log_key; empty otherwise), or nothing, for
+// a key shown by its hash.
+func topSource(c charge, shown string, v4, v6 int) source {
+	var s source
+	switch {
+	case c.addr.IsValid():
+		nk := limiter.NetworkKey(c.addr, v4, v6)
+		s.net = nk.Prefix(v4, v6)
+	case c.key < 0:
+		s.empty = true
+	case shown != "":
+		s.n = uint8(copy(s.text[:], shown))
+		s.cut = len(shown) > maxSourceText
+	}
+	return s
+}
+
+// format returns the source as text: an address (a whole-address network),
+// a network, the key, "(empty key)", or "key#" and the first 8 hex digits of
+// the key's hash.
+func (s *source) format(h uint64) string {
+	switch {
+	case s.net.IsValid():
+		if s.net.IsSingleIP() {
+			return s.net.Addr().String()
+		}
+		return s.net.String()
+	case s.empty:
+		return "(empty key)"
+	case s.n > 0:
+		t := string(s.text[:s.n])
+		if s.cut {
+			t += "…"
+		}
+		return t
+	}
+	return fmt.Sprintf("key#%08x", h>>32)
+}
+
+// chargeOf is what a request whose key expanded to key would be charged:
+// the shared bucket of the empty key, an address's network, or the key's
+// hash.
+func (z *zone) chargeOf(key string) charge {
+	if key == "" {
+		return charge{hash: limiter.Hash(nil), key: -1}
+	}
+	return z.textCharge(key, 0)
+}
+
+// recordDenied notes in the zone's top sketch that it denied charge c of
+// request q; the key's text is kept only with log_key.
+func (z *zone) recordDenied(now time.Time, q *request, c charge, logKey bool) {
+	var shown string
+	if logKey {
+		shown = z.keyText(q, c)
+	}
+	z.counts.top.Record(now, c.hash, 1, topSource(c, shown, z.v4, z.v6))
+}
+
+// adminAPI serves the zones of the running config on Caddy's admin
+// endpoint, under /rate_limit/.
+type adminAPI struct{}
+
+// CaddyModule returns the Caddy module information.
+func (adminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.rate_limit",
+		New: func() caddy.Module { return new(adminAPI) },
+	}
+}
+
+// Routes returns the API's routes. Methods are checked by the handlers, so
+// that a wrong one gets a JSON error like every other.
+func (adminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{
+		{Pattern: "/rate_limit/zones", Handler: caddy.AdminHandlerFunc(handleZones)},
+		{Pattern: "/rate_limit/zones/{zone}", Handler: caddy.AdminHandlerFunc(handleZone)},
+		{Pattern: "/rate_limit/zones/{zone}/top", Handler: caddy.AdminHandlerFunc(handleTop)},
+		{Pattern: "/rate_limit/zones/{zone}/keys/{key...}", Handler: caddy.AdminHandlerFunc(handleKey)},
+	}
+}
+
+// ZoneInfo is a zone as GET /rate_limit/zones reports it.
+type ZoneInfo struct {
+	Name string `json:"name"`
+	// Key holds the zone's key and fallback keys, in order.
+	Key        []string     `json:"key"`
+	IPv4Prefix int          `json:"ipv4_prefix"`
+	IPv6Prefix int          `json:"ipv6_prefix"`
+	Policies   []PolicyInfo `json:"policies"`
+	// Requests and Weight count the zone's requests since a config first
+	// had it, surviving reloads.
+	Requests Outcomes `json:"requests"`
+	Weight   Outcomes `json:"weight"`
+	// Connections counts layer4 connections, for zones a layer4 matcher
+	// uses.
+	Connections *Connections `json:"connections,omitempty"`
+	Held        int64        `json:"held"`
+	Memory      MemoryInfo   `json:"memory"`
+	// Occupancy is the share of the table's counters in use (not full).
+	Occupancy float64 `json:"occupancy"`
+	// FalseDeny is the estimated probability that a key never seen before
+	// is denied now.
+	FalseDeny float64 `json:"false_deny"`
+}
+
+// PolicyInfo is one of a zone's limits.
+type PolicyInfo struct {
+	Events int64  `json:"events"`
+	Window string `json:"window"`
+	Burst  int64  `json:"burst"`
+}
+
+// Outcomes counts requests by what a zone did with them.
+type Outcomes struct {
+	Allowed uint64 `json:"allowed"`
+	Denied  uint64 `json:"denied"`
+	Logged  uint64 `json:"logged"`
+	Delayed uint64 `json:"delayed"`
+}
+
+// Connections counts connections by what a layer4 matcher did with them.
+type Connections struct {
+	Allowed uint64 `json:"allowed"`
+	Denied  uint64 `json:"denied"`
+}
+
+// MemoryInfo describes a zone's table.
+type MemoryInfo struct {
+	Bytes int `json:"bytes"`
+	Lines int `json:"lines"`
+	K     int `json:"k"`
+}
+
+func (z *zone) info(now time.Time) ZoneInfo {
+	c := z.counts
+	s := c.tableStats(z.buckets, now)
+	zi := ZoneInfo{
+		Name:       z.name,
+		Key:        append([]string{}, z.conf.Key),
+		IPv4Prefix: z.v4,
+		IPv6Prefix: z.v6,
+		Policies:   []PolicyInfo{{Events: z.limit.Events, Window: z.limit.Window.String(), Burst: cmp.Or(z.limit.Burst, z.limit.Events)}},
+		Held:       c.held.Load(),
+		Memory:     MemoryInfo{Bytes: s.Bytes, Lines: s.Lines, K: s.K},
+		Occupancy:  s.Busy,
+		FalseDeny:  s.FalseDeny,
+	}
+	zi.Key = append(zi.Key, z.conf.FallbackKeys...)
+	outcomes := func(v func(outcome) uint64) Outcomes {
+		return Outcomes{Allowed: v(outcomeAllowed), Denied: v(outcomeDenied), Logged: v(outcomeLogged), Delayed: v(outcomeDelayed)}
+	}
+	zi.Requests = outcomes(func(o outcome) uint64 { return c.requests[o].Load() })
+	zi.Weight = outcomes(c.weight)
+	if c.layer4.Load() {
+		zi.Connections = &Connections{Allowed: c.connections[outcomeAllowed].Load(), Denied: c.connections[outcomeDenied].Load()}
+	}
+	return zi
+}
+
+// KeyInfo is what a key would get from a zone now.
+type KeyInfo struct {
+	Zone string `json:"zone"`
+	// Source is what the key is charged under: its network for an IP
+	// address, else the key's short hash (as /top shows it without
+	// log_key).
+	Source string `json:"source"`
+	// Allowed reports whether a request with the key would pass now.
+	Allowed  bool        `json:"allowed"`
+	Policies []KeyPolicy `json:"policies"`
+}
+
+// KeyPolicy is a key's state in one of a zone's limits, as the RateLimit
+// header would give it; times are whole seconds, rounded up.
+type KeyPolicy struct {
+	Limit      int64 `json:"limit"`
+	Remaining  int64 `json:"remaining"`
+	RetryAfter int64 `json:"retry_after"`
+	Reset      int64 `json:"reset"`
+}
+
+// TopInfo is a zone's most denied sources.
+type TopInfo struct {
+	Zone string `json:"zone"`
+	// Since is the start of the period the counts cover: the last one
+	// to two minutes.
+	Since   time.Time   `json:"since"`
+	Sources []TopSource `json:"sources"`
+}
+
+// TopSource is one source and how many of its requests the zone denied:
+// between Denied-Error and Denied.
+type TopSource struct {
+	Source string `json:"source"`
+	Denied uint64 `json:"denied"`
+	Error  uint64 `json:"error"`
+}
+
+func handleZones(w http.ResponseWriter, r *http.Request) error {
+	if err := onlyMethods(w, r, http.MethodGet); err != nil {
+		return err
+	}
+	now := time.Now()
+	out := []ZoneInfo{}
+	for _, z := range liveZones() {
+		out = append(out, z.info(now))
+	}
+	return writeJSON(w, out)
+}
+
+func handleZone(w http.ResponseWriter, r *http.Request) error {
+	if err := onlyMethods(w, r, http.MethodGet); err != nil {
+		return err
+	}
+	z, err := liveZone(r)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, z.info(time.Now()))
+}
+
+// defaultTop and the sketch's capacity bound how many sources /top lists.
+const defaultTop = 10
+
+func handleTop(w http.ResponseWriter, r *http.Request) error {
+	if err := onlyMethods(w, r, http.MethodGet); err != nil {
+		return err
+	}
+	z, err := liveZone(r)
+	if err != nil {
+		return err
+	}
+	n := defaultTop
+	if q := r.URL.Query().Get("n"); q != "" {
+		n, err = strconv.Atoi(q)
+		if err != nil || n < 1 || n > topCapacity {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("n %q: must be a whole number from 1 to %d", q, topCapacity)}
+		}
+	}
+	entries, since := z.counts.top.Top(time.Now(), n)
+	out := TopInfo{Zone: z.name, Since: since, Sources: []TopSource{}}
+	for _, e := range entries {
+		out.Sources = append(out.Sources, TopSource{Source: e.Label.format(e.Hash), Denied: e.Count, Error: e.Err})
+	}
+	return writeJSON(w, out)
+}
+
+// handleKey answers GET (what the key would get now, charging nothing) and
+// DELETE (make the key's buckets full again, then answer as GET) for
+// /rate_limit/zones/{zone}/keys/{key}. The key is masked and hashed as a
+// request's would be.
+func handleKey(w http.ResponseWriter, r *http.Request) error {
+	if err := onlyMethods(w, r, http.MethodGet, http.MethodDelete); err != nil {
+		return err
+	}
+	z, err := liveZone(r)
+	if err != nil {
+		return err
+	}
+	c := z.chargeOf(r.PathValue("key"))
+	h := c.hash
+	if r.Method == http.MethodDelete {
+		z.buckets.Reset(h)
+	}
+	d := z.buckets.PeekHash(h, 1, time.Now())
+	src := topSource(c, "", z.v4, z.v6)
+	return writeJSON(w, KeyInfo{
+		Zone:    z.name,
+		Source:  src.format(h),
+		Allowed: d.Allowed,
+		Policies: []KeyPolicy{{
+			Limit:      d.Limit,
+			Remaining:  max(d.Remaining, 0),
+			RetryAfter: ceilSeconds(d.RetryAfter),
+			Reset:      ceilSeconds(d.Reset),
+		}},
+	})
+}
+
+// liveZone returns the running zone named in r's path, or a 404.
+func liveZone(r *http.Request) (*zone, error) {
+	name := r.PathValue("zone")
+	for _, z := range liveZones() {
+		if z.name == name {
+			return z, nil
+		}
+	}
+	return nil, caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("unknown zone %q", name)}
+}
+
+// onlyMethods answers 405 to a request whose method is not one of methods.
+func onlyMethods(w http.ResponseWriter, r *http.Request, methods ...string) error {
+	if slices.Contains(methods, r.Method) {
+		return nil
+	}
+	allow := methods[0]
+	for _, m := range methods[1:] {
+		allow += ", " + m
+	}
+	w.Header().Set("Allow", allow)
+	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed; use %s", r.Method, allow)}
+}
+
+func writeJSON(w http.ResponseWriter, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// Interface guards
+var _ caddy.AdminRouter = (*adminAPI)(nil)

@@ -1,0 +1,304 @@
+package ops
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+func init() {
+	caddy.RegisterModule(eventRecorder{})
+}
+
+// eventRecorder is an events handler, for tests only, that keeps the data of
+// every event it is given.
+type eventRecorder struct{}
+
+var recorded struct {
+	sync.Mutex
+	events []map[string]any
+}
+
+func (eventRecorder) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "events.handlers.floodgate_ops_recorder",
+		New: func() caddy.Module { return new(eventRecorder) },
+	}
+}
+
+func (eventRecorder) Handle(_ context.Context, e caddy.Event) error {
+	recorded.Lock()
+	defer recorded.Unlock()
+	data := map[string]any{"event": e.Name()}
+	for k, v := range e.Data {
+		data[k] = v
+	}
+	recorded.events = append(recorded.events, data)
+	return nil
+}
+
+func TestEventCarriesZoneClientAndKeyOnlyWithLogKey(t *testing.T) {
+	recorded.Lock()
+	recorded.events = nil
+	recorded.Unlock()
+	mustLoadJSON(t, fmt.Sprintf(`{
+	  "admin": {"listen": "localhost:%d", "config": {"persist": false}},
+	  "apps": {
+	    "events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "floodgate_ops_recorder"}]}]},
+	    "http": {"servers": {"srv0": {"listen": [":%d"], "routes": [
+	      {"match": [{"path": ["/logged"]}], "handle": [
+	        {"handler": "rate_limit", "log_key": true, "rate_limits": {"event_logged": {"max_events": 1, "window": "1h", "key": "{http.request.header.X-User}"}}},
+	        {"handler": "static_response", "body": "ok"}]},
+	      {"handle": [
+	        {"handler": "rate_limit", "rate_limits": {"event_quiet": {"max_events": 1, "window": "1h", "key": "{http.request.header.X-User}"}}},
+	        {"handler": "static_response", "body": "ok"}]}]}}}}}`, adminPort, httpPort))
+	for _, path := range []string{"/logged", "/quiet"} {
+		c := from("127.0.40.1")
+		for range 2 {
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:%d%s", httpPort, path), nil)
+			req.Header.Set("X-User", "erin")
+			send(t, c, req)
+		}
+	}
+	recorded.Lock()
+	defer recorded.Unlock()
+	if len(recorded.events) != 2 {
+		t.Fatalf("events: %v, want one per denial", recorded.events)
+	}
+	for i, zone := range []string{"event_logged", "event_quiet"} {
+		e := recorded.events[i]
+		if e["event"] != "rate_limit_exceeded" || e["zone"] != zone || e["client_ip"] != "127.0.40.1" {
+			t.Errorf("event %d: %v", i, e)
+		}
+		if key, ok := e["key"]; ok != (zone == "event_logged") || (ok && key != "erin") {
+			t.Errorf("event %d (%s): key %v present %v", i, zone, key, ok)
+		}
+	}
+}
+
+// denialLog loads a config that logs the rate_limit handler to a JSON file
+// and has six zones, each on its own path (/z0 to /z5) and allowing one
+// request per client per hour; it sends each path's request from the given
+// sources, and returns the log's lines.
+func denialLog(t *testing.T, requests map[string][]string) []string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "denials.log")
+	var body strings.Builder
+	for i := range 6 {
+		fmt.Fprintf(&body, "\trate_limit /z%d {\n\t\tzone log_z%d {\n\t\t\tkey {client_ip}\n\t\t\tevents 1\n\t\t\twindow 1h\n\t\t}\n\t}\n", i, i)
+	}
+	body.WriteString("\trespond \"ok\"")
+	mustLoad(t, caddyfile(fmt.Sprintf(`log floodgate {
+		output file %s
+		format json
+		include http.handlers.rate_limit
+	}`, file), body.String()))
+	for _, ip := range slices.Sorted(maps.Keys(requests)) {
+		c := from(ip)
+		for _, path := range requests[ip] {
+			resp, err := c.Get(fmt.Sprintf("http://localhost:%d%s", httpPort, path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	}
+	// The next load closes the log file, so that it is complete.
+	mustLoad(t, caddyfile("", `respond "ok"`))
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(data)), "\n")
+}
+
+// failregex returns the fail2ban filter's failregex as a Go regexp, with
+// fail2ban's <ADDR> as a group named addr. Python's re and Go's RE2 read the
+// filter's syntax alike (literals, escapes, .*, ^).
+func failregex(t *testing.T) *regexp.Regexp {
+	t.Helper()
+	conf, err := os.ReadFile("../../contrib/fail2ban/floodgate.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(conf), "\n") {
+		if re, ok := strings.CutPrefix(line, "failregex = "); ok {
+			return regexp.MustCompile(strings.Replace(re, "<ADDR>", `(?P<addr>[0-9A-Fa-f.:]+)`, 1))
+		}
+	}
+	t.Fatal("no failregex in the filter")
+	return nil
+}
+
+func TestDenialLogsFeedFail2banAndCrowdSec(t *testing.T) {
+	const flood, once, polite = "127.0.42.1", "127.0.42.2", "127.0.42.3"
+	twice := func(paths ...string) (out []string) {
+		for _, p := range paths {
+			out = append(out, p, p)
+		}
+		return out
+	}
+	lines := denialLog(t, map[string][]string{
+		flood:  twice("/z0", "/z1", "/z2", "/z3", "/z4", "/z5"),
+		once:   twice("/z0"),
+		polite: {"/z0", "/z1"},
+	})
+	file := filepath.Join(t.TempDir(), "caddy.log")
+	if err := os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Each zone's first denial of a source is logged at INFO; that is what
+	// the filter counts.
+	want := []string{flood, flood, flood, flood, flood, flood, once}
+	re := failregex(t)
+	var got []string
+	for _, l := range lines {
+		if m := re.FindStringSubmatch(l); m != nil {
+			got = append(got, m[re.SubexpIndex("addr")])
+		}
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("the filter's regexp (in Go) found %q in\n%s\nwant %q", got, strings.Join(lines, "\n"), want)
+	}
+
+	if _, err := exec.LookPath("fail2ban-regex"); err != nil {
+		t.Log("fail2ban-regex is not installed: the filter was checked with Go's regexp only")
+	} else {
+		out, err := exec.Command("fail2ban-regex", "-o", "ip", file, "../../contrib/fail2ban/floodgate.conf").Output()
+		if err != nil {
+			t.Fatalf("fail2ban-regex: %v\n%s", err, out)
+		}
+		got := strings.Fields(string(out))
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("fail2ban-regex found %q, want %q", got, want)
+		}
+	}
+
+	if _, err := exec.LookPath("crowdsec"); err != nil {
+		t.Log("crowdsec is not installed: the parser and scenario were not run")
+		return
+	}
+	overflows := crowdsecReplay(t, file)
+	if !slices.Equal(overflows, []string{flood}) {
+		t.Errorf("crowdsec: scenario overflowed for %q, want only %s", overflows, flood)
+	}
+}
+
+// crowdsecReplay runs crowdsec on a log file with floodgate's parser and
+// scenario, and returns the sources for which the scenario overflowed.
+// crowdsec's s00-raw parser crowdsecurity/non-syslog is stood in for by its
+// two statics, and its s02-enrich parser crowdsecurity/dateparse-enrich
+// (which dates events; undated ones are dropped in a replay) is taken from
+// the hub copy Debian's package installs; crowdsec sends its alerts to a
+// stand-in local API.
+func crowdsecReplay(t *testing.T, log string) []string {
+	t.Helper()
+	dir := t.TempDir()
+	lapi := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.HasSuffix(r.URL.Path, "/watchers/login") {
+			fmt.Fprint(w, `{"code":200,"expire":"2099-01-01T00:00:00Z","token":"t"}`)
+			return
+		}
+		fmt.Fprint(w, `["1"]`)
+	}))
+	defer lapi.Close()
+	patterns, err := filepath.Glob("/etc/crowdsec/patterns/*")
+	if err != nil || len(patterns) == 0 {
+		t.Skip("crowdsec's grok patterns (/etc/crowdsec/patterns) are not installed")
+	}
+	const dateparse = "/usr/share/crowdsec/hub/parsers/s02-enrich/crowdsecurity/dateparse-enrich.yaml"
+	if _, err := os.Stat(dateparse); err != nil {
+		t.Skip("crowdsec's hub copy (crowdsecurity/dateparse-enrich) is not installed")
+	}
+	files := map[string]string{
+		"config.yaml": fmt.Sprintf(`common: {daemonize: false, log_media: stdout, log_level: info}
+config_paths: {config_dir: %[1]s/, data_dir: %[1]s/data/, simulation_path: %[1]s/simulation.yaml, hub_dir: %[1]s/hub/, index_path: %[1]s/hub/.index.json}
+crowdsec_service: {acquisition_path: %[1]s/acquis.yaml, parser_routines: 1}
+api: {client: {credentials_path: %[1]s/lapi.yaml}}
+`, dir),
+		"lapi.yaml":       fmt.Sprintf("url: %s/\nlogin: t\npassword: t\n", lapi.URL),
+		"simulation.yaml": "simulation: false\n",
+		"acquis.yaml":     "",
+		"hub/.index.json": `{"parsers":{},"scenarios":{},"postoverflows":{},"collections":{}}`,
+		"parsers/s00-raw/non-syslog.yaml": `filter: "evt.Line.Labels.type != 'syslog'"
+onsuccess: next_stage
+name: test/non-syslog
+statics:
+  - parsed: message
+    expression: evt.Line.Raw
+  - parsed: program
+    expression: evt.Line.Labels.type
+`,
+	}
+	for name, src := range map[string]string{
+		"parsers/s01-parse/floodgate-logs.yaml":    "../../contrib/crowdsec/floodgate-logs.yaml",
+		"scenarios/floodgate-denied.yaml":          "../../contrib/crowdsec/floodgate-denied.yaml",
+		"parsers/s02-enrich/dateparse-enrich.yaml": dateparse,
+	} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[name] = string(b)
+	}
+	for _, p := range patterns {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files["patterns/"+filepath.Base(p)] = string(b)
+	}
+	for name, content := range files {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("crowdsec", "-c", filepath.Join(dir, "config.yaml"), "-dsn", "file://"+log, "-type", "caddy", "-no-api").CombinedOutput()
+	if err != nil {
+		t.Fatalf("crowdsec: %v\n%s", err, out)
+	}
+	performed := regexp.MustCompile(`Ip (\S+) performed 'floodgate/rate-limit-denied'`)
+	var sources []string
+	for _, m := range performed.FindAllStringSubmatch(string(out), -1) {
+		sources = append(sources, m[1])
+	}
+	return sources
+}
+
+func TestREADMEShowsTheFilters(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"../../contrib/fail2ban/floodgate.conf", "../../contrib/crowdsec/floodgate-logs.yaml", "../../contrib/crowdsec/floodgate-denied.yaml"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(readme), string(b)) {
+			t.Errorf("README.md does not show %s as it is", f)
+		}
+	}
+}

@@ -1,0 +1,254 @@
+// Package ops tests operating floodgate inside a real, in-process Caddy: the
+// admin API, the `caddy rate-limit` command, metrics across reloads, events
+// and the denial logs that fail2ban and CrowdSec read.
+//
+// Ports: admin localhost:2439, HTTP 9490, HTTPS 9491, and 9492 (taken on
+// purpose by a test). Tests must not call t.Parallel: each config load
+// replaces the one Caddy's config. Zone names are unique per test, because
+// a zone's state and counts deliberately survive config loads.
+package ops
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	_ "github.com/floodgate-rl/floodgate"
+)
+
+const (
+	adminPort = 2439
+	httpPort  = 9490
+	httpsPort = 9491
+	takenPort = 9492
+)
+
+var adminURL = fmt.Sprintf("http://localhost:%d", adminPort)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "floodgate-ops-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("XDG_DATA_HOME", dir)
+	os.Setenv("XDG_CONFIG_HOME", dir)
+	admin := fmt.Sprintf(`{"admin": {"listen": "localhost:%d", "config": {"persist": false}}}`, adminPort)
+	// No client of this process keeps a connection across a config load.
+	http.DefaultTransport.(*http.Transport).DisableKeepAlives = true
+	if err := caddy.Load([]byte(admin), false); err != nil {
+		fmt.Fprintln(os.Stderr, "starting Caddy:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = caddy.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// caddyfile returns a Caddyfile with the test ports, extra global options and
+// one site on the HTTP port with body.
+func caddyfile(extra, body string) string {
+	return fmt.Sprintf(`{
+	skip_install_trust
+	admin localhost:%d
+	http_port %d
+	https_port %d
+	grace_period 1ns
+	persist_config off
+	%s
+}
+http://:%d {
+%s
+}
+`, adminPort, httpPort, httpsPort, extra, httpPort, body)
+}
+
+// load posts a config to the admin endpoint; the config runs when it
+// returns without error.
+func load(t *testing.T, cfg, adapter string) error {
+	t.Helper()
+	ct := "application/json"
+	if adapter == "caddyfile" {
+		ct = "text/caddyfile"
+	}
+	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", ct)
+	req.Header.Set("Cache-Control", "must-revalidate")
+	code, body := send(t, http.DefaultClient, req)
+	settle(t)
+	if code != http.StatusOK {
+		return fmt.Errorf("%d: %s", code, body)
+	}
+	return nil
+}
+
+// settle waits until none of this package's ports has more than one
+// listening socket. Caddy listens with SO_REUSEPORT: a load opens the new
+// config's sockets beside the old ones, and the replaced servers close theirs
+// in goroutines after /load has answered; until then the kernel hands some
+// new connections to an old socket, which answers with the old config or
+// resets them.
+func settle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		busy := 0
+		for _, p := range []int{adminPort, httpPort, httpsPort} {
+			if listening(t, p) > 1 {
+				busy = p
+			}
+		}
+		if busy == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after a config load, port %d still has several listening sockets", busy)
+		}
+		time.Sleep(time.Millisecond) // Caddy's goroutines closing sockets, not a clock
+	}
+}
+
+// listening returns how many TCP sockets listen on port (Linux only, as are
+// the 127.0.0.0/8 client addresses the tests use).
+func listening(t *testing.T, port int) int {
+	t.Helper()
+	n := 0
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		table, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// sl local_address rem_address st ...: HEXIP:HEXPORT; state 0A
+		// is LISTEN.
+		for _, line := range strings.Split(string(table), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 4 || f[3] != "0A" {
+				continue
+			}
+			if p, err := strconv.ParseUint(f[1][strings.LastIndexByte(f[1], ':')+1:], 16, 16); err == nil && int(p) == port {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// mustLoad loads a Caddyfile.
+func mustLoad(t *testing.T, cfg string) {
+	t.Helper()
+	if err := load(t, cfg, "caddyfile"); err != nil {
+		t.Fatalf("loading config: %v", err)
+	}
+}
+
+// mustLoadJSON loads a JSON config.
+func mustLoadJSON(t *testing.T, cfg string) {
+	t.Helper()
+	if err := load(t, cfg, "json"); err != nil {
+		t.Fatalf("loading config: %v", err)
+	}
+}
+
+func send(t *testing.T, c *http.Client, req *http.Request) (int, string) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// from returns an HTTP client whose connections to the test site come from
+// the local address ip (all of 127.0.0.0/8 is this host on Linux). It opens
+// a new connection per request, so none outlives a config load.
+func from(ip string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", httpPort))
+		},
+		DisableKeepAlives: true,
+	}}
+}
+
+// codes sends n GETs to the test site from ip with the given headers
+// ("Name: value") and returns their status codes, e.g. "200 200 429".
+func codes(t *testing.T, ip string, n int, headers ...string) string {
+	t.Helper()
+	c := from(ip)
+	var out []string
+	for range n {
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:%d/", httpPort), nil)
+		for _, h := range headers {
+			name, value, _ := strings.Cut(h, ": ")
+			req.Header.Set(name, value)
+		}
+		code, _ := send(t, c, req)
+		out = append(out, fmt.Sprint(code))
+	}
+	return strings.Join(out, " ")
+}
+
+// adminDo sends a request to the admin API and returns its status and body.
+func adminDo(t *testing.T, method, path string, headers ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, adminURL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ": ")
+		req.Header.Set(name, value)
+	}
+	return send(t, http.DefaultClient, req)
+}
+
+// adminJSON sends a request to the admin API, fails unless it answers 200,
+// and decodes the answer into v.
+func adminJSON(t *testing.T, method, path string, v any) {
+	t.Helper()
+	code, body := adminDo(t, method, path)
+	if code != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", method, path, code, body)
+	}
+	if err := json.NewDecoder(bytes.NewReader([]byte(body))).Decode(v); err != nil {
+		t.Fatalf("%s %s: %v in %s", method, path, err, body)
+	}
+}
+
+// metrics returns the admin endpoint's /metrics.
+func metrics(t *testing.T) string {
+	t.Helper()
+	code, body := adminDo(t, http.MethodGet, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	return body
+}

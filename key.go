@@ -1,0 +1,408 @@
+package floodgate
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/textproto"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// How a zone reads a key from a request. A key is parsed once, when the zone
+// is provisioned, into the cheapest way of reading it: the client address
+// without the replacer, a header field without copying it, a template
+// hashed piece by piece without building the expanded text. Every way hashes
+// the same bytes that Caddy's replacer would expand the key to (cut at
+// maxKeyHashed), so the choice never changes a key's bucket.
+
+// keyKind says how a key is read from a request.
+type keyKind uint8
+
+const (
+	// keyTemplate is expanded part by part: literal text and placeholders.
+	keyTemplate keyKind = iota
+	// keyPlaceholder is a template that is exactly one placeholder.
+	keyPlaceholder
+	// keyHeader is exactly one request header field
+	// (`{http.request.header.<field>}`), read from the request directly.
+	keyHeader
+	// keyClientIP is the client IP Caddy computed (honouring
+	// trusted_proxies), read from the request's vars.
+	keyClientIP
+	// keyRemoteIP is the address of the connection's peer.
+	keyRemoteIP
+)
+
+// A keySpec is one key of a zone, parsed.
+type keySpec struct {
+	kind keyKind
+	// name is the header field (keyHeader, canonical) or the placeholder
+	// (keyPlaceholder).
+	name string
+	// parts is a keyTemplate's literal text and placeholders, in order.
+	parts []templatePart
+}
+
+// A templatePart is a run of literal text or one placeholder of a template.
+type templatePart struct {
+	text        string // the literal, or the placeholder's name
+	placeholder bool
+}
+
+// maxKeyHashed is how many bytes of a key identify it: a longer key is
+// hashed (and counted) by its first maxKeyHashed bytes, so that a huge header
+// costs a bounded amount of work per zone. 8 KiB is the longest header line
+// nginx accepts by default (large_client_header_buffers).
+const maxKeyHashed = 8 << 10
+
+// maxShownKey is the longest key, in bytes, that log_key shows in logs,
+// events and the {http.rate_limit.key} placeholder; a longer key is cut there
+// and marked with "…".
+const maxShownKey = 256
+
+// maxIPText is the length of the longest IP address text worth parsing
+// (a full IPv6 address with an embedded IPv4 part and a zone).
+const maxIPText = 64
+
+const headerPlaceholder = "http.request.header."
+
+func parseKeySpec(s string) keySpec {
+	switch s {
+	case "{http.vars.client_ip}", "{client_ip}":
+		return keySpec{kind: keyClientIP}
+	case "{http.request.remote.host}", "{remote_host}":
+		return keySpec{kind: keyRemoteIP}
+	}
+	parts := compileTemplate(s)
+	if len(parts) == 1 && parts[0].placeholder {
+		name := parts[0].text
+		if field, ok := strings.CutPrefix(name, headerPlaceholder); ok {
+			// What Caddy's replacer does for this placeholder: the
+			// field's values joined with commas.
+			return keySpec{kind: keyHeader, name: textproto.CanonicalMIMEHeaderKey(field)}
+		}
+		return keySpec{kind: keyPlaceholder, name: name}
+	}
+	return keySpec{kind: keyTemplate, parts: parts}
+}
+
+// compileTemplate splits a key template into literal text and placeholders
+// with Caddy's own parser (escaped braces, unclosed braces and all): it
+// expands the template once with a replacer that marks where each
+// placeholder was.
+func compileTemplate(tmpl string) []templatePart {
+	const mark = "\x00"
+	if strings.Contains(tmpl, mark) {
+		// Cannot be told apart from a mark: keep it whole, a literal.
+		return []templatePart{{text: tmpl}}
+	}
+	var names []string
+	repl := caddy.NewEmptyReplacer()
+	repl.Map(func(name string) (any, bool) {
+		names = append(names, name)
+		return mark, true
+	})
+	lits := strings.Split(repl.ReplaceAll(tmpl, ""), mark)
+	var parts []templatePart
+	for i, lit := range lits {
+		if lit != "" {
+			parts = append(parts, templatePart{text: lit})
+		}
+		if i < len(names) {
+			parts = append(parts, templatePart{text: names[i], placeholder: true})
+		}
+	}
+	return parts
+}
+
+// A request is what the zones of a handler read from one HTTP request. The
+// client and peer addresses are found and parsed at most once, however many
+// zones use them.
+type request struct {
+	r      *http.Request
+	repl   *caddy.Replacer
+	client peer
+	remote peer
+}
+
+// A peer is an address of a request: its text and, if it is an IP address,
+// the address.
+type peer struct {
+	known bool
+	text  string
+	addr  netip.Addr
+}
+
+// clientIP returns the client IP that Caddy computed for the request
+// (honouring trusted_proxies), or the peer's address outside a Caddy server.
+func (q *request) clientIP() *peer {
+	if !q.client.known {
+		if ip, ok := caddyhttp.GetVar(q.r.Context(), caddyhttp.ClientIPVarKey).(string); ok && ip != "" {
+			q.client = newPeer(ip)
+		} else {
+			q.client = *q.remoteIP()
+		}
+	}
+	return &q.client
+}
+
+// remoteIP returns the host part of the request's RemoteAddr.
+func (q *request) remoteIP() *peer {
+	if !q.remote.known {
+		host, _, err := net.SplitHostPort(q.r.RemoteAddr)
+		if err != nil {
+			host = q.r.RemoteAddr
+		}
+		q.remote = newPeer(host)
+	}
+	return &q.remote
+}
+
+func newPeer(text string) peer {
+	return peer{known: true, text: text, addr: parseIP(text)}
+}
+
+// parseIP returns the address s holds, without its zone, or the zero Addr.
+// It only calls netip.ParseAddr on text that can be an address, because a
+// failed parse allocates its error.
+func parseIP(s string) netip.Addr {
+	if !ipLike(s) {
+		return netip.Addr{}
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return a.WithZone("")
+}
+
+// ipLike reports whether s can be the text of an IP address: short enough,
+// with a dot or a colon, and only hex digits, dots and colons before an
+// optional zone (`%eth0`).
+func ipLike[T string | []byte](s T) bool {
+	if len(s) > maxIPText {
+		return false
+	}
+	sep := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '%':
+			return sep && i > 0
+		case c == '.' || c == ':':
+			sep = true
+		case !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'):
+			return false
+		}
+	}
+	return sep
+}
+
+// A charge is what a zone charged for a request: the hash of its key, which
+// of the zone's keys it was, and the key's address if it is one.
+type charge struct {
+	hash uint64
+	key  int        // index in zone.keys; -1 if every key was empty
+	addr netip.Addr // valid if the key is an IP address
+}
+
+// key returns what the zone charges for the request: the first of its keys
+// that is not empty. An IP address (from the client IP fast path or any key
+// that expands to one) is masked to the zone's prefixes; anything else is
+// hashed as bytes, up to maxKeyHashed of them. With every key empty the
+// result is the hash of the empty key, one bucket shared by all such
+// requests.
+func (z *zone) key(q *request) charge {
+	for i := range z.keys {
+		k := &z.keys[i]
+		var s string
+		switch k.kind {
+		case keyClientIP, keyRemoteIP:
+			p := q.remoteIP()
+			if k.kind == keyClientIP {
+				p = q.clientIP()
+			}
+			if p.addr.IsValid() {
+				return z.network(p.addr, i)
+			}
+			s = p.text
+		case keyHeader:
+			vals := q.r.Header[k.name]
+			if len(vals) > 1 {
+				// Joined with commas, as Caddy does: never an address.
+				var h keyHasher
+				h.init()
+				for j, v := range vals {
+					if j > 0 {
+						h.write(",")
+					}
+					h.write(v)
+				}
+				return charge{hash: h.sum(), key: i}
+			}
+			if len(vals) == 1 {
+				s = vals[0]
+			}
+		case keyPlaceholder:
+			v, _ := q.repl.Get(k.name)
+			s = caddy.ToString(v)
+		default:
+			if c, ok := z.templateKey(q, k, i); ok {
+				return c
+			}
+			continue
+		}
+		if s == "" {
+			continue
+		}
+		return z.textCharge(s, i)
+	}
+	return charge{hash: limiter.Hash(nil), key: -1}
+}
+
+// textCharge is what a key that expanded to s, the zone's key number i,
+// charges: the network of an address, else the hash of s (cut at
+// maxKeyHashed bytes). The admin API uses it for a key given as text.
+func (z *zone) textCharge(s string, i int) charge {
+	if a := parseIP(s); a.IsValid() {
+		return z.network(a, i)
+	}
+	return charge{hash: limiter.HashString(s[:min(len(s), maxKeyHashed)]), key: i}
+}
+
+// templateKey hashes the expansion of a template piece by piece, without
+// building it; ok is false if it expands to nothing.
+func (z *zone) templateKey(q *request, k *keySpec, i int) (c charge, ok bool) {
+	var h keyHasher
+	h.init()
+	for _, p := range k.parts {
+		if !p.placeholder {
+			h.write(p.text)
+			continue
+		}
+		v, _ := q.repl.Get(p.text)
+		h.write(caddy.ToString(v))
+	}
+	if h.n == 0 {
+		return charge{}, false
+	}
+	if h.n <= maxIPText && ipLike(h.head[:h.n]) {
+		// Possibly an address: worth one conversion.
+		if a := parseIP(string(h.head[:h.n])); a.IsValid() {
+			return z.network(a, i), true
+		}
+	}
+	return charge{hash: h.sum(), key: i}, true
+}
+
+// network charges the source network of a.
+func (z *zone) network(a netip.Addr, i int) charge {
+	nk := limiter.NetworkKey(a, z.v4, z.v6)
+	return charge{hash: limiter.Hash(nk.Bytes()), key: i, addr: a}
+}
+
+// A keyHasher hashes a key written in pieces to what limiter.HashString
+// gives for the whole (cut at maxKeyHashed bytes), and keeps the first
+// bytes to recognise an IP address.
+type keyHasher struct {
+	d    xxhash.Digest
+	n    int // bytes hashed
+	head [maxIPText]byte
+}
+
+func (h *keyHasher) init() { h.d.Reset() }
+
+func (h *keyHasher) write(s string) {
+	s = s[:min(len(s), maxKeyHashed-h.n)]
+	if h.n < len(h.head) {
+		copy(h.head[h.n:], s)
+	}
+	_, _ = h.d.WriteString(s)
+	h.n += len(s)
+}
+
+func (h *keyHasher) sum() uint64 { return h.d.Sum64() }
+
+// source names what a charge drew on, for logs and events: the masked
+// network (`203.0.113.0/24`), `key:` and the key's hash in hex (the same
+// hash for the same key, but not the key), or `none` for the bucket shared by
+// requests without a key.
+func (z *zone) source(c charge) string {
+	switch {
+	case c.addr.IsValid():
+		nk := limiter.NetworkKey(c.addr, z.v4, z.v6)
+		return nk.Prefix(z.v4, z.v6).String()
+	case c.key < 0:
+		return "none"
+	}
+	return fmt.Sprintf("key:%016x", c.hash)
+}
+
+// keyText returns the key a charge was made for as text, for log_key: at
+// most maxShownKey bytes of it, cut at a character boundary and marked with
+// "…" if it was longer.
+func (z *zone) keyText(q *request, c charge) string {
+	if c.key < 0 {
+		return ""
+	}
+	k := &z.keys[c.key]
+	switch k.kind {
+	case keyClientIP:
+		return shownKey(q.clientIP().text)
+	case keyRemoteIP:
+		return shownKey(q.remoteIP().text)
+	case keyHeader:
+		vals := q.r.Header[k.name]
+		if len(vals) == 1 {
+			return shownKey(vals[0])
+		}
+		var b strings.Builder
+		for j, v := range vals {
+			if b.Len() > maxShownKey {
+				break
+			}
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(v[:min(len(v), maxShownKey+1)])
+		}
+		return shownKey(b.String())
+	case keyPlaceholder:
+		v, _ := q.repl.Get(k.name)
+		return shownKey(caddy.ToString(v))
+	}
+	var b strings.Builder
+	for _, p := range k.parts {
+		if b.Len() > maxShownKey {
+			break
+		}
+		s := p.text
+		if p.placeholder {
+			v, _ := q.repl.Get(p.text)
+			s = caddy.ToString(v)
+		}
+		b.WriteString(s[:min(len(s), maxShownKey+1)])
+	}
+	return shownKey(b.String())
+}
+
+// shownKey cuts s to at most maxShownKey bytes at a character boundary,
+// marked with "…".
+func shownKey(s string) string {
+	if len(s) <= maxShownKey {
+		return s
+	}
+	const ellipsis = "…"
+	cut := maxShownKey - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
