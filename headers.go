@@ -40,7 +40,7 @@ type responseHeaders struct {
 // own, named after the zone and its window (quotaName). Zone names are restricted
 // (validZoneName) so that they need no escaping in a quoted string.
 func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
-	if len(verdicts) == 1 && len(verdicts[0].z.quotas) == 0 {
+	if len(verdicts) == 1 {
 		h.policy[0] = verdicts[0].z.policy
 	} else {
 		b := h.start()
@@ -49,10 +49,6 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 				b = append(b, ", "...)
 			}
 			b = append(b, v.z.policy...)
-			for _, p := range v.z.quotaPolicies {
-				b = append(b, ", "...)
-				b = append(b, p...)
-			}
 		}
 		h.policy[0] = h.text(b)
 	}

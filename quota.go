@@ -95,8 +95,8 @@ type sketchEntry struct{ s *limiter.Sketch }
 // Destruct implements caddy.Destructor.
 func (sketchEntry) Destruct() error { return nil }
 
-// provisionQuotas acquires the zone's sketches and formats their
-// names and RateLimit-Policy items. The caller releases them (z.release).
+// provisionQuotas acquires the zone's sketches, names them and adds their
+// RateLimit-Policy items to z.policy. The caller releases them (z.release).
 func (z *zone) provisionQuotas(zc *Zone) error {
 	width := zc.sketchWidth()
 	for _, q := range zc.Quotas {
@@ -112,7 +112,7 @@ func (z *zone) provisionQuotas(zc *Zone) error {
 		z.quotas = append(z.quotas, v.(sketchEntry).s)
 		qn := quotaName(z.name, key.window)
 		z.quotaNames = append(z.quotaNames, qn)
-		z.quotaPolicies = append(z.quotaPolicies, policyItem(qn, q.MaxEvents, key.window)+z.unit)
+		z.policy += ", " + policyItem(qn, q.MaxEvents, key.window) + z.unit
 	}
 	return nil
 }

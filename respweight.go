@@ -41,7 +41,7 @@ func (c afterCharge) settle(reported int64) {
 // and the body's size once the handler returns (weight response_bytes).
 // Only requests that meet such a zone get one.
 type costWriter struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 	pending []afterCharge
 	inline  [2]afterCharge
 	wrote   bool
@@ -58,7 +58,7 @@ func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts 
 			continue
 		}
 		if cw == nil {
-			cw = &costWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+			cw = &costWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 			cw.pending = cw.inline[:0]
 		}
 		cw.pending = append(cw.pending, afterCharge{z: v.z, hash: v.c.hash, paid: v.weight, now: now})

@@ -133,7 +133,8 @@ type zone struct {
 	tkey       tableKey
 	table      *table
 	buckets    *limiter.Buckets // table.buckets
-	// policy is the zone's RateLimit-Policy item: `"name";q=<burst>;w=<s>`.
+	// policy is the zone's RateLimit-Policy items: `"name";q=<burst>;w=<s>`
+	// for its rate, then one for each quota.
 	policy string
 	// exceeded is the error of every request the zone denies: a
 	// caddyhttp.HandlerError made once, because Caddy only reads it (see
@@ -165,13 +166,12 @@ type zone struct {
 	// not requests.
 	unit string
 
-	// quotas are the zone's rolling quotas, skeys their pool keys,
-	// quotaNames their names in the RateLimit headers and quotaPolicies
-	// their RateLimit-Policy items.
-	quotas        []*limiter.Sketch
-	skeys         []sketchKey
-	quotaNames    []string
-	quotaPolicies []string
+	// quotas are the zone's rolling quotas (their RateLimit-Policy items
+	// follow the rate's in policy), skeys their pool keys and quotaNames
+	// their names in the RateLimit headers.
+	quotas     []*limiter.Sketch
+	skeys      []sketchKey
+	quotaNames []string
 
 	action   action
 	maxDelay time.Duration
