@@ -306,6 +306,15 @@ func heldRequests(h *Handler, held *heldClock, n int) (cancel func(), errs chan 
 	return cancel, errs
 }
 
+// serveOrGiveUp serves a request that must not be held: if it is (a bug),
+// it gives up after a while, as a client would, instead of hanging the test.
+func serveOrGiveUp(h *Handler) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := serve(h, weightedRequest("/").WithContext(ctx))
+	return err
+}
+
 func TestDelayReservesSoHeldRequestsNeverOverAdmit(t *testing.T) {
 	h, held := delayHandler(t, "delay_queue", 3, 250*time.Millisecond)
 	held.block = true
@@ -322,7 +331,7 @@ func TestDelayReservesSoHeldRequestsNeverOverAdmit(t *testing.T) {
 		t.Errorf("waits %v, want the second 100ms after the first", w)
 	}
 	// A third would wait 300ms, beyond max_delay: denied at once.
-	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
+	if err := serveOrGiveUp(h); status(err) != http.StatusTooManyRequests {
 		t.Errorf("beyond max_delay: %v, want 429 at once", err)
 	}
 	cancel()
@@ -340,7 +349,7 @@ func TestDelayHoldsAtMostOneBurst(t *testing.T) {
 	cancel, errs := heldRequests(h, held, 1)
 	defer cancel()
 	// The key is a whole burst in debt: the next request cannot reserve.
-	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
+	if err := serveOrGiveUp(h); status(err) != http.StatusTooManyRequests {
 		t.Errorf("with one burst held: %v, want 429", err)
 	}
 	cancel()
