@@ -100,7 +100,7 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 		}
 		held := &v.z.counts.held
 		if v.z.action != actionDelay || v.rate.Allowed {
-			txn.Take(v.z.buckets, v.c.hash, v.weight, now)
+			v.z.take(&txn, v.c.hash, v.weight, now)
 		} else if ok = held.Add(1) <= maxHeld; !ok {
 			held.Add(-1)
 			break
@@ -164,10 +164,10 @@ func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
 			continue
 		}
 		if denied {
-			v.z.peek(v, true, now)
+			v.z.peekAll(v, true, now)
 		} else {
 			txn = limiter.Txn{} // keeps the previous zone's charges
-			v.z.take(&txn, v, now)
+			v.z.takeAll(&txn, v, now)
 		}
 		if !v.d.Allowed {
 			v.logged, logged = true, true

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -68,59 +67,30 @@ func liveZones() []*zone {
 	return zs
 }
 
-// A source is what a zone's top sketch shows for a key: the network an IP
-// key was masked to, the key itself if the handler has log_key (cut at
-// maxSourceText bytes), or nothing, for a key shown by its hash.
+// A source is what a zone's top sketch keeps for a key: the charge, and the
+// key's text only with log_key (as logs show it: cut at maxShownKey bytes).
+// It is a value, so that recording it allocates nothing.
 type source struct {
-	net   netip.Prefix
-	text  [maxSourceText]byte
-	n     uint8
-	cut   bool
-	empty bool
+	c    charge
+	text [maxShownKey]byte
+	n    uint16
 }
 
-// maxSourceText is how much of a key that is not an IP address /top shows,
-// with log_key.
-const maxSourceText = 64
-
-// topSource describes a charge for the top sketch: the network of an IP
-// key, the key's text (shown, with log_key; empty otherwise), or nothing, for
-// a key shown by its hash.
-func topSource(c charge, shown string, v4, v6 int) source {
-	var s source
-	switch {
-	case c.addr.IsValid():
-		nk := limiter.NetworkKey(c.addr, v4, v6)
-		s.net = nk.Prefix(v4, v6)
-	case c.key < 0:
-		s.empty = true
-	case shown != "":
-		s.n = uint8(copy(s.text[:], shown))
-		s.cut = len(shown) > maxSourceText
-	}
+// topSource describes charge c for the top sketch; shown is the key's text,
+// or empty without log_key.
+func topSource(c charge, shown string) source {
+	s := source{c: c}
+	s.n = uint16(copy(s.text[:], shown))
 	return s
 }
 
-// format returns the source as text: an address (a whole-address network),
-// a network, the key, "(empty key)", or "key#" and the first 8 hex digits of
-// the key's hash.
-func (s *source) format(h uint64) string {
-	switch {
-	case s.net.IsValid():
-		if s.net.IsSingleIP() {
-			return s.net.Addr().String()
-		}
-		return s.net.String()
-	case s.empty:
-		return "(empty key)"
-	case s.n > 0:
-		t := string(s.text[:s.n])
-		if s.cut {
-			t += "…"
-		}
-		return t
+// show returns a source of z as text: the key with log_key, else what the
+// denial log's source field names (z.source).
+func (z *zone) show(s *source) string {
+	if s.n > 0 {
+		return string(s.text[:s.n])
 	}
-	return fmt.Sprintf("key#%08x", h>>32)
+	return z.source(s.c)
 }
 
 // chargeOf is what a request whose key expanded to key would be charged:
@@ -134,13 +104,15 @@ func (z *zone) chargeOf(key string) charge {
 }
 
 // recordDenied notes in the zone's top sketch that it denied charge c of
-// request q; the key's text is kept only with log_key.
+// request q; the text of a key that is not an address is kept only with
+// log_key.
 func (z *zone) recordDenied(now time.Time, q *request, c charge, logKey bool) {
 	var shown string
-	if logKey {
+	if logKey && !c.addr.IsValid() {
+		// An address is shown as the network it was charged under.
 		shown = z.keyText(q, c)
 	}
-	z.counts.top.Record(now, c.hash, 1, topSource(c, shown, z.v4, z.v6))
+	z.counts.top.Record(now, c.hash, 1, topSource(c, shown))
 }
 
 // adminAPI serves the zones of the running config on Caddy's admin
@@ -326,7 +298,7 @@ func handleTop(w http.ResponseWriter, r *http.Request) error {
 	entries, since := z.counts.top.Top(time.Now(), n)
 	out := TopInfo{Zone: z.name, Since: since, Sources: []TopSource{}}
 	for _, e := range entries {
-		out.Sources = append(out.Sources, TopSource{Source: e.Label.format(e.Hash), Denied: e.Count, Error: e.Err})
+		out.Sources = append(out.Sources, TopSource{Source: z.show(&e.Label), Denied: e.Count, Error: e.Err})
 	}
 	return writeJSON(w, out)
 }
@@ -346,13 +318,12 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	c := z.chargeOf(r.PathValue("key"))
 	h := c.hash
 	if r.Method == http.MethodDelete {
-		z.buckets.Reset(h)
+		z.buckets.Fill(h)
 	}
 	d := z.buckets.PeekHash(h, 1, time.Now())
-	src := topSource(c, "", z.v4, z.v6)
 	return writeJSON(w, KeyInfo{
 		Zone:    z.name,
-		Source:  src.format(h),
+		Source:  z.source(c),
 		Allowed: d.Allowed,
 		Policies: []KeyPolicy{{
 			Limit:      d.Limit,

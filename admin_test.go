@@ -1,6 +1,7 @@
 package floodgate
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -9,13 +10,14 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
-func TestSourceShowsNetworksAndKeysOnlyWithLogKey(t *testing.T) {
+func TestTopSourcesAreNamedAsTheDenialLogNamesThem(t *testing.T) {
 	h := newTestHandler(t, nil, map[string]*Zone{"src": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour), IPv4Prefix: ptr(24), IPv6Prefix: ptr(48)}}})
 	z := h.zones[0]
-	long := strings.Repeat("k", maxSourceText+10)
+	long := strings.Repeat("k", maxShownKey+10)
 	for _, c := range []struct {
 		key    string
 		logKey bool
@@ -25,36 +27,24 @@ func TestSourceShowsNetworksAndKeysOnlyWithLogKey(t *testing.T) {
 		{"::ffff:192.0.2.77", false, "192.0.2.0/24"},
 		{"2001:db8:1:2::9", false, "2001:db8:1::/48"},
 		{"fe80::1%eth0", false, "fe80::/48"},
-		{"", false, "(empty key)"},
+		{"", false, "none"},
 		{"secret-token", true, "secret-token"},
-		{long, true, long[:maxSourceText] + "…"},
+		{"secret-token", false, fmt.Sprintf("key:%016x", limiter.HashString("secret-token"))},
+		{long, true, long[:maxShownKey-len("…")] + "…"},
 	} {
-		s, h := shownSource(z, c.key, c.logKey)
-		if got := s.format(h); got != c.want {
-			t.Errorf("source(%q, log_key %v) = %q, want %q", c.key, c.logKey, got, c.want)
+		ch := z.chargeOf(c.key)
+		shown := ""
+		if c.logKey {
+			shown = shownKey(c.key)
+		}
+		s := topSource(ch, shown)
+		if got := z.show(&s); got != c.want {
+			t.Errorf("source of %q (log_key %v) = %q, want %q", c.key, c.logKey, got, c.want)
+		}
+		if !c.logKey && z.show(&s) != z.source(ch) {
+			t.Errorf("source of %q: /top says %q, the denial log %q", c.key, z.show(&s), z.source(ch))
 		}
 	}
-	s, hs := shownSource(z, "secret-token", false)
-	if got := s.format(hs); !strings.HasPrefix(got, "key#") || len(got) != 12 || strings.Contains(got, "secret") {
-		t.Errorf("a key without log_key shows as %q, want key# and 8 hex digits", got)
-	}
-	// A whole-address network shows as the address.
-	h32 := newTestHandler(t, nil, map[string]*Zone{"src32": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}})
-	s, _ = shownSource(h32.zones[0], "192.0.2.77", false)
-	if got := s.format(0); got != "192.0.2.77" {
-		t.Errorf("a /32 source shows as %q", got)
-	}
-}
-
-// shownSource is what the top sketch shows for a request whose key expanded
-// to key, and the hash it is charged under.
-func shownSource(z *zone, key string, logKey bool) (source, uint64) {
-	c := z.chargeOf(key)
-	shown := ""
-	if logKey {
-		shown = shownKey(key)
-	}
-	return topSource(c, shown, z.v4, z.v6), c.hash
 }
 
 func ptr[T any](v T) *T { return &v }

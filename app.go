@@ -1,11 +1,15 @@
 package floodgate
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 )
 
 // App is the rate_limit app. It holds the zones defined once, in the
@@ -21,12 +25,25 @@ type App struct {
 	// against it wherever it is served.
 	Zones map[string]*Zone `json:"zones,omitempty"`
 
-	ctx caddy.Context
+	// Distributed makes these zones cluster-wide, as a handler's
+	// distributed does for its inline zones.
+	Distributed *Distributed `json:"distributed,omitempty"`
+
+	// StorageRaw is the storage the distributed zones sync through.
+	// Default: the config's storage.
+	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
+
+	ctx    caddy.Context
+	logger *zap.Logger
 	// global holds the provisioned Zones by name.
 	global map[string]*zone
-	// names holds every zone name of this config, global and inline, to
-	// reject duplicates.
-	names map[string]bool
+	// inline holds the zones defined inside handlers and layer4 matchers
+	// by name.
+	inline map[string]*zone
+	// defs holds the JSON definition of every zone of this config, global
+	// and inline, by name: a name defined again the same way is the same
+	// zone, defined differently an error.
+	defs map[string]string
 	// live holds every zone of this config; Start applies their limits.
 	live []*zone
 }
@@ -43,21 +60,39 @@ func (App) CaddyModule() caddy.ModuleInfo {
 // change them: a config that fails to load must leave running state alone.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.ctx = ctx
+	a.logger = ctx.Logger()
 	a.global = make(map[string]*zone, len(a.Zones))
-	a.names = make(map[string]bool, len(a.Zones))
+	a.inline = make(map[string]*zone)
+	a.defs = make(map[string]string, len(a.Zones))
 	registerMetrics(ctx)
 	for _, name := range slices.Sorted(maps.Keys(a.Zones)) {
 		zc := a.Zones[name]
 		if zc == nil {
 			return fmt.Errorf("zone %q: no configuration", name)
 		}
+		def := zc.definition()
 		z, err := provisionZone(ctx, name, zc)
 		if err != nil {
 			return err
 		}
 		a.global[name] = z
-		a.names[name] = true
+		a.defs[name] = def
 		a.live = append(a.live, z)
+		a.warn(z, zc)
+	}
+	if a.Distributed != nil && len(a.global) > 0 {
+		if err := a.Distributed.Validate(); err != nil {
+			return err
+		}
+		st, err := loadStorage(ctx, a, "StorageRaw", a.StorageRaw)
+		if err != nil {
+			return err
+		}
+		for _, name := range slices.Sorted(maps.Keys(a.global)) {
+			if err := a.global[name].distribute(ctx, a.Distributed, st); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -72,19 +107,95 @@ func (a *App) zone(name string) (*zone, error) {
 	return z, nil
 }
 
-// addInline records a zone defined inside a handler, so that its limit is
-// applied at Start and its name is unique in the config. Inline zones are
-// owned (and released) by their handler.
-func (a *App) addInline(z *zone) error {
-	if a.names[z.name] {
-		return fmt.Errorf("duplicate zone name %q: zone names must be unique across the rate_limit global option and every rate_limit handler", z.name)
+// zoneConfig returns the configuration of the global zone name, or nil if a
+// (which may be nil) does not define it.
+func (a *App) zoneConfig(name string) *Zone {
+	if a == nil {
+		return nil
 	}
-	a.names[z.name] = true
-	a.live = append(a.live, z)
-	return nil
+	return a.Zones[name]
 }
 
-// Start puts the limits of this config's zones in force. A zone whose table
+// inlineZone returns the zone name that a handler or a layer4 matcher
+// defines as zc, provisioning it with ctx if this config has no zone of that
+// name yet; owned then says that the caller must release it. A definition
+// the same as an earlier one (a snippet imported into several sites) is that
+// zone, shared exactly as if it were defined once in the rate_limit global
+// option: one table, one limit, one set of metrics. A different definition of
+// a name the config already has is an error saying what differs.
+func (a *App) inlineZone(ctx caddy.Context, name string, zc *Zone) (z *zone, owned bool, err error) {
+	if zc == nil {
+		return nil, false, fmt.Errorf("zone %q: no configuration", name)
+	}
+	def := zc.definition()
+	if prev, ok := a.defs[name]; ok {
+		if prev != def {
+			return nil, false, fmt.Errorf("zone %q is defined twice, differently (%s): to share one zone, define it once in the rate_limit app (apps.rate_limit.zones; the Caddyfile's rate_limit global option) and use it by name (zones; rate_limit %s)",
+				name, defDiff(prev, def), name)
+		}
+		if z := a.global[name]; z != nil {
+			return z, false, nil
+		}
+		return a.inline[name], false, nil
+	}
+	z, err = provisionZone(ctx, name, zc)
+	if err != nil {
+		return nil, false, err
+	}
+	a.defs[name] = def
+	a.inline[name] = z
+	a.live = append(a.live, z)
+	a.warn(z, zc)
+	return z, true, nil
+}
+
+// defDiff names the top-level fields in which two zone definitions (JSON
+// objects) differ, with both values, e.g. `max_events 5 and 10`.
+func defDiff(a, b string) string {
+	var ma, mb map[string]json.RawMessage
+	_ = json.Unmarshal([]byte(a), &ma)
+	_ = json.Unmarshal([]byte(b), &mb)
+	keys := slices.Collect(maps.Keys(ma))
+	for k := range mb {
+		if _, ok := ma[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var diffs []string
+	for _, k := range keys {
+		va, vb := showField(k, ma[k]), showField(k, mb[k])
+		if va == vb {
+			continue
+		}
+		diffs = append(diffs, fmt.Sprintf("%s %s and %s", k, va, vb))
+	}
+	return strings.Join(diffs, ", ")
+}
+
+// showField formats one field of a zone definition for defDiff: JSON, but a
+// window as a duration rather than nanoseconds.
+func showField(name string, v json.RawMessage) string {
+	if v == nil {
+		return "unset"
+	}
+	var d caddy.Duration
+	if name == "window" && json.Unmarshal(v, &d) == nil {
+		return time.Duration(d).String()
+	}
+	return string(v)
+}
+
+// warn logs, once per zone and config load, what in zc loads but does not
+// limit the way its operator most likely means (see Zone.warnings).
+func (a *App) warn(z *zone, zc *Zone) {
+	for _, w := range zc.warnings() {
+		a.logger.Warn(fmt.Sprintf("zone %q: %s", z.name, w), zap.String("zone", z.name))
+	}
+}
+
+// Start puts the limits of this config's zones in force and starts the
+// cluster sync of its distributed zones. A zone whose table
 // survived a reload keeps what every key consumed: raising events from 3 to 5
 // gives an exhausted key 2 more requests at once.
 func (a *App) Start() error {
@@ -92,6 +203,13 @@ func (a *App) Start() error {
 		if err := z.table.putInForce(a, z.limit); err != nil {
 			_ = a.Stop()
 			return fmt.Errorf("zone %q: %v", z.name, err)
+		}
+		if z.dist != nil {
+			if err := z.dist.cluster.SetQuota(z.limit.Events); err != nil {
+				_ = a.Stop()
+				return fmt.Errorf("zone %q: %v", z.name, err)
+			}
+			z.dist.syncer.Start()
 		}
 	}
 	goLive(a)
@@ -101,11 +219,15 @@ func (a *App) Start() error {
 // Stop gives the limits back to the config that had them before this one
 // started, unless a newer config has started since: Caddy stops a config
 // either when a newer one replaces it (nothing to undo) or when another app
-// of the same config fails to start (the reload failed; undo).
+// of the same config fails to start (the reload failed; undo). It also stops
+// this config's cluster sync, after a last publish.
 func (a *App) Stop() error {
 	retire(a)
 	for _, z := range slices.Backward(a.live) {
 		z.table.giveBack(a)
+		if z.dist != nil {
+			z.dist.syncer.Stop()
+		}
 	}
 	return nil
 }

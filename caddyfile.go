@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -27,9 +29,9 @@ func init() {
 //	rate_limit [<matcher>] [<global zone>...] {
 //	    zone <name> {
 //	        key         <placeholder>...   # several = priority order, first non-empty wins
-//	        events      <n>
-//	        window      <duration>
-//	        burst       <n>                # default: events
+//	        events      <n>                # at most 10^6 per second of window
+//	        window      <duration>         # at most 365d
+//	        burst       <n>                # default: events, at most 1048576
 //	        ipv4_prefix <bits>             # default 32
 //	        ipv6_prefix <bits>             # default 64
 //	        match {
@@ -47,12 +49,12 @@ func init() {
 //	        false_deny  <probability>      # default 0.005
 //	    }
 //	    zone <name>                        # a zone from the rate_limit global option
-//	    distributed {                      # parsed and validated; not implemented yet
-//	        read_interval  <duration>
-//	        write_interval <duration>
-//	        purge_age      <duration>
+//	    distributed {                      # these inline zones cluster-wide
+//	        read_interval  <duration>      # default 5s
+//	        write_interval <duration>      # default 5s
+//	        purge_age      <duration>      # default max(1m, 2 windows)
 //	    }
-//	    storage <module...>                # parsed; not used yet
+//	    storage <module...>                # default: the config's storage
 //	    jitter  <fraction>
 //	    log_key
 //	    weight <n|placeholder>             # this route's cost in every zone; a zone's rule wins
@@ -60,6 +62,10 @@ func init() {
 //	    disable_metrics
 //	    headers on|off                     # RateLimit headers; default on
 //	}
+//
+// Each setting may appear once in a zone. A zone name defined the same way in
+// several directives (an imported snippet) is one zone; defined differently,
+// an error naming both places.
 func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	var global *App
 	if opt, ok := h.Option("rate_limit").(httpcaddyfile.App); ok {
@@ -68,26 +74,51 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 			return nil, err
 		}
 	}
+	// h.State lives for the whole Caddyfile (every site), so zones defined
+	// in several sites, typically by one imported snippet, can be compared.
+	defs, _ := h.State[inlineZonesState].(map[string]inlineDef)
+	if defs == nil {
+		defs = make(map[string]inlineDef)
+		h.State[inlineZonesState] = defs
+	}
 	rl := new(Handler)
-	if err := rl.unmarshalCaddyfile(h.Dispenser, global); err != nil {
+	if err := rl.unmarshalCaddyfile(h.Dispenser, global, defs); err != nil {
 		return nil, err
 	}
 	return rl, nil
 }
 
+// inlineZonesState is the key of the inline zones defined so far in the
+// Caddyfile's adaptation state.
+const inlineZonesState = "floodgate.inline_zones"
+
+// inlineDef is a zone defined inside a rate_limit directive: its JSON and
+// where it was written.
+type inlineDef struct {
+	json  string
+	place string
+}
+
+// place returns where the dispenser's token was written, with the import
+// chain for a token of an imported snippet (the same snippet line is then
+// told apart by where it was imported), as Caddy formats it in errors.
+func place(d *caddyfile.Dispenser) string {
+	return strings.TrimPrefix(d.Err("").Error(), ", at ")
+}
+
 // unmarshalCaddyfile reads the rate_limit directive. global, if not nil,
 // holds the zones of the rate_limit global option, to reject references to
-// zones it does not define.
-func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App) error {
+// zones it does not define. defs holds the zones defined in the directives
+// read before this one: a zone defined again the same way is the same zone,
+// shared; defined differently, it is an error naming both places.
+func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs map[string]inlineDef) error {
 	d.Next() // directive name
 	useGlobal := func(name string) error {
 		if global == nil || global.Zones[name] == nil {
 			return d.Errf("zone %q is not defined in the rate_limit global option", name)
 		}
-		for _, n := range rl.Zones {
-			if n == name {
-				return d.Errf("zone %q is listed twice", name)
-			}
+		if slices.Contains(rl.Zones, name) {
+			return d.Errf("zone %q is listed twice", name)
 		}
 		rl.Zones = append(rl.Zones, name)
 		return nil
@@ -101,62 +132,42 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App) error
 		switch d.Val() {
 		case "zone":
 			if !d.NextArg() {
-				return d.ArgErr()
+				return d.Err("zone needs a name: zone <name> { … } defines one, zone <name> uses a global one")
 			}
 			name := d.Val()
 			if d.NextArg() {
-				return d.ArgErr()
+				return d.Errf("zone %q: unexpected %q after the name (one name per zone; settings go in its block)", name, d.Val())
 			}
-			if nesting := d.Nesting(); d.NextBlock(nesting) {
-				zc, err := parseZoneBody(d, name, nesting)
-				if err != nil {
+			if err := validZoneName(name); err != nil {
+				return d.Err(err.Error())
+			}
+			at := place(d)
+			nesting := d.Nesting()
+			if !d.NextBlock(nesting) {
+				if err := useGlobal(name); err != nil {
 					return err
 				}
-				if rl.RateLimits[name] != nil || (global != nil && global.Zones[name] != nil) {
-					return d.Errf("duplicate zone name %q", name)
-				}
-				if rl.RateLimits == nil {
-					rl.RateLimits = make(map[string]*Zone)
-				}
-				rl.RateLimits[name] = zc
-			} else if err := useGlobal(name); err != nil {
-				return err
+				continue
 			}
-		case "distributed":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			rl.Distributed = new(Distributed)
-			for nesting := d.Nesting(); d.NextBlock(nesting); {
-				var dst *caddy.Duration
-				switch d.Val() {
-				case "read_interval":
-					dst = &rl.Distributed.ReadInterval
-				case "write_interval":
-					dst = &rl.Distributed.WriteInterval
-				case "purge_age":
-					dst = &rl.Distributed.PurgeAge
-				default:
-					return d.Errf("distributed: unrecognized subdirective %q", d.Val())
-				}
-				if err := parseDuration(d, dst); err != nil {
-					return err
-				}
-			}
-		case "storage":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			modID := "caddy.storage." + d.Val()
-			unm, err := caddyfile.UnmarshalModule(d, modID)
+			zc, err := parseZoneBody(d, name, nesting)
 			if err != nil {
 				return err
 			}
-			storage, ok := unm.(caddy.StorageConverter)
-			if !ok {
-				return d.Errf("storage: module %s is not a caddy.StorageConverter", modID)
+			if err := rl.addInline(name, zc, at, global, defs); err != nil {
+				return err
 			}
-			rl.StorageRaw = caddyconfig.JSONModuleObject(storage, "module", storage.(caddy.Module).CaddyModule().ID.Name(), nil)
+		case "distributed":
+			dist, err := parseDistributed(d)
+			if err != nil {
+				return err
+			}
+			rl.Distributed = dist
+		case "storage":
+			raw, err := parseStorage(d)
+			if err != nil {
+				return err
+			}
+			rl.StorageRaw = raw
 		case "jitter":
 			v, err := zoneconf.OneArg(d)
 			if err != nil {
@@ -208,6 +219,84 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App) error
 	return nil
 }
 
+// addInline records the zone name defined at place in this directive. A
+// definition the same as the global option's, or as another directive's, is
+// that zone: the zone is shared as if defined once. A different definition of
+// a name fails, naming both places.
+func (rl *Handler) addInline(name string, zc *Zone, at string, global *App, defs map[string]inlineDef) error {
+	js := string(caddyconfig.JSON(zc, nil))
+	useOnce := fmt.Sprintf("to share one zone, define it once in the rate_limit global option (rate_limit { zone %s { … } }) and use it by name (rate_limit %s)", name, name)
+	if g := global.zoneConfig(name); g != nil {
+		if string(caddyconfig.JSON(g, nil)) != js {
+			return fmt.Errorf("zone %q at %s is defined differently in the rate_limit global option; %s", name, at, useOnce)
+		}
+		if slices.Contains(rl.Zones, name) {
+			return fmt.Errorf("zone %q at %s is listed twice", name, at)
+		}
+		rl.Zones = append(rl.Zones, name)
+		return nil
+	}
+	if rl.RateLimits[name] != nil {
+		return fmt.Errorf("zone %q at %s is defined twice in one rate_limit directive", name, at)
+	}
+	if prev, ok := defs[name]; ok && prev.json != js {
+		return fmt.Errorf("zone %q is defined differently at %s and at %s; %s", name, prev.place, at, useOnce)
+	} else if !ok {
+		defs[name] = inlineDef{json: js, place: at}
+	}
+	if rl.RateLimits == nil {
+		rl.RateLimits = make(map[string]*Zone)
+	}
+	rl.RateLimits[name] = zc
+	return nil
+}
+
+// parseDistributed reads a distributed block; the dispenser is on its name.
+func parseDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	dist := new(Distributed)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var dst *caddy.Duration
+		switch d.Val() {
+		case "read_interval":
+			dst = &dist.ReadInterval
+		case "write_interval":
+			dst = &dist.WriteInterval
+		case "purge_age":
+			dst = &dist.PurgeAge
+		default:
+			return nil, d.Errf("distributed: unrecognized subdirective %q", d.Val())
+		}
+		if err := parseDuration(d, dst); err != nil {
+			return nil, err
+		}
+	}
+	if err := dist.Validate(); err != nil {
+		return nil, d.Err(err.Error())
+	}
+	return dist, nil
+}
+
+// parseStorage reads `storage <module> ...`, as Caddy's storage global
+// option does; the dispenser is on the word storage.
+func parseStorage(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	modID := "caddy.storage." + d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, modID)
+	if err != nil {
+		return nil, err
+	}
+	storage, ok := unm.(caddy.StorageConverter)
+	if !ok {
+		return nil, d.Errf("storage: module %s is not a caddy.StorageConverter", modID)
+	}
+	return caddyconfig.JSONModuleObject(storage, "module", storage.(caddy.Module).CaddyModule().ID.Name(), nil), nil
+}
+
 // parseGlobal sets up the rate_limit global option, which defines zones that
 // any rate_limit directive can use by name:
 //
@@ -216,6 +305,8 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App) error
 //	        zone <name> {
 //	            <zone subdirectives, as in the directive>
 //	        }
+//	        distributed { ... }   # as in the directive: these zones cluster-wide
+//	        storage <module...>   # default: the config's storage
 //	    }
 //	}
 //
@@ -232,22 +323,45 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 		return nil, d.ArgErr()
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		if d.Val() != "zone" {
+		switch d.Val() {
+		case "zone":
+		case "distributed":
+			dist, err := parseDistributed(d)
+			if err != nil {
+				return nil, err
+			}
+			app.Distributed = dist
+			continue
+		case "storage":
+			raw, err := parseStorage(d)
+			if err != nil {
+				return nil, err
+			}
+			app.StorageRaw = raw
+			continue
+		default:
 			return nil, d.Errf("unrecognized rate_limit global option %q", d.Val())
 		}
 		if !d.NextArg() {
-			return nil, d.ArgErr()
+			return nil, d.Err("zone needs a name: zone <name> { … }")
 		}
 		name := d.Val()
 		if d.NextArg() {
-			return nil, d.ArgErr()
+			return nil, d.Errf("zone %q: unexpected %q after the name (one name per zone; settings go in its block)", name, d.Val())
 		}
+		if err := validZoneName(name); err != nil {
+			return nil, d.Err(err.Error())
+		}
+		at := place(d)
 		zc, err := parseZone(d, name)
 		if err != nil {
 			return nil, err
 		}
-		if app.Zones[name] != nil {
-			return nil, d.Errf("duplicate zone name %q", name)
+		if prev := app.Zones[name]; prev != nil {
+			if string(caddyconfig.JSON(prev, nil)) != string(caddyconfig.JSON(zc, nil)) {
+				return nil, fmt.Errorf("zone %q at %s is already defined differently in the rate_limit global option", name, at)
+			}
+			continue
 		}
 		if app.Zones == nil {
 			app.Zones = make(map[string]*Zone)
@@ -270,28 +384,29 @@ func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
 // dispenser being on it; nesting is the level outside the block.
 func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, error) {
 	zc := new(Zone)
-	windowSet := false
+	where := fmt.Sprintf("zone %q: ", name)
+	seen := make(zoneconf.Fields)
 	for more := true; more; more = d.NextBlock(nesting) {
 		switch field := d.Val(); field {
 		case "key":
+			if err := seen.Once(d, where); err != nil {
+				return nil, fmt.Errorf("%w (several keys, in priority order, go on one line)", err)
+			}
 			// Caddy expands placeholder shorthands ({client_ip},
 			// {header.X}) in site blocks but not in global options.
 			keys := caddyfile.Segment(d.RemainingArgsAsTokens())
 			if len(keys) == 0 {
-				return nil, d.ArgErr()
+				return nil, d.Errf("%skey needs at least one placeholder, e.g. key {client_ip}", where)
 			}
 			httpcaddyfile.NewShorthandReplacer().ApplyToSegment(&keys)
-			for _, k := range keys {
-				if zc.Key == "" && len(zc.FallbackKeys) == 0 {
-					zc.Key = k.Text
-				} else {
-					zc.FallbackKeys = append(zc.FallbackKeys, k.Text)
-				}
+			zc.Key = keys[0].Text
+			for _, k := range keys[1:] {
+				zc.FallbackKeys = append(zc.FallbackKeys, k.Text)
 			}
 		case "match":
 			ms, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 			if err != nil {
-				return nil, d.Errf("zone %q: match: %v", name, err)
+				return nil, d.Errf("%smatch: %v", where, err)
 			}
 			zc.MatcherSetsRaw = append(zc.MatcherSetsRaw, ms)
 		case "weight":
@@ -307,23 +422,17 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 				return nil, err
 			}
 		default:
-			ok, err := zc.UnmarshalOption(d, fmt.Sprintf("zone %q: ", name))
+			ok, err := zc.UnmarshalOption(d, where, seen)
 			if err != nil {
 				return nil, err
 			}
 			if !ok {
-				return nil, d.Errf("zone %q: unrecognized subdirective %q", name, field)
-			}
-			if field == "window" {
-				windowSet = true
+				return nil, d.Errf("%sunrecognized subdirective %q", where, field)
 			}
 		}
 	}
-	if zc.MaxEvents == 0 {
-		return nil, d.Errf("zone %q: events is required", name)
-	}
-	if !windowSet {
-		return nil, d.Errf("zone %q: window is required", name)
+	if err := seen.Require(d, where, "events", "window"); err != nil {
+		return nil, err
 	}
 	if err := zc.Validate(name); err != nil {
 		return nil, d.Err(err.Error())

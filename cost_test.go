@@ -23,7 +23,7 @@ import (
 func parseZoneText(t *testing.T, body string) (*Handler, error) {
 	t.Helper()
 	rl := new(Handler)
-	err := rl.unmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit {\n"+body+"\n}"), nil)
+	err := rl.unmarshalCaddyfile(caddyfile.NewTestDispenser("rate_limit {\n"+body+"\n}"), nil, map[string]inlineDef{})
 	return rl, err
 }
 

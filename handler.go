@@ -63,13 +63,14 @@ type Handler struct {
 	// Must not be negative.
 	SweepInterval caddy.Duration `json:"sweep_interval,omitempty"`
 
-	// Distributed is accepted and validated for compatibility with
-	// caddy-ratelimit; cluster synchronisation is not implemented yet, so
-	// each instance limits on its own.
+	// Distributed makes this handler's inline zones cluster-wide: every
+	// instance sharing the storage counts what the others granted (see
+	// package storage and the README's cluster section). Zones of the
+	// rate_limit app are distributed by the app's own setting.
 	Distributed *Distributed `json:"distributed,omitempty"`
 
-	// StorageRaw is accepted for compatibility with caddy-ratelimit (the
-	// storage distributed limiting would sync through); it is not used yet.
+	// StorageRaw is the storage distributed zones sync through. Default:
+	// the config's storage (Caddy's `storage` global option).
 	StorageRaw json.RawMessage `json:"storage,omitempty" caddy:"namespace=caddy.storage inline_key=module"`
 
 	// LogKey puts the raw key in the log line and event of a denied
@@ -112,15 +113,18 @@ type emitter interface {
 	Emit(ctx caddy.Context, name string, data map[string]any) caddy.Event
 }
 
-// Distributed configures cluster-wide limiting through storage. It is parsed
-// and validated only, for compatibility with caddy-ratelimit.
+// Distributed configures cluster-wide limiting through storage, with
+// caddy-ratelimit's settings.
 type Distributed struct {
-	// How often to read the other instances' state. Must not be negative.
+	// How often to read the other instances' state. Default 5s; at least
+	// 10ms.
 	ReadInterval caddy.Duration `json:"read_interval,omitempty"`
-	// How often to write this instance's state. Must not be negative.
+	// How often to publish this instance's state. Default 5s; at least
+	// 10ms.
 	WriteInterval caddy.Duration `json:"write_interval,omitempty"`
-	// How old another instance's state may be before it is ignored. Must
-	// not be negative.
+	// How old another instance's state may be before it is ignored and
+	// deleted (that instance is gone). Default: the longest of 1m, two
+	// windows and two write intervals; at least two write intervals.
 	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
 }
 
@@ -137,8 +141,8 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx = ctx
 	h.logger = ctx.Logger()
-	if h.Distributed != nil || len(h.StorageRaw) > 0 {
-		h.logger.Warn("distributed and storage are accepted for compatibility but not implemented yet: this instance limits on its own")
+	if h.Distributed == nil && len(h.StorageRaw) > 0 {
+		h.logger.Warn("storage is used only with distributed: this handler's zones limit on this instance alone")
 	}
 	appIface, err := ctx.App("rate_limit")
 	if err != nil {
@@ -155,20 +159,32 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if !h.DisableMetrics {
 		registerMetrics(ctx)
 	}
+	if len(h.RateLimits) == 0 && len(h.Zones) == 0 {
+		h.logger.Warn("this rate_limit handler has no zone, so it limits nothing: define one (zone <name> { … }; rate_limits) or name a global one (zone <name>; zones)")
+	}
 	for _, name := range slices.Sorted(maps.Keys(h.RateLimits)) {
-		zc := h.RateLimits[name]
-		if zc == nil {
-			return fmt.Errorf("zone %q: no configuration", name)
-		}
-		z, err := provisionZone(ctx, name, zc)
+		z, owned, err := app.inlineZone(ctx, name, h.RateLimits[name])
 		if err != nil {
 			return err
 		}
-		h.owned = append(h.owned, z)
-		if err := app.addInline(z); err != nil {
-			return err
+		if owned {
+			h.owned = append(h.owned, z)
 		}
 		h.zones = append(h.zones, z)
+	}
+	if h.Distributed != nil && len(h.owned) > 0 {
+		if err := h.Distributed.Validate(); err != nil {
+			return err
+		}
+		st, err := loadStorage(ctx, h, "StorageRaw", h.StorageRaw)
+		if err != nil {
+			return err
+		}
+		for _, z := range h.owned {
+			if err := z.distribute(ctx, h.Distributed, st); err != nil {
+				return err
+			}
+		}
 	}
 	seen := make(map[string]bool, len(h.Zones))
 	for _, name := range h.Zones {
@@ -200,15 +216,8 @@ func (h *Handler) Validate() error {
 	if h.SweepInterval < 0 {
 		return fmt.Errorf("sweep_interval %v: must not be negative", time.Duration(h.SweepInterval))
 	}
-	if d := h.Distributed; d != nil {
-		for _, f := range []struct {
-			name string
-			v    caddy.Duration
-		}{{"read_interval", d.ReadInterval}, {"write_interval", d.WriteInterval}, {"purge_age", d.PurgeAge}} {
-			if f.v < 0 {
-				return fmt.Errorf("distributed: %s %v: must not be negative", f.name, time.Duration(f.v))
-			}
-		}
+	if h.Distributed != nil {
+		return h.Distributed.Validate()
 	}
 	return nil
 }
@@ -281,7 +290,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		}
 		v.weight = wt
 		if z.action != actionLog {
-			z.take(&txn, &v, now)
+			z.takeAll(&txn, &v, now)
 		}
 		verdicts = append(verdicts, v)
 	}
@@ -306,7 +315,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 			if denied && !v.d.Allowed {
 				v.z.recordDenied(now, &q, v.c, h.LogKey)
 			}
-			v.z.peek(v, held, now)
+			v.z.peekAll(v, held, now)
 			if held {
 				v.d.Allowed, v.d.RetryAfter = true, 0
 			}

@@ -231,9 +231,33 @@ func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
 	}
 }
 
+// TestPolicyDescribesTheRate checks that RateLimit-Policy's q/w is the
+// sustained rate, or just under it, whatever the burst and window, and q the
+// burst when the bucket refills over whole seconds.
+func TestPolicyDescribesTheRate(t *testing.T) {
+	for _, tc := range []struct {
+		l    limiter.Limit
+		want string
+	}{
+		{limiter.Limit{Events: 100, Window: time.Minute}, `"z";q=100;w=60`},
+		{limiter.Limit{Events: 100, Window: time.Minute, Burst: 10}, `"z";q=10;w=6`},
+		{limiter.Limit{Events: 10, Window: time.Hour, Burst: 2}, `"z";q=2;w=720`},
+		{limiter.Limit{Events: 10, Window: time.Minute, Burst: 100}, `"z";q=100;w=600`},
+		{limiter.Limit{Events: 40, Window: time.Minute, Burst: 3}, `"z";q=3;w=5`},
+		{limiter.Limit{Events: 10, Window: 100 * time.Millisecond}, `"z";q=100;w=1`},
+		{limiter.Limit{Events: 3, Window: 1500 * time.Millisecond}, `"z";q=3;w=2`},
+		{limiter.Limit{Events: 1_000_000, Window: time.Second, Burst: 1}, `"z";q=1000000;w=1`},
+		{limiter.Limit{Events: 1, Window: 365 * 24 * time.Hour, Burst: limiter.MaxBurst}, `"z";q=1048576;w=33067892736000`},
+	} {
+		if got := policyItem("z", tc.l); got != tc.want {
+			t.Errorf("%v: %s, want %s", tc.l, got, tc.want)
+		}
+	}
+}
+
 func TestHeaderFormat(t *testing.T) {
-	a := &zone{name: "api", policy: policyItem("api", 100, time.Minute)}
-	b := &zone{name: "daily", policy: policyItem("daily", 1000, 1500*time.Millisecond)}
+	a := &zone{name: "api", policy: policyItem("api", limiter.Limit{Events: 100, Window: time.Minute})}
+	b := &zone{name: "daily", policy: policyItem("daily", limiter.Limit{Events: 1000, Window: 1500 * time.Millisecond})}
 	hdr := http.Header{}
 	new(responseHeaders).setRateLimit(hdr, []verdict{{z: a, d: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}})
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60`; got != want {
@@ -266,7 +290,7 @@ func TestHeaderValuesOutgrowingTheBuffer(t *testing.T) {
 	var wantPolicy, wantLimit []string
 	for i := range 6 {
 		name := "zone-with-a-long-name-" + strconv.Itoa(i)
-		verdicts = append(verdicts, verdict{z: &zone{name: name, policy: policyItem(name, 100, time.Minute)}, d: limiter.Decision{Remaining: int64(i), Reset: time.Second}})
+		verdicts = append(verdicts, verdict{z: &zone{name: name, policy: policyItem(name, limiter.Limit{Events: 100, Window: time.Minute})}, d: limiter.Decision{Remaining: int64(i), Reset: time.Second}})
 		wantPolicy = append(wantPolicy, `"`+name+`";q=100;w=60`)
 		wantLimit = append(wantLimit, `"`+name+`";r=`+strconv.Itoa(i)+`;t=1`)
 	}
@@ -404,6 +428,7 @@ func mustAddr(t *testing.T, s string) netip.Addr {
 // paths a request takes: allowed (with and without response headers, keyed
 // by the client IP, a header or a template) and denied. The replacer and
 // request are reused, as the handler's allocations are what it measures.
+// Requests are a millisecond apart in the handler's time.
 func BenchmarkServeHTTP(b *testing.B) {
 	run := func(b *testing.B, h *Handler, wantErr bool) {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
@@ -413,12 +438,14 @@ func BenchmarkServeHTTP(b *testing.B) {
 		caddyhttp.NewTestReplacer(r)
 		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "192.0.2.1"}))
 		w := httptest.NewRecorder()
-		_ = h.ServeHTTP(w, r, okHandler)
+		now := time.Now()
+		_ = h.serveAt(w, r, okHandler, now)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for b.Loop() {
 			clear(w.HeaderMap)
-			if err := h.ServeHTTP(w, r, okHandler); (err != nil) != wantErr {
+			now = now.Add(time.Millisecond)
+			if err := h.serveAt(w, r, okHandler, now); (err != nil) != wantErr {
 				b.Fatal(err)
 			}
 		}
@@ -426,9 +453,9 @@ func BenchmarkServeHTTP(b *testing.B) {
 	zone := func(key string, events, burst int64, window time.Duration) map[string]*Zone {
 		return map[string]*Zone{"bench" + key: {Key: key, Limit: zoneconf.Limit{MaxEvents: events, Burst: burst, Window: caddy.Duration(window), Memory: 1 << 20}}}
 	}
-	// Refilled faster than a benchmark asks, with a burst (and so a
-	// remaining count) of a realistic size.
-	allowAll := func(key string) map[string]*Zone { return zone(key, 1<<20, 2000, time.Millisecond) }
+	// One token back per request, with a burst (and so a remaining
+	// count) of a realistic size.
+	allowAll := func(key string) map[string]*Zone { return zone(key, 1000, 2000, time.Second) }
 	b.Run("no_zone", func(b *testing.B) {
 		run(b, newTestHandler(b, nil, nil), false)
 	})
@@ -447,7 +474,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 		run(b, newTestHandler(b, nil, allowAll("{http.request.method}-{http.request.uri.path}")), false)
 	})
 	b.Run("denied", func(b *testing.B) {
-		h := newTestHandler(b, nil, zone("{http.vars.client_ip}", 1, 0, time.Hour))
+		h := newTestHandler(b, nil, zone("{http.vars.client_ip}", 1, 0, zoneconf.MaxWindow))
 		// Logging at INFO, as Caddy does by default, to nowhere.
 		h.logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.InfoLevel))
 		run(b, h, true)
@@ -590,7 +617,7 @@ func TestCompiledKeysHashWhatTheReplacerExpands(t *testing.T) {
 func TestHugeKeysAreNotCopied(t *testing.T) {
 	for _, tmpl := range []string{"{http.request.header.X-Key}", "{http.request.header.X-Key}-{http.request.method}"} {
 		h := newTestHandler(t, nil, map[string]*Zone{
-			"huge_" + strconv.Itoa(len(tmpl)): {Key: tmpl, Limit: zoneconf.Limit{MaxEvents: 1 << 20, Window: caddy.Duration(time.Millisecond), Memory: 4096}},
+			"huge_" + strconv.Itoa(len(tmpl)): {Key: tmpl, Limit: zoneconf.Limit{MaxEvents: zoneconf.MaxPerSecond, Window: caddy.Duration(time.Second), Memory: 4096}},
 		})
 		h.DisableHeaders = true
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
@@ -905,5 +932,23 @@ func TestHandlerAllocations(t *testing.T) {
 				t.Errorf("%v allocations per request, want at most %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// Only text that can be an address is given to netip.ParseAddr (whose error
+// allocates); every address still is.
+func TestIPLike(t *testing.T) {
+	for _, s := range []string{"192.0.2.1", "::1", "2001:db8::1", "::ffff:192.0.2.7", "fe80::1%eth0"} {
+		if !ipLike(s) || !parseIP(s).IsValid() {
+			t.Errorf("%q: not taken for an address", s)
+		}
+	}
+	for _, s := range []string{"", "alice", "deadbeef", "GET-/", "%eth0", "1.2.3.4.example", strings.Repeat("1.", 40)} {
+		if ipLike(s) || parseIP(s).IsValid() {
+			t.Errorf("%q taken for an address", s)
+		}
+	}
+	if a := parseIP("fe80::1%eth0"); a.Zone() != "" {
+		t.Errorf("zone kept: %v", a)
 	}
 }

@@ -34,10 +34,11 @@ type responseHeaders struct {
 //	RateLimit-Policy: "api";q=100;w=60
 //	RateLimit: "api";r=42;t=18
 //
-// q is the zone's burst and w its window in seconds, rounded up; r is what
-// the key may still take now, rounded down, and t the seconds until its
-// bucket is full again, rounded up. Each quota of a zone is an item of its
-// own, named after the zone and its window (quotaName). Zone names are restricted
+// q and w are the zone's burst and the seconds its bucket takes to refill
+// (see policyItem); r is what the key may still take now, rounded down, and
+// t the seconds until its bucket is full again, rounded up. Each quota of a
+// zone is an item of its own, named after the zone and its window
+// (quotaName), with q its count and w its window. Zone names are restricted
 // (validZoneName) so that they need no escaping in a quoted string.
 func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 	if len(verdicts) == 1 {

@@ -1,7 +1,9 @@
 package floodgate
 
 import (
-	"sync"
+	"fmt"
+
+	"go.uber.org/zap"
 
 	// The whole caddy-l4 app (servers, listener wrapper, handlers such as
 	// close, proxy and echo), so that building Caddy with floodgate alone
@@ -11,54 +13,50 @@ import (
 	"github.com/floodgate-rl/floodgate/layer4"
 )
 
-// layer4Zones holds the inline zones that layer4 matchers created and have not
-// released; matchers with the same name and settings share one of them.
-var layer4Zones sync.Map // *zone → struct{}
-
 // Layer4Zone returns the global zone name for a layer4 matcher.
 func (a *App) Layer4Zone(name string) (layer4.Zone, error) {
 	z, err := a.zone(name)
 	if err != nil {
 		return layer4.Zone{}, err
 	}
+	a.sharedWithLayer4(z)
 	return z.layer4(), nil
 }
 
 // Layer4Inline sets up a layer4 matcher's own limit as an inline zone of this
 // config: its table is found again after a reload if its name and size stay
 // the same, and its limit is put in force by Start, when the config goes
-// live. Matchers with the same name and settings share the zone; any other
-// zone of that name in the config is a duplicate.
+// live. Matchers with the same name and settings share the zone, as do
+// identical inline definitions anywhere in the config; any other zone of
+// that name is an error.
 func (a *App) Layer4Inline(in layer4.Inline) (layer4.Zone, func(), error) {
-	zc := &Zone{Limit: in.Limit}
-	z, err := provisionZone(a.ctx, in.Name, zc)
+	z, owned, err := a.inlineZone(a.ctx, in.Name, &Zone{Limit: in.Limit})
 	if err != nil {
 		return layer4.Zone{}, nil, err
 	}
-	if !a.names[z.name] || !a.sharesLayer4Zone(z) {
-		if err := a.addInline(z); err != nil {
-			z.release()
-			return layer4.Zone{}, nil, err
-		}
+	release := func() {}
+	if owned {
+		release = z.release
 	}
-	layer4Zones.Store(z, struct{}{})
-	release := func() {
-		layer4Zones.Delete(z)
-		z.release()
-	}
+	a.sharedWithLayer4(z)
 	return z.layer4(), release, nil
 }
 
-// sharesLayer4Zone reports whether this config already has a layer4 inline
-// zone that z is the same as: same name, limit, prefixes and table.
-func (a *App) sharesLayer4Zone(z *zone) bool {
-	for _, o := range a.live {
-		if _, ok := layer4Zones.Load(o); ok && o.name == z.name && o.limit == z.limit &&
-			o.v4 == z.v4 && o.v6 == z.v6 && o.tkey == z.tkey {
-			return true
-		}
+// sharedWithLayer4 gives a zone without a key that a layer4 matcher uses the
+// client IP as its HTTP key. The matcher charges each connection to its
+// source network; without a key every HTTP request would share one bucket,
+// so a network's first request could be denied for what other networks did.
+// Keyed by the client IP, grouped by the zone's prefixes, a request and a
+// connection of one network draw on the same bucket, as operators sharing a
+// zone between the two mean. The zone is this config's, not yet serving, so
+// changing its keys races with nothing.
+func (a *App) sharedWithLayer4(z *zone) {
+	if len(z.keys) > 0 {
+		return
 	}
-	return false
+	z.keys = []keySpec{{kind: keyClientIP}}
+	a.logger.Info(fmt.Sprintf("zone %q has no key and a layer4 matcher uses it: HTTP requests are keyed by {client_ip}, grouped like connections by ipv4_prefix %d and ipv6_prefix %d", z.name, z.v4, z.v6),
+		zap.String("zone", z.name))
 }
 
 func (z *zone) layer4() layer4.Zone {

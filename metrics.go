@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/storage"
 )
 
 // An outcome is what a zone did with a request.
@@ -137,6 +138,12 @@ var (
 	falseDenyDesc = prometheus.NewDesc("caddy_rate_limit_false_deny_ratio",
 		"Estimated probability that a rate_limit zone denies a key never seen before, measured at most once a second.",
 		[]string{"zone"}, nil)
+	clusterSkippedDesc = prometheus.NewDesc("caddy_rate_limit_cluster_skipped_total",
+		"Entries under a distributed zone's storage prefix skipped because they are not well-formed snapshots of it, each time they were read.",
+		[]string{"zone"}, nil)
+	clusterErrorsDesc = prometheus.NewDesc("caddy_rate_limit_cluster_storage_errors_total",
+		"Failed cluster storage operations of a distributed zone (read, write, restore): meanwhile it limits with what this instance knows.",
+		[]string{"zone", "op"}, nil)
 )
 
 // collector reports the zones of the running config when scraped. Zones a
@@ -144,7 +151,8 @@ var (
 type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc} {
+	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc,
+		clusterSkippedDesc, clusterErrorsDesc} {
 		ch <- d
 	}
 }
@@ -167,6 +175,13 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(memoryDesc, prometheus.GaugeValue, float64(z.buckets.Bytes()), z.name)
 		ch <- prometheus.MustNewConstMetric(occupancyDesc, prometheus.GaugeValue, s.Busy, z.name)
 		ch <- prometheus.MustNewConstMetric(falseDenyDesc, prometheus.GaugeValue, s.FalseDeny, z.name)
+		if z.dist != nil {
+			cl := z.dist.cluster
+			ch <- prometheus.MustNewConstMetric(clusterSkippedDesc, prometheus.CounterValue, float64(cl.Skipped()), z.name)
+			for _, op := range storage.Ops {
+				ch <- prometheus.MustNewConstMetric(clusterErrorsDesc, prometheus.CounterValue, float64(cl.Failed(op)), z.name, op.String())
+			}
+		}
 	}
 }
 

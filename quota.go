@@ -112,7 +112,7 @@ func (z *zone) provisionQuotas(zc *Zone) error {
 		z.quotas = append(z.quotas, v.(sketchEntry).s)
 		qn := quotaName(z.name, key.window)
 		z.quotaNames = append(z.quotaNames, qn)
-		z.policy += ", " + policyItem(qn, q.MaxEvents, key.window) + z.unit
+		z.policy += ", " + policyItem(qn, limiter.Limit{Events: q.MaxEvents, Window: key.window, Burst: q.MaxEvents}) + z.unit
 	}
 	return nil
 }
@@ -139,22 +139,22 @@ func quotaName(zone string, w time.Duration) string {
 	return zone + "/" + strconv.FormatInt(s, 10) + "s"
 }
 
-// take asks every policy of z (its rate, then its quotas) for v's weight in
-// txn, and sets v's decisions.
-func (z *zone) take(txn *limiter.Txn, v *verdict, now time.Time) {
-	v.rate = txn.Take(z.buckets, v.c.hash, v.weight, now)
+// takeAll asks every policy of z (its rate, then its quotas) for v's weight
+// in txn, and sets v's decisions.
+func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
+	v.rate = z.take(txn, v.c.hash, v.weight, now)
 	for i, s := range z.quotas {
 		v.q[i] = txn.Take(s, v.c.hash, v.weight, now)
 	}
 	v.combine()
 }
 
-// peek replaces v's decisions by what z's policies hold now, charging
-// nothing: all of them, or only those that granted (and were refunded since,
-// because another policy denied the request).
-func (z *zone) peek(v *verdict, all bool, now time.Time) {
+// peekAll replaces v's decisions by what z's policies hold now, charging
+// nothing: all of them, or only those that granted (and were refunded
+// since, because another policy denied the request).
+func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
 	if all || v.rate.Allowed {
-		v.rate = z.buckets.PeekHash(v.c.hash, v.weight, now)
+		v.rate = z.peek(v.c.hash, v.weight, now)
 	}
 	for i, s := range z.quotas {
 		if all || v.q[i].Allowed {

@@ -3,14 +3,17 @@ package floodgate
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/storage"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -31,8 +34,10 @@ type Zone struct {
 	// `{http.request.header.X-API-Key}`. A key that expands to an IP address
 	// is grouped by network with ipv4_prefix and ipv6_prefix; any other
 	// value is hashed and never stored. A key longer than 8 KiB is
-	// identified by its first 8 KiB. Default: empty, which makes the zone
-	// one bucket shared by all requests.
+	// identified by its first 8 KiB. The Caddyfile's shorthands
+	// ({client_ip}, {header.X}, …) work here too. Default: empty, which
+	// makes the zone one bucket shared by all requests; in a zone that a
+	// layer4 matcher also uses, the client IP.
 	Key string `json:"key,omitempty"`
 
 	// FallbackKeys are tried in order when Key expands to the empty string;
@@ -104,14 +109,17 @@ func (z *Zone) Validate(name string) error {
 }
 
 // validZoneName accepts names that can be written in a header's quoted
-// string without escaping: printable ASCII other than `"` and `\`.
+// string without escaping: printable ASCII other than quotes and `\`. Single
+// quotes and backquotes are refused too: the Caddyfile does not take `'` as
+// quotes, so `zone 'api'` would otherwise name the zone 'api', quotes
+// included, and `rate_limit api` would not find it.
 func validZoneName(name string) error {
 	if name == "" {
 		return fmt.Errorf("zone name must not be empty")
 	}
 	for i := 0; i < len(name); i++ {
-		if c := name[i]; c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
-			return fmt.Errorf("zone name %q: only printable ASCII without spaces, quotes or backslashes is allowed", name)
+		if c := name[i]; c < 0x21 || c > 0x7e || c == '"' || c == '\\' || c == '\'' || c == '`' {
+			return fmt.Errorf("zone name %q: only printable ASCII without spaces, quotes or backslashes is allowed (a name needs no quotes)", name)
 		}
 	}
 	return nil
@@ -133,8 +141,8 @@ type zone struct {
 	tkey       tableKey
 	table      *table
 	buckets    *limiter.Buckets // table.buckets
-	// policy is the zone's RateLimit-Policy items: `"name";q=<burst>;w=<s>`
-	// for its rate, then one for each quota.
+	// policy is the zone's RateLimit-Policy items (see policyItem): its
+	// rate's, then one for each quota.
 	policy string
 	// exceeded is the error of every request the zone denies: a
 	// caddyhttp.HandlerError made once, because Caddy only reads it (see
@@ -148,6 +156,8 @@ type zone struct {
 	// counts are what the zone has done, shared by every config that has
 	// a zone of this name (see zoneCounts).
 	counts *zoneCounts
+	// dist is set when the zone is distributed (cluster.go).
+	dist *distributedZone
 	// keyNames are the zone's keys as configured, for the key_name
 	// placeholder and the log; keyNameValues the same, boxed once.
 	keyNames      []string
@@ -192,7 +202,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	z.v4, z.v6 = zc.Prefixes(defaultIPv4Prefix, defaultIPv6Prefix)
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
 		if k != "" {
-			z.keys = append(z.keys, parseKeySpec(k))
+			z.keys = append(z.keys, parseKeySpec(expandShorthands(k)))
 			z.keyNames = append(z.keyNames, k)
 			z.keyNameValues = append(z.keyNameValues, k)
 		}
@@ -218,7 +228,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		burst = z.limit.Events
 	}
 	z.burstValue = burst
-	z.policy = policyItem(name, burst, z.limit.Window) + z.unit
+	z.policy = policyItem(name, z.limit) + z.unit
 	z.exceeded = denialError(name)
 	if err := z.provisionQuotas(zc); err != nil {
 		z.releaseQuotas()
@@ -235,19 +245,53 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	return z, nil
 }
 
-// release gives back the zone's references to its table, sketches and
-// counts.
+// release gives back the zone's references to its table, sketches, counts
+// and cluster state.
 func (z *zone) release() {
 	releaseTable(z.tkey)
 	z.releaseQuotas()
 	releaseCounts(z.name)
+	if z.dist != nil {
+		storage.Release(z.dist.shape)
+	}
 }
 
-// policyItem formats a RateLimit-Policy list item
-// (draft-ietf-httpapi-ratelimit-headers-10): the quota is the burst, the
-// window is in whole seconds, rounded up.
-func policyItem(name string, burst int64, window time.Duration) string {
-	return `"` + name + `";q=` + strconv.FormatInt(burst, 10) + ";w=" + strconv.FormatInt(ceilSeconds(window), 10)
+// policyItem formats a zone's RateLimit-Policy list item
+// (draft-ietf-httpapi-ratelimit-headers-10): `"name";q=<quota>;w=<seconds>`.
+//
+// The draft's policy is a quota per time window; a token bucket has no fixed
+// window, so q and w say what a client can rely on: q is the burst (what a
+// full bucket allows at once, and the most r can say) and w the seconds an
+// emptied bucket takes to be full again, burst × window / events, rounded up.
+// q/w is then the sustained rate or just under it, whatever the burst. A
+// bucket that refills in under a second says w=1 and q the events of one
+// second, rounded down: the rate, since no whole second describes the burst.
+func policyItem(name string, l limiter.Limit) string {
+	q, w := policyQuota(l)
+	return `"` + name + `";q=` + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
+}
+
+// policyQuota returns the q and w of policyItem for l, in exact integer
+// arithmetic: a year's window times a large burst overflows 64 bits.
+func policyQuota(l limiter.Limit) (q, w int64) {
+	burst := l.Burst
+	if burst == 0 {
+		burst = l.Events
+	}
+	// w = ⌈window × burst / (events × 1 s)⌉
+	num := new(big.Int).Mul(big.NewInt(int64(l.Window)), big.NewInt(burst))
+	den := new(big.Int).Mul(big.NewInt(l.Events), big.NewInt(int64(time.Second)))
+	secs, rem := new(big.Int).QuoRem(num, den, new(big.Int))
+	if rem.Sign() > 0 {
+		secs.Add(secs, big.NewInt(1))
+	}
+	if secs.Cmp(big.NewInt(1)) > 0 || rem.Sign() == 0 {
+		return burst, secs.Int64()
+	}
+	// The bucket refills in under a second: q = ⌊events × 1 s / window⌋,
+	// at most 10^6 by validation.
+	perSecond := new(big.Int).Quo(den, big.NewInt(int64(l.Window)))
+	return perSecond.Int64(), 1
 }
 
 // ceilSeconds rounds d up to whole seconds; a duration that never ends counts
@@ -277,4 +321,11 @@ func (z *zone) keyNameValue(c charge) any {
 		return ""
 	}
 	return z.keyNameValues[c.key]
+}
+
+// definition is zc as JSON, to tell whether two definitions of a zone name
+// are the same zone. It must be taken before provisioning, which clears the
+// raw matchers.
+func (zc *Zone) definition() string {
+	return string(caddyconfig.JSON(zc, nil))
 }

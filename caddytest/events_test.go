@@ -1,50 +1,15 @@
 package integration
 
 import (
-	"context"
 	"net/http"
-	"sync"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
-
-func init() {
-	caddy.RegisterModule(eventRecorder{})
-}
-
-// eventRecorder is an events handler, for tests only, that keeps the data of
-// every event it is given.
-type eventRecorder struct{}
-
-var recorded struct {
-	sync.Mutex
-	events []map[string]any
-}
-
-func (eventRecorder) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "events.handlers.floodgate_test_recorder",
-		New: func() caddy.Module { return new(eventRecorder) },
-	}
-}
-
-func (eventRecorder) Handle(_ context.Context, e caddy.Event) error {
-	recorded.Lock()
-	defer recorded.Unlock()
-	data := map[string]any{"event": e.Name()}
-	for k, v := range e.Data {
-		data[k] = v
-	}
-	recorded.events = append(recorded.events, data)
-	return nil
-}
 
 func TestDenialEmitsRateLimitExceededEvent(t *testing.T) {
 	tc := newTester(t)
-	recorded.Lock()
-	recorded.events = nil
-	recorded.Unlock()
+	testcaddy.Events()
 	tc.InitServer(`{
 	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
 	  "apps": {
@@ -56,12 +21,11 @@ func TestDenialEmitsRateLimitExceededEvent(t *testing.T) {
 	if got := codes(t, tc, 3, "/", "X-User: alice"); got != "200 429 429" {
 		t.Fatalf("requests: %s", got)
 	}
-	recorded.Lock()
-	defer recorded.Unlock()
-	if len(recorded.events) != 2 {
-		t.Fatalf("%d events, want 2 (one per denial): %v", len(recorded.events), recorded.events)
+	events := testcaddy.Events()
+	if len(events) != 2 {
+		t.Fatalf("%d events, want 2 (one per denial): %v", len(events), events)
 	}
-	e := recorded.events[0]
+	e := events[0]
 	if e["event"] != "rate_limit_exceeded" || e["zone"] != "evented" || e["client_ip"] != "127.0.0.1" {
 		t.Errorf("event %v", e)
 	}

@@ -15,14 +15,12 @@
 // After a config load, the next request must reach the new config, on a new
 // connection: every client of this process opens a connection per request
 // (TestMain), and every load waits until the old config's sockets are closed
-// (settle).
+// (testcaddy.Settle).
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/http"
@@ -36,6 +34,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	_ "github.com/floodgate-rl/floodgate"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 const (
@@ -143,16 +143,7 @@ func get(t *testing.T, tc *tester, path string, headers ...string) (int, string,
 
 func do(t *testing.T, c *http.Client, req *http.Request) (int, string, *http.Response) {
 	t.Helper()
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body), resp
+	return testcaddy.Do(t, c, req)
 }
 
 // codes sends n GETs and returns their status codes, e.g. "200 200 429".
@@ -167,107 +158,27 @@ func codes(t *testing.T, tc *tester, n int, path string, headers ...string) stri
 }
 
 // load posts a config to the admin endpoint, waits until the config that
-// serves afterwards is the only one listening (settle), and returns the error
-// Caddy reports, if any.
+// serves afterwards is the only one listening, and returns the error Caddy
+// reports, if any.
 func load(t *testing.T, cfg, adapter string) error {
 	t.Helper()
-	ct := "application/json"
-	if adapter == "caddyfile" {
-		ct = "text/caddyfile"
-	}
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, adminURL+"/load", bytes.NewBufferString(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", ct)
-	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	settle(t)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%d: %s", resp.StatusCode, body)
-	}
-	return nil
-}
-
-// settle waits until none of this package's ports has more than one
-// listening socket. Caddy listens with SO_REUSEPORT: a load opens the new
-// config's sockets beside the old ones, and the replaced HTTP servers and
-// admin endpoint (or the servers of a config that failed to start) close
-// theirs in goroutines, after /load has answered. Until then the kernel hands
-// some new connections to an old socket, where the old config answers them or
-// its closing resets them. /load answers after the new sockets listen, so
-// nothing else needs waiting for.
-func settle(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		port, n := 0, 0
-		for _, p := range []int{adminPort, httpPort, httpsPort} {
-			c, err := listening(p)
-			if err != nil {
-				t.Fatalf("counting the sockets listening on port %d: %v", p, err)
-			}
-			if c > 1 {
-				port, n = p, c
-			}
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after a config load, %d sockets still listen on port %d", n, port)
-		}
-		time.Sleep(time.Millisecond) // Caddy's goroutines closing sockets, not a rate
-	}
-}
-
-// listening returns how many TCP sockets of this network namespace listen on
-// port, IPv4 and IPv6 (Linux only, as are the 127.0.0.0/8 client addresses
-// some tests use).
-func listening(port int) (int, error) {
-	n := 0
-	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		table, err := os.ReadFile(file)
-		if err != nil {
-			return 0, err
-		}
-		// sl local_address rem_address st ...; addresses are HEXIP:HEXPORT,
-		// state 0A is LISTEN.
-		for _, line := range strings.Split(string(table), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 4 || f[3] != "0A" {
-				continue
-			}
-			p, err := strconv.ParseUint(f[1][strings.LastIndexByte(f[1], ':')+1:], 16, 16)
-			if err != nil {
-				return 0, fmt.Errorf("%s: %q: %v", file, line, err)
-			}
-			if int(p) == port {
-				n++
-			}
-		}
-	}
-	return n, nil
+	return testcaddy.Load(t, adminPort, cfg, adapter, adminPort, httpPort, httpsPort)
 }
 
 // checkSeconds parses got, a whole number of seconds that a server computed
-// as the ceiling of full minus the time since some moment, and fails the test
+// as the ceiling of full less the time since some moment, and fails the test
 // unless it is within what that allows when that time is between 0 and
-// elapsed, which the test measured around the requests involved.
+// elapsed, which the test measured from before that moment until after the
+// answer. It returns the number.
 func checkSeconds(t *testing.T, what, got string, full, elapsed time.Duration) int64 {
 	t.Helper()
 	if elapsed >= full-time.Second {
-		t.Fatalf("%s: the requests took %v, too close to the %v being measured", what, elapsed, full)
+		t.Fatalf("%s: the test took %v, too close to the %v being measured", what, elapsed, full)
 	}
 	lo, hi := int64(math.Ceil((full - elapsed).Seconds())), int64(math.Ceil(full.Seconds()))
 	n, err := strconv.ParseInt(got, 10, 64)
 	if err != nil || n < lo || n > hi {
-		t.Errorf("%s = %q, want %d to %d (%v less up to the %v the requests took)", what, got, lo, hi, full, elapsed)
+		t.Errorf("%s = %q, want %d to %d (%v less at most the %v measured)", what, got, lo, hi, full, elapsed)
 	}
 	return n
 }

@@ -1,16 +1,13 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 func TestZoneMatcherSelectsRequests(t *testing.T) {
@@ -72,6 +69,9 @@ func TestDistinctZonesAndKeys(t *testing.T) {
 
 func TestHandleErrorsSeesPlaceholdersAndRetryAfter(t *testing.T) {
 	tc := newTester(t)
+	// The wait counts from a moment between the load, which creates the
+	// zone's table, and the first request (see TestRateLimitHeaders).
+	start := time.Now()
 	tc.InitServer(config("", `
 	rate_limit {
 		zone errors_zone {
@@ -84,15 +84,14 @@ func TestHandleErrorsSeesPlaceholdersAndRetryAfter(t *testing.T) {
 		respond "limited by {http.rate_limit.exceeded.name} zone={http.rate_limit.zone} limit={http.rate_limit.limit} remaining={http.rate_limit.remaining} retry={http.rate_limit.retry_after} status={err.status_code}" 429
 	}`), "caddyfile")
 
-	start := time.Now()
 	if code, body, _ := get(t, tc, "/"); code != 200 || body != "ok" {
 		t.Fatalf("first request: %d %q", code, body)
 	}
 	code, body, resp := get(t, tc, "/")
 	elapsed := time.Since(start)
 	// One token returns every 100 s: the wait is 100 s less the time
-	// between the two requests, rounded up, in Retry-After and in the
-	// retry_after placeholder alike.
+	// since then, rounded up, in Retry-After and in the retry_after
+	// placeholder alike.
 	ra := resp.Header.Get("Retry-After")
 	checkSeconds(t, "Retry-After", ra, 100*time.Second, elapsed)
 	want := "limited by errors_zone zone=errors_zone limit=1 remaining=0 retry=" + ra + " status=429"
@@ -233,6 +232,13 @@ func TestDeniedRequestChargesNoZone(t *testing.T) {
 
 func TestRateLimitHeaders(t *testing.T) {
 	tc := newTester(t)
+	// A zone's table counts time in ticks from when the load creates it,
+	// so a t= or Retry-After counts down from a moment between the load and
+	// the request that took the token: elapsed times run from before the
+	// load. Only hdr_one's window is short enough for a token to return
+	// within a stalled test, and checkSeconds fails the test if the stall
+	// was that long.
+	start := time.Now()
 	tc.InitServer(config("", `
 	rate_limit /one {
 		zone hdr_one {
@@ -243,7 +249,7 @@ func TestRateLimitHeaders(t *testing.T) {
 	rate_limit /two {
 		zone hdr_a {
 			events 4
-			window 1m
+			window 1h
 		}
 		zone hdr_b {
 			events 10
@@ -261,73 +267,85 @@ func TestRateLimitHeaders(t *testing.T) {
 	respond "ok"`), "caddyfile")
 
 	_, _, resp := get(t, tc, "/one")
-	check := func(path, name, want string) {
-		t.Helper()
-		if got := resp.Header.Get(name); got != want {
-			t.Errorf("%s %s = %q, want %q", path, name, got, want)
-		}
+	if got, want := resp.Header.Get("RateLimit-Policy"), `"hdr_one";q=4;w=60`; got != want {
+		t.Errorf("/one RateLimit-Policy = %q, want %q", got, want)
 	}
-	// Values of the request that takes the token are exact: no time
-	// passes between taking it and reporting.
-	check("/one", "RateLimit-Policy", `"hdr_one";q=4;w=60`)
-	// One of 4 used, one token per 15 s: full again in 15 s.
-	check("/one", "RateLimit", `"hdr_one";r=3;t=15`)
+	// One of 4 used, one token per 15 s: full again 15 s after the token
+	// was taken.
+	checkRateLimit(t, "/one", resp, time.Since(start), rateLimitWant{"hdr_one", 3, 15 * time.Second})
 
-	start := time.Now()
 	_, _, resp = get(t, tc, "/two")
-	check("/two", "RateLimit-Policy", `"hdr_a";q=4;w=60, "hdr_b";q=2;w=3600`)
-	check("/two", "RateLimit", `"hdr_a";r=3;t=15, "hdr_b";r=1;t=360`)
+	if got, want := resp.Header.Get("RateLimit-Policy"), `"hdr_a";q=4;w=3600, "hdr_b";q=2;w=720`; got != want {
+		t.Errorf("/two RateLimit-Policy = %q, want %q", got, want)
+	}
+	checkRateLimit(t, "/two", resp, time.Since(start),
+		rateLimitWant{"hdr_a", 3, 900 * time.Second}, rateLimitWant{"hdr_b", 1, 360 * time.Second})
 	get(t, tc, "/two")
 	code, _, resp := get(t, tc, "/two")
 	elapsed := time.Since(start)
 	if code != 429 {
 		t.Fatalf("/two third request: %d, want 429 from hdr_b", code)
 	}
-	// Denied: hdr_b is empty; hdr_a was refunded, so it shows 2 left. The
-	// seconds count from the first /two request, some time up to elapsed
-	// ago: hdr_b is full 720 s after it and has a token 360 s after it,
-	// hdr_a is full 30 s after it.
-	items := rateLimitItems(t, resp.Header.Get("RateLimit"))
-	if len(items) != 2 || items[0].zone != "hdr_a" || items[0].r != 2 || items[1].zone != "hdr_b" || items[1].r != 0 {
-		t.Fatalf("/two denied: RateLimit %q, want hdr_a with r=2 and hdr_b with r=0", resp.Header.Get("RateLimit"))
-	}
+	// Denied: hdr_b is empty, full 720 s and one token 360 s after the
+	// first /two request; hdr_a was refunded, so it shows 2 left.
+	tt := checkRateLimit(t, "/two denied", resp, elapsed,
+		rateLimitWant{"hdr_a", 2, 1800 * time.Second}, rateLimitWant{"hdr_b", 0, 720 * time.Second})
 	ra := checkSeconds(t, "/two Retry-After", resp.Header.Get("Retry-After"), 360*time.Second, elapsed)
-	ta := checkSeconds(t, "/two hdr_a t", items[0].t, 30*time.Second, elapsed)
-	tb := checkSeconds(t, "/two hdr_b t", items[1].t, 720*time.Second, elapsed)
-	// All three are measured from the same two instants.
-	if tb != ra+360 || ta != ra-330 {
-		t.Errorf("/two denied: Retry-After %d, hdr_a t=%d, hdr_b t=%d; want t=%d and t=%d", ra, ta, tb, ra-330, ra+360)
+	// hdr_b's t= and Retry-After count from the same instants.
+	if len(tt) == 2 && tt[1] != ra+360 {
+		t.Errorf("/two denied: Retry-After %d and hdr_b t=%d, want t=%d", ra, tt[1], ra+360)
 	}
 
 	_, _, resp = get(t, tc, "/off")
-	check("/off", "RateLimit-Policy", "")
-	check("/off", "RateLimit", "")
+	for _, name := range []string{"RateLimit-Policy", "RateLimit"} {
+		if got := resp.Header.Get(name); got != "" {
+			t.Errorf("/off with headers off: %s = %q", name, got)
+		}
+	}
 }
 
-// rateLimitItem is one item of a RateLimit header: "zone";r=<r>;t=<t>.
-type rateLimitItem struct {
+// rateLimitWant is what a RateLimit item should say: the zone, its remaining
+// count r, and the time after which t= counts a bucket full again, measured
+// from the moment the counting began.
+type rateLimitWant struct {
 	zone string
 	r    int64
-	t    string
+	full time.Duration
 }
 
-// rateLimitItems parses a RateLimit header, failing the test if it is not a
-// list of `"zone";r=<int>;t=<int>`.
-func rateLimitItems(t *testing.T, header string) []rateLimitItem {
+// checkRateLimit checks resp's RateLimit header, a list of
+// `"zone";r=<int>;t=<int>`: one item per want, in order, with the zone and r
+// wanted and t within what elapsed allows (checkSeconds). It returns the t
+// values.
+func checkRateLimit(t *testing.T, what string, resp *http.Response, elapsed time.Duration, want ...rateLimitWant) []int64 {
 	t.Helper()
-	var items []rateLimitItem
-	for item := range strings.SplitSeq(header, ", ") {
-		var it rateLimitItem
-		quoted, params, ok := strings.Cut(item, ";r=")
-		r, tv, ok2 := strings.Cut(params, ";t=")
-		n, err := strconv.ParseInt(r, 10, 64)
-		if !ok || !ok2 || err != nil || len(quoted) < 2 || quoted[0] != '"' || quoted[len(quoted)-1] != '"' {
-			t.Fatalf("RateLimit %q: item %q is not \"zone\";r=N;t=N", header, item)
-		}
-		it.zone, it.r, it.t = quoted[1:len(quoted)-1], n, tv
-		items = append(items, it)
+	header := resp.Header.Get("RateLimit")
+	items := strings.Split(header, ", ")
+	if len(items) != len(want) {
+		t.Errorf("%s: RateLimit %q, want %d items", what, header, len(want))
+		return nil
 	}
-	return items
+	var ts []int64
+	for i, item := range items {
+		zone, r, tv := parseRateLimitItem(item)
+		if zone != want[i].zone || r != fmt.Sprint(want[i].r) {
+			t.Errorf("%s: RateLimit %q: item %d is %q, want zone %s with r=%d", what, header, i+1, item, want[i].zone, want[i].r)
+			continue
+		}
+		ts = append(ts, checkSeconds(t, what+" "+zone+" t", tv, want[i].full, elapsed))
+	}
+	return ts
+}
+
+// parseRateLimitItem splits `"zone";r=<r>;t=<t>` into its parts; a part it
+// cannot find is empty.
+func parseRateLimitItem(item string) (zone, r, t string) {
+	quoted, params, _ := strings.Cut(item, ";r=")
+	r, t, _ = strings.Cut(params, ";t=")
+	if len(quoted) >= 2 && quoted[0] == '"' && quoted[len(quoted)-1] == '"' {
+		zone = quoted[1 : len(quoted)-1]
+	}
+	return zone, r, t
 }
 
 func TestTrustedProxiesClientIP(t *testing.T) {
@@ -488,54 +506,6 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	}
 }
 
-func init() {
-	caddy.RegisterModule(startFailure{})
-}
-
-// startFailure is an app, for tests only, that fails to start. Before it
-// fails it sends Probe one request with the header X-User: Key and keeps the
-// response's RateLimit header in probed: a new key's remaining count there
-// shows the limit in force at that moment, which is the failing config's if
-// its rate_limit app started first (Caddy starts apps in map order).
-type startFailure struct {
-	Probe string `json:"probe"`
-	Key   string `json:"key"`
-}
-
-var probed struct {
-	sync.Mutex
-	header string
-}
-
-func (startFailure) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "floodgate_test_start_failure",
-		New: func() caddy.Module { return new(startFailure) },
-	}
-}
-
-func (s startFailure) Start() error {
-	header := "no probe"
-	req, err := http.NewRequest(http.MethodGet, s.Probe, nil)
-	if err == nil {
-		req.Header.Set("X-User", s.Key)
-		var resp *http.Response
-		if resp, err = (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil {
-			header = resp.Header.Get("RateLimit")
-			resp.Body.Close()
-		}
-	}
-	if err != nil {
-		header = err.Error()
-	}
-	probed.Lock()
-	probed.header = header
-	probed.Unlock()
-	return errors.New("fails to start, as this test app always does")
-}
-
-func (startFailure) Stop() error { return nil }
-
 // A reload that fails to start after its rate_limit app has put a raised
 // limit in force puts the previous limit back.
 func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
@@ -554,29 +524,29 @@ func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
 	// its rate_limit app starts before the failing app is up to Caddy's map
 	// order, so load it until the probe shows that the raised limit was in
 	// force: then only the undo can bring the limit back to 3.
-	const (
-		raised   = `"undo_start";r=9;t=360`  // a new key after one request, at 10 per hour
-		unraised = `"undo_start";r=2;t=1200` // and at 3 per hour
-	)
 	for i := 1; ; i++ {
 		bad := fmt.Sprintf(`{
 		  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
 		  "apps": {
-		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "key": "probe%d"},
+		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "header": {"X-User": "probe%d"}},
 		    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
 		      %s, {"handler": "static_response", "body": "bad"}]}]}}}}}`, i, zone(10))
-		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), "fails to start, as this test app always does") {
+		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), testcaddy.StartFailureError) {
 			t.Fatalf("loading the config that fails to start: %v, want the test app's error", err)
 		}
-		probed.Lock()
-		header := probed.header
-		probed.Unlock()
-		if header == raised {
+		probe := testcaddy.Probed()
+		if probe.Err != nil {
+			t.Fatalf("attempt %d: probe: %v", i, probe.Err)
+		}
+		header := probe.Header.Get("RateLimit")
+		// A new key after one request has 9 left at 10 per hour, 2 at 3.
+		zone, r, _ := parseRateLimitItem(header)
+		if zone == "undo_start" && r == "9" {
 			t.Logf("the raised limit was in force when the config failed, at attempt %d", i)
 			break
 		}
-		if header != unraised {
-			t.Fatalf("attempt %d: the probe saw RateLimit %q, want %q or %q", i, header, raised, unraised)
+		if zone != "undo_start" || r != "2" {
+			t.Fatalf("attempt %d: the probe saw RateLimit %q, want r=9 (raised) or r=2 for undo_start", i, header)
 		}
 		if i == 100 {
 			t.Fatal("in 100 loads, the rate_limit app never started before the failing app")

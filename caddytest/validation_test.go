@@ -65,16 +65,17 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 		{"events not a number", "caddyfile", zoneCaddyfile("events lots"), []string{`events "lots"`}},
 		{"events missing", "caddyfile", handlerCaddyfile("zone z {\nwindow 1m\n}"), []string{"events is required"}},
 		{"window missing", "caddyfile", handlerCaddyfile("zone z {\nevents 1\n}"), []string{"window is required"}},
-		{"window zero", "caddyfile", zoneCaddyfile("window 0"), []string{"window 0s", "positive"}},
-		{"window negative", "caddyfile", zoneCaddyfile("window -5s"), []string{`window "-5s"`, "negative"}},
+		{"window zero", "caddyfile", zoneCaddyfile("window 0"), []string{`window "0"`, "must be positive"}},
+		{"window negative", "caddyfile", zoneCaddyfile("window -5s"), []string{`window "-5s"`, "must be positive"}},
 		{"window not a duration", "caddyfile", zoneCaddyfile("window soon"), []string{`window "soon"`}},
 		{"burst zero", "caddyfile", zoneCaddyfile("burst 0"), []string{`burst "0"`}},
 		{"ipv4_prefix too long", "caddyfile", zoneCaddyfile("ipv4_prefix 33"), []string{"ipv4_prefix 33", "between 0 and 32"}},
 		{"ipv4_prefix negative", "caddyfile", zoneCaddyfile("ipv4_prefix -1"), []string{"ipv4_prefix -1"}},
 		{"ipv6_prefix too long", "caddyfile", zoneCaddyfile("ipv6_prefix 129"), []string{"ipv6_prefix 129", "between 0 and 128"}},
 		{"ipv6_prefix not a number", "caddyfile", zoneCaddyfile("ipv6_prefix wide"), []string{`ipv6_prefix "wide"`}},
-		{"memory too small", "caddyfile", zoneCaddyfile("memory 12"), []string{"memory 12", "between 64 bytes"}},
-		{"memory too large", "caddyfile", zoneCaddyfile("memory 1TiB"), []string{"memory 1099511627776"}},
+		{"memory too small", "caddyfile", zoneCaddyfile("memory 12"), []string{`memory "12"`, "between 64 B and 16 GiB"}},
+		{"memory too large", "caddyfile", zoneCaddyfile("memory 1TiB"), []string{`memory "1TiB"`, "between 64 B and 16 GiB"}},
+		{"memory 100GiB as written", "caddyfile", zoneCaddyfile("memory 100GiB"), []string{`zone "z": memory "100GiB": must be between 64 B and 16 GiB`}},
 		{"memory not a size", "caddyfile", zoneCaddyfile("memory plenty"), []string{`memory "plenty"`}},
 		{"memory and sources", "caddyfile", zoneCaddyfile("memory 1MiB\nsources 10"), []string{"memory 1048576", "not both"}},
 		{"sources zero", "caddyfile", zoneCaddyfile("sources 0"), []string{`sources "0"`}},
@@ -91,15 +92,32 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 		{"negative write_interval", "caddyfile", handlerCaddyfile("distributed {\nwrite_interval -2s\n}"), []string{`write_interval "-2s"`}},
 		{"negative purge_age", "caddyfile", handlerCaddyfile("distributed {\npurge_age -3s\n}"), []string{`purge_age "-3s"`}},
 		{"headers neither on nor off", "caddyfile", handlerCaddyfile("headers maybe"), []string{`headers "maybe"`}},
-		{"duplicate zone in a handler", "caddyfile", handlerCaddyfile("zone z {\nevents 1\nwindow 1m\n}\nzone z {\nevents 2\nwindow 1m\n}"), []string{`duplicate zone name "z"`}},
-		{"duplicate zone in the global option", "caddyfile", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g"), []string{`duplicate zone name "g"`}},
-		{"inline zone named like a global zone", "caddyfile", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g {\nevents 2\nwindow 1m\n}"), []string{`duplicate zone name "g"`}},
-		{"duplicate zone across handlers", "caddyfile", "http://localhost:9480 {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n", []string{`duplicate zone name "d"`}},
+		{"duplicate zone in a handler", "caddyfile", handlerCaddyfile("zone z {\nevents 1\nwindow 1m\n}\nzone z {\nevents 2\nwindow 1m\n}"), []string{`zone "z" at Caddyfile:7 is defined twice in one rate_limit directive`}},
+		{"conflicting zone in the global option", "caddyfile", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t\tzone g {\n\t\t\tevents 2\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g"), []string{`zone "g" at Caddyfile:7 is already defined differently in the rate_limit global option`}},
+		{"inline zone defined unlike the global zone", "caddyfile", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g {\nevents 2\nwindow 1m\n}"), []string{`zone "g" at Caddyfile:11 is defined differently in the rate_limit global option`, "define it once in the rate_limit global option (rate_limit { zone g { … } }) and use it by name (rate_limit g)"}},
+		{"conflicting zones across handlers", "caddyfile", "http://localhost:9480 {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 2\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n", []string{`zone "d" is defined differently at Caddyfile:3 and at Caddyfile:9`, "define it once in the rate_limit global option"}},
+		{"events twice", "caddyfile", zoneCaddyfile("events 5\nevents 50"), []string{`zone "z": events is set twice (first at Caddyfile:4)`}},
+		{"key twice", "caddyfile", zoneCaddyfile("key {client_ip}\nkey {remote_host}"), []string{`zone "z": key is set twice (first at Caddyfile:4)`, "on one line"}},
+		{"key without a placeholder", "caddyfile", zoneCaddyfile("key"), []string{`zone "z": key needs at least one placeholder`}},
+		{"zone without a name", "caddyfile", handlerCaddyfile("zone"), []string{"zone needs a name", "Caddyfile:3"}},
+		{"global zone without a name", "caddyfile", "{\n\trate_limit {\n\t\tzone\n\t}\n}\n" + handlerCaddyfile(""), []string{"zone needs a name", "Caddyfile:3"}},
+		{"zone name in single quotes", "caddyfile", handlerCaddyfile("zone 'api' {\nevents 1\nwindow 1m\n}"), []string{`zone name "'api'"`, "needs no quotes"}},
+		{"events above the largest rate", "caddyfile", zoneCaddyfile("events 99999999999"), []string{`zone "z": 99999999999 events per 1m0s is 1.667e+09 per second, above the maximum of 1000000 per second`}},
+		{"window 1ns", "caddyfile", zoneCaddyfile("window 1ns"), []string{"5 events per 1ns is 5e+09 per second, above the maximum of 1000000 per second"}},
+		{"window 1ns with a large burst", "caddyfile", zoneCaddyfile("window 1ns\nburst 10000"), []string{"5 events per 1ns is 5e+09 per second"}},
+		{"window 1us", "caddyfile", zoneCaddyfile("events 10\nwindow 1us"), []string{"10 events per 1µs is 1e+07 per second"}},
+		{"window above a year", "caddyfile", zoneCaddyfile("window 36500d"), []string{`zone "z": window "36500d": must be at most 365d`}},
+		{"burst above the maximum", "caddyfile", zoneCaddyfile("burst 99999999999"), []string{`zone "z": burst "99999999999": must be at most 1048576`}},
+		{"false_deny too small", "caddyfile", zoneCaddyfile("false_deny 0.000000001"), []string{`zone "z": false_deny 0.000000001 and sources 100000 (the default) need a table larger than the maximum of 16 GiB`}},
 		{"undefined global zone", "caddyfile", handlerCaddyfile("zone nowhere"), []string{`zone "nowhere" is not defined`}},
 		{"undefined global zone as argument", "caddyfile", "http://localhost:9480 {\n\trate_limit nowhere\n\trespond ok\n}\n", []string{`zone "nowhere" is not defined`}},
 		{"zone name with a space", "caddyfile", handlerCaddyfile("zone \"a b\" {\nevents 1\nwindow 1m\n}"), []string{`zone name "a b"`}},
 
-		{"JSON max_events zero", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 0, "window": "1m"}}}`, ""), []string{"max_events 0"}},
+		{"JSON max_events zero", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 0, "window": "1m"}}}`, ""), []string{`zone "z": max_events is required`}},
+		{"JSON window missing", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1}}}`, ""), []string{`zone "z": window is required`}},
+		{"JSON rate above the maximum", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 5, "window": 1, "burst": 10000}}}`, ""), []string{`zone "z": 5 events per 1ns is 5e+09 per second`}},
+		{"JSON zone name in single quotes", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"'z'": {"max_events": 1, "window": "1m"}}}`, ""), []string{`zone name "'z'"`}},
+		{"JSON conflicting zones across handlers", "json", `{"admin": {"disabled": true}, "apps": {"http": {"servers": {"srv0": {"listen": ["localhost:9480"], "routes": [{"handle": [{"handler": "rate_limit", "rate_limits": {"z": {"key": "{http.vars.client_ip}", "max_events": 1, "window": "1m"}}}, {"handler": "rate_limit", "rate_limits": {"z": {"max_events": 2, "window": "1m"}}}]}]}}}}}`, []string{`zone "z" is defined twice, differently (key "{http.vars.client_ip}" and unset, max_events 1 and 2)`, "define it once in the rate_limit app"}},
 		{"JSON max_events not a number", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": "ten", "window": "1m"}}}`, ""), []string{"max_events"}},
 		{"JSON window negative", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "-1m"}}}`, ""), []string{"window -1m0s"}},
 		{"JSON burst negative", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "1m", "burst": -2}}}`, ""), []string{"burst -2"}},
@@ -111,8 +129,8 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 		{"JSON purge_age negative", "json", handlerJSON(`{"handler": "rate_limit", "distributed": {"purge_age": "-1s"}}`, ""), []string{"purge_age -1s"}},
 		{"JSON undefined global zone", "json", handlerJSON(`{"handler": "rate_limit", "zones": ["nope"]}`, `{"zones": {"yes": {"max_events": 1, "window": "1m"}}}`), []string{`zone "nope" is not defined`}},
 		{"JSON zone listed twice", "json", handlerJSON(`{"handler": "rate_limit", "zones": ["yes", "yes"]}`, `{"zones": {"yes": {"max_events": 1, "window": "1m"}}}`), []string{`zone "yes" is listed twice`}},
-		{"JSON inline zone named like a global", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"yes": {"max_events": 1, "window": "1m"}}}`, `{"zones": {"yes": {"max_events": 1, "window": "1m"}}}`), []string{`duplicate zone name "yes"`}},
-		{"JSON global zone window missing", "json", handlerJSON(`{"handler": "rate_limit"}`, `{"zones": {"g": {"max_events": 1}}}`), []string{`zone "g"`, "window 0s"}},
+		{"JSON inline zone unlike the global", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"yes": {"max_events": 2, "window": "1m"}}}`, `{"zones": {"yes": {"max_events": 1, "window": "1m"}}}`), []string{`zone "yes" is defined twice, differently (max_events 1 and 2)`}},
+		{"JSON global zone window missing", "json", handlerJSON(`{"handler": "rate_limit"}`, `{"zones": {"g": {"max_events": 1}}}`), []string{`zone "g": window is required`}},
 		{"JSON unknown field", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "1m", "evnets": 2}}}`, ""), []string{"evnets"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,6 +141,13 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 			for _, w := range tt.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			// A message names what the operator wrote: no burst, sources
+			// or byte count they did not write.
+			for _, wrong := range []string{"burst 9", "raise burst", "sources 0", "107374182400", "window 0s", "wrong argument count"} {
+				if strings.Contains(err.Error(), wrong) {
+					t.Errorf("error %q names %q, which the config does not say", err, wrong)
 				}
 			}
 		})
@@ -162,6 +187,11 @@ func TestGoodConfigsValidate(t *testing.T) {
 		disable_metrics
 		headers off`)},
 		{"prefix zero", zoneCaddyfile("ipv4_prefix 0\nipv6_prefix 0")},
+		{"high rate with the default burst", zoneCaddyfile("events 1500000\nwindow 1m")},
+		{"the fastest rate", zoneCaddyfile("events 1000000\nwindow 1s")},
+		{"the slowest rate", zoneCaddyfile("events 1\nwindow 365d")},
+		{"same zone in two handlers", "http://localhost:9480 {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n"},
+		{"inline zone as the global zone", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g {\nevents 1\nwindow 1m\n}")},
 		{"distributed without block", handlerCaddyfile("distributed")},
 		{"jitter above one", handlerCaddyfile("jitter 1.5")},
 	} {

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,8 +12,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 // readmeExample returns the n-th (from 0) caddyfile code block of the
@@ -326,14 +323,6 @@ func metric(t *testing.T, zone, outcome string) int {
 	return 0
 }
 
-func mustRequest(t *testing.T, url string) *http.Request {
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return req
-}
-
 func TestReadmeActionsExample(t *testing.T) {
 	tc := newTester(t)
 	tc.InitServer(readmeConfig(t, "### Actions", 0, ""), "caddyfile")
@@ -421,5 +410,3 @@ func TestBadWeightValuesFailTheLoad(t *testing.T) {
 		}
 	}
 }
-
-var _ = caddytest.Config{}

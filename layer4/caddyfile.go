@@ -38,12 +38,16 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		m.Zone = v
 	}
+	seen := make(zoneconf.Fields)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch field := d.Val(); field {
 		case "zone", "name":
+			if err := seen.Once(d, "rate_limit: "); err != nil {
+				return err
+			}
 			v, err := zoneconf.OneArg(d)
 			if err != nil {
-				return err
+				return d.Errf("rate_limit: %s needs exactly one value", field)
 			}
 			if field == "zone" {
 				m.Zone = v
@@ -51,13 +55,18 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				m.Name = v
 			}
 		default:
-			ok, err := m.UnmarshalOption(d, "rate_limit: ")
+			ok, err := m.UnmarshalOption(d, "rate_limit: ", seen)
 			if err != nil {
 				return err
 			}
 			if !ok {
 				return d.Errf("rate_limit: unrecognized option %q", field)
 			}
+		}
+	}
+	if m.Zone == "" {
+		if err := seen.Require(d, "rate_limit: ", "events", "window"); err != nil {
+			return err
 		}
 	}
 	if err := m.validate(); err != nil {

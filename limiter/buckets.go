@@ -3,7 +3,6 @@ package limiter
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -13,19 +12,21 @@ import (
 // token counters, shared by every key (after Amazon's "network communication
 // rate limiter", US 9654483).
 //
-// A key's hash picks one line and K of its 14 counters. A request of weight
-// w is granted if the fullest of those K counters holds w tokens, and only
-// that counter pays. A key that floods drains its own K counters; another
-// key is denied only if all K of its counters are drained, which happens
-// when they all collide with flooding keys (a Bloom false positive). Memory
-// is fixed by the table size, whatever the number of keys.
+// A key's hash picks one line and K of its 16 counters. A request of weight
+// w is granted if the fullest of those K counters holds w tokens, and then
+// every one of the K pays (see the package documentation for why). A key
+// that floods drains its own K counters; another key is denied only if all
+// K of its counters are drained, which happens when they all collide with
+// flooding keys (a Bloom false positive). Memory is fixed by the table size,
+// whatever the number of keys.
 //
 // Every counter is a token bucket of capacity Limit.Burst refilled at
-// Limit.Events per Limit.Window, lazily: a line is refilled when it is
-// touched, by the whole time elapsed since its tick.
+// Limit.Events per Limit.Window. Refill is not written anywhere: a counter
+// holds the time at which it will be full again (line.go).
 //
 // Buckets is safe for concurrent use; decisions take no lock and allocate
-// nothing.
+// nothing. Time is a parameter: callers pass the time of each call, read
+// from time.Now. Sweep must run at least every SweepInterval (see Sweep).
 type Buckets struct {
 	base  time.Time // zero of the table's clock: ticks count from here
 	k     int
@@ -34,40 +35,13 @@ type Buckets struct {
 	p     atomic.Pointer[bucketParams]
 }
 
-// bucketParams is everything a decision reads besides the lines. It is
-// immutable; SetLimit swaps in a new one.
+// bucketParams is everything a decision reads besides the lines' words. It
+// is immutable; SetLimit swaps in a new one, with new lines.
 type bucketParams struct {
+	clock
 	limit Limit
-	tickParams
-	perRefill divisor // divides by refill
-	t         *lineTable
-}
-
-// lineTable is the lines and their clock. The tick length is a property of
-// the table: a limit with a different tick moves the counters to a new one.
-type lineTable struct {
-	lines     []line
-	tick      time.Duration
-	perTick   divisor      // divides by tick
-	lastSweep atomic.Int64 // tick of the last wrap sweep (see sweep)
-}
-
-// ticksAt is ns / tick for ns ≥ 0.
-func (t *lineTable) ticksAt(ns int64) int64 { return int64(t.perTick.div(uint64(ns))) }
-
-// A divisor divides by a fixed d > 0 with a multiply. A 64-bit division is
-// the slowest instruction of a decision; the multiply by ⌊(2⁶⁴−1)/d⌋ is short
-// by at most one, which one comparison repairs.
-type divisor struct{ d, inv uint64 }
-
-func newDivisor(d uint64) divisor { return divisor{d: d, inv: math.MaxUint64 / d} }
-
-func (v divisor) div(x uint64) uint64 {
-	q, _ := bits.Mul64(x, v.inv)
-	if x-q*v.d >= v.d {
-		q++
-	}
-	return q
+	lines []line
+	gen   int64 // how many SetLimits made this; a Reservation remembers it
 }
 
 // BucketsConfig configures a Buckets table.
@@ -85,7 +59,8 @@ type BucketsConfig struct {
 	// its limit is denied while Sources others flood. Used only when Bytes
 	// is zero; default DefaultFalseDeny.
 	FalseDeny float64
-	// K is how many counters each key may draw on, 1 to 8; default 4.
+	// K is how many counters each key may draw on, 1 to 8; default
+	// DefaultK.
 	K int
 }
 
@@ -93,7 +68,7 @@ type BucketsConfig struct {
 const (
 	DefaultSources   = 100_000
 	DefaultFalseDeny = 0.005
-	DefaultK         = 4
+	DefaultK         = 3
 	// MaxBytes bounds a table: 16 GiB.
 	MaxBytes = 16 << 30
 )
@@ -101,7 +76,8 @@ const (
 // NewBuckets returns a table of full buckets. Its ticks count from the
 // moment it is created; every method that depends on time takes it as an
 // argument, which should come from time.Now (its monotonic reading keeps a
-// stepped wall clock from refilling or draining buckets).
+// stepped wall clock from refilling or draining buckets). A time before the
+// table's creation counts as its creation.
 func NewBuckets(cfg BucketsConfig) (*Buckets, error) {
 	return newBuckets(cfg, time.Now())
 }
@@ -122,15 +98,10 @@ func newBuckets(cfg BucketsConfig, base time.Time) (*Buckets, error) {
 	if err != nil {
 		return nil, err
 	}
-	tp, _ := cfg.Limit.ticks()
 	b := &Buckets{base: base, k: k, subs: subsets(countersPerLine, k)}
 	b.nSubs = uint64(len(b.subs) / k)
-	b.p.Store(newParams(cfg.Limit, tp, newLineTable(n, tp.tick)))
+	b.p.Store(&bucketParams{clock: clockFor(cfg.Limit), limit: cfg.Limit, lines: newLines(n)})
 	return b, nil
-}
-
-func newParams(l Limit, tp tickParams, t *lineTable) *bucketParams {
-	return &bucketParams{limit: l, tickParams: tp, perRefill: newDivisor(uint64(tp.refill)), t: t}
 }
 
 // lines works out the number of lines the config asks for.
@@ -162,22 +133,20 @@ func (cfg BucketsConfig) lines(k int) (int, error) {
 	return n, nil
 }
 
-// newLineTable allocates n lines aligned to 64 bytes, so that a line is one
-// cache line and no decision touches two.
-func newLineTable(n int, tick time.Duration) *lineTable {
+// newLines allocates n zeroed (full) lines aligned to 64 bytes, so that a
+// line is one cache line and no decision touches two.
+func newLines(n int) []line {
 	raw := make([]line, n+1)
-	off := uintptr(unsafe.Pointer(&raw[0])) & 63
-	start := 0
-	if off != 0 {
+	if off := uintptr(unsafe.Pointer(&raw[0])) & 63; off != 0 {
 		// Go aligns large allocations to pages in practice; this is the
 		// fallback when it does not. A line is 64 bytes, so shift by whole
 		// words into the spare line.
 		words := unsafe.Slice((*uint64)(unsafe.Pointer(&raw[0])), 8*(n+1))
 		shifted := words[(64-off)/8:]
-		raw = unsafe.Slice((*line)(unsafe.Pointer(&shifted[0])), n)
+		raw = unsafe.Slice((*line)(unsafe.Pointer(&shifted[0])), n+1)
 	}
-	adviseHugePages(raw[start:n])
-	return &lineTable{lines: raw[start:n], tick: tick, perTick: newDivisor(uint64(tick))}
+	adviseHugePages(raw[:n])
+	return raw[:n:n]
 }
 
 // Limit returns the limit in force.
@@ -187,10 +156,10 @@ func (b *Buckets) Limit() Limit { return b.p.Load().limit }
 func (b *Buckets) K() int { return b.k }
 
 // Bytes returns the memory held by the table's lines.
-func (b *Buckets) Bytes() int { return len(b.p.Load().t.lines) * 64 }
+func (b *Buckets) Bytes() int { return len(b.p.Load().lines) * 64 }
 
 // Lines returns the number of lines in the table.
-func (b *Buckets) Lines() int { return len(b.p.Load().t.lines) }
+func (b *Buckets) Lines() int { return len(b.p.Load().lines) }
 
 // Allow is TakeHash(Hash(key), weight, now) without the Reservation.
 func (b *Buckets) Allow(key []byte, weight int64, now time.Time) Decision {
@@ -199,8 +168,9 @@ func (b *Buckets) Allow(key []byte, weight int64, now time.Time) Decision {
 }
 
 // TakeHash grants weight tokens to the key with hash h if the fullest of its
-// counters holds them, and charges that counter. A weight below 1 counts as
-// 1. A weight above the burst is denied with RetryAfter Never.
+// counters holds them at time now, and charges every one of its counters. A
+// weight below 1 counts as 1. A weight above the burst is denied with
+// RetryAfter Never.
 func (b *Buckets) TakeHash(h uint64, weight int64, now time.Time) (Decision, Reservation) {
 	return b.decide(h, weight, now, true)
 }
@@ -217,277 +187,304 @@ func (b *Buckets) nowNanos(now time.Time) int64 { return max(int64(now.Sub(b.bas
 
 // place returns the line and counters of hash h, and where they are as a
 // Reservation index: the line in the high bits, the subset in the low 16.
-func (b *Buckets) place(t *lineTable, h uint64) (*line, []uint8, uint64) {
-	idx := uint64(uint32(h>>32)) * uint64(len(t.lines)) >> 32
+func (b *Buckets) place(p *bucketParams, h uint64) (*line, []uint8, uint64) {
+	idx := uint64(uint32(h>>32)) * uint64(len(p.lines)) >> 32
 	s := int(uint64(uint32(h)) * b.nSubs >> 32)
-	return &t.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k], idx<<16 | uint64(s)
+	return &p.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k], idx<<16 | uint64(s)
 }
 
 // counterAt resolves a Reservation index back to its line and counters, or
 // nil if it does not fit the current table.
-func (b *Buckets) counterAt(t *lineTable, index uint64) (*line, []uint8) {
+func (b *Buckets) counterAt(p *bucketParams, index uint64) (*line, []uint8) {
 	idx, s := index>>16, int(index&0xffff)
-	if idx >= uint64(len(t.lines)) || uint64(s) >= b.nSubs {
+	if idx >= uint64(len(p.lines)) || uint64(s) >= b.nSubs {
 		return nil, nil
 	}
-	return &t.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k]
+	return &p.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k]
 }
+
+// A keyWords groups a key's counters by word: counters sharing a word are
+// read with one load and charged with one CAS. Subsets list counters in
+// increasing order, so counters of one word are adjacent.
+type keyWords struct {
+	n     int
+	word  [8]uint8    // word index of group g
+	lanes [8]uint8    // bit l set: lane l of that word is one of the key's
+	pos   [8][2]uint8 // position in the key's subset of lane l's counter
+}
+
+func groupWords(cs []uint8) (kw keyWords) {
+	for i, c := range cs {
+		w, l := c>>1, c&1
+		if kw.n == 0 || kw.word[kw.n-1] != w {
+			kw.word[kw.n] = w
+			kw.n++
+		}
+		kw.lanes[kw.n-1] |= 1 << l
+		kw.pos[kw.n-1][l] = uint8(i)
+	}
+	return kw
+}
+
+// at is a tick as the counters see it: mod 2³².
+type at struct{ now uint32 }
 
 func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (Decision, Reservation) {
 	p := b.p.Load()
-	t := p.t
-	if weight < 1 {
-		weight = 1
-	}
-	nowNs := b.nowNanos(now)
-	nowTick := t.ticksAt(nowNs)
-	if nowTick-t.lastSweep.Load() >= sweepEvery {
-		t.sweep(p, nowTick)
-	}
-	ln, counters, at := b.place(t, h)
+	ns := b.nowNanos(now)
+	tick := p.ticks(ns)
+	t := at{now: uint32(tick)}
+	ln, cs, index := b.place(p, h)
+	kw := groupWords(cs)
 	d := Decision{Limit: p.limit.burst()}
-	capUnits := uint64(p.capUnits)
-	cost := uint64(weight) * UnitsPerToken
-	if weight > MaxBurst || cost > capUnits {
+	capT := uint32(p.capT)
+	cost := uint32(p.per) // weight·per ≤ capT ≤ 2²⁹ for a weight that can be granted
+	if weight > d.Limit {
 		d.RetryAfter = Never
 		commit = false // still report what the key holds
+	} else if weight > 1 {
+		cost = uint32(weight) << p.log
 	}
+	var vals [8]uint64
 	for {
-		w0 := atomic.LoadUint64(&ln[0])
-		tick, pending, gen := unpackClock(w0)
-		// The refill a line is owed since its tick is not written back on
-		// every touch: a charge lifts the counter to the owed amount
-		// first (see charge), which keeps it exact relative to the old
-		// tick. Only once a full bucket's worth is owed is the line
-		// brought up to date (refill), so a busy line pays for that once
-		// per refill period, not once per tick.
-		//
-		// elapsed is exact while a line's tick is less than 2³¹ ticks
-		// old; sweep keeps every line younger than that.
-		var owed uint64
-		if elapsed := int32(uint32(nowTick) - tick); elapsed > 0 {
-			owed = uint64(elapsed) * uint64(p.refill)
-			if owed >= capUnits {
-				if commit {
-					t.refill(ln, w0, nowTick, uint64(elapsed), p)
-					continue
-				}
-				owed = min(owed, laneMask)
-			}
-		}
-		// The fullest counter (smallest deficit; the first of equals)
+		// The fullest counter (the one least ahead; the first of equals)
 		// decides.
-		best, f := uint64(math.MaxUint64), 0
-		for i, c := range counters {
-			w := atomic.LoadUint64(&ln[counterWord(c)])
-			def := w >> counterShift(c) & laneMask
-			if owes(w, gen) {
-				def = subSat(def, pending)
-			}
-			if def = subSat(def, owed); def < best {
-				best, f = def, i
+		best, fg, fl := uint32(math.MaxUint32), 0, uint8(0)
+		for g := 0; g < kw.n; g++ {
+			vals[g] = loadWord(&ln[kw.word[g]])
+			for l := uint8(0); l < 2; l++ {
+				if kw.lanes[g]>>l&1 != 0 {
+					if a := aheadOf(lane(vals[g], l), t.now); a < best {
+						best, fg, fl = a, g, l
+					}
+				}
 			}
 		}
-		if best+cost > capUnits || !commit {
-			d.Allowed = d.RetryAfter != Never && best+cost <= capUnits
-			d.Remaining = int64(capUnits-min(best, capUnits)) / UnitsPerToken
-			d.Reset = p.untilBelow(best, 0, nowNs, nowTick)
+		if !commit || best+cost > capT {
+			d.Allowed = d.RetryAfter != Never && best+cost <= capT
+			d.Remaining = int64(capT-min(best, capT)) >> p.log
+			d.Reset = p.about(uint64(best))
 			if !d.Allowed && d.RetryAfter != Never {
-				d.RetryAfter = p.untilBelow(best, capUnits-cost, nowNs, nowTick)
+				d.RetryAfter = p.until(ns, tick, uint64(best+cost-capT))
 			}
 			return d, Reservation{}
 		}
 		// Every counter of the key pays, so that a key alone on its
 		// counters sees exactly one token bucket; the others pay first,
-		// and the fullest pays last with the one CAS that grants.
-		// Two requests of one key therefore meet on the same counter,
-		// and every grant is checked against a counter that already
-		// holds every earlier grant's charge.
-		r := Reservation{index: uint64(at), units: int64(cost)}
-		for i, c := range counters {
-			if i != f {
-				r.short[i] = uint32(cost - charge(ln, c, cost, capUnits, owed))
+		// and the fullest pays last with the one CAS that grants. Two
+		// requests of one key therefore meet on the same counter, and
+		// every grant is checked against a counter that already holds
+		// every earlier grant's charge.
+		r := Reservation{index: index, units: int64(cost), epoch: p.gen}
+		for g := 0; g < kw.n; g++ {
+			if g != fg {
+				paid := chargeWord(&ln[kw.word[g]], vals[g], kw.lanes[g], cost, uint32(p.ceil), t)
+				r.setShort(kw, g, cost, paid)
 			}
 		}
-		if after, ok := chargeIfRoom(ln, counters[f], cost, capUnits, owed); ok {
+		after, paid, ok := chargeFullest(&ln[kw.word[fg]], vals[fg], fl, kw.lanes[fg], cost, capT, uint32(p.ceil), t)
+		if ok {
+			r.setShort(kw, fg, cost, paid)
 			d.Allowed = true
-			d.Remaining = int64(capUnits-min(after, capUnits)) / UnitsPerToken
-			d.Reset = p.untilBelow(after, 0, nowNs, nowTick)
+			d.Remaining = int64(capT-min(after, capT)) >> p.log
+			d.Reset = p.about(uint64(after))
 			return d, r
 		}
 		// The fullest counter no longer has room: take back the others'
 		// payments and decide again.
-		refundExcept(ln, counters, f, r)
+		refundExcept(ln, kw, fg, r)
 	}
 }
 
-// untilBelow is the time from nowNs until a deficit of def units, refilled
-// every tick from nowTick on, is at most target.
-func (p *bucketParams) untilBelow(def, target uint64, nowNs, nowTick int64) time.Duration {
-	if def <= target {
-		return 0
+// setShort records in r how much less than cost the key's counters in
+// group g were charged (a charge stops at the ceiling).
+func (r *Reservation) setShort(kw keyWords, g int, cost uint32, paid [2]uint32) {
+	for l := uint8(0); l < 2; l++ {
+		if kw.lanes[g]>>l&1 != 0 {
+			r.short[kw.pos[g][l]] = cost - paid[l]
+		}
 	}
-	ticks := p.perRefill.div(def - target + uint64(p.refill) - 1)
-	return time.Duration((nowTick+int64(ticks))*int64(p.t.tick) - nowNs)
 }
 
-// refill brings line ln, whose clock word read w0, up to nowTick: it pays
-// every word's debt to the previous refill, then claims the new one. It gives
-// up silently if another goroutine claims first; callers re-read the line.
-func (t *lineTable) refill(ln *line, w0 uint64, nowTick int64, elapsed uint64, p *bucketParams) {
-	_, pending, gen := unpackClock(w0)
-	for i := 1; i < len(ln); i++ {
+// chargeLane is the charge of cost to counter value v: the new value and
+// how much was added. A counter may be charged past empty, so that charges
+// and refunds are additions that commute and a request that rolls back
+// after losing a race undoes exactly what it did, but only up to ceil
+// ticks ahead: beyond, a charge falls short.
+func chargeLane(v, cost, ceil uint32, t at) (uint32, uint32) {
+	base := aheadOf(v, t.now)
+	add := min(cost, ceil-min(base, ceil))
+	if add == 0 {
+		return v, 0
+	}
+	return store(t.now, base+add), add
+}
+
+// chargeWord charges cost to the given lanes of the word at p (whose value
+// was last seen as w) and returns what each lane was charged.
+func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) (paid [2]uint32) {
+	for {
+		nw := w
+		for l := uint8(0); l < 2; l++ {
+			if lanes>>l&1 != 0 {
+				var v uint32
+				v, paid[l] = chargeLane(lane(w, l), cost, ceil, t)
+				nw = withLane(nw, l, v)
+			}
+		}
+		if nw == w || casWord(p, w, nw) {
+			return paid
+		}
+		w = loadWord(p)
+	}
+}
+
+// chargeFullest charges cost to lane fl of the word at p (last seen as w) if
+// that counter still has room, together with the key's other lane of the
+// word, in one CAS. It returns how far ahead the counter is then.
+func chargeFullest(p *uint64, w uint64, fl, lanes uint8, cost, capT, ceil uint32, t at) (after uint32, paid [2]uint32, ok bool) {
+	for {
+		a := aheadOf(lane(w, fl), t.now)
+		if a+cost > capT {
+			return a + cost, paid, false
+		}
+		after = a + cost
+		nw := withLane(w, fl, store(t.now, after))
+		paid[fl] = cost
+		if o := fl ^ 1; lanes>>o&1 != 0 {
+			var v uint32
+			v, paid[o] = chargeLane(lane(w, o), cost, ceil, t)
+			nw = withLane(nw, o, v)
+		}
+		if casWord(p, w, nw) {
+			return after, paid, true
+		}
+		w = loadWord(p)
+	}
+}
+
+// refundLane takes paid ticks back from counter value v. A counter that has
+// since come back to full stays full: the result is then in the past.
+func refundLane(v, paid uint32) uint32 {
+	if v == 0 || paid == 0 {
+		return v
+	}
+	if v -= paid; v == 0 {
+		v = 1
+	}
+	return v
+}
+
+// refundExcept gives back what r charged to the key's counters in every
+// group but skip (-1 for none). Refunds subtract what the charges added, so a
+// rollback undoes exactly what it did.
+func refundExcept(ln *line, kw keyWords, skip int, r Reservation) {
+	for g := 0; g < kw.n; g++ {
+		if g == skip {
+			continue
+		}
+		p := &ln[kw.word[g]]
 		for {
-			w := atomic.LoadUint64(&ln[i])
-			if !owes(w, gen) || atomic.CompareAndSwapUint64(&ln[i], w, settle(w, pending, gen)) {
+			w := loadWord(p)
+			nw := w
+			for l := uint8(0); l < 2; l++ {
+				if kw.lanes[g]>>l&1 != 0 {
+					paid := uint32(r.units) - r.short[kw.pos[g][l]]
+					nw = withLane(nw, l, refundLane(lane(w, l), paid))
+				}
+			}
+			if nw == w || casWord(p, w, nw) {
 				break
 			}
 		}
 	}
-	// Stored deficits reach three capacities (see charge), so the amount
-	// is not capped at one.
-	amount := min(elapsed*uint64(p.refill), laneMask)
-	atomic.CompareAndSwapUint64(&ln[0], w0, clockWord(uint32(nowTick), amount, gen^1))
 }
 
 // Refund returns what r charged to its counters. A charge that has since
 // been refilled away returns nothing more than the counter lacks: a
-// deficit never goes below zero.
+// counter is never more than full. A Reservation taken before a SetLimit
+// refunds nothing (it is in another table's ticks): the error is a grant
+// too few, never one too many.
 func (b *Buckets) Refund(r Reservation) {
 	if r.units <= 0 {
 		return
 	}
-	if ln, counters := b.counterAt(b.p.Load().t, r.index); ln != nil {
-		refundExcept(ln, counters, -1, r)
-	}
-}
-
-// refundExcept gives back what r charged to each counter but the one at
-// position skip. Refunds subtract from the stored deficit, the inverse of
-// the additions charge made, so a rollback undoes exactly what it did.
-func refundExcept(ln *line, counters []uint8, skip int, r Reservation) {
-	for i, c := range counters {
-		if i == skip {
-			continue
-		}
-		paid := uint64(r.units) - uint64(r.short[i])
-		for {
-			w, s, def := counterState(ln, c)
-			if casCounter(ln, c, w, s, subSat(def, paid)) {
-				break
-			}
-		}
-	}
-}
-
-// counterState reads counter c: its word as it is (what a CAS must find),
-// the word with any refill it owes paid, and the counter's stored deficit.
-func counterState(ln *line, c uint8) (w, settled, def uint64) {
-	_, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
-	w = atomic.LoadUint64(&ln[counterWord(c)])
-	settled = settle(w, pending, gen)
-	return w, settled, settled >> counterShift(c) & laneMask
-}
-
-// casCounter stores def as counter c's stored deficit if its word still
-// reads w; settled is that word with its debt paid (from counterState).
-func casCounter(ln *line, c uint8, w, settled, def uint64) bool {
-	sh := counterShift(c)
-	return atomic.CompareAndSwapUint64(&ln[counterWord(c)], w, settled&^(laneMask<<sh)|def<<sh)
-}
-
-// A counter's stored deficit is relative to its line's tick: the deficit
-// now is the stored one less what the line is owed since (owed), floored at
-// zero. To charge it without bringing the whole line up to date, a charge
-// first lifts the stored deficit to at least owed (which changes nothing
-// now, but stops the refill credited before the charge from also paying
-// for the charge), then adds. Stored deficits stay below three capacities:
-// owed is less than one, and the deficit now at most two (see charge).
-
-// charge adds cost to counter c's deficit and returns what it added.
-//
-// A deficit may go past capacity (the counter is then "below empty" and
-// must refill past zero before it grants again), up to twice capacity. Only
-// at that ceiling does a charge fall short. Within it, charges and refunds
-// are plain additions, so they commute: a request that rolls back its
-// charges after losing a race undoes exactly what it did, whatever other
-// requests did in between. A ceiling at capacity would not: a charge that
-// stopped at empty, then a rollback, leaves the counter fuller than every
-// grant it has seen.
-func charge(ln *line, c uint8, cost, capUnits, owed uint64) uint64 {
-	ceiling := 2 * capUnits
-	for {
-		w, s, def := counterState(ln, c)
-		added := min(cost, ceiling-min(subSat(def, owed), ceiling))
-		if casCounter(ln, c, w, s, max(def, owed)+added) {
-			return added
-		}
-	}
-}
-
-// chargeIfRoom adds cost to counter c if it still holds that much, and
-// returns its deficit now.
-func chargeIfRoom(ln *line, c uint8, cost, capUnits, owed uint64) (uint64, bool) {
-	for {
-		w, s, def := counterState(ln, c)
-		after := subSat(def, owed) + cost
-		if after > capUnits {
-			return after, false
-		}
-		if casCounter(ln, c, w, s, max(def, owed)+cost) {
-			return after, true
-		}
-	}
-}
-
-// Reset makes the counters of the key with hash h full again. Keys that
-// share those counters gain too.
-func (b *Buckets) Reset(h uint64) {
-	ln, counters, _ := b.place(b.p.Load().t, h)
-	for _, c := range counters {
-		for {
-			w, s, _ := counterState(ln, c)
-			if casCounter(ln, c, w, s, 0) {
-				break
-			}
-		}
-	}
-}
-
-// sweepEvery is how often (in ticks) every line of a table is refilled, so
-// that no line's 32-bit tick is ever more than 2³¹ ticks behind the clock.
-const sweepEvery = 1 << 30
-
-// sweep refills every line to nowTick, once per sweepEvery ticks. A line
-// whose tick is older than half the tick's wrap period would otherwise read
-// a wrong elapsed time. The tick is at least a microsecond, so a sweep runs
-// at most every 18 minutes, in the request that finds it due (about 20 ns a
-// line). If the table went unused for more than 2³¹ ticks, every line has
-// been idle for at least 2³⁰ ticks, far longer than any bucket takes to
-// fill, so the sweep sets every counter full without reading it.
-func (t *lineTable) sweep(p *bucketParams, nowTick int64) {
-	last := t.lastSweep.Load()
-	if nowTick-last < sweepEvery || !t.lastSweep.CompareAndSwap(last, nowTick) {
+	p := b.p.Load()
+	if r.epoch != p.gen {
 		return
 	}
-	idle := nowTick-last >= 2*sweepEvery
-	for i := range t.lines {
-		ln := &t.lines[i]
+	if ln, cs := b.counterAt(p, r.index); ln != nil {
+		refundExcept(ln, groupWords(cs), -1, r)
+	}
+}
+
+// Charge charges weight tokens to the key with hash h at time now without
+// checking that it has them: for a cost known only after the request was
+// served (a response's size, say), or tokens reserved for a request that
+// will wait for them. Every counter of the key pays, up to a debt of one
+// burst beyond empty (twice the burst short of full), so a key charged past
+// its tokens is denied until it has paid the debt back, and no more than
+// about a burst. A weight below 1 charges nothing.
+//
+// Allowed reports whether at least one counter took the whole charge, the
+// only way the key's fullest counter holds it; false means the key is at
+// the ceiling and part of the charge was dropped. RetryAfter is the time
+// until the key is out of debt (its fullest counter back to empty, no other
+// traffic assumed): when a request that reserved its tokens may go. Refund
+// gives back exactly what was charged.
+func (b *Buckets) Charge(h uint64, weight int64, now time.Time) (Decision, Reservation) {
+	p := b.p.Load()
+	d := Decision{Limit: p.limit.burst()}
+	if weight < 1 {
+		return d, Reservation{}
+	}
+	ns := b.nowNanos(now)
+	tick := p.ticks(ns)
+	t := at{now: uint32(tick)}
+	cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
+	ln, cs, index := b.place(p, h)
+	kw := groupWords(cs)
+	r := Reservation{index: index, units: int64(cost), epoch: p.gen}
+	best := uint32(math.MaxUint32)
+	for g := 0; g < kw.n; g++ {
+		paid := chargeWord(&ln[kw.word[g]], loadWord(&ln[kw.word[g]]), kw.lanes[g], cost, uint32(p.ceil), t)
+		r.setShort(kw, g, cost, paid)
+		w := loadWord(&ln[kw.word[g]])
+		for l := uint8(0); l < 2; l++ {
+			if kw.lanes[g]>>l&1 != 0 {
+				d.Allowed = d.Allowed || paid[l] == cost
+				best = min(best, aheadOf(lane(w, l), t.now))
+			}
+		}
+	}
+	capT := uint32(p.capT)
+	d.Remaining = int64(capT-min(best, capT)) >> p.log
+	d.Reset = p.about(uint64(best))
+	if best > capT {
+		d.RetryAfter = p.until(ns, tick, uint64(best-capT))
+	}
+	return d, r
+}
+
+// Fill makes the counters of the key with hash h full again. Keys that
+// share those counters gain too.
+func (b *Buckets) Fill(h uint64) {
+	p := b.p.Load()
+	ln, cs, _ := b.place(p, h)
+	kw := groupWords(cs)
+	for g := 0; g < kw.n; g++ {
+		q := &ln[kw.word[g]]
 		for {
-			w0 := atomic.LoadUint64(&ln[0])
-			tick, _, gen := unpackClock(w0)
-			if idle {
-				for j := 1; j < len(ln); j++ {
-					atomic.StoreUint64(&ln[j], gen<<63)
+			w := loadWord(q)
+			nw := w
+			for l := uint8(0); l < 2; l++ {
+				if kw.lanes[g]>>l&1 != 0 {
+					nw = withLane(nw, l, 0)
 				}
-				atomic.StoreUint64(&ln[0], clockWord(uint32(nowTick), 0, gen))
+			}
+			if nw == w || casWord(q, w, nw) {
 				break
 			}
-			elapsed := int32(uint32(nowTick) - tick)
-			if elapsed <= 0 {
-				break
-			}
-			t.refill(ln, w0, nowTick, uint64(elapsed), p)
 		}
 	}
 }

@@ -36,10 +36,12 @@ type Decision struct {
 // exactly that back. The zero Reservation refunds nothing.
 type Reservation struct {
 	index uint64 // where the charge went: a counter (buckets) or a key hash (sketch)
-	epoch int64  // the window the charge was counted in (sketch only)
+	epoch int64  // the window the charge was counted in (sketch), the table's SetLimit generation (buckets)
 	units int64  // how much was charged, in the policy's internal units; 0 means nothing
-	// short[i] is how much less than units counter i of a bucket key
-	// was charged, because it ran empty.
+	// short[i] is how much less than units the i-th counter of a bucket
+	// key was charged, because the charge reached the ceiling of two
+	// bursts short of full (see chargeLane); a refund gives back units −
+	// short[i]. units and short are in ticks for buckets.
 	short [8]uint32
 }
 

@@ -3,14 +3,16 @@
 // for rolling quotas, and the small transaction that charges several of them
 // as one. It imports nothing from Caddy and can be used on its own.
 //
-// Start with Buckets (buckets.go), then line.go for the cache-line layout.
+// Start with Buckets (buckets.go), then line.go for the cache-line layout;
+// limit.go turns a Limit into ticks, sweep.go, setlimit.go and snapshot.go
+// are the table's maintenance, sizing.go and stats.go its false denies.
 //
 // # Bloom token buckets
 //
 // A Buckets table is an array of 64-byte, 64-byte-aligned cache lines. A key
 // (masked address bytes from NetworkKey, or any byte string) is hashed once
 // with xxhash64; the high half of the hash picks a line, the low half one of
-// the C(14, K) subsets of its 14 counters. A request of weight w is granted
+// the C(16, K) subsets of its 16 counters. A request of weight w is granted
 // if the fullest of the key's K counters holds w tokens. A key whose counters
 // all drain is denied; since a flooding key drains exactly its own counters,
 // another key is denied only when all K of its counters collide with those
@@ -22,60 +24,99 @@
 // where floodgate departs from the patent it follows (US 9654483, where the
 // one counter that grants pays): with K counters of a full burst each, a key
 // alone on its counters could otherwise draw K bursts. Paying on all of
-// them makes a lone key exactly one token bucket. The others pay first and
-// the fullest pays last, with the CAS that grants; a deficit may run past
-// empty (to twice the capacity), so charges and refunds are additions that
-// commute, and concurrent requests of one key never get more than the burst
-// plus the refill.
+// them makes a lone key exactly one token bucket.
 //
-// # Layout: 14 counters of 31 bits and a 32-bit tick
+// # Layout: 16 counters of 32 bits, each a time (GCRA)
 //
-// The patent's reference layout is 31 counters of 16 bits and a 16-bit tick.
-// floodgate uses a clock word (32-bit tick, 31-bit pending refill,
-// generation bit) and seven words of two 31-bit counters, because:
+// A counter holds its theoretical arrival time (TAT, as in the GCRA of ATM
+// networks and of Brandur's throttled): the tick at which it will be full
+// again, modulo 2³², two counters to a word, eight words to a line, and no
+// other state. A counter TAT − now ticks ahead of now is that many ticks
+// short of full; charging cost ticks moves its TAT to max(TAT, now) + cost.
+// Refill is the passing of time: nothing is written to refill. 0 is reserved
+// for "full" (so a zeroed table is full and untouched pages stay
+// untouched), and a computed TAT of 0 is stored as 1, a tick less granted.
 //
-//   - A counter holds tokens in units of 1/512 token, so weights are exact
-//     and a burst of up to MaxBurst (1,398,101) tokens fits, with room for
-//     the stored deficit to reach three bursts (see charge); 16 bits hold
-//     neither a burst of 10⁶ nor weight-1 requests against it.
-//   - Refill per tick is a whole number of units (at least 1/16 token) over a
-//     tick of at least 1µs rounded to a whole nanosecond, so any rate from
-//     1/day to 10⁶/s is enforced within 0.05% (0.1% is the target; see
-//     TestAnyRateIsEnforcedWithin01Percent).
-//   - A 32-bit tick wraps after at least 2³² µs (71 minutes) and usually
-//     decades; a table is swept once per 2³⁰ ticks so that no line's tick is
-//     ambiguous, and a line idle past the wrap reads as full.
-//   - The pending refill and the generation bit make refill exact and
-//     lock-free (see line.go). A line is brought up to date only once a
-//     full bucket's worth of refill is owed; in between, a charge lifts its
-//     counter to the refill owed since the line's tick before adding, which
-//     keeps the deficit exact relative to that tick. The patent's
-//     refill-on-empty instead credits a line for the time it sat full,
-//     which would grant a second burst.
+//   - A token is per ticks, per a power of two (4096 for most limits, 512
+//     at a million per second and for bursts of a million), so weights are
+//     exact and tokens a shift away. A burst is at most 2²⁹ ticks and a
+//     counter at most two bursts ahead of the latest time, and times
+//     compare as serial numbers (less than 2³¹ ticks ahead, or past), so a
+//     request whose time was read long before it runs (a stall, a GC
+//     pause) still sees a drained counter as drained. The tick is
+//     Window/(Events·per), more than a nanosecond, and time converts to
+//     ticks exactly (multiplications and one comparison, no division),
+//     rounded down, so the rate is exact.
+//   - The only rounding is to whole ticks. Reading the time down to a tick
+//     grants up to a tick later than a textbook bucket would; a full
+//     counter charged inside a tick is charged from the tick's start, so
+//     its next token may come up to a tick early (a 4096th of a token's
+//     time), once per refill from full: the alternative, charging from the
+//     next tick, denies the last token of a burst taken within one tick.
+//     RetryAfter is exact for the table (the request is granted at
+//     RetryAfter, not a nanosecond before); Reset, which every granted
+//     request reports, is computed without a division, at most a tick
+//     long. Both saturate at Never. A request whose time is late by Δ and
+//     whose counter is full is charged from its own time: at most Δ of
+//     refill early, as with any token bucket fed times out of order.
+//   - A past TAT must be cleared before it is 2³¹ ticks old and would
+//     read as ahead (two seconds at a million per second, hours to years
+//     for most limits): Sweep does that, run in the background at least
+//     every SweepInterval (2³⁰ ticks). It never runs
+//     in a decision, writes only with CAS, and skips zero words, so it
+//     never writes a line no key touched.
+//   - SetLimit keeps what each key used, in tokens: it converts every
+//     counter into a table with the new tick, rounding against the key.
 //
-// Counters hold deficits (how far from full), so a zeroed table is full, a
-// changed capacity applies at once to existing state, and "add the refill,
-// capped at capacity" is "subtract, floored at zero": one SWAR operation on
-// both lanes of a word, checked against a per-lane reference in tests.
+// # Exactness under concurrency
+//
+// A decision loads the key's words, finds the fullest counter, charges the
+// others first (one CAS per word: counters of the key sharing a word are
+// charged together) and the fullest last, with the CAS that grants; if
+// that CAS fails it reloads, and if the counter no longer has room it
+// refunds the others and decides again. Each counter's whole state is its
+// 32-bit TAT and time is an argument, so every CAS validates everything its
+// new value was computed from: no refill or clock word can change between a
+// decision's loads and its CASes (the old design's lost and extra tokens).
+// Above the floor at "full", charges and refunds are additions, which
+// commute, so a decision that rolls back undoes exactly what it did, and
+// since the others pay before the fullest, every grant is checked against
+// a counter that already holds every earlier grant's charge: a lone key is
+// exactly one token bucket. A counter may run past empty up to two bursts
+// (a key's other counters pay while its fullest still has room); beyond, a
+// charge falls short and its Reservation records by how much, so a refund
+// returns exactly what was paid. Charge applies a cost without the room
+// check, within the same ceiling: a key in debt is denied until it repays.
+//
+// Tests force this rather than hope for it: every atomic load and CAS goes
+// through loadWord and casWord, where a test hook (nil in production) stops
+// the goroutine, so TestEveryInterleavingIsExact runs two or three requests
+// of one key (takes, weights, Txn rollbacks, across a token's arrival)
+// through every interleaving of their steps and checks each against a
+// textbook token bucket in exact rationals: never a grant beyond the burst
+// plus the refill, never a token lost.
 //
 // # Sizing and false denies
 //
 // A table is sized in bytes, or from the number of sources expected to flood
 // at once and a target false-deny probability (DefaultSources = 100,000,
-// DefaultFalseDeny = 0.5%: 13 MB). EstimateFalseDeny gives the formula: with
+// DefaultFalseDeny = 0.5%: 11 MB). EstimateFalseDeny gives the formula: with
 // λ flooding sources per line,
 //
-//	P(false deny) = Σ_j Poisson(j; λ) Σ_{i=0..K} (−1)^i C(K,i) (C(14−i,K)/C(14,K))^j
+//	P(false deny) = Σ_j Poisson(j; λ) Σ_{i=0..K} (−1)^i C(K,i) (C(16−i,K)/C(16,K))^j
 //
-// K = 4 is the best choice for loads below one source per line (0.14% at
-// λ = 0.25, 0.52% at 0.5, 2.1% at 1). Measured (TestFalseDenyMatchesEstimate,
-// flooding sources at three times the limit, light ones at half of it, no
-// race detector): light sources were denied 0.39% of the time at λ = 0.5
-// (formula 0.52%), 1.65% at λ = 1 (2.09%), 5.9% at λ = 2 (8.3%); on the
-// default table with 100,000 flooding sources, 0.48% (0.50%). Stats reports
-// the table's occupancy and its live false-deny estimate for a key never
-// seen before, which matches what Peek finds for fresh keys to within
-// sampling error.
+// K = 3 is the default: at the default target it needs 11.1 MB where K = 4
+// needs 10.4 MB (6% less), but a decision then touches 2.80 words of the
+// line on average instead of 3.60, one locked CAS each: 22% fewer. (K = 3:
+// 0.12% at λ = 0.25, 0.39% at 0.5, 1.39% at 1; K = 4: 0.08%, 0.33%,
+// 1.38%.) Measured (TestFalseDenyMatchesEstimate, flooding sources at three
+// times the limit, light ones at half of it, no race detector, K = 3):
+// light sources were denied 0.31% of the time at λ = 0.5 (formula 0.39%),
+// 0.96% at λ = 1 (1.39%), 4.0% at λ = 2 (5.2%); on the default table with
+// 100,000 flooding sources, 0.32% (0.50%).
+// Stats reports the table's share of empty counters and its live false-deny
+// estimate for a key never seen before, which matches what Peek finds for
+// fresh keys to within sampling error.
 //
 // # Rolling quotas: the sliding-window sketch
 //
@@ -104,6 +145,7 @@
 // golang.org/x/time/rate's AllowN(t, n): every call that depends on it takes
 // a time.Time, so a request checked against several policies reads the clock
 // once, and tests drive time by passing times. A Buckets table counts ticks
-// from its creation with the monotonic reading of time.Now; a Sketch uses
-// the wall clock, since its windows are aligned to Unix time.
+// from its creation with the monotonic reading of time.Now (a time before
+// that counts as its creation); a Sketch uses the wall clock, since its
+// windows are aligned to Unix time.
 package limiter

@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"time"
 )
 
@@ -19,21 +21,21 @@ type Limit struct {
 }
 
 // Bounds of what a Limit may ask of a token-bucket table. They follow from
-// 31-bit counters holding tokens in units of 1/UnitsPerToken (see the
-// package documentation).
+// 32-bit counters holding times in ticks (see the package documentation).
 const (
-	// UnitsPerToken is the fixed-point scale of a counter: one token is
-	// 512 units, so weights and refills are exact to 1/512 token.
-	UnitsPerToken = 512
-	// MaxBurst is the largest capacity a counter can hold: a stored
-	// deficit reaches three capacities (see charge), in 31 bits.
-	MaxBurst = (1<<31 - 1) / 3 / UnitsPerToken
-	// minTick is the shortest tick. Rounding a tick to whole nanoseconds
-	// then changes the rate by at most 0.05%.
-	minTick = time.Microsecond
-	// minRefill is the smallest refill per tick, in units: 1/16 token. Ticks
-	// are as short as possible given this and minTick.
-	minRefill = UnitsPerToken / 16
+	// MaxBurst is the largest capacity: 2²⁰ tokens.
+	MaxBurst = 1 << 20
+	// MaxRate is the fastest rate, in tokens per second: a token every
+	// microsecond.
+	MaxRate = 1_000_000
+	// aheadBits bounds how far ahead of now a counter can be: a burst, in
+	// ticks, is at most 2^aheadBits, and a counter is at most two bursts
+	// ahead (see chargeLane).
+	aheadBits = 29
+	// maxPer is the most ticks a token is divided into. A decision rounds
+	// to whole ticks, so this is the precision of slow limits (1/4096 of a
+	// token); fast ones get a tick of about a nanosecond.
+	maxPer = 4096
 )
 
 // burst returns the effective capacity.
@@ -56,9 +58,8 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("burst must not be negative, got %d", l.Burst)
 	case l.burst() > MaxBurst:
 		return fmt.Errorf("burst %d exceeds the maximum of %d", l.burst(), MaxBurst)
-	}
-	if _, err := l.ticks(); err != nil {
-		return err
+	case l.Events > math.MaxInt64/int64(time.Second/MaxRate) || l.Window < time.Duration(l.Events)*(time.Second/MaxRate):
+		return fmt.Errorf("events %d per window %v is faster than the maximum rate of %d per second", l.Events, l.Window, MaxRate)
 	}
 	return nil
 }
@@ -73,34 +74,87 @@ func (l Limit) String() string {
 	return fmt.Sprintf("%d/%v burst %d", l.Events, l.Window, l.burst())
 }
 
-// tickParams is the discretisation of a Limit: every tick, every counter
-// regains refill units, up to capUnits.
-type tickParams struct {
-	tick     time.Duration // length of a tick; ≥ minTick
-	refill   int64         // units regained per tick; ≥ minRefill unless the bucket fills in one tick
-	capUnits int64         // capacity in units
+// clock is the discretisation of a valid Limit: time in ticks, a token worth
+// per ticks. A token is a whole number of ticks, so weights are exact. per
+// is the largest power of two (so that tokens are a shift away) that maxPer,
+// the range (a burst in at most 2^aheadBits ticks) and a tick of more than a
+// nanosecond allow: 4096 for most limits, 512 at MaxRate and for the
+// largest bursts. A decision's only rounding is to
+// whole ticks, always against the key (see line.go), so a limit is never
+// exceeded and a key that refills completely between requests loses at
+// most a tick per request.
+type clock struct {
+	per  uint64 // ticks per token, a power of two
+	log  uint8  // per = 1 << log
+	capT uint64 // burst·per: how far ahead a counter may be and still grant
+	ceil uint64 // 2·capT: how far ahead a charge may push a counter (see chargeLane)
+	// A time of ns nanoseconds is ns·pe/w ticks, exactly; ticks computes
+	// its floor with multiplications only: mult = ⌊2⁶⁴·pe/w⌋ gives it or
+	// one less, and one comparison of 128-bit products settles which.
+	pe, w, mult uint64
+	nsPerTick   float64 // w/pe, for Reset
 }
 
-// ticks chooses the tick for l: the shortest tick, no shorter than minTick,
-// in which a counter regains a whole number of units, at least minRefill.
-func (l Limit) ticks() (tickParams, error) {
-	capUnits := l.burst() * UnitsPerToken
-	// units per nanosecond
-	rate := float64(l.Events) * UnitsPerToken / float64(l.Window)
-	refill := int64(rate*float64(minTick)) + 1 // ceil for any non-integer product
-	if refill < minRefill {
-		refill = minRefill
+// clockFor returns l's clock; l must be valid.
+func clockFor(l Limit) clock {
+	e, w := uint64(l.Events), uint64(l.Window)
+	log := uint8(bits.Len64(min(maxPer, uint64(1<<aheadBits)/uint64(l.burst()), (w-1)/e)) - 1)
+	per := uint64(1) << log
+	mult, _ := bits.Div64(per*e, 0, w) // per·e < w: ticks are longer than a nanosecond
+	capT := uint64(l.burst()) * per
+	return clock{per: per, log: log, capT: capT, ceil: 2 * capT, pe: per * e, w: w, mult: mult,
+		nsPerTick: float64(w) / float64(per*e)}
+}
+
+// ticks converts a time on the table's clock (ns ≥ 0) to whole ticks,
+// rounding down.
+func (c clock) ticks(ns int64) uint64 {
+	tick, _ := bits.Mul64(uint64(ns), c.mult)
+	xh, xl := bits.Mul64(uint64(ns), c.pe) // the time in ticks, times w
+	if th, tl := bits.Mul64(tick+1, c.w); th < xh || th == xh && tl <= xl {
+		tick++
 	}
-	if refill > capUnits {
-		refill = capUnits
+	return tick
+}
+
+// nanos is the first time, on the table's clock, at which ticks reads tick:
+// ⌈tick·w / pe⌉, saturating at math.MaxInt64.
+func (c clock) nanos(tick uint64) int64 {
+	hi, lo := bits.Mul64(tick, c.w)
+	if hi >= c.pe {
+		return math.MaxInt64
 	}
-	tick := time.Duration(float64(refill)/rate + 0.5)
-	if tick < minTick-1 {
-		return tickParams{}, fmt.Errorf("rate %d/%v with burst %d refills the whole bucket in under %v; raise burst",
-			l.Events, l.Window, l.burst(), minTick)
+	q, r := bits.Div64(hi, lo, c.pe)
+	if r != 0 {
+		q++
 	}
-	if tick < 1 || float64(tick) > float64(1<<62) {
-		return tickParams{}, fmt.Errorf("rate %d/%v is out of range", l.Events, l.Window)
+	return int64(min(q, math.MaxInt64))
+}
+
+// until is the time from ns (which reads tick now) until the clock reads now
+// plus ahead ticks, exactly, saturating at Never. It divides; decisions call
+// it only to deny.
+func (c clock) until(ns int64, now uint64, ahead uint64) time.Duration {
+	if ahead == 0 {
+		return 0
 	}
-	return tickParams{tick: tick, refill: refill, capUnits: capUnits}, nil
+	t := c.nanos(now + ahead)
+	if t == math.MaxInt64 {
+		return Never
+	}
+	return time.Duration(t - ns)
+}
+
+// about is until without the division: at most a tick longer than the
+// exact time (ns is at or after the start of its tick), never shorter. It
+// is for Reset, which a granted request reports.
+func (c clock) about(ahead uint64) time.Duration {
+	if ahead == 0 {
+		return 0
+	}
+	f := math.Ceil(float64(ahead) * c.nsPerTick)
+	if f >= float64(Never) {
+		return Never
+	}
+	return time.Duration(f)
 }

@@ -1,88 +1,71 @@
 package limiter
 
-// A line is one 64-byte cache line of a token-bucket table: a clock word and
-// seven counter words holding two 31-bit counters each, 14 counters in all.
+// A line is one 64-byte cache line of a token-bucket table: eight words of
+// two 32-bit counters each, 16 counters in all. Counter c is lane c&1 of
+// word c>>1.
 //
-// Counters hold a deficit, not a balance: how many units the counter is
-// short of full. Zero is a full counter, so a zeroed table is a table of full
-// buckets, a changed capacity applies at once (balance = capacity − deficit),
-// and "refill, capped at capacity" becomes "subtract, floored at zero", which
-// SWAR does on both lanes of a word at once.
+// A counter holds a time, not a balance: its theoretical arrival time (the
+// GCRA's TAT), in ticks modulo 2³². The counter is full when that time is
+// now or past, and "ahead" = TAT − now ticks short of full otherwise: a
+// request of cost w·per is granted if ahead + w·per ≤ capT, and charging it
+// moves the TAT to max(TAT, now) + w·per. Refill is the passing of time, so
+// nothing is written to refill a counter, and a counter's whole state is
+// its one 32-bit value: every CAS that changes it validates everything the
+// change was computed from.
 //
-//	word 0:    bits 0–31 tick | bits 32–62 pending refill | bit 63 generation
-//	word 1–7:  bits 0–30 counter | bit 31 zero | bits 32–62 counter | bit 63 generation
-//
-// Refill is lock-free and exact. A goroutine that finds the line's tick
-// behind the clock claims the refill with one CAS on word 0: it advances the
-// tick, stores the amount every counter is owed, and flips the generation.
-// A counter word whose generation bit differs from word 0's still owes that
-// amount; whoever next writes the word (a charge, a refund, or the next
-// refill) pays it in the same CAS. A new refill is only claimed once every
-// non-zero word has paid the previous one, so one pending amount per line is
-// enough. A zero word never needs paying (zero minus anything is zero), which
-// is why claiming a refill of an idle line costs a single CAS.
+// The value 0 means full (never charged, or swept: see Sweep), so a zeroed
+// table is a table of full buckets and a page of untouched lines is never
+// written. A charge that would store 0 stores 1: one tick less granted.
+// Times compare as serial numbers: a value less than 2³¹ ticks ahead of now
+// is ahead, any other is past. A counter is never more than two bursts
+// (2³⁰ ticks) ahead of the latest time, so a request whose time is late
+// (read before a stall) still reads it as ahead; Sweep zeroes past values
+// long before they could wrap round to look ahead again (2³¹ ticks).
 type line [8]uint64
 
 const (
-	laneBits  = 31
-	laneMask  = 1<<laneBits - 1
-	valueMask = laneMask | laneMask<<32 // both counters of a word
-	guardBits = 1<<31 | 1<<63           // the top bit of each 32-bit lane
-	genBit    = 1 << 63
 	// countersPerLine is how many counters a line holds.
-	countersPerLine = 14
+	countersPerLine = 16
 )
 
-// counterWord and counterShift locate counter c (0–13) of a line.
-func counterWord(c uint8) int     { return 1 + int(c>>1) }
-func counterShift(c uint8) uint64 { return uint64(c&1) * 32 }
+// laneShift locates counter c in its word.
+func laneShift(c uint8) uint64 { return uint64(c&1) * 32 }
 
-// subSat subtracts amount (0 ≤ amount < 2³¹) from both 31-bit counters in v,
-// flooring each at zero. v must have its guard bits clear.
-//
-// Setting each lane's guard bit before subtracting keeps every lane's result
-// positive, so no borrow crosses a lane; the guard bit survives exactly in
-// the lanes that did not go below zero, and becomes their keep-mask.
-func subSat(v uint64, amount uint64) uint64 {
-	t := (v | guardBits) - (amount | amount<<32)
-	ge := t & guardBits
-	keep := ge - ge>>laneBits // 31 one-bits in every lane that did not underflow
-	return t & keep
-}
-
-// subSatRef is the obvious per-lane version of subSat, the reference the
-// SWAR code is tested against.
-func subSatRef(v uint64, amount uint64) uint64 {
-	var out uint64
-	for shift := uint64(0); shift < 64; shift += 32 {
-		lane := v >> shift & laneMask
-		if lane > amount {
-			out |= (lane - amount) << shift
-		}
+// aheadOf is how many ticks counter value v is ahead of now: 0 if the
+// counter is full. This is the one reading of a counter: decisions, Sweep,
+// SetLimit, snapshots and Stats all use it.
+func aheadOf(v, now uint32) uint32 {
+	d := v - now
+	if v == 0 || int32(d) <= 0 {
+		return 0
 	}
-	return out
+	return d
 }
 
-// clockWord packs word 0.
-func clockWord(tick uint32, pending uint64, gen uint64) uint64 {
-	return uint64(tick) | pending<<32 | gen<<63
-}
-
-// unpackClock splits word 0 into tick, pending refill and generation.
-func unpackClock(w uint64) (tick uint32, pending uint64, gen uint64) {
-	return uint32(w), w >> 32 & laneMask, w >> 63
-}
-
-// settle returns counter word w with any refill it owes paid, stamped with
-// the current generation.
-func settle(w, pending, gen uint64) uint64 {
-	v := w & valueMask
-	if w>>63 != gen && v != 0 {
-		v = subSat(v, pending)
+// store is the value of a counter ahead ticks ahead of now (0 < ahead <
+// 2³¹). 0 is reserved for "full", so a TAT of 0 is stored as 1.
+func store(now, ahead uint32) uint32 {
+	v := now + ahead
+	if v == 0 {
+		v = 1
 	}
-	return v | gen<<63
+	return v
 }
 
-// owes reports whether word w still owes the pending refill of generation
-// gen. Zero words never owe anything.
-func owes(w, gen uint64) bool { return w>>63 != gen && w&valueMask != 0 }
+// lane and withLane read and replace counter c in word w.
+func lane(w uint64, c uint8) uint32 { return uint32(w >> laneShift(c)) }
+
+func withLane(w uint64, c uint8, v uint32) uint64 {
+	sh := laneShift(c)
+	return w&^(0xffffffff<<sh) | uint64(v)<<sh
+}
+
+// aheads reads the 16 counters of ln as they stand at tick now, without
+// writing.
+func aheads(ln *line, now uint32, out *[countersPerLine]uint32) {
+	for i := range ln {
+		w := loadWord(&ln[i])
+		out[2*i] = aheadOf(uint32(w), now)
+		out[2*i+1] = aheadOf(uint32(w>>32), now)
+	}
+}

@@ -1,10 +1,6 @@
 package limiter
 
-import (
-	"math"
-	"sync/atomic"
-	"time"
-)
+import "math"
 
 // EstimateFalseDeny is the probability that a fresh key is denied because all
 // K of its counters are drained, when sources flooding keys are spread over
@@ -14,13 +10,13 @@ import (
 // its fullest, so it empties all of them). The number j of flooding keys on
 // a given line is Poisson with mean λ = sources/lines. A fresh key on that
 // line is denied if each of its K counters is among theirs; for j keys with
-// independent uniform K-subsets of the 14 counters, by inclusion–exclusion
+// independent uniform K-subsets of the 16 counters, by inclusion–exclusion
 //
-//	q(j) = Σ_{i=0..K} (−1)^i C(K,i) (C(14−i,K) / C(14,K))^j
+//	q(j) = Σ_{i=0..K} (−1)^i C(K,i) (C(16−i,K) / C(16,K))^j
 //
 // and the false-deny probability is Σ_j Poisson(j; λ) q(j).
 //
-// For K = 4: λ = 0.25 gives 0.14%, λ = 0.5 gives 0.52%, λ = 1 gives 2.1%.
+// For K = 3: λ = 0.25 gives 0.12%, λ = 0.5 gives 0.39%, λ = 1 gives 1.4%.
 // Keys under their limit drain nothing, so only flooding sources count.
 func EstimateFalseDeny(sources, lines, k int) float64 {
 	if sources <= 0 || lines <= 0 {
@@ -32,7 +28,7 @@ func EstimateFalseDeny(sources, lines, k int) float64 {
 		return 1
 	}
 	base := choose(countersPerLine, k)
-	var ratio [9]float64 // C(14−i,K)/C(14,K)
+	var ratio [9]float64 // C(16−i,K)/C(16,K)
 	for i := 0; i <= k; i++ {
 		ratio[i] = choose(countersPerLine-i, k) / base
 	}
@@ -89,85 +85,4 @@ func choose(n, k int) float64 {
 		r = r * float64(n-i) / float64(i+1)
 	}
 	return r
-}
-
-// BucketStats describes the state of a token-bucket table.
-type BucketStats struct {
-	Lines    int
-	Counters int
-	Bytes    int
-	K        int
-	// Occupancy is the share of counters that are empty: holding less than
-	// one token.
-	Occupancy float64
-	// Busy is the share of counters that are not full.
-	Busy float64
-	// FalseDeny is the probability that a key never seen before would be
-	// denied now: the mean over lines of C(e, K)/C(14, K), e being the
-	// line's empty counters.
-	FalseDeny float64
-	// Sampled is the number of lines the figures were computed from: every
-	// line up to 65,536, an even spread of 65,536 beyond.
-	Sampled int
-}
-
-// maxStatLines bounds the work of Stats.
-const maxStatLines = 1 << 16
-
-// Stats measures the table at now. It reads (at most 65,536) lines without
-// locking them, so under traffic its figures are a consistent-enough sample,
-// not a snapshot.
-func (b *Buckets) Stats(now time.Time) BucketStats {
-	p := b.p.Load()
-	t := p.t
-	nowTick := b.nowNanos(now) / int64(t.tick)
-	n := len(t.lines)
-	step := 1
-	if n > maxStatLines {
-		step = n / maxStatLines
-	}
-	oneToken := uint64(p.capUnits) - UnitsPerToken // deficits above this leave < 1 token
-	if uint64(p.capUnits) < UnitsPerToken {
-		oneToken = 0
-	}
-	base := choose(countersPerLine, b.k)
-	var empty, busy, sampled int
-	var fd float64
-	for i := 0; i < n; i += step {
-		ln := &t.lines[i]
-		tick, pending, gen := unpackClock(atomic.LoadUint64(&ln[0]))
-		var owed uint64
-		if elapsed := int32(uint32(nowTick) - tick); elapsed > 0 {
-			owed = min(uint64(elapsed)*uint64(p.refill), laneMask)
-		}
-		lineEmpty := 0
-		for c := uint8(0); c < countersPerLine; c++ {
-			w := atomic.LoadUint64(&ln[counterWord(c)])
-			def := w >> counterShift(c) & laneMask
-			if owes(w, gen) {
-				def = subSat(def, pending)
-			}
-			def = subSat(def, owed)
-			if def > 0 {
-				busy++
-			}
-			if def > oneToken {
-				lineEmpty++
-			}
-		}
-		empty += lineEmpty
-		fd += choose(lineEmpty, b.k) / base
-		sampled++
-	}
-	counters := sampled * countersPerLine
-	return BucketStats{
-		Lines:     n,
-		Counters:  n * countersPerLine,
-		Bytes:     n * 64,
-		K:         b.k,
-		Occupancy: float64(empty) / float64(counters),
-		Busy:      float64(busy) / float64(counters),
-		FalseDeny: fd / float64(sampled),
-		Sampled:   sampled,
-	}
 }

@@ -169,45 +169,27 @@ func (s *Sketch) Memory() int { return 8 * len(s.slots) }
 // denied where one of them would have fitted, and a RetryAfter computed
 // after such a race may be zero.
 func (s *Sketch) TakeHash(h uint64, weight int64, now time.Time) (Decision, Reservation) {
-	var cols sketchCols
-	var v sketchView
-	q, w, e, t := s.look(h, weight, now, &cols, &v)
-	if w > q || !v.fits(q-w) {
-		return v.denied(q, w), Reservation{}
-	}
-	s.add(&cols, e, w)
-	s.read(&cols, e, t, &v)
-	if !v.fits(q) {
-		s.sub(&cols, e, w)
-		v.remove(w)
-		return v.denied(q, w), Reservation{}
-	}
-	return v.granted(q), Reservation{index: h, epoch: e, units: int64(w)}
+	return s.TakeHashWith(h, weight, now, nil)
 }
 
-// look reads what TakeHash and PeekHash both start from: the quota, the
-// weight as charged, the current window and the time into it, the key's
-// cells (into cols) and their counts now (into v).
-func (s *Sketch) look(h uint64, weight int64, now time.Time, cols *sketchCols, v *sketchView) (q, w uint64, e, t int64) {
+// look reads what TakeHashWith and PeekHashWith both start from: the quota,
+// the weight as charged, the current window and the time into it, the
+// key's cells (into cols) and their counts now, its own plus the peers'
+// (into v).
+func (s *Sketch) look(h uint64, weight int64, now time.Time, peers *SketchSum, cols *sketchCols, v *sketchView) (q, w uint64, e, t int64) {
 	q = uint64(s.quota.Load())
 	w = sketchWeight(weight)
 	e, t = s.clock(now)
 	s.columns(h, cols)
 	s.read(cols, e, t, v)
+	peers.addTo(cols, e, v)
 	return q, w, e, t
 }
 
 // PeekHash answers what TakeHash would, charging nothing. A weight below 1
 // is taken as 1.
 func (s *Sketch) PeekHash(h uint64, weight int64, now time.Time) Decision {
-	var cols sketchCols
-	var v sketchView
-	q, w, _, _ := s.look(h, weight, now, &cols, &v)
-	if w > q || !v.fits(q-w) {
-		return v.denied(q, w)
-	}
-	v.insert(w)
-	return v.granted(q)
+	return s.PeekHashWith(h, weight, now, nil)
 }
 
 // Refund takes back what a TakeHash of this sketch charged. A charge

@@ -32,34 +32,43 @@ func (o *SketchSnapshot) AppendBinary(dst []byte) ([]byte, error) {
 	if err := o.validate(); err != nil {
 		return dst, err
 	}
-	dst = append(dst, sketchMagic...)
-	dst = append(dst, sketchCodecVersion)
-	dst = binary.AppendUvarint(dst, uint64(o.Rows))
-	dst = binary.AppendUvarint(dst, uint64(o.Width))
-	dst = binary.AppendUvarint(dst, uint64(o.Window))
-	dst = binary.AppendVarint(dst, o.Epoch)
-	dst = appendSketchCells(dst, o.Prev)
-	dst = appendSketchCells(dst, o.Curr)
+	dst = appendSketchHeader(dst, o.Rows, o.Width, o.Window, o.Epoch)
+	dst = appendSketchCells(dst, len(o.Prev), func(i int) uint32 { return o.Prev[i] })
+	dst = appendSketchCells(dst, len(o.Curr), func(i int) uint32 { return o.Curr[i] })
 	return dst, nil
 }
 
-func appendSketchCells(dst []byte, counts []uint32) []byte {
-	n := 0
-	for _, c := range counts {
-		if c != 0 {
-			n++
-		}
-	}
-	dst = binary.AppendUvarint(dst, uint64(n))
-	last := -1
-	for i, c := range counts {
-		if c != 0 {
+func appendSketchHeader(dst []byte, rows, width int, window time.Duration, epoch int64) []byte {
+	dst = append(dst, sketchMagic...)
+	dst = append(dst, sketchCodecVersion)
+	dst = binary.AppendUvarint(dst, uint64(rows))
+	dst = binary.AppendUvarint(dst, uint64(width))
+	dst = binary.AppendUvarint(dst, uint64(window))
+	return binary.AppendVarint(dst, epoch)
+}
+
+// appendSketchCells appends one window's list of nonzero cells, reading
+// each of the cells counts once: the entries are written first, after room
+// for the longest entry count, and moved back once the count is known. So
+// a live sketch's counters, which may change while they are read, still
+// give a consistent list.
+func appendSketchCells(dst []byte, cells int, count func(int) uint32) []byte {
+	start := len(dst)
+	dst = append(dst, make([]byte, binary.MaxVarintLen64)...)
+	n, last := 0, -1
+	for i := range cells {
+		if c := count(i); c != 0 {
 			dst = binary.AppendUvarint(dst, uint64(i-last))
 			dst = binary.AppendUvarint(dst, uint64(c))
 			last = i
+			n++
 		}
 	}
-	return dst
+	var head [binary.MaxVarintLen64]byte
+	k := binary.PutUvarint(head[:], uint64(n))
+	copy(dst[start:], head[:k])
+	m := copy(dst[start+k:], dst[start+binary.MaxVarintLen64:])
+	return dst[:start+k+m]
 }
 
 // DecodeSketchSnapshot decodes the binary form written by AppendBinary.
@@ -75,68 +84,103 @@ func appendSketchCells(dst []byte, counts []uint32) []byte {
 // is for. Input rejected before the counts are reached allocates only the
 // error.
 func DecodeSketchSnapshot(data []byte, maxCells int) (*SketchSnapshot, error) {
+	var o *SketchSnapshot
+	err := walkSketchBinary(data, maxCells, func(h sketchHeader) error {
+		cells := h.rows * h.width
+		counts := make([]uint32, 2*cells)
+		o = &SketchSnapshot{
+			Window: h.window,
+			Epoch:  h.epoch,
+			Rows:   h.rows,
+			Width:  h.width,
+			Prev:   counts[:cells:cells],
+			Curr:   counts[cells:],
+		}
+		return nil
+	}, func(curr bool, i int, c uint32) {
+		if curr {
+			o.Curr[i] = c
+		} else {
+			o.Prev[i] = c
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// sketchHeader is what the binary form says before its counts.
+type sketchHeader struct {
+	rows, width int
+	window      time.Duration
+	epoch       int64
+}
+
+// walkSketchBinary decodes the binary form of a snapshot without storing
+// it: it calls begin with the header (an error from begin stops the walk
+// and is returned), then cell for each nonzero cell of the previous window
+// (curr false) and of the current one, in index order. It returns an error
+// for any input AppendBinary would not have written, possibly after some
+// calls of cell: to act only on valid input, walk it once with a nil cell.
+func walkSketchBinary(data []byte, maxCells int, begin func(sketchHeader) error, cell func(curr bool, i int, c uint32)) error {
 	if maxCells < 1 {
-		return nil, fmt.Errorf("sketch snapshot: maxCells must be at least 1, got %d", maxCells)
+		return fmt.Errorf("sketch snapshot: maxCells must be at least 1, got %d", maxCells)
 	}
 	if len(data) < len(sketchMagic) || string(data[:len(sketchMagic)]) != sketchMagic {
-		return nil, fmt.Errorf("sketch snapshot: bad magic, not a sketch snapshot")
+		return fmt.Errorf("sketch snapshot: bad magic, not a sketch snapshot")
 	}
 	d := sketchDecoder{data: data, off: len(sketchMagic)}
 	if d.off == len(data) {
-		return nil, fmt.Errorf("sketch snapshot: truncated before the version")
+		return fmt.Errorf("sketch snapshot: truncated before the version")
 	}
 	if v := data[d.off]; v != sketchCodecVersion {
-		return nil, fmt.Errorf("sketch snapshot: unsupported version %d, want %d", v, sketchCodecVersion)
+		return fmt.Errorf("sketch snapshot: unsupported version %d, want %d", v, sketchCodecVersion)
 	}
 	d.off++
 	rows, err := d.uvarint("rows")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if rows < 1 || rows > MaxSketchRows {
-		return nil, fmt.Errorf("sketch snapshot: rows must be between 1 and %d, got %d", MaxSketchRows, rows)
+		return fmt.Errorf("sketch snapshot: rows must be between 1 and %d, got %d", MaxSketchRows, rows)
 	}
 	width, err := d.uvarint("width")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if width < 1 || width > MaxSketchWidth {
-		return nil, fmt.Errorf("sketch snapshot: width must be between 1 and %d, got %d", MaxSketchWidth, width)
+		return fmt.Errorf("sketch snapshot: width must be between 1 and %d, got %d", MaxSketchWidth, width)
 	}
 	cells := int(rows * width)
 	if cells > maxCells {
-		return nil, fmt.Errorf("sketch snapshot: %d×%d shape has %d cells, over the limit of %d", rows, width, cells, maxCells)
+		return fmt.Errorf("sketch snapshot: %d×%d shape has %d cells, over the limit of %d", rows, width, cells, maxCells)
 	}
 	window, err := d.uvarint("window")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if window < uint64(MinSketchWindow) || window > uint64(MaxSketchWindow) {
-		return nil, fmt.Errorf("sketch snapshot: window must be between %v and %v, got %d ns", MinSketchWindow, MaxSketchWindow, window)
+		return fmt.Errorf("sketch snapshot: window must be between %v and %v, got %d ns", MinSketchWindow, MaxSketchWindow, window)
 	}
 	epoch, err := d.uvarint("epoch")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	counts := make([]uint32, 2*cells)
-	o := &SketchSnapshot{
-		Window: time.Duration(window),
-		Epoch:  sketchUnzigzag(epoch),
-		Rows:   int(rows),
-		Width:  int(width),
-		Prev:   counts[:cells:cells],
-		Curr:   counts[cells:],
+	h := sketchHeader{rows: int(rows), width: int(width), window: time.Duration(window), epoch: sketchUnzigzag(epoch)}
+	if err := begin(h); err != nil {
+		return err
 	}
-	if err := d.cells(o.Prev, "previous"); err != nil {
-		return nil, err
+	if err := d.cells(cells, false, cell); err != nil {
+		return err
 	}
-	if err := d.cells(o.Curr, "current"); err != nil {
-		return nil, err
+	if err := d.cells(cells, true, cell); err != nil {
+		return err
 	}
 	if d.off != len(data) {
-		return nil, fmt.Errorf("sketch snapshot: %d trailing bytes at byte %d", len(data)-d.off, d.off)
+		return fmt.Errorf("sketch snapshot: %d trailing bytes at byte %d", len(data)-d.off, d.off)
 	}
-	return o, nil
+	return nil
 }
 
 // sketchUnzigzag undoes the zig-zag encoding of binary.AppendVarint, which is
@@ -169,15 +213,19 @@ func (d *sketchDecoder) uvarint(what string) (uint64, error) {
 	return v, nil
 }
 
-// cells reads one window's list of nonzero cells into counts, which is
-// all zeros and as long as the shape has cells.
-func (d *sketchDecoder) cells(counts []uint32, which string) error {
+// cells reads one window's list of nonzero cells, of a shape of cells
+// cells, passing each to cell if it is not nil.
+func (d *sketchDecoder) cells(cells int, curr bool, cell func(curr bool, i int, c uint32)) error {
+	which := "previous"
+	if curr {
+		which = "current"
+	}
 	n, err := d.uvarint("entry count")
 	if err != nil {
 		return err
 	}
-	if n > uint64(len(counts)) {
-		return fmt.Errorf("sketch snapshot: %s window lists %d cells, the shape has only %d", which, n, len(counts))
+	if n > uint64(cells) {
+		return fmt.Errorf("sketch snapshot: %s window lists %d cells, the shape has only %d", which, n, cells)
 	}
 	last := -1
 	for k := range int(n) {
@@ -188,8 +236,8 @@ func (d *sketchDecoder) cells(counts []uint32, which string) error {
 		if delta == 0 {
 			return fmt.Errorf("sketch snapshot: %s window entry %d repeats index %d", which, k, last)
 		}
-		if delta > uint64(len(counts)-1-last) {
-			return fmt.Errorf("sketch snapshot: %s window entry %d: index %d+%d is out of range for %d cells", which, k, last, delta, len(counts))
+		if delta > uint64(cells-1-last) {
+			return fmt.Errorf("sketch snapshot: %s window entry %d: index %d+%d is out of range for %d cells", which, k, last, delta, cells)
 		}
 		last += int(delta)
 		c, err := d.uvarint("count")
@@ -199,7 +247,9 @@ func (d *sketchDecoder) cells(counts []uint32, which string) error {
 		if c == 0 || c > math.MaxUint32 {
 			return fmt.Errorf("sketch snapshot: %s window cell %d: count %d is not between 1 and %d", which, last, c, uint64(math.MaxUint32))
 		}
-		counts[last] = uint32(c)
+		if cell != nil {
+			cell(curr, last, uint32(c))
+		}
 	}
 	return nil
 }

@@ -25,11 +25,14 @@ type Limit struct {
 	// a key may make per window, sustained. At least 1. Caddyfile: events.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Window is the period over which max_events are allowed. Positive.
+	// Window is the period over which max_events are allowed. Required;
+	// positive and at most 365 days, and max_events per window at most
+	// 1,000,000 per second.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst is how many events a key may make at once, after being idle.
-	// Default: max_events.
+	// At most 1,048,576 (limiter.MaxBurst). Default: max_events, capped at
+	// that maximum.
 	Burst int64 `json:"burst,omitempty"`
 
 	// IPv4Prefix groups IPv4 sources by network: sources in the same
@@ -57,12 +60,28 @@ type Limit struct {
 	FalseDeny float64 `json:"false_deny,omitempty"`
 }
 
-// Rate is the token-bucket limit of l.
+// The range of rates a zone may have, documented in the README: from one
+// event per MaxWindow to MaxPerSecond events per second.
+const (
+	// MaxWindow is the longest window, a year: slower limits have waits
+	// (Retry-After) of years, which no client honours.
+	MaxWindow = 365 * 24 * time.Hour
+	// MaxPerSecond is the fastest sustained rate, in events per second.
+	MaxPerSecond = 1_000_000
+)
+
+// Rate is the token-bucket limit of l. An unset burst is max_events, capped
+// at limiter.MaxBurst: the cap is on how many events may come at once, so a
+// high rate (1,500,000 per minute) is not refused for a burst nobody asked
+// for.
 func (l *Limit) Rate() limiter.Limit {
-	return limiter.Limit{Events: l.MaxEvents, Window: time.Duration(l.Window), Burst: l.Burst}
+	r := limiter.Limit{Events: l.MaxEvents, Window: time.Duration(l.Window), Burst: l.Burst}
+	if r.Burst == 0 && r.Events > limiter.MaxBurst {
+		r.Burst = limiter.MaxBurst
+	}
+	return r
 }
 
-// Prefixes returns l's prefix lengths, or the given defaults where unset.
 func (l *Limit) Prefixes(v4, v6 int) (int, int) {
 	if l.IPv4Prefix != nil {
 		v4 = *l.IPv4Prefix
@@ -106,14 +125,25 @@ func (l *Limit) Validate(where string) error {
 	bad := func(field string, value any, why string) error {
 		return fmt.Errorf("%s%s %v: %s", where, field, value, why)
 	}
-	if l.MaxEvents < 1 {
+	switch {
+	case l.MaxEvents == 0:
+		return fmt.Errorf("%smax_events is required (at least 1)", where)
+	case l.MaxEvents < 0:
 		return bad("max_events", l.MaxEvents, "must be at least 1")
+	case l.Window == 0:
+		return fmt.Errorf("%swindow is required (e.g. \"1m\")", where)
 	}
-	if l.Window <= 0 {
-		return bad("window", time.Duration(l.Window), "must be positive")
+	if why := windowProblem(time.Duration(l.Window)); why != "" {
+		return bad("window", time.Duration(l.Window), why)
+	}
+	if why := rateProblem(l.MaxEvents, time.Duration(l.Window)); why != "" {
+		return fmt.Errorf("%s%s", where, why)
 	}
 	if l.Burst < 0 {
 		return bad("burst", l.Burst, "must not be negative")
+	}
+	if l.Burst > limiter.MaxBurst {
+		return bad("burst", l.Burst, fmt.Sprintf("must be at most %d", limiter.MaxBurst))
 	}
 	if err := l.Rate().Validate(); err != nil {
 		return fmt.Errorf("%s%v", where, err)
@@ -127,8 +157,8 @@ func (l *Limit) Validate(where string) error {
 	if l.Memory != 0 && (l.Sources != 0 || l.FalseDeny != 0) {
 		return bad("memory", l.Memory, "set either memory or sources and false_deny, not both")
 	}
-	if l.Memory != 0 && (l.Memory < 64 || l.Memory > limiter.MaxBytes) {
-		return bad("memory", l.Memory, fmt.Sprintf("must be between 64 bytes and %d bytes", int64(limiter.MaxBytes)))
+	if why := memoryProblem(l.Memory); l.Memory != 0 && why != "" {
+		return bad("memory", l.Memory, why)
 	}
 	if l.Sources < 0 {
 		return bad("sources", l.Sources, "must be positive")
@@ -137,10 +167,57 @@ func (l *Limit) Validate(where string) error {
 		return bad("false_deny", l.FalseDeny, "must be above 0 and below 1")
 	}
 	if l.Memory == 0 && l.Lines() > limiter.MaxBytes/64 {
-		return bad("sources", l.Sources, fmt.Sprintf("with false_deny %g needs more than the maximum table size of %d bytes",
-			l.falseDeny(), int64(limiter.MaxBytes)))
+		return fmt.Errorf("%s%s need a table larger than the maximum of %s: raise false_deny, lower sources, or set memory",
+			where, l.sizing(), humanize.IBytes(limiter.MaxBytes))
 	}
 	return nil
+}
+
+// sizing names the settings a table was sized from, saying which are
+// defaults, e.g. "false_deny 0.000000001 and sources 100000 (the default)".
+func (l *Limit) sizing() string {
+	fd := "false_deny " + strconv.FormatFloat(l.falseDeny(), 'f', -1, 64)
+	if l.FalseDeny == 0 {
+		fd += " (the default)"
+	}
+	src := fmt.Sprintf("sources %d", l.sources())
+	if l.Sources == 0 {
+		src += " (the default)"
+	}
+	if l.Sources == 0 {
+		return fd + " and " + src
+	}
+	return src + " and " + fd
+}
+
+// windowProblem says why a positive window w cannot be used, or "".
+func windowProblem(w time.Duration) string {
+	if w < 0 {
+		return "must be positive"
+	}
+	if w > MaxWindow {
+		return "must be at most 365d (8760h)"
+	}
+	return ""
+}
+
+// rateProblem says why events per window (both positive) is out of the
+// supported range, or "".
+func rateProblem(events int64, window time.Duration) string {
+	perSecond := float64(events) / window.Seconds()
+	if perSecond > MaxPerSecond {
+		return fmt.Sprintf("%d events per %v is %.4g per second, above the maximum of %d per second: lengthen window or lower events",
+			events, window, perSecond, MaxPerSecond)
+	}
+	return ""
+}
+
+// memoryProblem says why a table of n bytes cannot be made, or "".
+func memoryProblem(n int64) string {
+	if n < 64 || n > limiter.MaxBytes {
+		return fmt.Sprintf("must be between 64 B and %s", humanize.IBytes(limiter.MaxBytes))
+	}
+	return ""
 }
 
 // IsZero reports whether no setting of l is set.
@@ -152,17 +229,22 @@ func (l *Limit) IsZero() bool {
 // UnmarshalOption reads the Caddyfile subdirective the dispenser is on if it
 // is one of l's (events, window, burst, ipv4_prefix, ipv6_prefix, memory,
 // sources, false_deny), and reports whether it was. Errors start with
-// where and name the subdirective and its value.
-func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string) (bool, error) {
+// where and name the subdirective and its value as written. seen holds the
+// subdirectives of the block read so far: a setting written twice is an
+// error, not a silent "last one wins".
+func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string, seen Fields) (bool, error) {
 	field := d.Val()
 	switch field {
 	case "events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny":
 	default:
 		return false, nil
 	}
+	if err := seen.Once(d, where); err != nil {
+		return true, err
+	}
 	v, err := OneArg(d)
 	if err != nil {
-		return true, err
+		return true, d.Errf("%s%s needs exactly one value", where, field)
 	}
 	bad := func(why string) error { return d.Errf("%s%s %q: %s", where, field, v, why) }
 	switch field {
@@ -170,6 +252,9 @@ func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string) (bool, err
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 1 {
 			return true, bad("must be a whole number of at least 1")
+		}
+		if field == "burst" && n > limiter.MaxBurst {
+			return true, bad(fmt.Sprintf("must be at most %d", limiter.MaxBurst))
 		}
 		if field == "events" {
 			l.MaxEvents = n
@@ -181,8 +266,11 @@ func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string) (bool, err
 		if err != nil {
 			return true, bad(fmt.Sprintf("not a duration: %v", err))
 		}
-		if dur < 0 {
-			return true, bad("must not be negative")
+		if dur == 0 {
+			return true, bad("must be positive")
+		}
+		if why := windowProblem(dur); why != "" {
+			return true, bad(why)
 		}
 		l.Window = caddy.Duration(dur)
 	case "ipv4_prefix", "ipv6_prefix":
@@ -200,6 +288,9 @@ func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string) (bool, err
 		if err != nil || size > math.MaxInt64 {
 			return true, bad("must be a size such as 16MiB")
 		}
+		if why := memoryProblem(int64(size)); why != "" {
+			return true, bad(why)
+		}
 		l.Memory = int64(size)
 	case "sources":
 		n, err := strconv.Atoi(v)
@@ -215,6 +306,34 @@ func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string) (bool, err
 		l.FalseDeny = p
 	}
 	return true, nil
+}
+
+// Fields records where each subdirective of one Caddyfile block was
+// written, by name.
+type Fields map[string]string
+
+// Once records the subdirective the dispenser is on, or reports an error
+// naming both places if the block already has it. Caddy's own directives
+// let the last of two settings win silently; for a limit that is a limit
+// the operator believes in and does not have.
+func (f Fields) Once(d *caddyfile.Dispenser, where string) error {
+	field := d.Val()
+	if first, ok := f[field]; ok {
+		return d.Errf("%s%s is set twice (first at %s): keep one", where, field, first)
+	}
+	f[field] = fmt.Sprintf("%s:%d", d.File(), d.Line())
+	return nil
+}
+
+// Require reports an error naming the first of the subdirectives that the
+// block did not set.
+func (f Fields) Require(d *caddyfile.Dispenser, where string, fields ...string) error {
+	for _, field := range fields {
+		if _, ok := f[field]; !ok {
+			return d.Errf("%s%s is required", where, field)
+		}
+	}
+	return nil
 }
 
 // OneArg returns the single argument of the subdirective the dispenser is

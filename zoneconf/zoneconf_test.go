@@ -1,6 +1,7 @@
 package zoneconf
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +17,10 @@ func parse(t *testing.T, block string) (Limit, error) {
 	t.Helper()
 	d := caddyfile.NewTestDispenser("z {\n" + block + "\n}")
 	var l Limit
+	seen := make(Fields)
 	d.Next()
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		ok, err := l.UnmarshalOption(d, "zone \"z\": ")
+		ok, err := l.UnmarshalOption(d, "zone \"z\": ", seen)
 		if err != nil {
 			return l, err
 		}
@@ -60,13 +62,20 @@ func TestBadSettingsNameFieldAndValue(t *testing.T) {
 		{"events many", `events "many"`},
 		{"burst -1", `burst "-1"`},
 		{"window soon", `window "soon": not a duration`},
-		{"window -1s", `window "-1s": must not be negative`},
+		{"window -1s", `window "-1s": must be positive`},
 		{"ipv4_prefix wide", `ipv4_prefix "wide"`},
 		{"memory lots", `memory "lots"`},
 		{"sources 0", `sources "0"`},
 		{"false_deny 1", `false_deny "1"`},
-		{"events", "wrong argument count"},
-		{"events 1 2", "wrong argument count"},
+		{"events", `zone "z": events needs exactly one value`},
+		{"events 1 2", `zone "z": events needs exactly one value`},
+		{"window 0", `window "0": must be positive`},
+		{"window 36500d", `window "36500d": must be at most 365d`},
+		{"memory 100GiB", `memory "100GiB": must be between 64 B and 16 GiB`},
+		{"memory 12", `memory "12": must be between 64 B`},
+		{"burst 99999999999", `burst "99999999999": must be at most 1048576`},
+		{"events 5\nevents 6", `zone "z": events is set twice (first at Testfile:2)`},
+		{"window 1m\nburst 2\nwindow 2m", `window is set twice (first at Testfile:2)`},
 	} {
 		if _, err := parse(t, tc.block); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want one containing %q", tc.block, err, tc.want)
@@ -83,18 +92,30 @@ func TestValidate(t *testing.T) {
 	}{
 		{Limit{MaxEvents: 1, Window: hour}, ""},
 		{Limit{MaxEvents: 1, Window: hour, Memory: 64}, ""},
-		{Limit{}, `where: max_events 0: must be at least 1`},
-		{Limit{MaxEvents: 1}, "window 0s: must be positive"},
+		{Limit{}, `where: max_events is required`},
+		{Limit{MaxEvents: -2, Window: hour}, `where: max_events -2: must be at least 1`},
+		{Limit{MaxEvents: 1}, `where: window is required`},
+		{Limit{MaxEvents: 1, Window: -hour}, "window -1h0m0s: must be positive"},
 		{Limit{MaxEvents: 1, Window: hour, Burst: -1}, "burst -1"},
-		{Limit{MaxEvents: 1, Window: hour, Burst: limiter.MaxBurst + 1}, "burst"},
-		{Limit{MaxEvents: 10_000_000, Window: caddy.Duration(time.Second), Burst: 1}, "raise burst"},
+		{Limit{MaxEvents: 10_000_000, Window: caddy.Duration(time.Second), Burst: 1}, "10000000 events per 1s is 1e+07 per second, above the maximum of 1000000 per second"},
+		{Limit{MaxEvents: 5, Window: 1, Burst: 10000}, "5 events per 1ns is 5e+09 per second, above the maximum"},
+		{Limit{MaxEvents: 10, Window: caddy.Duration(time.Microsecond)}, "10 events per 1µs is 1e+07 per second"},
+		{Limit{MaxEvents: MaxPerSecond, Window: caddy.Duration(time.Second)}, ""},
+		{Limit{MaxEvents: 5, Window: caddy.Duration(36500 * 24 * time.Hour)}, "window 876000h0m0s: must be at most 365d"},
+		{Limit{MaxEvents: 1, Window: caddy.Duration(MaxWindow)}, ""},
+		{Limit{MaxEvents: 1_500_000, Window: caddy.Duration(time.Minute)}, ""},
+		{Limit{MaxEvents: 99_999_999_999, Window: caddy.Duration(time.Second)}, "99999999999 events per 1s"},
+		{Limit{MaxEvents: 1, Window: hour, Burst: limiter.MaxBurst + 1}, fmt.Sprintf("burst %d: must be at most %d", limiter.MaxBurst+1, limiter.MaxBurst)},
 		{Limit{MaxEvents: 1, Window: hour, IPv4Prefix: p(33)}, "ipv4_prefix 33"},
 		{Limit{MaxEvents: 1, Window: hour, IPv6Prefix: p(-1)}, "ipv6_prefix -1"},
 		{Limit{MaxEvents: 1, Window: hour, Memory: 1 << 20, Sources: 5}, "not both"},
-		{Limit{MaxEvents: 1, Window: hour, Memory: 63}, "memory 63"},
+		{Limit{MaxEvents: 1, Window: hour, Memory: 63}, "memory 63: must be between 64 B and 16 GiB"},
+		{Limit{MaxEvents: 1, Window: hour, Memory: 100 << 30}, "memory 107374182400: must be between 64 B and 16 GiB"},
+		{Limit{MaxEvents: 1, Window: hour, FalseDeny: 1e-9}, "where: false_deny 0.000000001 and sources 100000 (the default) need a table larger than the maximum of 16 GiB"},
+		{Limit{MaxEvents: 1, Window: hour, Sources: 1 << 40}, "where: sources 1099511627776 and false_deny 0.005 (the default) need a table larger"},
 		{Limit{MaxEvents: 1, Window: hour, Sources: -1}, "sources -1"},
 		{Limit{MaxEvents: 1, Window: hour, FalseDeny: 1.5}, "false_deny 1.5"},
-		{Limit{MaxEvents: 1, Window: hour, Sources: 1 << 40, FalseDeny: 1e-9}, "maximum table size"},
+		{Limit{MaxEvents: 1, Window: hour, Sources: 1 << 40, FalseDeny: 1e-9}, "sources 1099511627776 and false_deny 0.000000001 need a table larger"},
 	} {
 		err := tc.l.Validate("where: ")
 		switch {
@@ -115,5 +136,42 @@ func TestIsZero(t *testing.T) {
 		if l.IsZero() {
 			t.Errorf("%+v reads as zero", l)
 		}
+	}
+}
+
+// TestDefaultBurstIsCapped checks that an unset burst is events up to the
+// largest burst a table holds: a high rate is not refused for a burst the
+// operator did not write.
+func TestDefaultBurstIsCapped(t *testing.T) {
+	for _, tc := range []struct {
+		events, burst, want int64
+	}{
+		{100, 0, 0},
+		{limiter.MaxBurst, 0, 0},
+		{1_500_000, 0, limiter.MaxBurst},
+		{1_500_000, 10, 10},
+	} {
+		l := Limit{MaxEvents: tc.events, Window: caddy.Duration(time.Minute), Burst: tc.burst}
+		if got := l.Rate().Burst; got != tc.want {
+			t.Errorf("events %d burst %d: limiter burst %d, want %d", tc.events, tc.burst, got, tc.want)
+		}
+		if err := l.Validate(""); err != nil {
+			t.Errorf("events %d burst %d: %v", tc.events, tc.burst, err)
+		}
+	}
+}
+
+func TestRequireNamesTheMissingField(t *testing.T) {
+	d := caddyfile.NewTestDispenser("z {\nevents 1\n}")
+	seen := make(Fields)
+	var l Limit
+	d.Next()
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if _, err := l.UnmarshalOption(d, "", seen); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := seen.Require(d, `zone "z": `, "events", "window"); err == nil || !strings.Contains(err.Error(), `zone "z": window is required`) {
+		t.Fatalf("missing window: %v", err)
 	}
 }

@@ -244,14 +244,14 @@ func TestInvalidConfigsFailToLoad(t *testing.T) {
 		name, match, apps, want string
 	}{
 		{"unknown zone", `{"zone":"nope"}`, "", `zone "nope" is not defined`},
-		{"no limit", `{}`, "", "max_events 0: must be at least 1"},
-		{"no window", `{"max_events":3}`, "", "window 0s: must be positive"},
+		{"no limit", `{}`, "", "rate_limit: max_events is required"},
+		{"no window", `{"max_events":3}`, "", "rate_limit: window is required"},
 		{"bad prefix", `{"max_events":3,"window":"1h","ipv4_prefix":40}`, "", "ipv4_prefix 40"},
 		{"zone and limit", `{"zone":"z","max_events":3}`, "", "zone z: uses the global zone's settings"},
 		{"memory and sources", `{"max_events":3,"window":"1h","memory":65536,"sources":10}`, "", "memory 65536"},
 		{"memory too small", `{"max_events":3,"window":"1h","memory":10}`, "", "memory 10"},
 		{"name taken by another zone", `{"name":"taken","max_events":3,"window":"1h"}`,
-			`"rate_limit":{"zones":{"taken":{"max_events":5,"window":"1m"}}},`, `duplicate zone name "taken"`},
+			`"rate_limit":{"zones":{"taken":{"max_events":5,"window":"1m"}}},`, `zone "taken" is defined twice, differently (ipv4_prefix unset and 24, ipv6_prefix unset and 48, max_events 5 and 3, window 1m0s and 1h0m0s)`},
 		{"bad name", `{"name":"a b","max_events":3,"window":"1h"}`, "", `zone name "a b"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"net/http"
@@ -12,51 +11,17 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
-func init() {
-	caddy.RegisterModule(eventRecorder{})
-}
-
-// eventRecorder is an events handler, for tests only, that keeps the data of
-// every event it is given.
-type eventRecorder struct{}
-
-var recorded struct {
-	sync.Mutex
-	events []map[string]any
-}
-
-func (eventRecorder) CaddyModule() caddy.ModuleInfo {
-	return caddy.ModuleInfo{
-		ID:  "events.handlers.floodgate_ops_recorder",
-		New: func() caddy.Module { return new(eventRecorder) },
-	}
-}
-
-func (eventRecorder) Handle(_ context.Context, e caddy.Event) error {
-	recorded.Lock()
-	defer recorded.Unlock()
-	data := map[string]any{"event": e.Name()}
-	for k, v := range e.Data {
-		data[k] = v
-	}
-	recorded.events = append(recorded.events, data)
-	return nil
-}
-
 func TestEventCarriesZoneClientAndKeyOnlyWithLogKey(t *testing.T) {
-	recorded.Lock()
-	recorded.events = nil
-	recorded.Unlock()
+	testcaddy.Events()
 	mustLoadJSON(t, fmt.Sprintf(`{
 	  "admin": {"listen": "localhost:%d", "config": {"persist": false}},
 	  "apps": {
-	    "events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "floodgate_ops_recorder"}]}]},
+	    "events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "floodgate_test_recorder"}]}]},
 	    "http": {"servers": {"srv0": {"listen": [":%d"], "routes": [
 	      {"match": [{"path": ["/logged"]}], "handle": [
 	        {"handler": "rate_limit", "log_key": true, "rate_limits": {"event_logged": {"max_events": 1, "window": "1h", "key": "{http.request.header.X-User}"}}},
@@ -72,13 +37,12 @@ func TestEventCarriesZoneClientAndKeyOnlyWithLogKey(t *testing.T) {
 			send(t, c, req)
 		}
 	}
-	recorded.Lock()
-	defer recorded.Unlock()
-	if len(recorded.events) != 2 {
-		t.Fatalf("events: %v, want one per denial", recorded.events)
+	events := testcaddy.Events()
+	if len(events) != 2 {
+		t.Fatalf("events: %v, want one per denial", events)
 	}
 	for i, zone := range []string{"event_logged", "event_quiet"} {
-		e := recorded.events[i]
+		e := events[i]
 		if e["event"] != "rate_limit_exceeded" || e["zone"] != zone || e["client_ip"] != "127.0.40.1" {
 			t.Errorf("event %d: %v", i, e)
 		}

@@ -2,10 +2,10 @@
 // admin API, the `caddy rate-limit` command, metrics across reloads, events
 // and the denial logs that fail2ban and CrowdSec read.
 //
-// Ports: admin localhost:2439, HTTP 9490, HTTPS 9491, and 9492 (taken on
-// purpose by a test). Tests must not call t.Parallel: each config load
-// replaces the one Caddy's config. Zone names are unique per test, because
-// a zone's state and counts deliberately survive config loads.
+// Ports: admin localhost:2439, HTTP 9490, HTTPS 9491. Tests must not call
+// t.Parallel: each config load replaces the one Caddy's config. Zone names
+// are unique per test, because a zone's state and counts deliberately
+// survive config loads.
 package ops
 
 import (
@@ -14,27 +14,25 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/floodgate-rl/floodgate"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 const (
 	adminPort = 2439
 	httpPort  = 9490
 	httpsPort = 9491
-	takenPort = 9492
 )
 
 var adminURL = fmt.Sprintf("http://localhost:%d", adminPort)
@@ -82,77 +80,11 @@ http://:%d {
 `, adminPort, httpPort, httpsPort, extra, httpPort, body)
 }
 
-// load posts a config to the admin endpoint; the config runs when it
-// returns without error.
+// load posts a config to the admin endpoint; the config alone serves when
+// it returns without error.
 func load(t *testing.T, cfg, adapter string) error {
 	t.Helper()
-	ct := "application/json"
-	if adapter == "caddyfile" {
-		ct = "text/caddyfile"
-	}
-	req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(cfg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", ct)
-	req.Header.Set("Cache-Control", "must-revalidate")
-	code, body := send(t, http.DefaultClient, req)
-	settle(t)
-	if code != http.StatusOK {
-		return fmt.Errorf("%d: %s", code, body)
-	}
-	return nil
-}
-
-// settle waits until none of this package's ports has more than one
-// listening socket. Caddy listens with SO_REUSEPORT: a load opens the new
-// config's sockets beside the old ones, and the replaced servers close theirs
-// in goroutines after /load has answered; until then the kernel hands some
-// new connections to an old socket, which answers with the old config or
-// resets them.
-func settle(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		busy := 0
-		for _, p := range []int{adminPort, httpPort, httpsPort} {
-			if listening(t, p) > 1 {
-				busy = p
-			}
-		}
-		if busy == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after a config load, port %d still has several listening sockets", busy)
-		}
-		time.Sleep(time.Millisecond) // Caddy's goroutines closing sockets, not a clock
-	}
-}
-
-// listening returns how many TCP sockets listen on port (Linux only, as are
-// the 127.0.0.0/8 client addresses the tests use).
-func listening(t *testing.T, port int) int {
-	t.Helper()
-	n := 0
-	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		table, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// sl local_address rem_address st ...: HEXIP:HEXPORT; state 0A
-		// is LISTEN.
-		for _, line := range strings.Split(string(table), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 4 || f[3] != "0A" {
-				continue
-			}
-			if p, err := strconv.ParseUint(f[1][strings.LastIndexByte(f[1], ':')+1:], 16, 16); err == nil && int(p) == port {
-				n++
-			}
-		}
-	}
-	return n
+	return testcaddy.Load(t, adminPort, cfg, adapter, adminPort, httpPort, httpsPort)
 }
 
 // mustLoad loads a Caddyfile.
@@ -171,18 +103,11 @@ func mustLoadJSON(t *testing.T, cfg string) {
 	}
 }
 
+// send sends req with c and returns the answer's status and body.
 func send(t *testing.T, c *http.Client, req *http.Request) (int, string) {
 	t.Helper()
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(body)
+	code, body, _ := testcaddy.Do(t, c, req)
+	return code, body
 }
 
 // from returns an HTTP client whose connections to the test site come from

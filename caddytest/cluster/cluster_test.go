@@ -1,0 +1,376 @@
+package cluster
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// epsilon is the over-admission the tests accept for three instances
+// syncing every 100ms and a client sending a request every 100ms: about
+// instances × rate × sync lag, a few requests (see the README's bound).
+const (
+	limit   = 20
+	epsilon = 0.25
+)
+
+// zoneBody is a site's rate_limit with a distributed zone "shared" keyed
+// by X-Key: events 20 per window.
+func zoneBody(window, purgeAge string) string {
+	return fmt.Sprintf(`rate_limit {
+		zone shared {
+			key {http.request.header.X-Key}
+			events %d
+			window %s
+			memory 64KiB
+		}
+		distributed {
+			read_interval 100ms
+			write_interval 100ms
+			purge_age %s
+		}
+	}
+	respond "ok"`, limit, window, purgeAge)
+}
+
+func fileStorage(dir string) string { return "storage file_system " + dir }
+
+// startCluster starts n nodes on one storage, one after the other.
+func startCluster(t *testing.T, n int, storage, body string) []*node {
+	t.Helper()
+	base := t.TempDir()
+	nodes := make([]*node, n)
+	for i := range nodes {
+		nodes[i] = startNode(t, i, filepath.Join(base, fmt.Sprintf("node%d", i)), storage, body)
+	}
+	return nodes
+}
+
+// checkShared spreads 60 requests of one key over 6 s across the nodes and
+// checks that the cluster allowed the limit, within epsilon.
+func checkShared(t *testing.T, nodes []*node, key, storage string) {
+	t.Helper()
+	allowed := spread(t, nodes, key, 60, 100*time.Millisecond)
+	t.Logf("%s: %d instances allowed %d of 60 requests for a limit of %d: ratio %.2f", storage, len(nodes), allowed, limit, float64(allowed)/limit)
+	if allowed < limit || float64(allowed) > limit*(1+epsilon) {
+		t.Fatalf("%s: allowed %d, want %d to %d", storage, allowed, limit, int(limit*(1+epsilon)))
+	}
+}
+
+func TestFileSystemClusterSharesTheLimit(t *testing.T) {
+	store := t.TempDir()
+	nodes := startCluster(t, 3, fileStorage(store), zoneBody("1m", "1m"))
+	checkShared(t, nodes, "spread", "file_system")
+	// Each instance alone would have allowed 20.
+	for _, n := range nodes {
+		if n.exited() {
+			t.Fatalf("node %d exited:\n%s", n.i, n.logs())
+		}
+	}
+}
+
+// instanceID is a node's Caddy instance id, kept in its data directory.
+func (n *node) instanceID() string {
+	n.t.Helper()
+	b, err := os.ReadFile(filepath.Join(n.home, "caddy", "instance.uuid"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// snapshotFile is where a node publishes zone "shared" in a file_system
+// storage.
+func (n *node) snapshotFile(store string) string {
+	return filepath.Join(store, "rate_limit", "shared", n.instanceID())
+}
+
+// waitWritten waits until the node has published a snapshot after since.
+func (n *node) waitWritten(store string, since time.Time) {
+	n.t.Helper()
+	waitFor(n.t, 10*time.Second, fmt.Sprintf("node %d publishing", n.i), func() bool {
+		fi, err := os.Stat(n.snapshotFile(store))
+		return err == nil && fi.ModTime().After(since)
+	})
+}
+
+// waitRead waits until the node has surely read the storage after since:
+// reads and writes run in one loop on the same interval, so two writes
+// after since bracket a read.
+func (n *node) waitRead(store string, since time.Time) {
+	n.t.Helper()
+	n.waitWritten(store, since)
+	fi, _ := os.Stat(n.snapshotFile(store))
+	n.waitWritten(store, fi.ModTime())
+}
+
+func exhaust(t *testing.T, n *node, key string) {
+	t.Helper()
+	for i := range limit {
+		if code, _ := n.get(key); code != http.StatusOK {
+			t.Fatalf("node %d, request %d for %s: %d", n.i, i, key, code)
+		}
+	}
+	if code, _ := n.get(key); code != http.StatusTooManyRequests {
+		t.Fatalf("node %d: request %d for %s: %d, want 429", n.i, limit+1, key, code)
+	}
+}
+
+func TestKilledInstanceCountsUntilItsWindowAgesOut(t *testing.T) {
+	store := t.TempDir()
+	const window = 10 * time.Second
+	nodes := startCluster(t, 3, fileStorage(store), zoneBody("10s", "12s"))
+	dead, b, c := nodes[0], nodes[1], nodes[2]
+	// Start at the beginning of a window (windows are aligned to Unix
+	// time), so that the key's count is all in one window.
+	time.Sleep(time.Until(time.Now().Truncate(window).Add(window)))
+	exhaust(t, dead, "k")
+	last := time.Now()
+	dead.waitWritten(store, last)
+	dead.kill()
+	b.waitRead(store, last)
+	c.waitRead(store, last)
+	for _, n := range []*node{b, c} {
+		if code, _ := n.get("k"); code != http.StatusTooManyRequests {
+			t.Fatalf("node %d allowed a key the killed instance exhausted: %d", n.i, code)
+		}
+		if code, _ := n.get("fresh"); code != http.StatusOK {
+			t.Fatalf("node %d denied a fresh key: %d", n.i, code)
+		}
+	}
+	nextWindow := last.Truncate(window).Add(window)
+	var allowedAt time.Time
+	waitFor(t, 2*window+5*time.Second, "the killed instance's count ageing out", func() bool {
+		code, _ := b.get("k")
+		if code == http.StatusOK {
+			allowedAt = time.Now()
+		}
+		return code == http.StatusOK
+	})
+	if allowedAt.Before(nextWindow) {
+		t.Fatalf("k allowed at %v, before the window of the killed instance's requests ended at %v", allowedAt, nextWindow)
+	}
+	waitFor(t, 30*time.Second, "the killed instance's file going after purge_age", func() bool {
+		_, err := os.Stat(dead.snapshotFile(store))
+		return os.IsNotExist(err)
+	})
+	for _, n := range []*node{b, c} {
+		if _, err := os.Stat(n.snapshotFile(store)); err != nil {
+			t.Fatalf("a live instance's file: %v", err)
+		}
+	}
+}
+
+func TestJunkUnderTheStorage(t *testing.T) {
+	store := t.TempDir()
+	zdir := filepath.Join(store, "rate_limit", "shared")
+	plant := func(name string, data []byte) {
+		p := filepath.Join(zdir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plant("../stray", []byte("not a zone"))
+	plant("../other/zone", []byte("FGCL\x01junk"))
+	plant("empty", nil)
+	plant("random", []byte("\x00\x01\x02 random bytes \xff\xfe"))
+	plant("dir/inside", []byte("x"))
+	nodes := startCluster(t, 3, fileStorage(store), zoneBody("1m", "1m"))
+	nodes[0].waitWritten(store, time.Time{})
+	good, err := os.ReadFile(nodes[0].snapshotFile(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plant("1234567890123456789", good) // a certmagic temporary file
+	plant("truncated", good[:len(good)/2])
+	plant("version2", append([]byte("FGCL\x02"), good[5:]...))
+	checkShared(t, nodes, "junk", "file_system with junk")
+	for _, n := range nodes {
+		if n.exited() {
+			t.Fatalf("node %d exited:\n%s", n.i, n.logs())
+		}
+		if got := n.metric("caddy_rate_limit_cluster_skipped_total"); got < 8 {
+			t.Errorf("node %d counted %v skipped entries, want at least the 8 planted", n.i, got)
+		}
+		if k := n.rateLimitWarnings(); k > 0 {
+			t.Errorf("node %d: rate_limit logged %d warnings or errors over junk:\n%s", n.i, k, n.logs())
+		}
+	}
+}
+
+func TestRestartKeepsExhaustedKeys(t *testing.T) {
+	store := t.TempDir()
+	nodes := startCluster(t, 1, fileStorage(store), zoneBody("1m", "1m"))
+	a := nodes[0]
+	exhaust(t, a, "graceful")
+	a.stop()
+	a.start()
+	if code, _ := a.get("graceful"); code != http.StatusTooManyRequests {
+		t.Fatalf("after a graceful restart an exhausted key got %d", code)
+	}
+	if code, _ := a.get("fresh"); code != http.StatusOK {
+		t.Fatalf("after a restart a fresh key got %d", code)
+	}
+	exhaust(t, a, "crash")
+	a.waitWritten(store, time.Now())
+	a.kill()
+	a.start()
+	if code, _ := a.get("crash"); code != http.StatusTooManyRequests {
+		t.Fatalf("after kill -9 an exhausted key got %d", code)
+	}
+	if code, _ := a.get("fresh2"); code != http.StatusOK {
+		t.Fatalf("after kill -9 a fresh key got %d", code)
+	}
+}
+
+// rateLimitWarnings counts the log lines of floodgate's loggers at WARN or
+// above.
+func (n *node) rateLimitWarnings() int {
+	k := 0
+	for _, line := range strings.Split(n.logs(), "\n") {
+		if strings.Contains(line, `"logger":"http.handlers.rate_limit"`) || strings.Contains(line, `"logger":"rate_limit"`) {
+			if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
+				k++
+			}
+		}
+	}
+	return k
+}
+
+// redis is a redis-server on loopback.
+type redis struct {
+	t   *testing.T
+	cmd *exec.Cmd
+}
+
+func startRedis(t *testing.T) *redis {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server is not installed (apt-get install redis-server; .ci/run installs it): skipping the Redis cluster test")
+	}
+	r := &redis{t: t}
+	r.cmd = exec.Command(bin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.stop)
+	waitFor(t, 10*time.Second, "redis-server listening", func() bool {
+		_, err := r.keys("*")
+		return err == nil
+	})
+	return r
+}
+
+func (r *redis) stop() {
+	if r.cmd != nil {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.cmd = nil
+	}
+}
+
+// keys returns the number of keys matching pattern (RESP, no client
+// library needed).
+func (r *redis) keys(pattern string) (int, error) {
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", redisPort), time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	fmt.Fprintf(c, "*2\r\n$4\r\nKEYS\r\n$%d\r\n%s\r\n", len(pattern), pattern)
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	if !strings.HasPrefix(line, "*") {
+		return 0, fmt.Errorf("KEYS: %q", line)
+	}
+	return strconv.Atoi(strings.TrimSpace(line[1:]))
+}
+
+func TestRedisClusterSharesTheLimitAndSurvivesAnOutage(t *testing.T) {
+	r := startRedis(t)
+	storage := fmt.Sprintf(`storage redis {
+		address 127.0.0.1:%d
+		key_prefix floodgate-test
+		timeout 1
+	}`, redisPort)
+	nodes := startCluster(t, 3, storage, zoneBody("1m", "1m"))
+	const snapshots = "floodgate-test/rate_limit/shared/*"
+	waitFor(t, 10*time.Second, "three snapshots in Redis", func() bool {
+		n, err := r.keys(snapshots)
+		return err == nil && n >= 3
+	})
+	checkShared(t, nodes, "redis", "redis")
+
+	// Outage: every request is still answered at once, under each
+	// instance's own limits.
+	r.stop()
+	outage := time.Now()
+	for _, n := range nodes {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d noticing the outage", n.i), func() bool {
+			return strings.Contains(n.logs(), "cluster storage failed")
+		})
+	}
+	allowed := 0
+	var slowest time.Duration
+	for i := range 30 {
+		code, took := nodes[i%3].get("outage")
+		slowest = max(slowest, took)
+		if code == http.StatusOK {
+			allowed++
+		}
+	}
+	t.Logf("Redis down: 30 requests for a fresh key, 10 per instance: %d allowed, slowest answer %v", allowed, slowest)
+	if allowed != 30 {
+		t.Errorf("during the outage %d of 30 allowed, want all (10 per instance, local limit 20)", allowed)
+	}
+	if slowest > time.Second {
+		t.Errorf("a request waited %v during the outage", slowest)
+	}
+	for _, n := range nodes {
+		if code, _ := n.get("outage-local"); code != http.StatusOK {
+			t.Fatalf("node %d: %d", n.i, code)
+		}
+	}
+	// The local limit still holds on each instance.
+	for range limit {
+		nodes[0].get("outage-local")
+	}
+	if code, _ := nodes[0].get("outage-local"); code != http.StatusTooManyRequests {
+		t.Fatalf("during the outage an instance went past its own limit: %d", code)
+	}
+
+	// Redis returns (empty): the cluster is whole again.
+	r = startRedis(t)
+	down := time.Since(outage)
+	waitFor(t, 20*time.Second, "three snapshots back in Redis", func() bool {
+		n, err := r.keys(snapshots)
+		return err == nil && n >= 3
+	})
+	for _, n := range nodes {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d logging its recovery", n.i), func() bool {
+			return strings.Contains(n.logs(), "cluster storage works again")
+		})
+		warns := strings.Count(n.logs(), "cluster storage failed")
+		t.Logf("node %d: %d storage warnings over an outage of %v", n.i, warns, down.Round(time.Millisecond))
+		// One per op (read, write, restore) per interval at most.
+		if max := 3 * (int(down/(100*time.Millisecond)) + 2); warns == 0 || warns > max {
+			t.Errorf("node %d logged %d storage warnings, want 1 to %d", n.i, warns, max)
+		}
+	}
+	checkShared(t, nodes, "after", "redis after the outage")
+}

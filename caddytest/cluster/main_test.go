@@ -1,0 +1,266 @@
+// Package cluster tests distributed zones with several real Caddy processes
+// (built once from ./cmd/caddy, which includes caddy.storage.redis) sharing
+// one storage on loopback: a file_system directory, or a redis-server the
+// tests start.
+//
+// Ports: admin localhost:2450-2452, HTTP 9500-9502, Redis 9529. Each process
+// gets its own XDG_DATA_HOME, hence its own Caddy instance id.
+//
+// The tests wait for real processes' background sync (intervals of 100ms
+// set in their configs) by watching what it writes, with every loop bounded
+// by a deadline; windows are a few seconds where a test needs them to age
+// out.
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var caddyBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "floodgate-cluster-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	caddyBin = filepath.Join(dir, "caddy")
+	build := exec.Command("go", "build", "-o", caddyBin, "../../cmd/caddy")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building caddy:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	adminBase = 2450
+	httpBase  = 9500
+	redisPort = 9529
+)
+
+// node is one Caddy process.
+type node struct {
+	t     *testing.T
+	i     int
+	home  string // its XDG_DATA_HOME / XDG_CONFIG_HOME
+	cfg   string
+	cmd   *exec.Cmd
+	mu    sync.Mutex
+	log   bytes.Buffer
+	done  chan struct{}
+	alive bool
+}
+
+// startNode starts Caddy number i (ports adminBase+i, httpBase+i) with
+// the Caddyfile body (global options are added) and waits until it
+// serves. home keeps its instance id across restarts.
+func startNode(t *testing.T, i int, home, storage, body string) *node {
+	t.Helper()
+	n := &node{t: t, i: i, home: home}
+	n.cfg = fmt.Sprintf(`{
+	admin localhost:%d
+	http_port %d
+	auto_https off
+	persist_config off
+	grace_period 1ns
+	%s
+}
+:%d {
+	%s
+}
+`, adminBase+i, httpBase+i, storage, httpBase+i, body)
+	n.start()
+	t.Cleanup(n.kill)
+	return n
+}
+
+func (n *node) start() {
+	t := n.t
+	t.Helper()
+	cfgFile := filepath.Join(n.home, "Caddyfile")
+	if err := os.MkdirAll(n.home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgFile, []byte(n.cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.cmd = exec.Command(caddyBin, "run", "--config", cfgFile, "--adapter", "caddyfile")
+	n.cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+n.home, "XDG_CONFIG_HOME="+n.home, "HOME="+n.home)
+	stderr, err := n.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n.done = make(chan struct{})
+	n.alive = true
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			n.mu.Lock()
+			n.log.Write(sc.Bytes())
+			n.log.WriteByte('\n')
+			n.mu.Unlock()
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+		_ = n.cmd.Wait()
+		close(n.done)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-n.done:
+			t.Fatalf("node %d exited while starting:\n%s", n.i, n.logs())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %d did not listen within 30s:\n%s", n.i, n.logs())
+		}
+	}
+}
+
+func (n *node) addr() string { return fmt.Sprintf("127.0.0.1:%d", httpBase+n.i) }
+
+func (n *node) logs() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.log.String()
+}
+
+// kill9 kills the process at once, as a crash would.
+func (n *node) kill() {
+	if n.alive {
+		_ = n.cmd.Process.Kill()
+		<-n.done
+		n.alive = false
+	}
+}
+
+// stop stops the process gracefully (SIGINT), as a restart does.
+func (n *node) stop() {
+	n.t.Helper()
+	if !n.alive {
+		return
+	}
+	_ = n.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-n.done:
+	case <-time.After(20 * time.Second):
+		n.t.Fatalf("node %d did not stop within 20s", n.i)
+	}
+	n.alive = false
+}
+
+// exited reports whether the process ended on its own.
+func (n *node) exited() bool {
+	select {
+	case <-n.done:
+		return n.alive
+	default:
+		return false
+	}
+}
+
+// get sends one request with X-Key: key on a new connection and returns
+// its status and how long it took.
+func (n *node) get(key string) (int, time.Duration) {
+	n.t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://"+n.addr()+"/", nil)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	req.Header.Set("X-Key", key)
+	req.Close = true
+	start := time.Now()
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		n.t.Fatalf("node %d: %v", n.i, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, time.Since(start)
+}
+
+// metric returns the sum of the values of a metric's series on the node's
+// admin /metrics.
+func (n *node) metric(name string) float64 {
+	n.t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", adminBase+n.i))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			var v float64
+			fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// spread sends total requests for key, one every gap, to the nodes in
+// turn, and returns how many were allowed.
+func spread(t *testing.T, nodes []*node, key string, total int, gap time.Duration) int {
+	t.Helper()
+	allowed := 0
+	next := time.Now()
+	for i := range total {
+		time.Sleep(time.Until(next))
+		next = next.Add(gap)
+		code, _ := nodes[i%len(nodes)].get(key)
+		switch code {
+		case http.StatusOK:
+			allowed++
+		case http.StatusTooManyRequests:
+		default:
+			t.Fatalf("request %d: status %d", i, code)
+		}
+	}
+	return allowed
+}
+
+// waitFor polls cond every 20ms until it holds, failing after limit.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

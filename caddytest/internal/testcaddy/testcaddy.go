@@ -1,0 +1,168 @@
+// Package testcaddy holds what floodgate's integration test packages share
+// about the in-process Caddy they load configs into: loading a config and
+// waiting until only the new config listens (Load, Settle), an events
+// handler that records what it is given (Events), and an app that fails to
+// start (StartFailure). Only tests import it.
+package testcaddy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Load posts cfg ("caddyfile" or "json") to the /load endpoint of the admin
+// listener on localhost:adminPort, waits until the config that serves
+// afterwards is the only one listening on ports (Settle), and returns the
+// error Caddy reports, if any.
+func Load(t testing.TB, adminPort int, cfg, adapter string, ports ...int) error {
+	t.Helper()
+	ct := "application/json"
+	if adapter == "caddyfile" {
+		ct = "text/caddyfile"
+	}
+	req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://localhost:%d/load", adminPort), strings.NewReader(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", ct)
+	req.Header.Set("Cache-Control", "must-revalidate")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	Settle(t, ports...)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%d: %s", resp.StatusCode, body)
+	}
+	return nil
+}
+
+// Do sends req with c and returns the answer's status and body; it fails
+// the test if there is no answer.
+func Do(t testing.TB, c *http.Client, req *http.Request) (int, string, *http.Response) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body), resp
+}
+
+// Settle waits until none of ports has more than one listening socket.
+// Caddy listens with SO_REUSEPORT: a load opens the new config's sockets
+// beside the old ones, and the replaced HTTP servers and admin endpoint (or
+// the servers of a config that failed to start) close theirs in goroutines,
+// after /load has answered. Until then the kernel hands some new connections
+// to an old socket, where the old config answers them or its closing resets
+// them. /load answers after the new sockets listen, so nothing else needs
+// waiting for.
+func Settle(t testing.TB, ports ...int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		port, n := 0, 0
+		for _, p := range ports {
+			c, err := Listening(p)
+			if err != nil {
+				t.Fatalf("counting the sockets listening on port %d: %v", p, err)
+			}
+			if c > 1 {
+				port, n = p, c
+			}
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after a config load, %d sockets still listen on port %d", n, port)
+		}
+		time.Sleep(time.Millisecond) // Caddy's goroutines closing sockets, not a rate
+	}
+}
+
+// Listening returns how many TCP sockets of this network namespace listen on
+// port, IPv4 and IPv6 (Linux only, as are the 127.0.0.0/8 client addresses
+// the tests use).
+func Listening(port int) (int, error) {
+	n := 0
+	for _, file := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		table, err := os.ReadFile(file)
+		if err != nil {
+			return 0, err
+		}
+		// sl local_address rem_address st ...; addresses are HEXIP:HEXPORT,
+		// state 0A is LISTEN.
+		for _, line := range strings.Split(string(table), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 4 || f[3] != "0A" {
+				continue
+			}
+			p, err := strconv.ParseUint(f[1][strings.LastIndexByte(f[1], ':')+1:], 16, 16)
+			if err != nil {
+				return 0, fmt.Errorf("%s: %q: %v", file, line, err)
+			}
+			if int(p) == port {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+func init() {
+	caddy.RegisterModule(recorder{})
+}
+
+// recorder is the events handler `floodgate_test_recorder`, which keeps the
+// data of every event it is given (see Events).
+type recorder struct{}
+
+var recorded struct {
+	sync.Mutex
+	events []map[string]any
+}
+
+func (recorder) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "events.handlers.floodgate_test_recorder",
+		New: func() caddy.Module { return new(recorder) },
+	}
+}
+
+func (recorder) Handle(_ context.Context, e caddy.Event) error {
+	recorded.Lock()
+	defer recorded.Unlock()
+	data := map[string]any{"event": e.Name()}
+	for k, v := range e.Data {
+		data[k] = v
+	}
+	recorded.events = append(recorded.events, data)
+	return nil
+}
+
+// Events returns the data of the events recorded since the last call (with
+// the event's name under "event"), and forgets them.
+func Events() []map[string]any {
+	recorded.Lock()
+	defer recorded.Unlock()
+	e := recorded.events
+	recorded.events = nil
+	return e
+}

@@ -1,0 +1,283 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fetch sends a GET to url through c and returns "body:status", or
+// "closed" if the connection was closed without a response.
+func fetch(c *http.Client, url string, headers ...string) string {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return err.Error()
+	}
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ": ")
+		req.Header.Set(name, value)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "closed"
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 512)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return fmt.Sprintf("%s:%d", b.String(), resp.StatusCode)
+}
+
+// TestSnippetZoneSharedAcrossSites imports one rate_limit snippet into two
+// sites: it is one zone, as if defined in the global option, with one
+// bucket per client across both sites, one policy and one metric.
+func TestSnippetZoneSharedAcrossSites(t *testing.T) {
+	tc := newTester(t)
+	tc.InitServer(globals("")+`
+(limit) {
+	rate_limit {
+		zone snippet_shared {
+			key {client_ip}
+			events 3
+			window 1h
+		}
+	}
+}
+http://a.localhost:9480 {
+	import limit
+	respond "a"
+}
+http://b.localhost:9480 {
+	import limit
+	respond "b"
+}
+`, "caddyfile")
+
+	c := clientFrom("127.0.0.1")
+	var got []string
+	for _, u := range []string{"http://a.localhost:9480/", "http://b.localhost:9480/", "http://a.localhost:9480/", "http://b.localhost:9480/"} {
+		got = append(got, fetch(c, u))
+	}
+	if want := "a:200 b:200 a:200 :429"; strings.Join(got, " ") != want {
+		t.Errorf("one client across the two sites: %s, want %s", strings.Join(got, " "), want)
+	}
+	// Another client has its own bucket.
+	if got := fetch(clientFrom("127.0.0.2"), "http://b.localhost:9480/"); got != "b:200" {
+		t.Errorf("another client: %s", got)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://b.localhost:9480/", nil)
+	resp, err := clientFrom("127.0.0.3").Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("RateLimit-Policy"); got != `"snippet_shared";q=3;w=3600` {
+		t.Errorf("RateLimit-Policy %q", got)
+	}
+	admin := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	_, body, _ := do(t, admin, mustRequest(t, adminURL+"/metrics"))
+	for _, want := range []string{
+		`caddy_rate_limit_requests_total{outcome="allowed",zone="snippet_shared"} 5`,
+		`caddy_rate_limit_requests_total{outcome="denied",zone="snippet_shared"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+func mustRequest(t *testing.T, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+// TestConflictingSnippetZonesNameBothPlaces imports a snippet with an
+// argument into two sites, so that the zone is defined twice, differently,
+// from the same snippet line: the error tells the two imports apart.
+func TestConflictingSnippetZonesNameBothPlaces(t *testing.T) {
+	err := validate(t, `(limit) {
+	rate_limit {
+		zone snippet_conflict {
+			events {args[0]}
+			window 1m
+		}
+	}
+}
+http://a.localhost:9480 {
+	import limit 10
+	respond "a"
+}
+http://b.localhost:9480 {
+	import limit 20
+	respond "b"
+}
+`, "caddyfile")
+	if err == nil {
+		t.Fatal("conflicting definitions loaded")
+	}
+	for _, want := range []string{
+		`zone "snippet_conflict" is defined differently at Caddyfile:3 import chain ['Caddyfile:10 (import limit)'] and at Caddyfile:3 import chain ['Caddyfile:14 (import limit)']`,
+		"define it once in the rate_limit global option (rate_limit { zone snippet_conflict { … } }) and use it by name (rate_limit snippet_conflict)",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+}
+
+// TestJSONKeyShorthandIsPerClient checks that a Caddyfile shorthand inside a
+// JSON key means what it means in the Caddyfile: "u-{client_ip}" is one
+// bucket per client, not the text "u-" for everyone.
+func TestJSONKeyShorthandIsPerClient(t *testing.T) {
+	tc := newTester(t)
+	tc.InitServer(`{
+	  "admin": {"listen": "localhost:2419"},
+	  "apps": {"http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"],
+	    "routes": [{"handle": [
+	      {"handler": "rate_limit", "rate_limits": {"json_shorthand": {"key": "u-{client_ip}", "max_events": 1, "window": "1h"}}},
+	      {"handler": "static_response", "body": "ok"}]}]}}}}}`, "json")
+	if got := fetch(clientFrom("127.0.0.1"), baseURL) + " " + fetch(clientFrom("127.0.0.1"), baseURL); got != "ok:200 :429" {
+		t.Errorf("first client: %s", got)
+	}
+	if got := fetch(clientFrom("127.0.0.2"), baseURL); got != "ok:200" {
+		t.Errorf("second client: %s (every client shares one bucket)", got)
+	}
+}
+
+// TestWarningsLoggedOnceAtLoad loads a config with every kind of zone that
+// loads but does not limit as meant, with one of them in a snippet imported
+// twice, and reads Caddy's log: each warning is there once, naming its zone.
+func TestWarningsLoggedOnceAtLoad(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	cfg := globals(fmt.Sprintf(`log {
+		output file %s
+		format json
+		level INFO
+	}`, logFile)) + `
+(constant) {
+	rate_limit {
+		zone warn_constant {
+			key client_ip
+			events 5
+			window 1m
+		}
+	}
+}
+http://a.localhost:9480 {
+	import constant
+	respond "a"
+}
+http://b.localhost:9480 {
+	import constant
+	rate_limit /remote {
+		zone warn_remote {
+			key {remote}
+			events 5
+			window 1m
+		}
+	}
+	rate_limit /unknown {
+		zone warn_unknown {
+			key {http.request.heder.X-Key}
+			events 5
+			window 1m
+		}
+	}
+	rate_limit /memory {
+		zone warn_memory {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 1KB
+		}
+	}
+	rate_limit /nothing
+	respond "b"
+}
+`
+	if err := load(t, cfg, "caddyfile"); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		var entry struct {
+			Level, Msg, Zone string
+		}
+		if json.Unmarshal([]byte(line), &entry) != nil || entry.Level != "warn" {
+			continue
+		}
+		counts[entry.Zone+" | "+entry.Msg]++
+	}
+	for _, want := range []struct{ zone, msg string }{
+		{"warn_constant", `zone "warn_constant": key "client_ip" has no braces, so it is that text for every request and every client shares one bucket; write the placeholder {client_ip}`},
+		{"warn_remote", `zone "warn_remote": key "{http.request.remote}" contains {http.request.remote}, the client's port`},
+		{"warn_unknown", `zone "warn_unknown": key "{http.request.heder.X-Key}" contains {http.request.heder.X-Key}, which is not a placeholder of Caddy's HTTP server`},
+		{"warn_memory", `zone "warn_memory": memory 1000 B is a table of 15 lines`},
+		{"", "this rate_limit handler has no zone, so it limits nothing"},
+	} {
+		n := 0
+		for k, c := range counts {
+			if strings.HasPrefix(k, want.zone+" | "+want.msg) {
+				n += c
+			}
+		}
+		if n != 1 {
+			t.Errorf("warning %q for zone %q logged %d times, want once; warnings: %v", want.msg, want.zone, n, counts)
+		}
+	}
+}
+
+// TestHeaderPlaceholdersNeedTheDeferredForm checks what the README says
+// about rate_limit placeholders in the header directive: `header` runs before
+// rate_limit, so only the deferred form (`>Name`), applied as the response is
+// written, sees them.
+func TestHeaderPlaceholdersNeedTheDeferredForm(t *testing.T) {
+	tc := newTester(t)
+	tc.InitServer(config("", `
+	header >X-RateLimit-Zone {http.rate_limit.zone}
+	header >X-RateLimit-Remaining {http.rate_limit.remaining}
+	header X-Too-Early {http.rate_limit.zone}
+	rate_limit {
+		zone header_deferred {
+			key {client_ip}
+			events 5
+			window 1h
+		}
+	}
+	respond "ok"`), "caddyfile")
+	req := mustRequest(t, baseURL)
+	resp, err := clientFrom("127.0.0.1").Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-RateLimit-Zone"); got != "header_deferred" {
+		t.Errorf("deferred header: %q", got)
+	}
+	if got := resp.Header.Get("X-RateLimit-Remaining"); got != "4" {
+		t.Errorf("deferred remaining: %q", got)
+	}
+	// The plain form runs before rate_limit set anything: Caddy leaves the
+	// unknown placeholder as written, as the README says.
+	if got := resp.Header.Get("X-Too-Early"); got != "{http.rate_limit.zone}" {
+		t.Errorf("plain header: %q", got)
+	}
+}

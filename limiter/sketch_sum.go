@@ -1,0 +1,180 @@
+package limiter
+
+import (
+	"fmt"
+	"time"
+)
+
+// A SketchSum is the sum of other instances' sketch snapshots, each added
+// once, for a Sketch to decide on its own counts plus theirs (TakeHashWith)
+// without merging them into its counters: a cluster replaces a peer's
+// snapshot by its next one by building a new sum, so no snapshot is ever
+// counted twice, and a dead peer's counts age out with its windows.
+//
+// A sum holds two windows, Epoch − 1 and Epoch, fixed when it is built
+// (NewSketchSum). A snapshot of window Epoch adds both its windows; one of
+// window Epoch − 1 adds its current counts to the sum's previous window;
+// one of Epoch + 1 (a peer whose clock is a little ahead) adds its
+// previous counts to the sum's current window; older ones add nothing.
+// When the sum is read later, in window Epoch + 1, its current window is
+// the previous one; beyond that it adds nothing.
+//
+// Counts saturate at MaxSketchQuota. Add is not safe for concurrent use; a
+// sum that is no longer added to may be read by any number of goroutines.
+type SketchSum struct {
+	window      time.Duration
+	rows, width int
+	epoch       int64
+	// counts holds cell c's count of window epoch − 1 at 2c and of window
+	// epoch at 2c + 1, so that a decision finds both in one cache line.
+	counts []uint32
+}
+
+// NewSketchSum returns an empty sum for snapshots of s, of the window of
+// now. It allocates 8 bytes per cell of s.
+func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
+	e, _ := s.clock(now)
+	return &SketchSum{
+		window: time.Duration(s.window),
+		rows:   s.rows,
+		width:  int(s.width),
+		epoch:  e,
+		counts: make([]uint32, 2*s.rows*int(s.width)),
+	}
+}
+
+// AddBinary adds a snapshot in the binary form of SketchSnapshot.AppendBinary
+// (untrusted input) and returns its window number. A snapshot of another
+// shape or window, or not well formed, is rejected with an error and adds
+// nothing.
+func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
+	begin := func(h sketchHeader) error {
+		if h.rows != t.rows || h.width != t.width || h.window != t.window {
+			return fmt.Errorf("sketch snapshot: a %d×%d snapshot of %v windows does not fit a %d×%d sketch of %v windows",
+				h.rows, h.width, h.window, t.rows, t.width, t.window)
+		}
+		epoch = h.epoch
+		return nil
+	}
+	cells := t.rows * t.width
+	if err := walkSketchBinary(data, cells, begin, nil); err != nil {
+		return 0, err
+	}
+	// The snapshot's window epoch − 1 + k goes to the sum's slot
+	// epoch − 1 + k − (t.epoch − 1), if that is 0 or 1.
+	d := epoch - t.epoch
+	if d < -1 || d > 1 {
+		return epoch, nil
+	}
+	_ = walkSketchBinary(data, cells, begin, func(isCurr bool, i int, c uint32) {
+		k := d
+		if isCurr {
+			k++
+		}
+		if k == 0 || k == 1 {
+			p := &t.counts[2*i+int(k)]
+			*p = uint32(min(uint64(*p)+uint64(c), MaxSketchQuota))
+		}
+	})
+	return epoch, nil
+}
+
+// addTo adds the sum's counts of the key's cells to v, a view of window e.
+// A nil sum adds nothing.
+func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
+	if t == nil {
+		return
+	}
+	// The view's window e − 1 is the sum's slot e − t.epoch, its window e
+	// the next slot; only slots 0 and 1 exist.
+	switch e - t.epoch {
+	case 0:
+		for i := 0; i < v.n; i++ {
+			c := cols[i] // 2 × the cell's index
+			v.rows[i].prev += uint64(t.counts[c])
+			v.rows[i].curr += uint64(t.counts[c+1])
+		}
+	case 1:
+		for i := 0; i < v.n; i++ {
+			v.rows[i].prev += uint64(t.counts[cols[i]+1])
+		}
+	case -1:
+		for i := 0; i < v.n; i++ {
+			v.rows[i].curr += uint64(t.counts[cols[i]])
+		}
+	}
+}
+
+// TakeHashWith is TakeHash deciding on the key's estimate in s plus its
+// estimate in peers (nil for none), at time now: the request is granted if
+// both together, plus weight, are within the quota, and only s is charged.
+// peers must be a sum for snapshots of s (NewSketchSum).
+func (s *Sketch) TakeHashWith(h uint64, weight int64, now time.Time, peers *SketchSum) (Decision, Reservation) {
+	var cols sketchCols
+	var v sketchView
+	q, w, e, t := s.look(h, weight, now, peers, &cols, &v)
+	if w > q || !v.fits(q-w) {
+		return v.denied(q, w), Reservation{}
+	}
+	s.add(&cols, e, w)
+	s.read(&cols, e, t, &v)
+	peers.addTo(&cols, e, &v)
+	if !v.fits(q) {
+		s.sub(&cols, e, w)
+		v.remove(w)
+		return v.denied(q, w), Reservation{}
+	}
+	return v.granted(q), Reservation{index: h, epoch: e, units: int64(w)}
+}
+
+// PeekHashWith answers what TakeHashWith would, charging nothing.
+func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *SketchSum) Decision {
+	var cols sketchCols
+	var v sketchView
+	q, w, _, _ := s.look(h, weight, now, peers, &cols, &v)
+	if w > q || !v.fits(q-w) {
+		return v.denied(q, w)
+	}
+	v.insert(w)
+	return v.granted(q)
+}
+
+// AppendSnapshot appends the binary form of the sketch's snapshot at time
+// now (as Snapshot(now).AppendBinary would) straight from its counters,
+// without the dense copy, and returns it with the snapshot's window
+// number. Its size grows with the nonzero counters, at most 9 bytes per
+// counter (typically 2 to 4).
+func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
+	e, _ := s.clock(now)
+	cells := s.rows * int(s.width)
+	dst = appendSketchHeader(dst, s.rows, int(s.width), time.Duration(s.window), e)
+	for _, w := range [2]int64{e - 1, e} {
+		p, tag := int(w&1), sketchTag(w)
+		dst = appendSketchCells(dst, cells, func(i int) uint32 {
+			return uint32(sketchCount(s.slots[2*i+p].Load(), tag))
+		})
+	}
+	return dst, e
+}
+
+// MergeBinary adds a snapshot in binary form (untrusted input) into the
+// sketch's own counters, its windows aligned to now as in a SketchSum: for
+// an instance restoring what it published before a restart. It is an
+// error, and adds nothing, if the snapshot is not well formed or not of
+// the sketch's shape and window. Merging the same snapshot twice counts it
+// twice.
+func (s *Sketch) MergeBinary(data []byte, now time.Time) error {
+	sum := s.NewSketchSum(now)
+	if _, err := sum.AddBinary(data); err != nil {
+		return err
+	}
+	for k, e := range [2]int64{sum.epoch - 1, sum.epoch} {
+		p := int(e & 1)
+		for i := range len(sum.counts) / 2 {
+			if c := sum.counts[2*i+k]; c != 0 {
+				sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
+			}
+		}
+	}
+	return nil
+}

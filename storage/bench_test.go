@@ -1,0 +1,149 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// benchWidth is the sketch width of a zone with the default sizing (100,000
+// sources, false_deny 0.005): as many counters per row as its table's
+// lines.
+var benchWidth = limiter.LinesFor(limiter.DefaultSources, limiter.DefaultFalseDeny, limiter.DefaultK)
+
+// BenchmarkSyncBytes reports the bytes one instance writes per sync and a
+// peer reads per sync of it, against the number of keys active in the
+// window: they grow with the sketch's nonzero counters and stop at the
+// sketch's size, whatever the number of keys.
+func BenchmarkSyncBytes(b *testing.B) {
+	for _, keys := range []int{1_000, 100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
+			c, err := newCluster(Shape{Zone: "z", Window: time.Minute, Width: benchWidth}, 100)
+			if err != nil {
+				b.Fatal(err)
+			}
+			now := t0.Add(30 * time.Second)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for range keys {
+				c.sketch.TakeHashWith(rng.Uint64(), 1, now, nil)
+			}
+			st := &certmagic.FileStorage{Path: b.TempDir()}
+			w := NewSyncer(c, st, "writer", testIntervals, zap.NewNop())
+			peer, _ := newCluster(Shape{Zone: "z", Window: time.Minute, Width: benchWidth}, 100)
+			r := NewSyncer(peer, st, "reader", testIntervals, zap.NewNop())
+			b.ResetTimer()
+			for range b.N {
+				w.Write(context.Background(), now)
+				r.Read(context.Background(), now)
+			}
+			b.ReportMetric(float64(len(w.buf)), "written-B/sync")
+			b.ReportMetric(float64(len(w.buf)), "read-B/sync/peer")
+			b.ReportMetric(float64(benchWidth*SketchRows*16), "sketch-B")
+		})
+	}
+}
+
+// discard is a storage that costs nothing, so that BenchmarkDecision
+// measures what syncing costs the decisions themselves (CPU and memory
+// traffic of encoding, decoding and swapping the peers' sum), not the disk.
+type discard struct {
+	certmagic.Storage
+	mu   sync.Mutex
+	data map[string][]byte
+}
+
+func (d *discard) Store(_ context.Context, k string, v []byte) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.data[k] = append(d.data[k][:0], v...)
+	return nil
+}
+
+func (d *discard) Load(_ context.Context, k string) ([]byte, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.data[k], nil
+}
+
+func (d *discard) List(_ context.Context, p string, _ bool) ([]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var keys []string
+	for k := range d.data {
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// BenchmarkDecision compares a decision's latency beside three instances'
+// snapshots, without and with their sync running (every second, 5 times the
+// default rate), in the same run, over 100,000 active keys per instance.
+func BenchmarkDecision(b *testing.B) {
+	for _, syncing := range []bool{false, true} {
+		b.Run(fmt.Sprintf("sync=%v", syncing), func(b *testing.B) {
+			shape := Shape{Zone: "z", Window: time.Minute, Width: benchWidth}
+			st := &discard{data: map[string][]byte{}}
+			now := time.Now()
+			rng := rand.New(rand.NewPCG(3, 4))
+			var c *Cluster
+			var syncers []*Syncer
+			for i := range 3 {
+				cl, _ := newCluster(shape, 1<<20)
+				for range 100_000 {
+					cl.sketch.TakeHashWith(rng.Uint64(), 1, now, nil)
+				}
+				s := NewSyncer(cl, st, fmt.Sprint("i", i), testIntervals, zap.NewNop())
+				s.Write(context.Background(), now)
+				syncers = append(syncers, s)
+				if i == 0 {
+					c = cl
+				}
+			}
+			syncers[0].Read(context.Background(), now)
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			if syncing {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tick := time.NewTicker(time.Second)
+					defer tick.Stop()
+					for {
+						select {
+						case <-stop:
+							return
+						case <-tick.C:
+						}
+						for _, s := range syncers {
+							s.Write(context.Background(), time.Now())
+							s.Read(context.Background(), time.Now())
+						}
+					}
+				}()
+			}
+			keys := make([]uint64, 1<<16)
+			for i := range keys {
+				keys[i] = rng.Uint64()
+			}
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := rand.IntN(len(keys))
+				for pb.Next() {
+					i = (i + 1) & (len(keys) - 1)
+					c.TakeHash(keys[i], 1, now)
+				}
+			})
+			b.StopTimer()
+			close(stop)
+			wg.Wait()
+		})
+	}
+}

@@ -1,0 +1,160 @@
+package storage
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// SketchRows is the number of rows of a distributed zone's sketch.
+const SketchRows = limiter.DefaultSketchRows
+
+// A Shape identifies a zone's cluster state: a zone keeps its state across
+// config reloads while its name, window and sketch width stay the same.
+type Shape struct {
+	Zone   string
+	Window time.Duration
+	// Width is the number of counters per sketch row.
+	Width int
+}
+
+// A Cluster is one distributed zone's cluster-wide view: what this
+// instance granted, the other instances' latest snapshots, and the keys
+// blocked cluster-wide. It is a limiter.Policy: a request passes when the
+// key is not blocked and its cluster estimate plus its weight is within the
+// quota. It is safe for concurrent use; decisions take no lock and never
+// touch storage.
+type Cluster struct {
+	shape  Shape
+	sketch *limiter.Sketch
+	// peers is the sum of the other instances' snapshots as last read; nil
+	// before the first read.
+	peers  atomic.Pointer[limiter.SketchSum]
+	blocks mitigation
+
+	// mu serialises the syncers' I/O (two overlap during a config reload)
+	// and guards restored.
+	mu sync.Mutex
+	// skipped counts entries under the zone's directory that were not
+	// well-formed snapshots of it; failed counts failed storage ops.
+	skipped atomic.Uint64
+	failed  [numOps]atomic.Uint64
+
+	// restored is set once this instance's own last snapshot has been
+	// loaded back, or found missing: until then nothing is published, so
+	// that a restart cannot overwrite its state before reading it.
+	restored bool
+}
+
+func newCluster(s Shape, quota int64) (*Cluster, error) {
+	sk, err := limiter.NewSketch(limiter.SketchConfig{Quota: quota, Window: s.Window, Rows: SketchRows, Width: s.Width})
+	if err != nil {
+		return nil, fmt.Errorf("cluster sketch: %v", err)
+	}
+	return &Cluster{shape: s, sketch: sk}, nil
+}
+
+// clusters holds every zone's Cluster across config reloads, by Shape.
+var clusters = caddy.NewUsagePool()
+
+// Acquire returns the Cluster of shape s, creating it with quota if no
+// running or loading config holds one (created is then true). Each
+// successful Acquire must be matched by a Release. The quota of an existing
+// Cluster is not changed: that is SetQuota's job when the config goes live.
+func Acquire(s Shape, quota int64) (c *Cluster, created bool, err error) {
+	v, loaded, err := clusters.LoadOrNew(s, func() (caddy.Destructor, error) { return newCluster(s, quota) })
+	if err != nil {
+		return nil, false, err
+	}
+	return v.(*Cluster), !loaded, nil
+}
+
+// Release gives back a reference taken by Acquire.
+func Release(s Shape) { _, _ = clusters.Delete(s) }
+
+// Destruct implements caddy.Destructor: a Cluster holds only memory.
+func (*Cluster) Destruct() error { return nil }
+
+// SetQuota changes the events per window the cluster may grant a key.
+func (c *Cluster) SetQuota(q int64) error { return c.sketch.SetQuota(q) }
+
+// TakeHash grants weight to the key with hash h at now if it is not blocked
+// and its cluster estimate plus weight is within the quota, and counts it
+// in this instance's sketch. A key found over its limit (no request of
+// weight 1 would pass) is blocked until one would.
+func (c *Cluster) TakeHash(h uint64, weight int64, now time.Time) (limiter.Decision, limiter.Reservation) {
+	if d, ok := c.blockedAt(h, now); ok {
+		return d, limiter.Reservation{}
+	}
+	peers := c.peers.Load()
+	d, r := c.sketch.TakeHashWith(h, weight, now, peers)
+	if !d.Allowed {
+		c.mitigate(h, weight, now, peers, d)
+	}
+	return d, r
+}
+
+// PeekHash answers what TakeHash would, charging and blocking nothing.
+func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decision {
+	if d, ok := c.blockedAt(h, now); ok {
+		return d
+	}
+	return c.sketch.PeekHashWith(h, weight, now, c.peers.Load())
+}
+
+// Refund gives back what TakeHash charged.
+func (c *Cluster) Refund(r limiter.Reservation) { c.sketch.Refund(r) }
+
+func (c *Cluster) blockedAt(h uint64, now time.Time) (limiter.Decision, bool) {
+	until, ok := c.blocks.blocked(h, now.UnixNano())
+	if !ok {
+		return limiter.Decision{}, false
+	}
+	wait := time.Duration(until - now.UnixNano())
+	return limiter.Decision{Limit: c.sketch.Quota(), RetryAfter: wait, Reset: wait}, true
+}
+
+// mitigate blocks the key after the denial d of a request of weight, if
+// the key is over its limit rather than the request too heavy for what is
+// left: until a request of weight 1 would pass.
+func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, peers *limiter.SketchSum, d limiter.Decision) {
+	if weight > 1 {
+		if d = c.sketch.PeekHashWith(h, 1, now, peers); d.Allowed {
+			return
+		}
+	}
+	if d.RetryAfter <= 0 || d.RetryAfter == limiter.Never {
+		return
+	}
+	n := now.UnixNano()
+	c.blocks.add(h, n+int64(d.RetryAfter), n, true)
+}
+
+// An Op is a kind of storage operation a Syncer does.
+type Op uint8
+
+// The storage operations, for Failed.
+const (
+	OpRead Op = iota
+	OpWrite
+	OpRestore
+	numOps
+)
+
+// Ops lists every Op.
+var Ops = [numOps]Op{OpRead, OpWrite, OpRestore}
+
+func (o Op) String() string { return [numOps]string{"read", "write", "restore"}[o] }
+
+// Skipped returns how many entries under the zone's storage directory were
+// skipped because they were not well-formed snapshots of it (each time they
+// were read).
+func (c *Cluster) Skipped() uint64 { return c.skipped.Load() }
+
+// Failed returns how many storage operations of kind op failed.
+func (c *Cluster) Failed(op Op) uint64 { return c.failed[op].Load() }

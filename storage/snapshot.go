@@ -1,0 +1,180 @@
+// Package storage makes rate-limit zones cluster-wide: instances that share a
+// Caddy storage (certmagic.Storage: the file system, Redis, ...) count what
+// each of them granted and decide on the sum.
+//
+// Each distributed zone has a Cluster (cluster.go): a sliding-window
+// count-min sketch of the weight this instance granted per key (previous and
+// current window, package limiter), the sum of the other instances' latest
+// snapshots, and a mitigation cache of keys over their cluster limit
+// (mitigation.go). A request passes the Cluster when it is not blocked and
+// the key's estimate in the own sketch plus the peers' sum, evaluated at the
+// request's time, plus its weight stays within the zone's events per window.
+// Decisions take no lock and never touch storage.
+//
+// A Syncer (sync.go) does all the I/O in one background goroutine: every
+// write interval it publishes the own sketch and blocks as one snapshot
+// (this file) under rate_limit/<zone>/<instance>; every read interval it
+// reads every other snapshot under rate_limit/<zone>/ and replaces the sum
+// with a new one built from them, so a snapshot is never counted twice and
+// a dead instance's counts age out with its windows.
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"time"
+)
+
+// The stored form of one instance's state for one zone is
+//
+//	"FGCL" version=1
+//	uvarint len(instance), instance
+//	varint  written (Unix nanoseconds)
+//	uvarint len(sketch), sketch (limiter.SketchSnapshot's binary form)
+//	uvarint n, then n × (8-byte little-endian key hash, varint blocked until (Unix ns))
+//	4-byte little-endian CRC-32C of everything before it
+//
+// The checksum catches a truncated or torn file (a storage that is not
+// atomic, a crash mid-write) before anything in it is trusted.
+const (
+	snapshotMagic   = "FGCL"
+	snapshotVersion = 1
+	// maxInstanceLen bounds the instance name (a UUID is 36 bytes).
+	maxInstanceLen = 128
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// A snapshot is one instance's published state of one zone.
+type snapshot struct {
+	instance string
+	written  time.Time
+	sketch   []byte // the sketch's binary form, checked when it is added to a sum
+	blocks   []block
+}
+
+// block is a key over its cluster limit and when it may pass again.
+type block struct {
+	hash  uint64
+	until int64 // Unix nanoseconds
+}
+
+// appendSnapshot appends the stored form of a snapshot whose sketch's binary
+// form is sketch.
+func appendSnapshot(dst []byte, instance string, written time.Time, sketch []byte, blocks []block) []byte {
+	start := len(dst)
+	dst = append(dst, snapshotMagic...)
+	dst = append(dst, snapshotVersion)
+	dst = binary.AppendUvarint(dst, uint64(len(instance)))
+	dst = append(dst, instance...)
+	dst = binary.AppendVarint(dst, written.UnixNano())
+	dst = binary.AppendUvarint(dst, uint64(len(sketch)))
+	dst = append(dst, sketch...)
+	dst = binary.AppendUvarint(dst, uint64(len(blocks)))
+	for _, b := range blocks {
+		dst = binary.LittleEndian.AppendUint64(dst, b.hash)
+		dst = binary.AppendVarint(dst, b.until)
+	}
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// decodeSnapshot decodes the stored form. data is untrusted: decodeSnapshot
+// never panics, rejects anything appendSnapshot would not have written with
+// an error saying what, and allocates only the blocks, at most maxBlocks of
+// them. The sketch is returned as a sub-slice of data, unchecked.
+func decodeSnapshot(data []byte, maxBlocks int) (*snapshot, error) {
+	if len(data) < len(snapshotMagic)+1+4 || string(data[:len(snapshotMagic)]) != snapshotMagic {
+		return nil, fmt.Errorf("not a floodgate cluster snapshot")
+	}
+	if v := data[len(snapshotMagic)]; v != snapshotVersion {
+		return nil, fmt.Errorf("snapshot version %d, want %d", v, snapshotVersion)
+	}
+	body := data[:len(data)-4]
+	if sum := binary.LittleEndian.Uint32(data[len(body):]); sum != crc32.Checksum(body, castagnoli) {
+		return nil, fmt.Errorf("snapshot checksum mismatch (truncated or corrupt, %d bytes)", len(data))
+	}
+	r := reader{data: body, off: len(snapshotMagic) + 1}
+	var s snapshot
+	n, err := r.uvarint("instance length")
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 || n > maxInstanceLen {
+		return nil, fmt.Errorf("snapshot instance length %d: must be between 1 and %d", n, maxInstanceLen)
+	}
+	inst, err := r.bytes(n, "instance")
+	if err != nil {
+		return nil, err
+	}
+	s.instance = string(inst)
+	written, err := r.varint("written")
+	if err != nil {
+		return nil, err
+	}
+	s.written = time.Unix(0, written)
+	n, err = r.uvarint("sketch length")
+	if err != nil {
+		return nil, err
+	}
+	if s.sketch, err = r.bytes(n, "sketch"); err != nil {
+		return nil, err
+	}
+	n, err = r.uvarint("block count")
+	if err != nil {
+		return nil, err
+	}
+	if n > uint64(maxBlocks) {
+		return nil, fmt.Errorf("snapshot lists %d blocked keys, at most %d are kept", n, maxBlocks)
+	}
+	if n > 0 {
+		s.blocks = make([]block, 0, n)
+	}
+	for range n {
+		h, err := r.bytes(8, "block hash")
+		if err != nil {
+			return nil, err
+		}
+		until, err := r.varint("block time")
+		if err != nil {
+			return nil, err
+		}
+		s.blocks = append(s.blocks, block{hash: binary.LittleEndian.Uint64(h), until: until})
+	}
+	if r.off != len(body) {
+		return nil, fmt.Errorf("snapshot has %d trailing bytes", len(body)-r.off)
+	}
+	return &s, nil
+}
+
+type reader struct {
+	data []byte
+	off  int
+}
+
+func (r *reader) uvarint(what string) (uint64, error) {
+	v, n := binary.Uvarint(r.data[r.off:])
+	if n <= 0 {
+		return 0, fmt.Errorf("snapshot: bad %s at byte %d", what, r.off)
+	}
+	r.off += n
+	return v, nil
+}
+
+func (r *reader) varint(what string) (int64, error) {
+	v, n := binary.Varint(r.data[r.off:])
+	if n <= 0 {
+		return 0, fmt.Errorf("snapshot: bad %s at byte %d", what, r.off)
+	}
+	r.off += n
+	return v, nil
+}
+
+func (r *reader) bytes(n uint64, what string) ([]byte, error) {
+	if n > uint64(len(r.data)-r.off) {
+		return nil, fmt.Errorf("snapshot: %s of %d bytes at byte %d runs past the end", what, n, r.off)
+	}
+	b := r.data[r.off : r.off+int(n)]
+	r.off += int(n)
+	return b, nil
+}

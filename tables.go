@@ -1,0 +1,131 @@
+package floodgate
+
+// The reload-ownership protocol: zone tables outlive the configs that use
+// them, and the limit in force on a table is the one of the config that last
+// went live with it.
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// tables holds every zone's token-bucket table across config reloads. The key
+// is a tableKey; the value a *table.
+var tables = caddy.NewUsagePool()
+
+// A tableKey identifies a table: a zone keeps its table across a reload only
+// if its name and the table's shape stay the same.
+type tableKey struct {
+	zone  string
+	lines int
+	k     int
+}
+
+func (k tableKey) String() string {
+	return fmt.Sprintf("%s (%d lines, k=%d)", k.zone, k.lines, k.k)
+}
+
+// table is the value held in tables.
+type table struct {
+	buckets *limiter.Buckets
+	stop    chan struct{} // closed by Destruct: ends sweepLoop
+
+	// The limit in force is the one of the config (App) that last started
+	// with this table. A config whose start fails after its rate_limit app
+	// started is stopped without ever going live; it then gives the limit
+	// back to the config that had it (see putInForce and giveBack).
+	mu        sync.Mutex
+	owner     *App
+	prevOwner *App
+	prevLimit limiter.Limit
+}
+
+// putInForce applies limit on behalf of the starting config app.
+func (t *table) putInForce(app *App, limit limiter.Limit) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.owner == app {
+		return nil
+	}
+	prev := t.buckets.Limit()
+	if prev != limit {
+		if err := t.buckets.SetLimit(limit, time.Now()); err != nil {
+			return err
+		}
+	}
+	t.prevOwner, t.prevLimit, t.owner = t.owner, prev, app
+	return nil
+}
+
+// giveBack undoes putInForce if app is still the config whose limit is in
+// force: app is being stopped without a newer config having started with
+// this table, which happens when a later part of app's config failed to
+// start. A config replaced by a newer one no longer owns the table, and
+// changes nothing.
+func (t *table) giveBack(app *App) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.owner != app {
+		return
+	}
+	if t.buckets.Limit() != t.prevLimit {
+		// prevLimit was in force before, so it is valid.
+		_ = t.buckets.SetLimit(t.prevLimit, time.Now())
+	}
+	t.owner, t.prevOwner = t.prevOwner, nil
+}
+
+// Destruct implements caddy.Destructor: it stops the table's sweeps. The
+// table is garbage once no config refers to it.
+func (t *table) Destruct() error {
+	close(t.stop)
+	return nil
+}
+
+// sweepLoop runs the table's Sweep twice per SweepInterval (read again
+// each time, since a reload may change the limit and so the interval) until
+// the table is released. Sweeps never run in a request.
+func (t *table) sweepLoop() {
+	for {
+		timer := time.NewTimer(t.buckets.SweepInterval() / 2)
+		select {
+		case <-t.stop:
+			timer.Stop()
+			return
+		case <-timer.C:
+			t.buckets.Sweep(time.Now())
+		}
+	}
+}
+
+// acquireTable returns the table for key, creating it with cfg if no running
+// or loading config holds one. It never changes an existing table: limits are
+// applied by App.Start, when the config that asked for them goes live.
+func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*table, error) {
+	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
+		b, err := limiter.NewBuckets(cfg)
+		if err != nil {
+			return nil, err
+		}
+		t := &table{buckets: b, stop: make(chan struct{})}
+		go t.sweepLoop()
+		return t, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*table), nil
+}
+
+// releaseTable gives back one reference taken by acquireTable.
+func releaseTable(key tableKey) {
+	_, _ = tables.Delete(key)
+}
+
+// Interface guards
+var _ caddy.Destructor = (*table)(nil)
