@@ -37,6 +37,13 @@ func init() {
 //	        match {
 //	            <matchers>
 //	        }
+//	        weight <n|placeholder> [{      # cost of a request; rules tried in order,
+//	            <matchers>                 # first match wins; default: the handler's, else 1
+//	        }]
+//	        weight response_header <field> # cost reported by the response, charged after
+//	        weight response_bytes          # the response body's size, charged after
+//	        quota  <n> <duration>          # also at most n in any rolling duration; repeatable
+//	        action deny | log | delay <max> # default deny
 //	        memory      <size>             # e.g. 16MiB; or:
 //	        sources     <n>                # default 100000
 //	        false_deny  <probability>      # default 0.005
@@ -50,6 +57,7 @@ func init() {
 //	    storage <module...>                # default: the config's storage
 //	    jitter  <fraction>
 //	    log_key
+//	    weight <n|placeholder>             # this route's cost in every zone; a zone's rule wins
 //	    sweep_interval <duration>          # accepted; no effect
 //	    disable_metrics
 //	    headers on|off                     # RateLimit headers; default on
@@ -175,6 +183,10 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 				return d.ArgErr()
 			}
 			rl.LogKey = true
+		case "weight":
+			if err := rl.unmarshalWeight(d); err != nil {
+				return err
+			}
 		case "sweep_interval":
 			if err := parseDuration(d, &rl.SweepInterval); err != nil {
 				return err
@@ -397,6 +409,18 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 				return nil, d.Errf("%smatch: %v", where, err)
 			}
 			zc.MatcherSetsRaw = append(zc.MatcherSetsRaw, ms)
+		case "weight":
+			if err := zc.unmarshalWeight(d, fmt.Sprintf("zone %q: ", name)); err != nil {
+				return nil, err
+			}
+		case "quota":
+			if err := zc.unmarshalQuota(d, fmt.Sprintf("zone %q: ", name)); err != nil {
+				return nil, err
+			}
+		case "action":
+			if err := zc.unmarshalAction(d, fmt.Sprintf("zone %q: ", name)); err != nil {
+				return nil, err
+			}
 		default:
 			ok, err := zc.UnmarshalOption(d, where, seen)
 			if err != nil {

@@ -1,6 +1,7 @@
 package floodgate
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/weight"
 )
 
 // Handler limits the rate of requests. Each request is checked against every
@@ -87,11 +89,20 @@ type Handler struct {
 	// headers. Retry-After is always sent on a denial.
 	DisableHeaders bool `json:"disable_headers,omitempty"`
 
+	// Weight is what a request through this handler costs in every zone it
+	// charges, unless the zone's own weights price it: a whole number of at
+	// least 1 (JSON number), or a string with a placeholder. It gives routes
+	// different costs on a shared zone. Default 1. A fixed weight above what
+	// a zone can grant fails at load.
+	Weight weight.Value `json:"weight,omitzero"`
+
 	zones  []*zone // inline zones by name, then referenced global zones
 	owned  []*zone // inline zones, released at Cleanup
 	ctx    caddy.Context
 	logger *zap.Logger
 	events emitter
+	// sleep holds a delayed request; tests replace it to drive time.
+	sleep func(context.Context, time.Duration) error
 }
 
 // emitter is what the handler uses of Caddy's events app (caddyevents.App).
@@ -199,6 +210,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.zones = append(h.zones, z)
 	}
+	for _, z := range h.zones {
+		if err := z.checkHandlerWeight(h.Weight); err != nil {
+			return err
+		}
+	}
+	h.sleep = sleep
 	return nil
 }
 
@@ -229,8 +246,19 @@ func (h *Handler) Cleanup() error {
 // verdict is one zone's answer to one request.
 type verdict struct {
 	z *zone
+	// d is the zone's answer: its rate's and quotas' combined (combine).
 	d limiter.Decision
 	c charge
+	// rate and q are the answers of the zone's rate and of each of its
+	// quotas (the first len(z.quotas) of q). q is an array, not a slice
+	// of a buffer, so that verdicts stay on the stack.
+	rate   limiter.Decision
+	q      [maxQuotas]limiter.Decision
+	weight int64
+	// logged: a zone with action log would have denied the request.
+	// delayed: a zone with action delay held it; debt is its charge.
+	logged, delayed bool
+	debt            limiter.Reservation
 }
 
 // maxInlineVerdicts is how many zones a request can apply without the
@@ -266,40 +294,55 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 				continue
 			}
 		}
-		c := z.key(&q)
-		verdicts = append(verdicts, verdict{z: z, d: z.take(&txn, c.hash, 1, now), c: c})
+		v := verdict{z: z, c: z.key(&q)}
+		wt, err := z.weightOf(r, q.repl, h.Weight)
+		if err != nil {
+			txn.Rollback()
+			return err
+		}
+		v.weight = wt
+		if z.action != actionLog {
+			z.takeAll(&txn, &v, now)
+		}
+		verdicts = append(verdicts, v)
 	}
 	if len(verdicts) == 0 {
 		return next.ServeHTTP(w, r)
 	}
 	denied := txn.Denied()
 	if denied {
-		// Zones that granted before the denial have been refunded: ask
-		// them again for what the key holds now. Zones that denied
-		// note the source in their top sketch.
+		held, wait, err := h.delay(r, verdicts, now)
+		if err != nil {
+			return err
+		}
+		denied, now = !held, now.Add(wait)
+		// Zones that granted before the denial have been refunded, and a
+		// held request waited: ask them again what the key holds now.
+		// Zones that denied note the source in their top sketch.
 		for i := range verdicts {
-			if v := &verdicts[i]; v.d.Allowed {
-				v.d = v.z.peek(v.c.hash, 1, now)
-			} else {
+			v := &verdicts[i]
+			if v.z.action == actionLog {
+				continue
+			}
+			if denied && !v.d.Allowed {
 				v.z.recordDenied(now, &q, v.c, h.LogKey)
+			}
+			v.z.peekAll(v, held, now)
+			if held {
+				v.d.Allowed, v.d.RetryAfter = true, 0
 			}
 		}
 	}
+	logged := h.dryRun(verdicts, denied, now)
 	if !h.DisableMetrics {
-		// A zone counts a request denied if it would deny it, allowed if
-		// the request went through; a zone that granted a request another
-		// zone denied counts nothing, as it was charged nothing.
-		for i := range verdicts {
-			if verdicts[i].d.Allowed && !denied {
-				verdicts[i].z.counts.count(outcomeAllowed, 1)
-			} else if !verdicts[i].d.Allowed {
-				verdicts[i].z.counts.count(outcomeDenied, 1)
-			}
-		}
+		count(verdicts, denied)
 	}
 	main := deciding(verdicts)
 	if denied {
 		return h.deny(w, &q, verdicts, main, now)
+	}
+	if logged {
+		return h.passLogged(w, &q, verdicts, main, next, now)
 	}
 	if !h.DisableHeaders {
 		new(responseHeaders).setRateLimit(w.Header(), verdicts)
@@ -311,25 +354,35 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	q.repl.Set("http.rate_limit.limit", v.z.burstValue)
 	q.repl.Set("http.rate_limit.remaining", boxCount(v.d.Remaining))
 	q.repl.Set("http.rate_limit.retry_after", boxCount(0))
+	q.repl.Set("http.rate_limit.key_name", v.z.keyNameValue(v.c))
 	if h.LogKey {
 		q.repl.Set("http.rate_limit.key", v.z.keyText(&q, v.c))
 	} else {
 		q.repl.Set("http.rate_limit.key", "")
 	}
-	return next.ServeHTTP(w, r)
+	return h.serveCharged(w, r, verdicts, next, now)
 }
 
-// deciding picks the verdict that describes the request: the first denial,
-// or if none, the zone with the fewest requests left.
+// deciding picks the verdict that describes the request: the first denial
+// by a zone that enforces, else the first by a zone with action log, else
+// the zone with the fewest requests left.
 func deciding(verdicts []verdict) int {
-	best := 0
+	best, logged := 0, -1
 	for i, v := range verdicts {
 		if !v.d.Allowed {
-			return i
+			if v.z.action != actionLog {
+				return i
+			}
+			if logged < 0 {
+				logged = i
+			}
 		}
 		if v.d.Remaining < verdicts[best].d.Remaining {
 			best = i
 		}
+	}
+	if logged >= 0 {
+		return logged
 	}
 	return best
 }
@@ -343,6 +396,7 @@ type denial struct {
 	remaining  int64
 	retryAfter int64
 	key        string
+	keyName    string
 }
 
 // placeholder answers the rate_limit placeholders of a denied request.
@@ -361,6 +415,8 @@ func (d *denial) placeholder(name string) (any, bool) {
 		return d.retryAfter, true
 	case "http.rate_limit.key":
 		return d.key, true
+	case "http.rate_limit.key_name":
+		return d.keyName, true
 	}
 	return nil, false
 }
@@ -369,10 +425,19 @@ func (d *denial) placeholder(name string) (any, bool) {
 // placeholders, a log line (see denialLog), an event if anything listens,
 // and the zone's 429 error, returned unwrapped so handle_errors sees it.
 func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time) error {
-	// The request passes when every zone allows it: wait for the slowest.
+	h.overLimit(w, q, verdicts, main, now, true)
+	return verdicts[main].z.exceeded
+}
+
+// overLimit answers a request over a limit, which enforcing zones deny, or
+// which only zones with action log would deny (not enforcing: the request
+// passes, with everything below for operators to see).
+func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time, enforcing bool) {
+	// The request passes when every zone allows it: wait for the slowest
+	// of those that deny it (or, for a dry run, would).
 	var wait time.Duration
 	for _, v := range verdicts {
-		if !v.d.Allowed {
+		if !v.d.Allowed && (v.z.action != actionLog) == enforcing {
 			wait = max(wait, v.d.RetryAfter)
 		}
 	}
@@ -383,7 +448,7 @@ func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, ma
 		}
 	}
 	v := verdicts[main]
-	d := &denial{z: v.z, remaining: v.d.Remaining, retryAfter: max(ceilSeconds(wait), 1)}
+	d := &denial{z: v.z, remaining: v.d.Remaining, retryAfter: max(ceilSeconds(wait), 1), keyName: v.z.keyName(v.c)}
 	hdr := w.Header()
 	d.headers.setRetryAfter(hdr, d.retryAfter)
 	if !h.DisableHeaders {
@@ -403,12 +468,22 @@ func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, ma
 		if info {
 			level = zapcore.InfoLevel
 		}
-		if ce := h.logger.Check(level, "rate limit exceeded"); ce != nil {
+		// A dry run's line has a message of its own, so that the
+		// fail2ban and CrowdSec filters of denials never ban for it.
+		msg := "rate limit exceeded"
+		if !enforcing {
+			msg = "rate limit would be exceeded"
+		}
+		if ce := h.logger.Check(level, msg); ce != nil {
 			fields := []zap.Field{
 				zap.String("zone", v.z.name),
 				zap.String("client_ip", q.clientIP().text),
 				zap.String("source", v.z.source(v.c)),
+				zap.String("key_name", d.keyName),
 				zap.Int64("retry_after", d.retryAfter),
+			}
+			if !enforcing {
+				fields = append(fields, zap.String("action", "log"))
 			}
 			if info {
 				fields = append(fields, zap.Int64("suppressed", suppressed))
@@ -419,7 +494,7 @@ func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, ma
 			ce.Write(fields...)
 		}
 	}
-	if h.events != nil && h.events.ShouldEmit(exceededEvent) {
+	if enforcing && h.events != nil && h.events.ShouldEmit(exceededEvent) {
 		data := map[string]any{
 			"zone":        v.z.name,
 			"client_ip":   q.clientIP().text,
@@ -432,7 +507,6 @@ func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, ma
 		}
 		h.events.Emit(h.ctx, exceededEvent, data)
 	}
-	return v.z.exceeded
 }
 
 // exceededEvent is the name of the event emitted for each denial.

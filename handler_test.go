@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -433,6 +434,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = "192.0.2.1:1234"
 		r.Header.Set("X-Key", "alice")
+		r.Header.Set("X-Cost", "3")
 		caddyhttp.NewTestReplacer(r)
 		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "192.0.2.1"}))
 		w := httptest.NewRecorder()
@@ -507,6 +509,31 @@ func BenchmarkServeHTTP(b *testing.B) {
 			}
 		})
 	}
+	// What weights, quotas and response costs add to an allowed request,
+	// beside "allowed" (the same zone, plain).
+	weighted := func(edit func(*Zone)) map[string]*Zone {
+		// Five tokens back per request: what the heaviest weight here takes.
+		zones := zone("{http.vars.client_ip}", 5000, 4000, time.Second)
+		for _, zc := range zones {
+			edit(zc)
+		}
+		return zones
+	}
+	b.Run("allowed_weight_static", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.Weights = []*WeightRule{{Weight: weight.Static(5)}} })), false)
+	})
+	b.Run("allowed_weight_placeholder", func(b *testing.B) {
+		cost, _ := weight.Parse("{http.request.header.X-Cost}")
+		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.Weights = []*WeightRule{{Weight: cost}} })), false)
+	})
+	b.Run("allowed_quota", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) {
+			zc.Quotas = []Quota{{MaxEvents: limiter.MaxSketchQuota, Window: caddy.Duration(time.Hour)}}
+		})), false)
+	})
+	b.Run("allowed_response_header", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.WeightResponseHeader = "X-Query-Cost" })), false)
+	})
 }
 
 func TestDenialLogNamesZoneAndClientButKeyOnlyWithLogKey(t *testing.T) {

@@ -36,7 +36,9 @@ type responseHeaders struct {
 //
 // q and w are the zone's burst and the seconds its bucket takes to refill
 // (see policyItem); r is what the key may still take now, rounded down, and
-// t the seconds until its bucket is full again, rounded up. Zone names are restricted
+// t the seconds until its bucket is full again, rounded up. Each quota of a
+// zone is an item of its own, named after the zone and its window
+// (quotaName), with q its count and w its window. Zone names are restricted
 // (validZoneName) so that they need no escaping in a quoted string.
 func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 	if len(verdicts) == 1 {
@@ -56,7 +58,17 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = appendLimitItem(b, v.z.name, v.d.Remaining, ceilSeconds(v.d.Reset))
+		// d is the zone's answer; with quotas, that combines the rate's
+		// and theirs, and each has an item of its own.
+		rate := v.d
+		if len(v.z.quotas) > 0 {
+			rate = v.rate
+		}
+		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(rate.Reset))
+		for j, q := range v.quotas() {
+			b = append(b, ", "...)
+			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(q.Reset))
+		}
 	}
 	h.limit[0] = h.text(b)
 	hdr[policyField] = h.policy[:]

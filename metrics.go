@@ -20,9 +20,8 @@ const (
 	outcomeAllowed outcome = iota
 	outcomeDenied
 	// logged and delayed are for zones whose action is to log, or to hold,
-	// an over-limit request instead of denying it. No zone takes those
-	// actions yet; they are reported (as 0) so that dashboards and scripts
-	// need not change when one does.
+	// an over-limit request instead of denying it (action log, action
+	// delay).
 	outcomeLogged
 	outcomeDelayed
 	numOutcomes

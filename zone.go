@@ -50,6 +50,38 @@ type Zone struct {
 	// address), ipv6_prefix (default 64: the smallest network a client
 	// usually gets), memory, sources and false_deny.
 	zoneconf.Limit
+
+	// Weights set what a request costs in this zone, in tokens. The rules
+	// are tried in order; the first whose matchers match (a rule without
+	// matchers always does) gives the weight. Default: the handler's
+	// weight, else 1. See WeightRule.
+	Weights []*WeightRule `json:"weights,omitempty"`
+
+	// WeightResponseHeader names a response header whose value (a whole
+	// number) the request costs, charged when the response is written on
+	// top of what was charged at arrival. See "Weights" in the README.
+	WeightResponseHeader string `json:"weight_response_header,omitempty"`
+
+	// WeightResponseBytes charges the size of the response body, counted
+	// as it is written and charged when the handler returns; the zone's
+	// unit is then the byte (RateLimit-Policy says qu="content-bytes").
+	WeightResponseBytes bool `json:"weight_response_bytes,omitempty"`
+
+	// Quotas are rolling limits beside the rate: at most max_events in
+	// any window of that length. A request is charged to the rate and
+	// every quota only if all of them allow it. At most 2 per zone.
+	Quotas []Quota `json:"quotas,omitempty"`
+
+	// Action is what happens to a request this zone would deny: "deny"
+	// (default, a 429), "log" (a dry run: it passes, charging nothing, but
+	// is logged, counted and given the headers and placeholders of a
+	// denial) or "delay" (held until its tokens return, up to max_delay).
+	Action string `json:"action,omitempty"`
+
+	// MaxDelay is the longest a request is held with action "delay";
+	// required with it, positive. A request that would wait longer is
+	// denied at once.
+	MaxDelay caddy.Duration `json:"max_delay,omitempty"`
 }
 
 const (
@@ -63,7 +95,17 @@ func (z *Zone) Validate(name string) error {
 	if err := validZoneName(name); err != nil {
 		return err
 	}
-	return z.Limit.Validate(fmt.Sprintf("zone %q: ", name))
+	where := fmt.Sprintf("zone %q: ", name)
+	if err := z.Limit.Validate(where); err != nil {
+		return err
+	}
+	if err := z.validateQuotas(where); err != nil {
+		return err
+	}
+	if err := z.validateWeights(where); err != nil {
+		return err
+	}
+	return z.validateAction(where)
 }
 
 // validZoneName accepts names that can be written in a header's quoted
@@ -99,7 +141,8 @@ type zone struct {
 	tkey       tableKey
 	table      *table
 	buckets    *limiter.Buckets // table.buckets
-	// policy is the zone's RateLimit-Policy item (see policyItem).
+	// policy is the zone's RateLimit-Policy items (see policyItem): its
+	// rate's, then one for each quota.
 	policy string
 	// exceeded is the error of every request the zone denies: a
 	// caddyhttp.HandlerError made once, because Caddy only reads it (see
@@ -115,6 +158,33 @@ type zone struct {
 	counts *zoneCounts
 	// dist is set when the zone is distributed (cluster.go).
 	dist *distributedZone
+	// keyNames are the zone's keys as configured, for the key_name
+	// placeholder and the log; keyNameValues the same, boxed once.
+	keyNames      []string
+	keyNameValues []any
+
+	// costs are the zone's weight rules; pricesAll is set if one of them
+	// matches every request. grantable is the largest weight the zone can
+	// ever grant.
+	costs     []costRule
+	pricesAll bool
+	grantable int64
+	// afterHeader or afterBytes: the cost reported by the response.
+	afterHeader string
+	afterBytes  bool
+	// unit is the RateLimit-Policy parameter naming the zone's unit, if
+	// not requests.
+	unit string
+
+	// quotas are the zone's rolling quotas (their RateLimit-Policy items
+	// follow the rate's in policy), skeys their pool keys and quotaNames
+	// their names in the RateLimit headers.
+	quotas     []*limiter.Sketch
+	skeys      []sketchKey
+	quotaNames []string
+
+	action   action
+	maxDelay time.Duration
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -133,6 +203,8 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
 		if k != "" {
 			z.keys = append(z.keys, parseKeySpec(expandShorthands(k)))
+			z.keyNames = append(z.keyNames, k)
+			z.keyNameValues = append(z.keyNameValues, k)
 		}
 	}
 	if zc.MatcherSetsRaw != nil {
@@ -144,16 +216,28 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 			return nil, fmt.Errorf("zone %q: %v", name, err)
 		}
 	}
+	if err := z.provisionCosts(ctx, zc); err != nil {
+		return nil, err
+	}
+	if z.afterBytes {
+		z.unit = `;qu="content-bytes"`
+	}
+	z.action, z.maxDelay = parseAction(zc.Action), time.Duration(zc.MaxDelay)
 	burst := z.limit.Burst
 	if burst == 0 {
 		burst = z.limit.Events
 	}
 	z.burstValue = burst
-	z.policy = policyItem(name, z.limit)
+	z.policy = policyItem(name, z.limit) + z.unit
 	z.exceeded = denialError(name)
+	if err := z.provisionQuotas(zc); err != nil {
+		z.releaseQuotas()
+		return nil, err
+	}
 	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK}
 	t, err := acquireTable(z.tkey, zc.Buckets())
 	if err != nil {
+		z.releaseQuotas()
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}
 	z.table, z.buckets = t, t.buckets
@@ -161,10 +245,11 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	return z, nil
 }
 
-// release gives back the zone's references to its table, counts and
-// cluster state.
+// release gives back the zone's references to its table, sketches, counts
+// and cluster state.
 func (z *zone) release() {
 	releaseTable(z.tkey)
+	z.releaseQuotas()
 	releaseCounts(z.name)
 	if z.dist != nil {
 		storage.Release(z.dist.shape)
@@ -219,6 +304,23 @@ func ceilSeconds(d time.Duration) int64 {
 		return math.MaxInt64 / int64(time.Second)
 	}
 	return int64((d + time.Second - 1) / time.Second)
+}
+
+// keyName is the key of z that gave charge c, as configured, or "" if every
+// key was empty.
+func (z *zone) keyName(c charge) string {
+	if c.key < 0 || c.key >= len(z.keyNames) {
+		return ""
+	}
+	return z.keyNames[c.key]
+}
+
+// keyNameValue is keyName as a placeholder value, without boxing it again.
+func (z *zone) keyNameValue(c charge) any {
+	if c.key < 0 || c.key >= len(z.keyNameValues) {
+		return ""
+	}
+	return z.keyNameValues[c.key]
 }
 
 // definition is zc as JSON, to tell whether two definitions of a zone name

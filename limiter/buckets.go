@@ -420,22 +420,50 @@ func (b *Buckets) Refund(r Reservation) {
 
 // Charge charges weight tokens to the key with hash h at time now without
 // checking that it has them: for a cost known only after the request was
-// served (a response's size, say). Every counter of the key pays, up to a
-// debt of one burst beyond empty (twice the burst short of full), so a key
-// charged past its tokens is denied until it has paid the debt back, and no
-// more than about a burst. A weight below 1 charges nothing.
-func (b *Buckets) Charge(h uint64, weight int64, now time.Time) {
-	if weight < 1 {
-		return
-	}
+// served (a response's size, say), or tokens reserved for a request that
+// will wait for them. Every counter of the key pays, up to a debt of one
+// burst beyond empty (twice the burst short of full), so a key charged past
+// its tokens is denied until it has paid the debt back, and no more than
+// about a burst. A weight below 1 charges nothing.
+//
+// Allowed reports whether at least one counter took the whole charge, the
+// only way the key's fullest counter holds it; false means the key is at
+// the ceiling and part of the charge was dropped. RetryAfter is the time
+// until the key is out of debt (its fullest counter back to empty, no other
+// traffic assumed): when a request that reserved its tokens may go. Refund
+// gives back exactly what was charged.
+func (b *Buckets) Charge(h uint64, weight int64, now time.Time) (Decision, Reservation) {
 	p := b.p.Load()
-	t := at{now: uint32(p.ticks(b.nowNanos(now)))}
-	cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
-	ln, cs, _ := b.place(p, h)
-	kw := groupWords(cs)
-	for g := 0; g < kw.n; g++ {
-		chargeWord(&ln[kw.word[g]], loadWord(&ln[kw.word[g]]), kw.lanes[g], cost, uint32(p.ceil), t)
+	d := Decision{Limit: p.limit.burst()}
+	if weight < 1 {
+		return d, Reservation{}
 	}
+	ns := b.nowNanos(now)
+	tick := p.ticks(ns)
+	t := at{now: uint32(tick)}
+	cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
+	ln, cs, index := b.place(p, h)
+	kw := groupWords(cs)
+	r := Reservation{index: index, units: int64(cost), epoch: p.gen}
+	best := uint32(math.MaxUint32)
+	for g := 0; g < kw.n; g++ {
+		paid := chargeWord(&ln[kw.word[g]], loadWord(&ln[kw.word[g]]), kw.lanes[g], cost, uint32(p.ceil), t)
+		r.setShort(kw, g, cost, paid)
+		w := loadWord(&ln[kw.word[g]])
+		for l := uint8(0); l < 2; l++ {
+			if kw.lanes[g]>>l&1 != 0 {
+				d.Allowed = d.Allowed || paid[l] == cost
+				best = min(best, aheadOf(lane(w, l), t.now))
+			}
+		}
+	}
+	capT := uint32(p.capT)
+	d.Remaining = int64(capT-min(best, capT)) >> p.log
+	d.Reset = p.about(uint64(best))
+	if best > capT {
+		d.RetryAfter = p.until(ns, tick, uint64(best-capT))
+	}
+	return d, r
 }
 
 // Fill makes the counters of the key with hash h full again. Keys that

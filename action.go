@@ -1,0 +1,207 @@
+package floodgate
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// action is what a zone does with a request it would deny.
+type action uint8
+
+const (
+	actionDeny  action = iota // answer 429 (the default)
+	actionLog                 // let it pass, charging nothing; log and count it
+	actionDelay               // hold it until its tokens return, within max_delay
+)
+
+// maxHeld is how many requests a zone holds at once with action delay. A
+// held request keeps its goroutine, its connection and a timer; beyond this
+// many, a request the zone would hold is denied at once, so that delaying
+// cannot become a flood of waiting requests.
+const maxHeld = 1024
+
+// validateAction checks action and max_delay.
+func (zc *Zone) validateAction(where string) error {
+	switch zc.Action {
+	case "", "deny", "log":
+		if zc.MaxDelay != 0 {
+			return fmt.Errorf("%smax_delay %v: only with action delay", where, time.Duration(zc.MaxDelay))
+		}
+	case "delay":
+		if zc.MaxDelay <= 0 {
+			return fmt.Errorf("%saction delay %v: the longest delay must be positive", where, time.Duration(zc.MaxDelay))
+		}
+	default:
+		return fmt.Errorf("%saction %q: must be deny, log or delay", where, zc.Action)
+	}
+	return nil
+}
+
+func parseAction(s string) action {
+	switch s {
+	case "log":
+		return actionLog
+	case "delay":
+		return actionDelay
+	}
+	return actionDeny
+}
+
+// sleep waits for d or until ctx is done, whichever comes first, and
+// returns ctx's error in the second case.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// delay tries to hold a request that the zones of verdicts denied (their
+// charges already rolled back) instead of denying it. It holds only if every
+// zone that denied it has action delay, denied it on its rate alone (a quota
+// does not delay: its tokens return over minutes or hours) and would grant
+// it within its max_delay, and no such zone already holds maxHeld requests.
+//
+// The request's tokens are reserved at once: in the zones that delay, by a
+// charge that drives the key into debt (limiter.Buckets.Charge), so every
+// later request waits behind this one and held requests never pass faster
+// than the rate; in every other zone and quota, by a normal take. It then
+// waits until its debt is repaid. It returns (false, nil) if the request
+// must be denied after all, having charged nothing; true and the time it
+// waited once the request may go on, charged everywhere; and an error if
+// the client went away meanwhile, every charge returned.
+func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (bool, time.Duration, error) {
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.z.action == actionLog || v.d.Allowed {
+			continue
+		}
+		if v.z.action != actionDelay || !v.quotasAllowed() || v.rate.RetryAfter > v.z.maxDelay {
+			return false, 0, nil
+		}
+	}
+	var txn limiter.Txn
+	var wait time.Duration
+	ok := true
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.z.action == actionLog {
+			continue
+		}
+		held := &v.z.counts.held
+		if v.z.action != actionDelay || v.rate.Allowed {
+			v.z.take(&txn, v.c.hash, v.weight, now)
+		} else if ok = held.Add(1) <= maxHeld; !ok {
+			held.Add(-1)
+			break
+		} else {
+			d, res := v.z.buckets.Charge(v.c.hash, v.weight, now)
+			v.delayed, v.debt = true, res
+			if ok = d.Allowed && d.RetryAfter <= v.z.maxDelay; !ok {
+				break
+			}
+			wait = max(wait, d.RetryAfter)
+		}
+		for _, s := range v.z.quotas {
+			txn.Take(s, v.c.hash, v.weight, now)
+		}
+	}
+	var err error
+	if ok = ok && !txn.Denied(); ok {
+		if err = h.sleep(r.Context(), wait); err != nil {
+			ok = false
+			err = caddyhttp.Error(499, fmt.Errorf("client went away while held by rate_limit: %w", err))
+		}
+	}
+	if !ok {
+		txn.Rollback()
+		wait = 0
+	}
+	for i := range verdicts {
+		if v := &verdicts[i]; v.delayed {
+			v.z.counts.held.Add(-1)
+			if !ok {
+				v.z.buckets.Refund(v.debt)
+				v.delayed = false
+			}
+		}
+	}
+	return ok, wait, err
+}
+
+// quotasAllowed reports whether every quota of v's zone allowed the request.
+func (v *verdict) quotasAllowed() bool {
+	for _, q := range v.quotas() {
+		if !q.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// dryRun decides the zones with action log, each on its own, after the
+// zones that enforce: a request they would deny passes, and is charged
+// nothing in them, so that their state is what enforcing would have left.
+// A request the enforcing zones denied is charged nothing anywhere; the log
+// zones are then only asked what they hold. It reports whether a log zone
+// would have denied the request, and marks its verdict logged.
+func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
+	logged := false
+	var txn limiter.Txn
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.z.action != actionLog {
+			continue
+		}
+		if denied {
+			v.z.peekAll(v, true, now)
+		} else {
+			txn = limiter.Txn{} // keeps the previous zone's charges
+			v.z.takeAll(&txn, v, now)
+		}
+		if !v.d.Allowed {
+			v.logged, logged = true, true
+		}
+	}
+	return logged
+}
+
+// count adds the request to each zone's counts: allowed where it was
+// charged, denied where an enforcing zone would deny it, logged where a log
+// zone would, delayed where it was held; each with the request's weight. A
+// zone that granted a request another zone denied counts nothing, as it was
+// charged nothing.
+func count(verdicts []verdict, denied bool) {
+	for i := range verdicts {
+		v := &verdicts[i]
+		switch {
+		case v.delayed:
+			v.z.counts.count(outcomeDelayed, v.weight)
+		case v.logged:
+			v.z.counts.count(outcomeLogged, v.weight)
+		case !v.d.Allowed:
+			v.z.counts.count(outcomeDenied, v.weight)
+		case !denied:
+			v.z.counts.count(outcomeAllowed, v.weight)
+		}
+	}
+}
+
+// passLogged lets through a request that a zone with action log would have
+// denied, with what a denial would have set (Retry-After, the RateLimit
+// headers, the placeholders, a log line) for operators to see what
+// enforcing would do.
+func (h *Handler) passLogged(w http.ResponseWriter, q *request, verdicts []verdict, main int, next caddyhttp.Handler, now time.Time) error {
+	h.overLimit(w, q, verdicts, main, now, false)
+	return h.serveCharged(w, q.r, verdicts, next, now)
+}

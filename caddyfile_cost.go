@@ -1,0 +1,130 @@
+package floodgate
+
+import (
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/floodgate-rl/floodgate/weight"
+	"github.com/floodgate-rl/floodgate/zoneconf"
+)
+
+// parseWeightValue reads the weight argument the dispenser is on: a whole
+// number, or a placeholder, whose shorthands ({header.X-Cost}) are expanded
+// as Caddy does in site blocks (it does not in global options).
+func parseWeightValue(d *caddyfile.Dispenser, where string) (weight.Value, error) {
+	seg := caddyfile.Segment{d.Token()}
+	httpcaddyfile.NewShorthandReplacer().ApplyToSegment(&seg)
+	v, err := weight.Parse(seg[0].Text)
+	if err != nil {
+		return weight.Value{}, d.Errf("%s%v", where, err)
+	}
+	return v, nil
+}
+
+// unmarshalWeight reads a zone's weight subdirective:
+//
+//	weight <n|placeholder> [{ <matchers> }]
+//	weight response_header <field>
+//	weight response_bytes
+func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	switch d.Val() {
+	case "response_header":
+		field, err := zoneconf.OneArg(d)
+		if err != nil {
+			return err
+		}
+		zc.WeightResponseHeader = field
+		return nil
+	case "response_bytes":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		zc.WeightResponseBytes = true
+		return nil
+	}
+	v, err := parseWeightValue(d, where)
+	if err != nil {
+		return err
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	rule := &WeightRule{Weight: v}
+	ms, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+	if err != nil {
+		return d.Errf("%sweight %s: %v", where, v, err)
+	}
+	if len(ms) > 0 {
+		rule.MatcherSetsRaw = caddyhttp.RawMatcherSets{ms}
+	}
+	zc.Weights = append(zc.Weights, rule)
+	return nil
+}
+
+// unmarshalQuota reads `quota <n> <duration>`.
+func (zc *Zone) unmarshalQuota(d *caddyfile.Dispenser, where string) error {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return d.Errf("%squota %v: needs a count and a duration, e.g. quota 10000 24h", where, args)
+	}
+	n, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || n < 1 {
+		return d.Errf("%squota %q: the count must be a whole number of at least 1", where, args[0])
+	}
+	dur, err := caddy.ParseDuration(args[1])
+	if err != nil || dur <= 0 {
+		return d.Errf("%squota %s %q: the window must be a positive duration", where, args[0], args[1])
+	}
+	zc.Quotas = append(zc.Quotas, Quota{MaxEvents: n, Window: caddy.Duration(dur)})
+	return nil
+}
+
+// unmarshalAction reads `action deny | log | delay <max>`.
+func (zc *Zone) unmarshalAction(d *caddyfile.Dispenser, where string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	switch a := d.Val(); a {
+	case "deny", "log":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		zc.Action = a
+	case "delay":
+		v, err := zoneconf.OneArg(d)
+		if err != nil {
+			return d.Errf("%saction delay: needs the longest delay, e.g. action delay 2s", where)
+		}
+		dur, err := caddy.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			return d.Errf("%saction delay %q: the longest delay must be a positive duration", where, v)
+		}
+		zc.Action, zc.MaxDelay = a, caddy.Duration(dur)
+	default:
+		return d.Errf("%saction %q: must be deny, log or delay <max>", where, a)
+	}
+	return nil
+}
+
+// unmarshalWeight reads the handler's `weight <n|placeholder>`.
+func (rl *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	v, err := parseWeightValue(d, "")
+	if err != nil {
+		return err
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	rl.Weight = v
+	return nil
+}

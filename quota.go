@@ -1,0 +1,195 @@
+package floodgate
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// Quota is a rolling limit: at most max_events tokens in any window of the
+// given length, enforced with Cloudflare's two-window estimate in a
+// count-min sketch of fixed size (limiter.Sketch). It suits long windows
+// (10,000 per day) beside a zone's short-term rate.
+type Quota struct {
+	// MaxEvents is how many tokens a key may take in any window. At least
+	// 1, at most 4294967295.
+	MaxEvents int64 `json:"max_events,omitempty"`
+	// Window is the length of the rolling window. At least 1ms.
+	Window caddy.Duration `json:"window,omitempty"`
+}
+
+// maxQuotas is how many quotas a zone may have (an hour's and a day's, say):
+// each is one more decision per request, and every zone's room for them is
+// on the stack of every request.
+const maxQuotas = 2
+
+// sketchRows is the depth of every quota's sketch: limiter's default.
+const sketchRows = limiter.DefaultSketchRows
+
+// validateQuotas checks the zone's quotas, naming the one at fault.
+func (zc *Zone) validateQuotas(where string) error {
+	if len(zc.Quotas) > maxQuotas {
+		return fmt.Errorf("%squota: at most %d quotas per zone, got %d", where, maxQuotas, len(zc.Quotas))
+	}
+	for i, q := range zc.Quotas {
+		w := time.Duration(q.Window)
+		if q.MaxEvents < 1 || q.MaxEvents > limiter.MaxSketchQuota {
+			return fmt.Errorf("%squota %d %v: the count must be between 1 and %d", where, q.MaxEvents, w, int64(limiter.MaxSketchQuota))
+		}
+		if w < limiter.MinSketchWindow || w > limiter.MaxSketchWindow {
+			return fmt.Errorf("%squota %d %v: the window must be at least %v", where, q.MaxEvents, w, limiter.MinSketchWindow)
+		}
+		for _, p := range zc.Quotas[:i] {
+			if p.Window == q.Window {
+				return fmt.Errorf("%squota %d %v: the zone already has a quota over %v", where, q.MaxEvents, w, w)
+			}
+		}
+	}
+	return nil
+}
+
+// sketchWidth sizes a quota's sketch from the zone's settings. With memory
+// set, each quota gets that much memory too. Otherwise the width is the
+// smallest at which a key shares a cell with one of `sources` other active
+// keys in every row with a probability of at most false_deny:
+// (1 − e^(−sources/width))^rows ≤ false_deny. Sharing a cell is necessary
+// for a key under its quota to be denied, not sufficient, so this bounds
+// the false-deny rate from above.
+func (zc *Zone) sketchWidth() int {
+	if zc.Memory != 0 {
+		return int(min(max(zc.Memory/(16*sketchRows), 1), limiter.MaxSketchWidth))
+	}
+	sources, fd := float64(limiter.DefaultSources), limiter.DefaultFalseDeny
+	if zc.Sources != 0 {
+		sources = float64(zc.Sources)
+	}
+	if zc.FalseDeny != 0 {
+		fd = zc.FalseDeny
+	}
+	w := -sources / math.Log1p(-math.Pow(fd, 1.0/sketchRows))
+	return int(min(math.Ceil(w), limiter.MaxSketchWidth))
+}
+
+// sketches holds every quota's sketch across config reloads, keyed by a
+// sketchKey, as tables holds the token buckets.
+var sketches = caddy.NewUsagePool()
+
+// A sketchKey identifies a quota's state. The count is part of it: a
+// sketch's quota cannot be handed back to the running config if a reload
+// fails, so a changed quota starts afresh instead.
+type sketchKey struct {
+	zone   string
+	quota  int64
+	window time.Duration
+	width  int
+}
+
+// sketchEntry is the value held in sketches.
+type sketchEntry struct{ s *limiter.Sketch }
+
+// Destruct implements caddy.Destructor.
+func (sketchEntry) Destruct() error { return nil }
+
+// provisionQuotas acquires the zone's sketches, names them and adds their
+// RateLimit-Policy items to z.policy. The caller releases them (z.release).
+func (z *zone) provisionQuotas(zc *Zone) error {
+	width := zc.sketchWidth()
+	for _, q := range zc.Quotas {
+		key := sketchKey{zone: z.name, quota: q.MaxEvents, window: time.Duration(q.Window), width: width}
+		v, _, err := sketches.LoadOrNew(key, func() (caddy.Destructor, error) {
+			s, err := limiter.NewSketch(limiter.SketchConfig{Quota: key.quota, Window: key.window, Rows: sketchRows, Width: width})
+			return sketchEntry{s}, err
+		})
+		if err != nil {
+			return fmt.Errorf("zone %q: quota %d %v: %v", z.name, q.MaxEvents, key.window, err)
+		}
+		z.skeys = append(z.skeys, key)
+		z.quotas = append(z.quotas, v.(sketchEntry).s)
+		qn := quotaName(z.name, key.window)
+		z.quotaNames = append(z.quotaNames, qn)
+		z.policy += ", " + policyItem(qn, limiter.Limit{Events: q.MaxEvents, Window: key.window, Burst: q.MaxEvents}) + z.unit
+	}
+	return nil
+}
+
+// releaseQuotas gives back the zone's references to its sketches.
+func (z *zone) releaseQuotas() {
+	for _, k := range z.skeys {
+		_, _ = sketches.Delete(k)
+	}
+}
+
+// quotaName names a quota in the RateLimit headers: the zone and the window
+// in its largest whole unit up to hours, e.g. "api/24h" or "api/90s".
+func quotaName(zone string, w time.Duration) string {
+	s := int64(w / time.Second)
+	switch {
+	case w%time.Second != 0:
+		return zone + "/" + strconv.FormatInt(int64(w/time.Millisecond), 10) + "ms"
+	case s%3600 == 0:
+		return zone + "/" + strconv.FormatInt(s/3600, 10) + "h"
+	case s%60 == 0:
+		return zone + "/" + strconv.FormatInt(s/60, 10) + "m"
+	}
+	return zone + "/" + strconv.FormatInt(s, 10) + "s"
+}
+
+// takeAll asks every policy of z (its rate, then its quotas) for v's weight
+// in txn, and sets v's decisions.
+func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
+	v.rate = z.take(txn, v.c.hash, v.weight, now)
+	for i, s := range z.quotas {
+		v.q[i] = txn.Take(s, v.c.hash, v.weight, now)
+	}
+	v.combine()
+}
+
+// peekAll replaces v's decisions by what z's policies hold now, charging
+// nothing: all of them, or only those that granted (and were refunded
+// since, because another policy denied the request).
+func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
+	if all || v.rate.Allowed {
+		v.rate = z.peek(v.c.hash, v.weight, now)
+	}
+	for i, s := range z.quotas {
+		if all || v.q[i].Allowed {
+			// Sketch.PeekHash reports what would remain after the
+			// request, Buckets.PeekHash what remains now; the headers
+			// say what remains now.
+			d := s.PeekHash(v.c.hash, v.weight, now)
+			if d.Allowed {
+				d.Remaining = min(d.Remaining+v.weight, d.Limit)
+			}
+			v.q[i] = d
+		}
+	}
+	v.combine()
+}
+
+// quotas are the decisions of the quotas of v's zone.
+func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
+
+// combine sets v.d, the zone's answer, from its policies': allowed if all
+// allow, the fewest tokens left, the longest wait of those that deny, the
+// latest reset.
+func (v *verdict) combine() {
+	v.d = v.rate
+	for _, q := range v.quotas() {
+		if !q.Allowed {
+			if v.d.Allowed {
+				v.d.Allowed, v.d.RetryAfter = false, q.RetryAfter
+			} else {
+				v.d.RetryAfter = max(v.d.RetryAfter, q.RetryAfter)
+			}
+		}
+		if q.Remaining < v.d.Remaining {
+			v.d.Remaining, v.d.Limit = q.Remaining, q.Limit
+		}
+		v.d.Reset = max(v.d.Reset, q.Reset)
+	}
+}
