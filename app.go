@@ -81,17 +81,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.warn(z, zc)
 	}
 	if a.Distributed != nil && len(a.global) > 0 {
-		if err := a.Distributed.Validate(); err != nil {
-			return err
-		}
-		st, err := loadStorage(ctx, a, "StorageRaw", a.StorageRaw)
-		if err != nil {
-			return err
-		}
+		var zones []*zone
 		for _, name := range slices.Sorted(maps.Keys(a.global)) {
-			if err := a.global[name].distribute(ctx, a.Distributed, st); err != nil {
-				return err
-			}
+			zones = append(zones, a.global[name])
+		}
+		if err := distributeZones(ctx, a.Distributed, a, "StorageRaw", a.StorageRaw, zones); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -76,6 +76,26 @@ func loadStorage(ctx caddy.Context, module any, field string, raw json.RawMessag
 	return st, nil
 }
 
+// distributeZones makes zones cluster-wide as d says, through the storage
+// that module's field (raw) names or else the config's storage. The
+// rate_limit app calls it for its global zones, a handler for the inline
+// zones it owns.
+func distributeZones(ctx caddy.Context, d *Distributed, module any, field string, raw json.RawMessage, zones []*zone) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
+	st, err := loadStorage(ctx, module, field, raw)
+	if err != nil {
+		return err
+	}
+	for _, z := range zones {
+		if err := z.distribute(ctx, d, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // restoreTimeout bounds how long loading a config waits for storage to
 // give back this instance's last state; past it the state is restored by
 // the background sync, which publishes nothing until then.

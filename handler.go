@@ -185,17 +185,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 	}
 	if h.Distributed != nil && len(h.owned) > 0 {
-		if err := h.Distributed.Validate(); err != nil {
+		if err := distributeZones(ctx, h.Distributed, h, "StorageRaw", h.StorageRaw, h.owned); err != nil {
 			return err
-		}
-		st, err := loadStorage(ctx, h, "StorageRaw", h.StorageRaw)
-		if err != nil {
-			return err
-		}
-		for _, z := range h.owned {
-			if err := z.distribute(ctx, h.Distributed, st); err != nil {
-				return err
-			}
 		}
 	}
 	seen := make(map[string]bool, len(h.Zones))
