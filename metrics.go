@@ -144,6 +144,9 @@ var (
 	clusterErrorsDesc = prometheus.NewDesc("caddy_rate_limit_cluster_storage_errors_total",
 		"Failed cluster storage operations of a distributed zone (read, write, restore): meanwhile it limits with what this instance knows.",
 		[]string{"zone", "op"}, nil)
+	clusterLastSuccessDesc = prometheus.NewDesc("caddy_rate_limit_cluster_last_success_timestamp_seconds",
+		"When a distributed zone's cluster storage read (its view of the other instances) or write (theirs of it) last succeeded, as Unix time: time() minus it is how stale that view may be.",
+		[]string{"zone", "op"}, nil)
 )
 
 // collector reports the zones of the running config when scraped. Zones a
@@ -152,7 +155,7 @@ type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc,
-		clusterSkippedDesc, clusterErrorsDesc} {
+		clusterSkippedDesc, clusterErrorsDesc, clusterLastSuccessDesc} {
 		ch <- d
 	}
 }
@@ -180,6 +183,11 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(clusterSkippedDesc, prometheus.CounterValue, float64(cl.Skipped()), z.name)
 			for _, op := range storage.Ops {
 				ch <- prometheus.MustNewConstMetric(clusterErrorsDesc, prometheus.CounterValue, float64(cl.Failed(op)), z.name, op.String())
+			}
+			for _, op := range []storage.Op{storage.OpRead, storage.OpWrite} {
+				if at, ok := cl.LastSuccess(op); ok {
+					ch <- prometheus.MustNewConstMetric(clusterLastSuccessDesc, prometheus.GaugeValue, float64(at.UnixNano())/1e9, z.name, op.String())
+				}
 			}
 		}
 	}

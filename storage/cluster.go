@@ -44,6 +44,9 @@ type Cluster struct {
 	// well-formed snapshots of it; failed counts failed storage ops.
 	skipped atomic.Uint64
 	failed  [numOps]atomic.Uint64
+	// lastOK is the time (Unix nanoseconds) of each op's last success; 0
+	// before the first.
+	lastOK [numOps]atomic.Int64
 
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so
@@ -158,3 +161,11 @@ func (c *Cluster) Skipped() uint64 { return c.skipped.Load() }
 
 // Failed returns how many storage operations of kind op failed.
 func (c *Cluster) Failed(op Op) uint64 { return c.failed[op].Load() }
+
+// LastSuccess returns when an operation of kind op last succeeded, and false
+// if none has yet: how stale this instance's view of the cluster (read) or
+// the cluster's view of it (write) may be.
+func (c *Cluster) LastSuccess(op Op) (time.Time, bool) {
+	ns := c.lastOK[op].Load()
+	return time.Unix(0, ns), ns != 0
+}

@@ -285,6 +285,7 @@ func (s *Syncer) failed(op Op, now time.Time, err error) {
 }
 
 func (s *Syncer) ok(op Op, now time.Time) {
+	s.c.lastOK[op].Store(now.UnixNano())
 	if _, ok := s.failing[op]; !ok {
 		return
 	}

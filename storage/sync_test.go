@@ -305,6 +305,16 @@ func TestStorageFailureDegradesAndRecovers(t *testing.T) {
 			t.Errorf("%s counted %d failures, want 20", name, f)
 		}
 	}
+	// Staleness: the last success is the one before the outage.
+	if at, ok := a.c.LastSuccess(OpWrite); !ok || !at.Equal(now) {
+		t.Errorf("a's last write: %v %v, want %v", at, ok, now)
+	}
+	if at, ok := b.c.LastSuccess(OpRead); !ok || !at.Equal(now) {
+		t.Errorf("b's last read: %v %v, want %v", at, ok, now)
+	}
+	if _, ok := a.c.LastSuccess(OpRead); ok {
+		t.Error("a never read, yet has a last read")
+	}
 	st.down.Store(false)
 	later := now.Add(3 * time.Second)
 	a.take("k", 4, later) // a alone would allow 4 more
@@ -314,6 +324,9 @@ func TestStorageFailureDegradesAndRecovers(t *testing.T) {
 	b.s.Read(bg, later)
 	if got := a.take("k", 1, later) + b.take("k", 1, later); got != 0 {
 		t.Fatalf("after recovery %d more granted over the cluster limit", got)
+	}
+	if at, ok := b.c.LastSuccess(OpRead); !ok || !at.Equal(later) {
+		t.Errorf("b's last read after recovery: %v %v, want %v", at, ok, later)
 	}
 	for name, n := range map[string]*node{"a": a, "b": b} {
 		if n.logs.FilterMessage("cluster storage works again").Len() != 1 {

@@ -170,6 +170,7 @@ func TestKilledInstanceCountsUntilItsWindowAgesOut(t *testing.T) {
 }
 
 func TestJunkUnderTheStorage(t *testing.T) {
+	start := time.Now()
 	store := t.TempDir()
 	zdir := filepath.Join(store, "rate_limit", "shared")
 	plant := func(name string, data []byte) {
@@ -202,6 +203,12 @@ func TestJunkUnderTheStorage(t *testing.T) {
 		}
 		if got := n.metric("caddy_rate_limit_cluster_skipped_total"); got < 8 {
 			t.Errorf("node %d counted %v skipped entries, want at least the 8 planted", n.i, got)
+		}
+		// Junk does not make a sync fail: the last successful read and
+		// write (summed over both ops) are both since the test began.
+		lo, hi := 2*float64(start.Unix()), 2*float64(time.Now().Unix()+1)
+		if got := n.metric("caddy_rate_limit_cluster_last_success_timestamp_seconds"); got < lo || got > hi {
+			t.Errorf("node %d: last read + last write = %.0f, want both within the test (%.0f to %.0f)", n.i, got, lo, hi)
 		}
 		if k := n.rateLimitWarnings(); k > 0 {
 			t.Errorf("node %d: rate_limit logged %d warnings or errors over junk:\n%s", n.i, k, n.logs())
