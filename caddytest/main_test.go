@@ -30,7 +30,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 
 	_ "github.com/floodgate-rl/floodgate"
@@ -50,47 +49,13 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	// Keep the in-process Caddy's instance ID and autosave out of $HOME.
-	dir, err := os.MkdirTemp("", "floodgate-caddytest-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Setenv("XDG_DATA_HOME", dir)
-	os.Setenv("XDG_CONFIG_HOME", dir)
-	// No client of this process keeps a connection alive: one kept from
-	// before a config load would reach a server that the load shut down
-	// (reset, EOF, or an answer from the old config). newTester's client
-	// does the same.
-	http.DefaultTransport.(*http.Transport).DisableKeepAlives = true
-	// Start the in-process Caddy here rather than in the first InitServer,
-	// which polls for it once a second for at most 10 s: on a loaded machine
-	// that was not always enough. caddy.Load returns once the admin
-	// endpoint listens.
-	admin := fmt.Sprintf(`{"admin": {"listen": "localhost:%d", "config": {"persist": false}}}`, adminPort)
-	if err := caddy.Load([]byte(admin), false); err != nil {
-		fmt.Fprintln(os.Stderr, "starting Caddy:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = caddy.Stop()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testcaddy.Main(m, "caddytest", adminPort))
 }
 
 // globals returns the global options block every test config needs, with
 // extra options (e.g. a rate_limit global option) inside it.
 func globals(extra string) string {
-	return fmt.Sprintf(`{
-	skip_install_trust
-	admin localhost:%d
-	http_port %d
-	https_port %d
-	grace_period 1ns
-	persist_config off
-	%s
-}
-`, adminPort, httpPort, httpsPort, extra)
+	return testcaddy.Globals(adminPort, httpPort, httpsPort, extra)
 }
 
 // config returns a Caddyfile: the global options with extra, then one

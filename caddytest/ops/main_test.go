@@ -20,8 +20,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2"
-
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/floodgate-rl/floodgate"
@@ -42,42 +40,13 @@ func TestMain(m *testing.M) {
 	if testing.Short() {
 		os.Exit(0)
 	}
-	dir, err := os.MkdirTemp("", "floodgate-ops-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Setenv("XDG_DATA_HOME", dir)
-	os.Setenv("XDG_CONFIG_HOME", dir)
-	admin := fmt.Sprintf(`{"admin": {"listen": "localhost:%d", "config": {"persist": false}}}`, adminPort)
-	// No client of this process keeps a connection across a config load.
-	http.DefaultTransport.(*http.Transport).DisableKeepAlives = true
-	if err := caddy.Load([]byte(admin), false); err != nil {
-		fmt.Fprintln(os.Stderr, "starting Caddy:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = caddy.Stop()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testcaddy.Main(m, "ops", adminPort))
 }
 
 // caddyfile returns a Caddyfile with the test ports, extra global options and
 // one site on the HTTP port with body.
 func caddyfile(extra, body string) string {
-	return fmt.Sprintf(`{
-	skip_install_trust
-	admin localhost:%d
-	http_port %d
-	https_port %d
-	grace_period 1ns
-	persist_config off
-	%s
-}
-http://:%d {
-%s
-}
-`, adminPort, httpPort, httpsPort, extra, httpPort, body)
+	return testcaddy.Globals(adminPort, httpPort, httpsPort, extra) + fmt.Sprintf("http://:%d {\n%s\n}\n", httpPort, body)
 }
 
 // load posts a config to the admin endpoint; the config alone serves when

@@ -166,3 +166,45 @@ func Events() []map[string]any {
 	recorded.events = nil
 	return e
 }
+
+// Main runs a test package's tests against an in-process Caddy whose admin
+// endpoint listens on localhost:adminPort, and returns m.Run's code. The
+// instance ID and autosave go to a temporary directory (named after name)
+// instead of $HOME. No client of the process keeps a connection alive: one
+// kept from before a config load would reach a server the load shut down
+// (reset, EOF, or an answer from the old config). Caddy is started here
+// rather than by caddytest's first InitServer, which polls for it once a
+// second for at most 10 s: on a loaded machine that was not always enough.
+func Main(m *testing.M, name string, adminPort int) int {
+	dir, err := os.MkdirTemp("", "floodgate-"+name+"-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	os.Setenv("XDG_DATA_HOME", dir)
+	os.Setenv("XDG_CONFIG_HOME", dir)
+	http.DefaultTransport.(*http.Transport).DisableKeepAlives = true
+	admin := fmt.Sprintf(`{"admin": {"listen": "localhost:%d", "config": {"persist": false}}}`, adminPort)
+	if err := caddy.Load([]byte(admin), false); err != nil {
+		fmt.Fprintln(os.Stderr, "starting Caddy:", err)
+		return 1
+	}
+	defer caddy.Stop()
+	return m.Run()
+}
+
+// Globals returns the global options block of a test config on the given
+// ports, with extra options inside it.
+func Globals(adminPort, httpPort, httpsPort int, extra string) string {
+	return fmt.Sprintf(`{
+	skip_install_trust
+	admin localhost:%d
+	http_port %d
+	https_port %d
+	grace_period 1ns
+	persist_config off
+	%s
+}
+`, adminPort, httpPort, httpsPort, extra)
+}
