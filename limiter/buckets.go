@@ -3,6 +3,7 @@ package limiter
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -30,8 +31,8 @@ import (
 type Buckets struct {
 	base  time.Time // zero of the table's clock: ticks count from here
 	k     int
-	subs  []uint8 // every k-subset of a line's counters, k bytes each
-	nSubs uint64  // len(subs)/k
+	subs  []subset // every k-subset of a line's counters
+	nSubs uint64   // len(subs)
 	p     atomic.Pointer[bucketParams]
 }
 
@@ -98,8 +99,8 @@ func newBuckets(cfg BucketsConfig, base time.Time) (*Buckets, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Buckets{base: base, k: k, subs: subsets(countersPerLine, k)}
-	b.nSubs = uint64(len(b.subs) / k)
+	b := &Buckets{base: base, k: k, subs: subsets(k)}
+	b.nSubs = uint64(len(b.subs))
 	b.p.Store(&bucketParams{clock: clockFor(cfg.Limit), limit: cfg.Limit, lines: newLines(n)})
 	return b, nil
 }
@@ -172,73 +173,73 @@ func (b *Buckets) Allow(key []byte, weight int64, now time.Time) Decision {
 // weight below 1 counts as 1. A weight above the burst is denied with
 // RetryAfter Never.
 func (b *Buckets) TakeHash(h uint64, weight int64, now time.Time) (Decision, Reservation) {
-	return b.decide(h, weight, now, true)
+	var r Reservation
+	d := b.decide(h, weight, now, &r)
+	return d, r
 }
 
 // PeekHash answers what TakeHash would, charging nothing and changing
 // nothing.
 func (b *Buckets) PeekHash(h uint64, weight int64, now time.Time) Decision {
-	d, _ := b.decide(h, weight, now, false)
-	return d
+	return b.decide(h, weight, now, nil)
 }
 
 // nowNanos is now on the table's clock, never negative.
 func (b *Buckets) nowNanos(now time.Time) int64 { return max(int64(now.Sub(b.base)), 0) }
 
+// A subset is a key's counters in its line, as masks: bit c of counters is
+// set for counter c, bit w of words for each word holding one of them.
+// Counter c is lane c&1 of word c>>1, so word w's lanes of the key are
+// counters>>(2w)&3, read together with one load and charged with one CAS.
+// Precomputed for every subset, it saves a decision from working out which
+// of the key's counters share a word.
+type subset struct {
+	counters uint16
+	words    uint8
+}
+
+// lanes returns which lanes of word w are the key's: bit l for lane l.
+func (s subset) lanes(w int) uint8 { return uint8(s.counters>>(2*w)) & 3 }
+
+// pos is the position of counter c among the key's counters, in
+// increasing order: where a Reservation records it.
+func (s subset) pos(c int) int { return bits.OnesCount16(s.counters & (1<<c - 1)) }
+
 // place returns the line and counters of hash h, and where they are as a
 // Reservation index: the line in the high bits, the subset in the low 16.
-func (b *Buckets) place(p *bucketParams, h uint64) (*line, []uint8, uint64) {
+func (b *Buckets) place(p *bucketParams, h uint64) (*line, subset, uint64) {
 	idx := uint64(uint32(h>>32)) * uint64(len(p.lines)) >> 32
-	s := int(uint64(uint32(h)) * b.nSubs >> 32)
-	return &p.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k], idx<<16 | uint64(s)
+	s := uint64(uint32(h)) * b.nSubs >> 32
+	return &p.lines[idx], b.subs[s], idx<<16 | s
 }
 
 // counterAt resolves a Reservation index back to its line and counters, or
 // nil if it does not fit the current table.
-func (b *Buckets) counterAt(p *bucketParams, index uint64) (*line, []uint8) {
-	idx, s := index>>16, int(index&0xffff)
-	if idx >= uint64(len(p.lines)) || uint64(s) >= b.nSubs {
-		return nil, nil
+func (b *Buckets) counterAt(p *bucketParams, index uint64) (*line, subset) {
+	idx, s := index>>16, index&0xffff
+	if idx >= uint64(len(p.lines)) || s >= b.nSubs {
+		return nil, subset{}
 	}
-	return &p.lines[idx], b.subs[s*b.k : s*b.k+b.k : s*b.k+b.k]
-}
-
-// A keyWords groups a key's counters by word: counters sharing a word are
-// read with one load and charged with one CAS. Subsets list counters in
-// increasing order, so counters of one word are adjacent.
-type keyWords struct {
-	n     int
-	word  [8]uint8    // word index of group g
-	lanes [8]uint8    // bit l set: lane l of that word is one of the key's
-	pos   [8][2]uint8 // position in the key's subset of lane l's counter
-}
-
-func groupWords(cs []uint8) (kw keyWords) {
-	for i, c := range cs {
-		w, l := c>>1, c&1
-		if kw.n == 0 || kw.word[kw.n-1] != w {
-			kw.word[kw.n] = w
-			kw.n++
-		}
-		kw.lanes[kw.n-1] |= 1 << l
-		kw.pos[kw.n-1][l] = uint8(i)
-	}
-	return kw
+	return &p.lines[idx], b.subs[s]
 }
 
 // at is a tick as the counters see it: mod 2³².
 type at struct{ now uint32 }
 
-func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (Decision, Reservation) {
+// decide is TakeHash when r is not nil (r receives the charge; the caller
+// passes it zeroed) and PeekHash when it is. It returns the Decision in
+// registers and writes the Reservation in place, so a caller that holds
+// the charge (Txn) copies nothing.
+func (b *Buckets) decide(h uint64, weight int64, now time.Time, r *Reservation) Decision {
 	p := b.p.Load()
 	ns := b.nowNanos(now)
 	tick := p.ticks(ns)
 	t := at{now: uint32(tick)}
-	ln, cs, index := b.place(p, h)
-	kw := groupWords(cs)
+	ln, sub, index := b.place(p, h)
 	d := Decision{Limit: p.limit.burst()}
 	capT := uint32(p.capT)
 	cost := uint32(p.per) // weight·per ≤ capT ≤ 2²⁹ for a weight that can be granted
+	commit := r != nil
 	if weight > d.Limit {
 		d.RetryAfter = Never
 		commit = false // still report what the key holds
@@ -249,14 +250,20 @@ func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (De
 	for {
 		// The fullest counter (the one least ahead; the first of equals)
 		// decides.
-		best, fg, fl := uint32(math.MaxUint32), 0, uint8(0)
-		for g := 0; g < kw.n; g++ {
-			vals[g] = loadWord(&ln[kw.word[g]])
-			for l := uint8(0); l < 2; l++ {
-				if kw.lanes[g]>>l&1 != 0 {
-					if a := aheadOf(lane(vals[g], l), t.now); a < best {
-						best, fg, fl = a, g, l
-					}
+		best, fw, fl := uint32(math.MaxUint32), 0, uint8(0)
+		for m := sub.words; m != 0; m &= m - 1 {
+			w := bits.TrailingZeros8(m) & 7
+			v := loadWord(&ln[w])
+			vals[w] = v
+			lanes := sub.lanes(w)
+			if lanes&1 != 0 {
+				if a := aheadOf(uint32(v), t.now); a < best {
+					best, fw, fl = a, w, 0
+				}
+			}
+			if lanes&2 != 0 {
+				if a := aheadOf(uint32(v>>32), t.now); a < best {
+					best, fw, fl = a, w, 1
 				}
 			}
 		}
@@ -267,7 +274,7 @@ func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (De
 			if !d.Allowed && d.RetryAfter != Never {
 				d.RetryAfter = p.until(ns, tick, uint64(best+cost-capT))
 			}
-			return d, Reservation{}
+			return d
 		}
 		// Every counter of the key pays, so that a key alone on its
 		// counters sees exactly one token bucket; the others pay first,
@@ -275,65 +282,74 @@ func (b *Buckets) decide(h uint64, weight int64, now time.Time, commit bool) (De
 		// requests of one key therefore meet on the same counter, and
 		// every grant is checked against a counter that already holds
 		// every earlier grant's charge.
-		r := Reservation{index: index, units: int64(cost), epoch: p.gen}
-		for g := 0; g < kw.n; g++ {
-			if g != fg {
-				paid := chargeWord(&ln[kw.word[g]], vals[g], kw.lanes[g], cost, uint32(p.ceil), t)
-				r.setShort(kw, g, cost, paid)
-			}
+		*r = Reservation{index: index, units: int64(cost), epoch: p.gen}
+		for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
+			w := bits.TrailingZeros8(m) & 7
+			r.setShort(sub, w, chargeWord(&ln[w], vals[w], sub.lanes(w), cost, uint32(p.ceil), t))
 		}
-		after, paid, ok := chargeFullest(&ln[kw.word[fg]], vals[fg], fl, kw.lanes[fg], cost, capT, uint32(p.ceil), t)
+		after, short, ok := chargeFullest(&ln[fw], vals[fw], fl, sub.lanes(fw), cost, capT, uint32(p.ceil), t)
 		if ok {
-			r.setShort(kw, fg, cost, paid)
+			r.setShort(sub, fw, short)
 			d.Allowed = true
 			d.Remaining = int64(capT-min(after, capT)) >> p.log
 			d.Reset = p.about(uint64(after))
-			return d, r
+			return d
 		}
 		// The fullest counter no longer has room: take back the others'
 		// payments and decide again.
-		refundExcept(ln, kw, fg, r)
+		refundExcept(ln, sub, fw, *r)
+		*r = Reservation{}
 	}
 }
 
-// setShort records in r how much less than cost the key's counters in
-// group g were charged (a charge stops at the ceiling).
-func (r *Reservation) setShort(kw keyWords, g int, cost uint32, paid [2]uint32) {
-	for l := uint8(0); l < 2; l++ {
-		if kw.lanes[g]>>l&1 != 0 {
-			r.short[kw.pos[g][l]] = cost - paid[l]
+// setShort records in r how much less than cost the key's counters in word
+// w were charged: short holds lane l's shortfall in bits 32l (see
+// chargeWord). It is rare: only a counter more than a burst in debt falls
+// short.
+func (r *Reservation) setShort(sub subset, w int, short uint64) {
+	if short != 0 {
+		r.setShortSlow(sub, w, short)
+	}
+}
+
+func (r *Reservation) setShortSlow(sub subset, w int, short uint64) {
+	for l := range 2 {
+		if sub.lanes(w)>>l&1 != 0 {
+			r.short[sub.pos(2*w+l)] = uint32(short >> (32 * l))
 		}
 	}
 }
 
 // chargeLane is the charge of cost to counter value v: the new value and
-// how much was added. A counter may be charged past empty, so that charges
-// and refunds are additions that commute and a request that rolls back
-// after losing a race undoes exactly what it did, but only up to ceil
-// ticks ahead: beyond, a charge falls short.
-func chargeLane(v, cost, ceil uint32, t at) (uint32, uint32) {
+// how much less than cost was added. A counter may be charged past empty,
+// so that charges and refunds are additions that commute and a request
+// that rolls back after losing a race undoes exactly what it did, but only
+// up to ceil ticks ahead: beyond, a charge falls short.
+func chargeLane(v, cost, ceil uint32, t at) (nv, short uint32) {
 	base := aheadOf(v, t.now)
 	add := min(cost, ceil-min(base, ceil))
 	if add == 0 {
-		return v, 0
+		return v, cost
 	}
-	return store(t.now, base+add), add
+	return store(t.now, base+add), cost - add
 }
 
 // chargeWord charges cost to the given lanes of the word at p (whose value
-// was last seen as w) and returns what each lane was charged.
-func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) (paid [2]uint32) {
+// was last seen as w) and returns how much less than cost each lane was
+// charged, lane l's in bits 32l: 0 when every lane took the whole cost.
+func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) uint64 {
 	for {
-		nw := w
-		for l := uint8(0); l < 2; l++ {
-			if lanes>>l&1 != 0 {
-				var v uint32
-				v, paid[l] = chargeLane(lane(w, l), cost, ceil, t)
-				nw = withLane(nw, l, v)
-			}
+		nw, short := w, uint64(0)
+		if lanes&1 != 0 {
+			v, s := chargeLane(uint32(w), cost, ceil, t)
+			nw, short = nw&^0xffffffff|uint64(v), uint64(s)
+		}
+		if lanes&2 != 0 {
+			v, s := chargeLane(uint32(w>>32), cost, ceil, t)
+			nw, short = nw&0xffffffff|uint64(v)<<32, short|uint64(s)<<32
 		}
 		if nw == w || casWord(p, w, nw) {
-			return paid
+			return short
 		}
 		w = loadWord(p)
 	}
@@ -341,23 +357,23 @@ func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) (paid
 
 // chargeFullest charges cost to lane fl of the word at p (last seen as w) if
 // that counter still has room, together with the key's other lane of the
-// word, in one CAS. It returns how far ahead the counter is then.
-func chargeFullest(p *uint64, w uint64, fl, lanes uint8, cost, capT, ceil uint32, t at) (after uint32, paid [2]uint32, ok bool) {
+// word, in one CAS. It returns how far ahead the counter is then, and the
+// shortfalls as chargeWord does (lane fl's is always 0).
+func chargeFullest(p *uint64, w uint64, fl, lanes uint8, cost, capT, ceil uint32, t at) (after uint32, short uint64, ok bool) {
 	for {
 		a := aheadOf(lane(w, fl), t.now)
 		if a+cost > capT {
-			return a + cost, paid, false
+			return a + cost, 0, false
 		}
 		after = a + cost
 		nw := withLane(w, fl, store(t.now, after))
-		paid[fl] = cost
+		short = 0
 		if o := fl ^ 1; lanes>>o&1 != 0 {
-			var v uint32
-			v, paid[o] = chargeLane(lane(w, o), cost, ceil, t)
-			nw = withLane(nw, o, v)
+			v, s := chargeLane(lane(w, o), cost, ceil, t)
+			nw, short = withLane(nw, o, v), uint64(s)<<laneShift(o)
 		}
 		if casWord(p, w, nw) {
-			return after, paid, true
+			return after, short, true
 		}
 		w = loadWord(p)
 	}
@@ -376,24 +392,25 @@ func refundLane(v, paid uint32) uint32 {
 }
 
 // refundExcept gives back what r charged to the key's counters in every
-// group but skip (-1 for none). Refunds subtract what the charges added, so a
+// word but skip (-1 for none). Refunds subtract what the charges added, so a
 // rollback undoes exactly what it did.
-func refundExcept(ln *line, kw keyWords, skip int, r Reservation) {
-	for g := 0; g < kw.n; g++ {
-		if g == skip {
+func refundExcept(ln *line, sub subset, skip int, r Reservation) {
+	for m := sub.words; m != 0; m &= m - 1 {
+		w := bits.TrailingZeros8(m) & 7
+		if w == skip {
 			continue
 		}
-		p := &ln[kw.word[g]]
+		p := &ln[w]
 		for {
-			w := loadWord(p)
-			nw := w
+			v := loadWord(p)
+			nv := v
 			for l := uint8(0); l < 2; l++ {
-				if kw.lanes[g]>>l&1 != 0 {
-					paid := uint32(r.units) - r.short[kw.pos[g][l]]
-					nw = withLane(nw, l, refundLane(lane(w, l), paid))
+				if sub.lanes(w)>>l&1 != 0 {
+					paid := uint32(r.units) - r.short[sub.pos(2*w+int(l))]
+					nv = withLane(nv, l, refundLane(lane(v, l), paid))
 				}
 			}
-			if nw == w || casWord(p, w, nw) {
+			if nv == v || casWord(p, v, nv) {
 				break
 			}
 		}
@@ -413,8 +430,8 @@ func (b *Buckets) Refund(r Reservation) {
 	if r.epoch != p.gen {
 		return
 	}
-	if ln, cs := b.counterAt(p, r.index); ln != nil {
-		refundExcept(ln, groupWords(cs), -1, r)
+	if ln, sub := b.counterAt(p, r.index); ln != nil {
+		refundExcept(ln, sub, -1, r)
 	}
 }
 
@@ -442,18 +459,19 @@ func (b *Buckets) Charge(h uint64, weight int64, now time.Time) (Decision, Reser
 	tick := p.ticks(ns)
 	t := at{now: uint32(tick)}
 	cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
-	ln, cs, index := b.place(p, h)
-	kw := groupWords(cs)
+	ln, sub, index := b.place(p, h)
 	r := Reservation{index: index, units: int64(cost), epoch: p.gen}
 	best := uint32(math.MaxUint32)
-	for g := 0; g < kw.n; g++ {
-		paid := chargeWord(&ln[kw.word[g]], loadWord(&ln[kw.word[g]]), kw.lanes[g], cost, uint32(p.ceil), t)
-		r.setShort(kw, g, cost, paid)
-		w := loadWord(&ln[kw.word[g]])
+	for m := sub.words; m != 0; m &= m - 1 {
+		w := bits.TrailingZeros8(m) & 7
+		lanes := sub.lanes(w)
+		short := chargeWord(&ln[w], loadWord(&ln[w]), lanes, cost, uint32(p.ceil), t)
+		r.setShort(sub, w, short)
+		v := loadWord(&ln[w])
 		for l := uint8(0); l < 2; l++ {
-			if kw.lanes[g]>>l&1 != 0 {
-				d.Allowed = d.Allowed || paid[l] == cost
-				best = min(best, aheadOf(lane(w, l), t.now))
+			if lanes>>l&1 != 0 {
+				d.Allowed = d.Allowed || uint32(short>>laneShift(l)) == 0
+				best = min(best, aheadOf(lane(v, l), t.now))
 			}
 		}
 	}
@@ -470,42 +488,40 @@ func (b *Buckets) Charge(h uint64, weight int64, now time.Time) (Decision, Reser
 // share those counters gain too.
 func (b *Buckets) Fill(h uint64) {
 	p := b.p.Load()
-	ln, cs, _ := b.place(p, h)
-	kw := groupWords(cs)
-	for g := 0; g < kw.n; g++ {
-		q := &ln[kw.word[g]]
+	ln, sub, _ := b.place(p, h)
+	for m := sub.words; m != 0; m &= m - 1 {
+		w := bits.TrailingZeros8(m) & 7
+		q := &ln[w]
 		for {
-			w := loadWord(q)
-			nw := w
+			v := loadWord(q)
+			nv := v
 			for l := uint8(0); l < 2; l++ {
-				if kw.lanes[g]>>l&1 != 0 {
-					nw = withLane(nw, l, 0)
+				if sub.lanes(w)>>l&1 != 0 {
+					nv = withLane(nv, l, 0)
 				}
 			}
-			if nw == w || casWord(q, w, nw) {
+			if nv == v || casWord(q, v, nv) {
 				break
 			}
 		}
 	}
 }
 
-// subsets lists every k-element subset of {0 … n−1}, k bytes each, in
-// lexicographic order. A key's hash picks one uniformly.
-func subsets(n, k int) []uint8 {
-	var out []uint8
-	cur := make([]uint8, k)
-	var rec func(start, depth int)
-	rec = func(start, depth int) {
+// subsets lists every k-element subset of a line's counters, in
+// lexicographic order of their counters. A key's hash picks one uniformly.
+func subsets(k int) []subset {
+	var out []subset
+	var rec func(start, depth int, s subset)
+	rec = func(start, depth int, s subset) {
 		if depth == k {
-			out = append(out, cur...)
+			out = append(out, s)
 			return
 		}
-		for i := start; i < n; i++ {
-			cur[depth] = uint8(i)
-			rec(i+1, depth+1)
+		for c := start; c < countersPerLine; c++ {
+			rec(c+1, depth+1, subset{counters: s.counters | 1<<c, words: s.words | 1<<(c>>1)})
 		}
 	}
-	rec(0, 0)
+	rec(0, 0, subset{})
 	return out
 }
 

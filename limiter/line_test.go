@@ -39,7 +39,8 @@ func TestChargeLaneStopsAtTheCeiling(t *testing.T) {
 		{2050, 100, 2000, 50}, // ahead 1950: stops at the ceiling of 2000
 		{2100, 100, 2000, 0},
 	} {
-		v, added := chargeLane(tt.v, tt.cost, 2000, at)
+		v, short := chargeLane(tt.v, tt.cost, 2000, at)
+		added := tt.cost - short
 		if got := aheadOf(v, at.now); got != tt.wantAhead || added != tt.wantAdded {
 			t.Errorf("chargeLane(%d, %d): ahead %d added %d, want %d and %d", tt.v, tt.cost, got, added, tt.wantAhead, tt.wantAdded)
 		}

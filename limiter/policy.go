@@ -59,18 +59,39 @@ func (t *Txn) Take(p Policy, h uint64, weight int64, now time.Time) Decision {
 	if t.denied {
 		return p.PeekHash(h, weight, now)
 	}
-	d, r := p.TakeHash(h, weight, now)
-	if !d.Allowed {
-		t.denied = true
-		t.Rollback()
+	if t.n >= MaxInlinePolicies {
+		d, r := p.TakeHash(h, weight, now)
+		if !d.Allowed {
+			return t.deny(d)
+		}
+		t.more = append(t.more, heldCharge{p, r})
+		t.n++
 		return d
 	}
-	if t.n < MaxInlinePolicies {
-		t.inline[t.n] = heldCharge{p, r}
+	// The usual request has one token-bucket table per zone: decide it
+	// without the interface call, its Reservation written straight into
+	// the slot that holds it rather than copied out through TakeHash.
+	slot := &t.inline[t.n]
+	var d Decision
+	if b, ok := p.(*Buckets); ok {
+		d = b.decide(h, weight, now, &slot.r)
 	} else {
-		t.more = append(t.more, heldCharge{p, r})
+		d, slot.r = p.TakeHash(h, weight, now)
 	}
+	if !d.Allowed {
+		slot.r = Reservation{}
+		return t.deny(d)
+	}
+	slot.p = p
 	t.n++
+	return d
+}
+
+// deny records a denial by a policy that charged nothing and rolls back
+// every charge held.
+func (t *Txn) deny(d Decision) Decision {
+	t.denied = true
+	t.Rollback()
 	return d
 }
 
