@@ -108,7 +108,7 @@ func clockFor(l Limit) clock {
 
 // ticks converts a time on the table's clock (ns ≥ 0) to whole ticks,
 // rounding down.
-func (c clock) ticks(ns int64) uint64 {
+func (c *clock) ticks(ns int64) uint64 {
 	tick, _ := bits.Mul64(uint64(ns), c.mult)
 	xh, xl := bits.Mul64(uint64(ns), c.pe) // the time in ticks, times w
 	if th, tl := bits.Mul64(tick+1, c.w); th < xh || th == xh && tl <= xl {
@@ -119,7 +119,7 @@ func (c clock) ticks(ns int64) uint64 {
 
 // nanos is the first time, on the table's clock, at which ticks reads tick:
 // ⌈tick·w / pe⌉, saturating at math.MaxInt64.
-func (c clock) nanos(tick uint64) int64 {
+func (c *clock) nanos(tick uint64) int64 {
 	hi, lo := bits.Mul64(tick, c.w)
 	if hi >= c.pe {
 		return math.MaxInt64
@@ -134,7 +134,7 @@ func (c clock) nanos(tick uint64) int64 {
 // until is the time from ns (which reads tick now) until the clock reads now
 // plus ahead ticks, exactly, saturating at Never. It divides; decisions call
 // it only to deny.
-func (c clock) until(ns int64, now uint64, ahead uint64) time.Duration {
+func (c *clock) until(ns int64, now uint64, ahead uint64) time.Duration {
 	if ahead == 0 {
 		return 0
 	}
@@ -148,7 +148,7 @@ func (c clock) until(ns int64, now uint64, ahead uint64) time.Duration {
 // about is until without the division: at most a tick longer than the
 // exact time (ns is at or after the start of its tick), never shorter. It
 // is for Reset, which a granted request reports.
-func (c clock) about(ahead uint64) time.Duration {
+func (c *clock) about(ahead uint64) time.Duration {
 	if ahead == 0 {
 		return 0
 	}
