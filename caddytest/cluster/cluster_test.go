@@ -195,7 +195,7 @@ func TestJunkUnderTheStorage(t *testing.T) {
 	}
 	plant("1234567890123456789", good) // a certmagic temporary file
 	plant("truncated", good[:len(good)/2])
-	plant("version2", append([]byte("FGCL\x02"), good[5:]...))
+	plant("version3", append([]byte("FGCL\x03"), good[5:]...))
 	checkShared(t, nodes, "junk", "file_system with junk")
 	for _, n := range nodes {
 		if n.exited() {
@@ -380,4 +380,62 @@ func TestRedisClusterSharesTheLimitAndSurvivesAnOutage(t *testing.T) {
 		}
 	}
 	checkShared(t, nodes, "after", "redis after the outage")
+}
+
+// rateLimit runs `caddy rate-limit args...` against node n's admin API and
+// returns its output.
+func (n *node) rateLimit(args ...string) string {
+	n.t.Helper()
+	cmd := exec.Command(caddyBin, append(append([]string{"rate-limit"}, args...), "--address", fmt.Sprintf("localhost:%d", adminBase+n.i))...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		n.t.Fatalf("caddy rate-limit %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// A key exhausted through two instances passes again on the one that
+// resets it at once, and on the other once it has read the reset; then the
+// key has its limit again, cluster-wide.
+func TestResetReachesTheCluster(t *testing.T) {
+	store := t.TempDir()
+	nodes := startCluster(t, 2, fileStorage(store), zoneBody("1m", "1m"))
+	a, b := nodes[0], nodes[1]
+	for i := range limit {
+		if code, _ := nodes[i%2].get("reset"); code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, code)
+		}
+	}
+	synced := time.Now()
+	a.waitRead(store, synced)
+	b.waitRead(store, synced)
+	for _, n := range nodes {
+		if code, _ := n.get("reset"); code != http.StatusTooManyRequests {
+			t.Fatalf("node %d let the key through over its cluster limit: %d", n.i, code)
+		}
+	}
+	out := a.rateLimit("reset", "shared", "reset")
+	t.Logf("caddy rate-limit reset on node 0:\n%s", out)
+	if !strings.Contains(out, "a request now would be allowed\ncluster: published with this instance's next write (every 100ms); each other instance lets the key through after its next read (every 100ms)\n") {
+		t.Fatalf("reset output:\n%s", out)
+	}
+	if code, _ := a.get("reset"); code != http.StatusOK {
+		t.Fatalf("node 0 right after the reset: %d", code)
+	}
+	reset := time.Now()
+	a.waitWritten(store, reset)
+	fi, err := os.Stat(a.snapshotFile(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitRead(store, fi.ModTime())
+	if code, _ := b.get("reset"); code != http.StatusOK {
+		t.Fatalf("node 1 after reading node 0's reset: %d", code)
+	}
+	// The limit holds again: 2 taken above, then the rest of 20.
+	allowed := 2 + spread(t, nodes, "reset", 30, 100*time.Millisecond)
+	t.Logf("after the reset: %d allowed for a limit of %d", allowed, limit)
+	if allowed < limit || float64(allowed) > limit*(1+epsilon) {
+		t.Fatalf("after the reset: allowed %d, want %d to %d", allowed, limit, int(limit*(1+epsilon)))
+	}
 }
