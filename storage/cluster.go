@@ -61,6 +61,9 @@ type Cluster struct {
 	// resetting is set while resets holds a reset, and before a reset
 	// changes any count: see mitigate.
 	resetting atomic.Bool
+	// onReset is called with the hash of each key whose reset is learned
+	// from a peer (OnReset).
+	onReset atomic.Pointer[func(uint64)]
 }
 
 func newCluster(s Shape, quota int64) (*Cluster, error) {

@@ -90,6 +90,13 @@ func (c *Cluster) Reset(h uint64, now time.Time) {
 	}
 }
 
+// OnReset sets f to be called with a key's hash when this instance learns of
+// a reset of the key from another instance, in addition to what it does to
+// the cluster's counts: a zone fills the key's token buckets, as the
+// instance asked for the reset did. It replaces any f set before. f must
+// be quick; it is called during a Read.
+func (c *Cluster) OnReset(f func(h uint64)) { c.onReset.Store(&f) }
+
 // resetExpiry is when a reset at at has nothing left to forget: once the
 // window at fell in is two windows old.
 func (c *Cluster) resetExpiry(at int64) int64 {
@@ -119,6 +126,9 @@ func (c *Cluster) applyLocked(r reset, now time.Time) {
 	c.resetting.Store(true)
 	c.sketch.ResetHash(r.hash, time.Unix(0, r.at), now)
 	c.recordLocked(r)
+	if f := c.onReset.Load(); f != nil {
+		(*f)(r.hash)
+	}
 }
 
 // recordLocked adds r, which is not known, to the table, forgetting the

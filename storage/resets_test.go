@@ -149,6 +149,10 @@ func TestResetIgnoresSnapshotsThatPredateIt(t *testing.T) {
 func TestResetIsGossipedAndAppliedOnce(t *testing.T) {
 	st, dir := fileStorage(t)
 	a, b, c := newNode(t, st, "a"), newNode(t, st, "b"), newNode(t, st, "c")
+	calls := map[string][]uint64{}
+	for name, n := range map[string]*node{"a": a, "b": b, "c": c} {
+		n.c.OnReset(func(h uint64) { calls[name] = append(calls[name], h) })
+	}
 	now := t0.Add(time.Second)
 	b.take("k", 4, now)
 	c.take("k", 6, now)
@@ -186,6 +190,12 @@ func TestResetIsGossipedAndAppliedOnce(t *testing.T) {
 		if !n.passes(5, later) || n.passes(6, later) {
 			t.Errorf("%s: %+v, want 5 left", name, n.c.PeekHash(hk, 1, later))
 		}
+		if !slices.Equal(calls[name], []uint64{hk}) {
+			t.Errorf("%s called OnReset's function with %v, want k once", name, calls[name])
+		}
+	}
+	if calls["a"] != nil {
+		t.Errorf("Reset called OnReset's function: %v", calls["a"])
 	}
 }
 

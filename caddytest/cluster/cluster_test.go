@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate"
 )
 
 // epsilon is the over-admission the tests accept for three instances
@@ -394,6 +397,26 @@ func (n *node) rateLimit(args ...string) string {
 	return string(out)
 }
 
+// adminDelete resets a key through node n's admin API and returns the
+// answer.
+func (n *node) adminDelete(zone, key string) floodgate.KeyInfo {
+	n.t.Helper()
+	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s/keys/%s", adminBase+n.i, zone, key), nil)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var k floodgate.KeyInfo
+	if err := json.NewDecoder(resp.Body).Decode(&k); err != nil || resp.StatusCode != http.StatusOK {
+		n.t.Fatalf("DELETE %s/%s: %d %v", zone, key, resp.StatusCode, err)
+	}
+	return k
+}
+
 // A key exhausted through three instances, one of which then dies, passes
 // again on the one that resets it at once, and on another once it has read
 // the reset; the dead one's snapshot, which predates the reset, does not
@@ -403,6 +426,8 @@ func TestResetReachesTheCluster(t *testing.T) {
 	store := t.TempDir()
 	nodes := startCluster(t, 3, fileStorage(store), zoneBody("1m", "1m"))
 	a, b, dead := nodes[0], nodes[1], nodes[2]
+	// One key's requests all go to node 1, draining its token bucket too.
+	exhaust(t, b, "sticky")
 	for i := range limit {
 		if code, _ := nodes[i%3].get("reset"); code != http.StatusOK {
 			t.Fatalf("request %d: %d", i, code)
@@ -426,6 +451,9 @@ func TestResetReachesTheCluster(t *testing.T) {
 	if code, _ := a.get("reset"); code != http.StatusOK {
 		t.Fatalf("node 0 right after the reset: %d", code)
 	}
+	if k := a.adminDelete("shared", "sticky"); !k.Allowed || !strings.HasPrefix(k.ClusterReset, "published with this instance's next write") {
+		t.Fatalf("DELETE of sticky on node 0: %+v", k)
+	}
 	reset := time.Now()
 	a.waitRead(store, reset) // reading the dead node's snapshot again
 	fi, err := os.Stat(a.snapshotFile(store))
@@ -437,6 +465,10 @@ func TestResetReachesTheCluster(t *testing.T) {
 		if code, _ := n.get("reset"); code != http.StatusOK {
 			t.Fatalf("node %d after the reset and a sync: %d", n.i, code)
 		}
+	}
+	// Node 1 filled its bucket of the key it had drained.
+	if code, _ := b.get("sticky"); code != http.StatusOK {
+		t.Fatalf("node 1, whose bucket the key had drained, after the reset and a sync: %d", code)
 	}
 	// The limit holds again: 3 taken above, then the rest of 20.
 	allowed := 3 + spread(t, nodes[:2], "reset", 30, 100*time.Millisecond)
