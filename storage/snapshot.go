@@ -12,11 +12,13 @@
 // Decisions take no lock and never touch storage.
 //
 // A Syncer (sync.go) does all the I/O in one background goroutine: every
-// write interval it publishes the own sketch and blocks as one snapshot
-// (this file) under rate_limit/<zone>/<instance>; every read interval it
-// reads every other snapshot under rate_limit/<zone>/ and replaces the sum
-// with a new one built from them, so a snapshot is never counted twice and
-// a dead instance's counts age out with its windows.
+// write interval it publishes the own sketch, blocks and the key resets it
+// applied as one snapshot (this file) under rate_limit/<zone>/<instance>;
+// every read interval it reads every other snapshot under rate_limit/<zone>/
+// and replaces the sum with a new one built from them, so a snapshot is
+// never counted twice and a dead instance's counts age out with its
+// windows. A key reset (Cluster.Reset, resets.go) spreads through the
+// snapshots' lists of resets.
 package storage
 
 import (
