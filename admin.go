@@ -248,6 +248,9 @@ type KeyInfo struct {
 	// Allowed reports whether a request with the key would pass now.
 	Allowed  bool        `json:"allowed"`
 	Policies []KeyPolicy `json:"policies"`
+	// ClusterReset is set in the answer to a DELETE of a distributed
+	// zone's key: when the other instances let the key through.
+	ClusterReset string `json:"cluster_reset,omitempty"`
 }
 
 // KeyPolicy is a key's state in one of a zone's limits, as the RateLimit
@@ -329,7 +332,8 @@ func handleTop(w http.ResponseWriter, r *http.Request) error {
 }
 
 // handleKey answers GET (what the key would get now, charging nothing) and
-// DELETE (make the key's buckets full again, then answer as GET) for
+// DELETE (make the key's buckets full again and, in a distributed zone,
+// reset it across the cluster; then answer as GET) for
 // /rate_limit/zones/{zone}/keys/{key}. The key is masked and hashed as a
 // request's would be.
 func handleKey(w http.ResponseWriter, r *http.Request) error {
@@ -342,10 +346,16 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	c := z.chargeOf(r.PathValue("key"))
 	now := time.Now()
+	var clusterReset string
 	if r.Method == http.MethodDelete {
-		// A distributed zone's cluster estimate is not reset: it counts
-		// what every instance granted in the window.
 		z.buckets.Fill(c.hash)
+		if d := z.dist; d != nil {
+			// This instance passes the key at once; the others once they
+			// have read the reset (storage.Cluster.Reset).
+			d.cluster.Reset(c.hash, now)
+			clusterReset = fmt.Sprintf("published with this instance's next write (every %v); each other instance lets the key through after its next read (every %v)",
+				d.iv.Write, d.iv.Read)
+		}
 	}
 	policies := []KeyPolicy{keyPolicy("bucket", z.buckets.PeekHash(c.hash, 1, now))}
 	if z.dist != nil {
@@ -355,7 +365,7 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	for _, p := range policies {
 		allowed = allowed && p.RetryAfter == 0
 	}
-	return writeJSON(w, KeyInfo{Zone: z.name, Source: z.source(c), Allowed: allowed, Policies: policies})
+	return writeJSON(w, KeyInfo{Zone: z.name, Source: z.source(c), Allowed: allowed, Policies: policies, ClusterReset: clusterReset})
 }
 
 func keyPolicy(name string, d limiter.Decision) KeyPolicy {

@@ -125,6 +125,11 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st certmagic.Storag
 		return fmt.Errorf("zone %q: distributed: %v", z.name, err)
 	}
 	z.dist = &distributedZone{cluster: c, shape: shape, st: st, iv: d.intervals(z.limit.Window)}
+	// A reset read from another instance fills the key's buckets here, as
+	// DELETE on that instance's admin API filled them there. The cluster
+	// outlives the config; the latest config to distribute the zone gets
+	// the call.
+	c.OnReset(z.buckets.Fill)
 	z.dist.syncer = storage.NewSyncer(c, st, inst.String(), z.dist.iv, ctx.Logger())
 	if created {
 		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)

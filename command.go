@@ -25,7 +25,8 @@ Talks to the admin API of a running Caddy (/rate_limit/...):
   zones              every zone: limits, counts, memory, occupancy
   top <zone>         the sources the zone denied most in the last 1-2 minutes
   key <zone> <key>   what a key would get now; asking charges nothing
-  reset <zone> <key> make the key's buckets full again, so it passes
+  reset <zone> <key> make the key's buckets full again, so it passes; in a
+                     distributed zone, on every instance after a sync
 
 An IP address as <key> is grouped by the zone's ipv4_prefix/ipv6_prefix, as
 a request's would be. The admin address is --address if given, else the one
@@ -143,6 +144,9 @@ func printKey(out io.Writer, k KeyInfo, prefix string) {
 		state = "denied"
 	}
 	fmt.Fprintf(out, "%szone %s, source %s: a request now would be %s\n", prefix, k.Zone, k.Source, state)
+	if k.ClusterReset != "" {
+		fmt.Fprintf(out, "cluster: %s\n", k.ClusterReset)
+	}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "LIMIT\tREMAINING\tRETRY AFTER\tFULL IN")
 	for _, p := range k.Policies {

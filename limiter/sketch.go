@@ -268,12 +268,15 @@ type sketchCols [MaxSketchRows]uint64
 // hashing (h + i·h2), reducing each to [0, width) with a multiply-shift
 // rather than a modulo. h2 is h with its halves swapped, so that rows
 // depend on all 64 bits of h.
-func (s *Sketch) columns(h uint64, cols *sketchCols) {
+func (s *Sketch) columns(h uint64, cols *sketchCols) { sketchColumns(h, s.rows, s.width, cols) }
+
+// sketchColumns is Sketch.columns for a sketch of the given shape.
+func sketchColumns(h uint64, rows int, width uint64, cols *sketchCols) {
 	h2 := bits.RotateLeft64(h, 32) | 1
 	g := h
-	for i := 0; i < s.rows; i++ {
-		c, _ := bits.Mul64(g, s.width)
-		cols[i] = 2 * (uint64(i)*s.width + c)
+	for i := 0; i < rows; i++ {
+		c, _ := bits.Mul64(g, width)
+		cols[i] = 2 * (uint64(i)*width + c)
 		g += h2
 	}
 }

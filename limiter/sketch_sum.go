@@ -48,6 +48,13 @@ func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
 // shape or window, or not well formed, is rejected with an error and adds
 // nothing.
 func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
+	return t.addBinary(data, nil)
+}
+
+// addBinary is AddBinary, also passing each cell of the snapshot to seen, if
+// not nil, once the snapshot is known to be well formed (as
+// walkSketchBinary's cell does).
+func (t *SketchSum) addBinary(data []byte, seen func(curr bool, i int, c uint32)) (epoch int64, err error) {
 	begin := func(h sketchHeader) error {
 		if h.rows != t.rows || h.width != t.width || h.window != t.window {
 			return fmt.Errorf("sketch snapshot: a %d×%d snapshot of %v windows does not fit a %d×%d sketch of %v windows",
@@ -67,6 +74,9 @@ func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
 		return epoch, nil
 	}
 	_ = walkSketchBinary(data, cells, begin, func(isCurr bool, i int, c uint32) {
+		if seen != nil {
+			seen(isCurr, i, c)
+		}
 		k := d
 		if isCurr {
 			k++
@@ -164,17 +174,5 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 // the sketch's shape and window. Merging the same snapshot twice counts it
 // twice.
 func (s *Sketch) MergeBinary(data []byte, now time.Time) error {
-	sum := s.NewSketchSum(now)
-	if _, err := sum.AddBinary(data); err != nil {
-		return err
-	}
-	for k, e := range [2]int64{sum.epoch - 1, sum.epoch} {
-		p := int(e & 1)
-		for i := range len(sum.counts) / 2 {
-			if c := sum.counts[2*i+k]; c != 0 {
-				sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
-			}
-		}
-	}
-	return nil
+	return s.MergeBinaryForgetting(data, now, nil)
 }

@@ -52,6 +52,18 @@ type Cluster struct {
 	// loaded back, or found missing: until then nothing is published, so
 	// that a restart cannot overwrite its state before reading it.
 	restored bool
+
+	// rmu guards resets, the key resets applied here (resets.go), and
+	// orders the changes of a reset with the replacement of peers. It is
+	// held briefly: a reset never waits for storage.
+	rmu    sync.Mutex
+	resets resetTable
+	// resetting is set while resets holds a reset, and before a reset
+	// changes any count: see mitigate.
+	resetting atomic.Bool
+	// onReset is called with the hash of each key whose reset is learned
+	// from a peer (OnReset).
+	onReset atomic.Pointer[func(uint64)]
 }
 
 func newCluster(s Shape, quota int64) (*Cluster, error) {
@@ -135,7 +147,15 @@ func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, peers *limiter
 		return
 	}
 	n := now.UnixNano()
-	c.blocks.add(h, n+int64(d.RetryAfter), n, true)
+	until := n + int64(d.RetryAfter)
+	c.blocks.add(h, until, n, true)
+	// A reset may have forgotten the counts this decision read, and lifted
+	// the key's block, before the block above went in: it would then stand
+	// on counts that are gone. While resets are recent, the block is
+	// checked against the counts as they are now.
+	if c.resetting.Load() && c.sketch.PeekHashWith(h, 1, now, c.peers.Load()).Allowed {
+		c.blocks.remove(h, until)
+	}
 }
 
 // An Op is a kind of storage operation a Syncer does.

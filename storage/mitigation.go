@@ -86,3 +86,17 @@ func (m *mitigation) appendOwn(dst []block, now int64) []block {
 	}
 	return dst
 }
+
+// remove lifts the block of the key with hash h if it ends by upTo (Unix
+// nanoseconds): a longer block added meanwhile stays.
+func (m *mitigation) remove(h uint64, upTo int64) {
+	a, b := m.pair(h)
+	for _, s := range [2]*atomic.Pointer[mitEntry]{a, b} {
+		for {
+			e := s.Load()
+			if e == nil || e.hash != h || e.until > upTo || s.CompareAndSwap(e, nil) {
+				break
+			}
+		}
+	}
+}

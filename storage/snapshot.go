@@ -12,11 +12,13 @@
 // Decisions take no lock and never touch storage.
 //
 // A Syncer (sync.go) does all the I/O in one background goroutine: every
-// write interval it publishes the own sketch and blocks as one snapshot
-// (this file) under rate_limit/<zone>/<instance>; every read interval it
-// reads every other snapshot under rate_limit/<zone>/ and replaces the sum
-// with a new one built from them, so a snapshot is never counted twice and
-// a dead instance's counts age out with its windows.
+// write interval it publishes the own sketch, blocks and the key resets it
+// applied as one snapshot (this file) under rate_limit/<zone>/<instance>;
+// every read interval it reads every other snapshot under rate_limit/<zone>/
+// and replaces the sum with a new one built from them, so a snapshot is
+// never counted twice and a dead instance's counts age out with its
+// windows. A key reset (Cluster.Reset, resets.go) spreads through the
+// snapshots' lists of resets.
 package storage
 
 import (
@@ -28,18 +30,21 @@ import (
 
 // The stored form of one instance's state for one zone is
 //
-//	"FGCL" version=1
+//	"FGCL" version=2
 //	uvarint len(instance), instance
 //	varint  written (Unix nanoseconds)
 //	uvarint len(sketch), sketch (limiter.SketchSnapshot's binary form)
 //	uvarint n, then n × (8-byte little-endian key hash, varint blocked until (Unix ns))
+//	uvarint m, then m × (8-byte little-endian key hash, varint reset at (Unix ns))
 //	4-byte little-endian CRC-32C of everything before it
 //
-// The checksum catches a truncated or torn file (a storage that is not
-// atomic, a crash mid-write) before anything in it is trusted.
+// Version 1 is the same without the resets (m and what follows it); it is
+// still read, as listing no reset. The checksum catches a truncated or torn
+// file (a storage that is not atomic, a crash mid-write) before anything in
+// it is trusted.
 const (
 	snapshotMagic   = "FGCL"
-	snapshotVersion = 1
+	snapshotVersion = 2
 	// maxInstanceLen bounds the instance name (a UUID is 36 bytes).
 	maxInstanceLen = 128
 )
@@ -52,6 +57,9 @@ type snapshot struct {
 	written  time.Time
 	sketch   []byte // the sketch's binary form, checked when it is added to a sum
 	blocks   []block
+	// resets lists the key resets the instance had applied to its sketch
+	// when it took it (see resets.go).
+	resets []reset
 }
 
 // block is a key over its cluster limit and when it may pass again.
@@ -62,7 +70,7 @@ type block struct {
 
 // appendSnapshot appends the stored form of a snapshot whose sketch's binary
 // form is sketch.
-func appendSnapshot(dst []byte, instance string, written time.Time, sketch []byte, blocks []block) []byte {
+func appendSnapshot(dst []byte, instance string, written time.Time, sketch []byte, blocks []block, resets []reset) []byte {
 	start := len(dst)
 	dst = append(dst, snapshotMagic...)
 	dst = append(dst, snapshotVersion)
@@ -76,19 +84,26 @@ func appendSnapshot(dst []byte, instance string, written time.Time, sketch []byt
 		dst = binary.LittleEndian.AppendUint64(dst, b.hash)
 		dst = binary.AppendVarint(dst, b.until)
 	}
+	dst = binary.AppendUvarint(dst, uint64(len(resets)))
+	for _, r := range resets {
+		dst = binary.LittleEndian.AppendUint64(dst, r.hash)
+		dst = binary.AppendVarint(dst, r.at)
+	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
-// decodeSnapshot decodes the stored form. data is untrusted: decodeSnapshot
-// never panics, rejects anything appendSnapshot would not have written with
-// an error saying what, and allocates only the blocks, at most maxBlocks of
+// decodeSnapshot decodes the stored form, of version 1 or 2. data is
+// untrusted: decodeSnapshot never panics, rejects anything appendSnapshot
+// (or version 1's) would not have written with an error saying what, and
+// allocates only the blocks and resets, at most maxBlocks and maxResets of
 // them. The sketch is returned as a sub-slice of data, unchecked.
-func decodeSnapshot(data []byte, maxBlocks int) (*snapshot, error) {
+func decodeSnapshot(data []byte, maxBlocks, maxResets int) (*snapshot, error) {
 	if len(data) < len(snapshotMagic)+1+4 || string(data[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("not a floodgate cluster snapshot")
 	}
-	if v := data[len(snapshotMagic)]; v != snapshotVersion {
-		return nil, fmt.Errorf("snapshot version %d, want %d", v, snapshotVersion)
+	version := data[len(snapshotMagic)]
+	if version != 1 && version != snapshotVersion {
+		return nil, fmt.Errorf("snapshot version %d, want 1 or %d", version, snapshotVersion)
 	}
 	body := data[:len(data)-4]
 	if sum := binary.LittleEndian.Uint32(data[len(body):]); sum != crc32.Checksum(body, castagnoli) {
@@ -140,6 +155,29 @@ func decodeSnapshot(data []byte, maxBlocks int) (*snapshot, error) {
 			return nil, err
 		}
 		s.blocks = append(s.blocks, block{hash: binary.LittleEndian.Uint64(h), until: until})
+	}
+	if version >= 2 {
+		n, err = r.uvarint("reset count")
+		if err != nil {
+			return nil, err
+		}
+		if n > uint64(maxResets) {
+			return nil, fmt.Errorf("snapshot lists %d key resets, at most %d are kept", n, maxResets)
+		}
+		if n > 0 {
+			s.resets = make([]reset, 0, n)
+		}
+		for range n {
+			h, err := r.bytes(8, "reset hash")
+			if err != nil {
+				return nil, err
+			}
+			at, err := r.varint("reset time")
+			if err != nil {
+				return nil, err
+			}
+			s.resets = append(s.resets, reset{hash: binary.LittleEndian.Uint64(h), at: at})
+		}
 	}
 	if r.off != len(body) {
 		return nil, fmt.Errorf("snapshot has %d trailing bytes", len(body)-r.off)

@@ -2,6 +2,10 @@ package storage
 
 import (
 	"bytes"
+	"encoding/binary"
+	"hash/crc32"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,28 +21,77 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	c.TakeHash(limiter.HashString("k"), 3, now)
 	sk, _ := c.sketch.AppendSnapshot(nil, now)
 	blocks := []block{{hash: 1, until: now.UnixNano() + 5}, {hash: 1 << 63, until: -7}}
-	data := appendSnapshot([]byte("x"), "inst", now, sk, blocks)[1:]
-	s, err := decodeSnapshot(data, 2)
+	resets := []reset{{hash: 7, at: now.UnixNano()}, {hash: 1<<64 - 1, at: -3}, {hash: 7, at: 1}}
+	data := appendSnapshot([]byte("x"), "inst", now, sk, blocks, resets)[1:]
+	s, err := decodeSnapshot(data, 2, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.instance != "inst" || !s.written.Equal(now) || !bytes.Equal(s.sketch, sk) || len(s.blocks) != 2 || s.blocks[0] != blocks[0] || s.blocks[1] != blocks[1] {
+	if s.instance != "inst" || !s.written.Equal(now) || !bytes.Equal(s.sketch, sk) || !slices.Equal(s.blocks, blocks) || !slices.Equal(s.resets, resets) {
 		t.Fatalf("decoded %+v", s)
 	}
-	if _, err := decodeSnapshot(data, 1); err == nil {
-		t.Fatal("more blocks than allowed were accepted")
+	if _, err := decodeSnapshot(data, 1, 3); err == nil || !strings.Contains(err.Error(), "lists 2 blocked keys, at most 1") {
+		t.Fatalf("more blocks than allowed: %v", err)
+	}
+	if _, err := decodeSnapshot(data, 2, 2); err == nil || !strings.Contains(err.Error(), "lists 3 key resets, at most 2") {
+		t.Fatalf("more resets than allowed: %v", err)
 	}
 	for i := range len(data) {
-		if _, err := decodeSnapshot(data[:i], 2); err == nil {
+		if _, err := decodeSnapshot(data[:i], 2, 3); err == nil {
 			t.Fatalf("a snapshot truncated to %d bytes was accepted", i)
 		}
+	}
+	// A reset list cut short, with a checksum that matches.
+	short := appendSnapshot(nil, "inst", now, sk, nil, resets)
+	short = short[:len(short)-4-5]
+	short = binary.LittleEndian.AppendUint32(short, crc32.Checksum(short, castagnoli))
+	if _, err := decodeSnapshot(short, 2, 3); err == nil || !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("a reset list cut short: %v", err)
+	}
+}
+
+// appendSnapshotV1 writes the stored form of version 1: no resets.
+func appendSnapshotV1(instance string, written time.Time, sketch []byte, blocks []block) []byte {
+	v2 := appendSnapshot(nil, instance, written, sketch, blocks, nil)
+	v1 := append([]byte{}, v2[:len(v2)-5]...) // without the reset count (0) and the checksum
+	v1[len(snapshotMagic)] = 1
+	return binary.LittleEndian.AppendUint32(v1, crc32.Checksum(v1, castagnoli))
+}
+
+// Version 1 snapshots, written before resets were published, are read as
+// listing none; unknown versions are rejected.
+func TestSnapshotVersions(t *testing.T) {
+	blocks := []block{{hash: 9, until: t0.UnixNano()}}
+	v1 := appendSnapshotV1("old", t0, []byte("FGSK"), blocks)
+	s, err := decodeSnapshot(v1, 4, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.instance != "old" || !slices.Equal(s.blocks, blocks) || s.resets != nil || string(s.sketch) != "FGSK" {
+		t.Fatalf("decoded %+v", s)
+	}
+	// A version 1 snapshot with a reset list appended is not version 1.
+	withResets := appendSnapshot(nil, "old", t0, []byte("FGSK"), blocks, []reset{{hash: 1, at: 2}})
+	withResets = withResets[:len(withResets)-4]
+	withResets[len(snapshotMagic)] = 1
+	withResets = binary.LittleEndian.AppendUint32(withResets, crc32.Checksum(withResets, castagnoli))
+	if _, err := decodeSnapshot(withResets, 4, 4); err == nil || !strings.Contains(err.Error(), "trailing bytes") {
+		t.Fatalf("a version 1 snapshot with resets: %v", err)
+	}
+	v3 := appendSnapshot(nil, "new", t0, nil, nil, nil)
+	v3 = v3[:len(v3)-4]
+	v3[len(snapshotMagic)] = 3
+	v3 = binary.LittleEndian.AppendUint32(v3, crc32.Checksum(v3, castagnoli))
+	if _, err := decodeSnapshot(v3, 4, 4); err == nil || !strings.Contains(err.Error(), "version 3, want 1 or 2") {
+		t.Fatalf("version 3: %v", err)
 	}
 }
 
 // FuzzDecodeSnapshot feeds the decoder of stored snapshots (untrusted: any
 // process that can write the storage) arbitrary bytes. It must not panic,
-// must respect its block limit, and whatever it accepts must encode back to
-// the same bytes; a sum must take or reject its sketch without panicking.
+// must respect its limits of blocks and resets, and whatever it accepts must
+// encode back to the same bytes (as version 2); a sum must take or reject its
+// sketch without panicking.
 func FuzzDecodeSnapshot(f *testing.F) {
 	c, err := newCluster(Shape{Zone: "z", Window: time.Second, Width: 32}, 100)
 	if err != nil {
@@ -48,25 +101,27 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		c.TakeHash(uint64(i)*0x9E3779B97F4A7C15, int64(1+i%3), t0)
 	}
 	sk, _ := c.sketch.AppendSnapshot(nil, t0)
-	f.Add(appendSnapshot(nil, "0b9f1c2e-1111-4c4c-9a9a-000000000001", t0, sk, []block{{hash: 42, until: t0.UnixNano()}}))
-	f.Add(appendSnapshot(nil, "a", t0, nil, nil))
+	f.Add(appendSnapshot(nil, "0b9f1c2e-1111-4c4c-9a9a-000000000001", t0, sk, []block{{hash: 42, until: t0.UnixNano()}}, []reset{{hash: 42, at: t0.UnixNano()}}))
+	f.Add(appendSnapshot(nil, "a", t0, nil, nil, nil))
+	f.Add(appendSnapshotV1("v1", t0, sk, []block{{hash: 1, until: 2}}))
 	f.Add([]byte("FGCL\x01"))
 	f.Add([]byte("FGCL\x02garbage!"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s, err := decodeSnapshot(data, 16)
+		s, err := decodeSnapshot(data, 16, 8)
 		if err != nil {
 			return
 		}
-		if len(s.blocks) > 16 {
-			t.Fatalf("%d blocks over the limit of 16", len(s.blocks))
+		if len(s.blocks) > 16 || len(s.resets) > 8 {
+			t.Fatalf("%d blocks and %d resets, over the limits of 16 and 8", len(s.blocks), len(s.resets))
 		}
-		again := appendSnapshot(nil, s.instance, s.written, s.sketch, s.blocks)
+		again := appendSnapshot(nil, s.instance, s.written, s.sketch, s.blocks, s.resets)
 		if !bytes.Equal(again, data) {
-			// Varints may be non-minimal in the input; what was decoded must
-			// at least decode again to the same thing.
-			s2, err := decodeSnapshot(again, 16)
-			if err != nil || s2.instance != s.instance || !s2.written.Equal(s.written) || !bytes.Equal(s2.sketch, s.sketch) || len(s2.blocks) != len(s.blocks) {
+			// Varints may be non-minimal in the input, or the version 1;
+			// what was decoded must at least decode again to the same thing.
+			s2, err := decodeSnapshot(again, 16, 8)
+			if err != nil || s2.instance != s.instance || !s2.written.Equal(s.written) || !bytes.Equal(s2.sketch, s.sketch) ||
+				!slices.Equal(s2.blocks, s.blocks) || !slices.Equal(s2.resets, s.resets) {
 				t.Fatalf("re-encoding is not stable: %v", err)
 			}
 		}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"math"
 	"net/url"
 	"path"
 	"time"
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+
+	"github.com/floodgate-rl/floodgate/limiter"
 )
 
 // Defaults and bounds of the sync intervals.
@@ -58,6 +61,13 @@ type Syncer struct {
 	// Used only by the goroutine (or by a test calling Write and Read).
 	buf, sk []byte
 	blocks  []block
+	resets  []reset
+	snaps   []*snapshot
+	forget  []limiter.Forget
+	lifted  []uint64
+	// latest and listed map a key hash to its latest reset: known here,
+	// and listed by the snapshot at hand.
+	latest, listed map[uint64]int64
 	// failing and logged implement "log once per interval": the first
 	// failure after a success is logged at WARN, then at most one line per
 	// interval until storage works again, which is logged at INFO.
@@ -70,6 +80,8 @@ func NewSyncer(c *Cluster, st certmagic.Storage, instance string, iv Intervals, 
 	return &Syncer{
 		c: c, st: st, instance: instance, iv: iv, log: log,
 		failing: make(map[Op]time.Time, int(numOps)),
+		latest:  make(map[uint64]int64),
+		listed:  make(map[uint64]int64),
 	}
 }
 
@@ -142,9 +154,16 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 			return
 		}
 	}
+	// The resets are read before the counts: a snapshot must list only
+	// resets its counts have had applied. One applied in between is not
+	// listed, so the others forget this snapshot's counts of the key too.
+	c.rmu.Lock()
+	c.pruneLocked(now.UnixNano())
+	s.resets = c.appendResetsLocked(s.resets[:0])
+	c.rmu.Unlock()
 	s.sk, _ = c.sketch.AppendSnapshot(s.sk[:0], now)
 	s.blocks = c.blocks.appendOwn(s.blocks[:0], now.UnixNano())
-	s.buf = appendSnapshot(s.buf[:0], s.instance, now, s.sk, s.blocks)
+	s.buf = appendSnapshot(s.buf[:0], s.instance, now, s.sk, s.blocks, s.resets)
 	if err := s.st.Store(ctx, Key(c.shape.Zone, s.instance), s.buf); err != nil {
 		s.failed(OpWrite, now, err)
 		return
@@ -176,21 +195,37 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 		return err
 	}
 	c.restored = true
-	snap, err := decodeSnapshot(data, MitigationSlots)
+	snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
 	if err == nil && snap.instance != s.instance {
 		err = errors.New("snapshot of instance " + snap.instance)
 	}
+	n := now.UnixNano()
 	if err == nil {
-		err = c.sketch.MergeBinary(snap.sketch, now)
+		// Resets applied here before the restore (read from a peer, or
+		// asked for) that the restored state predates are left out of it;
+		// those it lists were applied to it, and are known from now on.
+		c.rmu.Lock()
+		c.pruneLocked(n)
+		c.latestResetsLocked(s.latest)
+		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
+		if err = c.sketch.MergeBinaryForgetting(snap.sketch, now, s.forget); err == nil {
+			for _, r := range snap.resets {
+				if c.learnableLocked(r, n) {
+					c.recordLocked(r)
+				}
+			}
+		}
+		c.rmu.Unlock()
 	}
 	if err != nil {
 		// Not ours to trust; it is overwritten by the next write.
 		s.skipped(Key(c.shape.Zone, s.instance), err)
 		return nil
 	}
-	n := now.UnixNano()
 	for _, b := range snap.blocks {
-		c.blocks.add(b.hash, b.until, n, true)
+		if !forgotten(s.forget, b.hash) {
+			c.blocks.add(b.hash, b.until, n, true)
+		}
 	}
 	s.log.Info("restored this instance's cluster state", zap.String("zone", c.shape.Zone),
 		zap.Time("written", snap.written), zap.Int("blocked_keys", len(snap.blocks)))
@@ -203,19 +238,26 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 // skipped and counted. If listing fails the previous sum is kept: its
 // counts age out with their windows, so a storage outage degrades to local
 // limiting.
+//
+// Key resets that a snapshot lists and this instance does not know yet are
+// applied to its own counts first; then the sum is built, each snapshot
+// less its counts of the keys of known resets that it does not list (see
+// resets.go). A snapshot may list a reset that one read before it lacks,
+// so the snapshots are all loaded before the sum is built: for the
+// duration of a read, this holds every peer's stored snapshot in memory
+// at once (at most about 6 bytes per sketch cell each, usually much less).
 func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer func() { clear(s.snaps) }() // no snapshot outlives its read
 	dir := Dir(c.shape.Zone)
 	keys, err := s.st.List(ctx, dir, false)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.failed(OpRead, now, err)
 		return
 	}
-	sum := c.sketch.NewSketchSum(now)
-	n := now.UnixNano()
-	var loadErr error
+	s.snaps = s.snaps[:0]
 	for _, key := range keys {
 		name := path.Base(key)
 		if name == s.instance || path.Dir(key) != dir {
@@ -227,13 +269,13 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 				continue // deleted since the listing
 			}
 			if ctx.Err() != nil {
-				loadErr = err
-				break
+				s.failed(OpRead, now, err)
+				return
 			}
 			s.skipped(key, err) // a directory, an unreadable file
 			continue
 		}
-		snap, err := decodeSnapshot(data, MitigationSlots)
+		snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
 		if err == nil && snap.instance != name {
 			err = errors.New("snapshot of instance " + snap.instance + " under another name")
 		}
@@ -248,19 +290,63 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 			}
 			continue
 		}
-		if _, err := sum.AddBinary(snap.sketch); err != nil {
-			s.skipped(key, err)
+		s.snaps = append(s.snaps, snap)
+	}
+
+	n := now.UnixNano()
+	c.rmu.Lock()
+	c.pruneLocked(n)
+	s.lifted = s.lifted[:0]
+	for _, snap := range s.snaps {
+		for _, r := range snap.resets {
+			if c.learnableLocked(r, n) {
+				c.applyLocked(r, now)
+				s.lifted = append(s.lifted, r.hash)
+			}
+		}
+	}
+	c.latestResetsLocked(s.latest)
+	seq := c.resets.seq
+	c.rmu.Unlock()
+
+	sum := c.sketch.NewSketchSum(now)
+	added := s.snaps[:0]
+	for _, snap := range s.snaps {
+		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
+		if _, err := sum.AddBinaryForgetting(snap.sketch, s.forget); err != nil {
+			s.skipped(Key(c.shape.Zone, snap.instance), err)
 			continue
 		}
-		for _, b := range snap.blocks {
-			c.blocks.add(b.hash, b.until, n, false)
+		added = append(added, snap)
+	}
+
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	// Resets asked for here while the sum was built: no snapshot lists
+	// them.
+	for _, e := range c.resets.list {
+		if e.seq > seq {
+			sum.ForgetHash(e.hash, time.Unix(0, e.at))
+			s.lifted = append(s.lifted, e.hash)
+			s.latest[e.hash] = max(s.latest[e.hash], e.at)
 		}
 	}
-	if loadErr != nil {
-		s.failed(OpRead, now, loadErr)
-		return
-	}
 	c.peers.Store(sum)
+	// The keys' blocks are lifted once neither the own counts nor the sum
+	// count them any more (see mitigate); then the peers' blocks are
+	// added, but not those of a key from a snapshot that predates its
+	// reset.
+	for _, h := range s.lifted {
+		c.blocks.remove(h, math.MaxInt64)
+	}
+	for _, snap := range added {
+		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
+		for _, b := range snap.blocks {
+			if !forgotten(s.forget, b.hash) {
+				c.blocks.add(b.hash, b.until, n, false)
+			}
+		}
+	}
 	s.ok(OpRead, now)
 }
 

@@ -115,7 +115,7 @@ func TestBlocksArePublished(t *testing.T) {
 	// publishing an empty-sketch snapshot with b's blocks.
 	empty, _ := newCluster(Shape{Zone: "z/1", Window: testWindow, Width: 256}, 10)
 	sk, _ := empty.sketch.AppendSnapshot(nil, now)
-	data := appendSnapshot(nil, "b", now, sk, b.c.blocks.appendOwn(nil, now.UnixNano()))
+	data := appendSnapshot(nil, "b", now, sk, b.c.blocks.appendOwn(nil, now.UnixNano()), nil)
 	if err := st.Store(bg, Key("z/1", "b"), data); err != nil {
 		t.Fatal(err)
 	}
@@ -179,11 +179,11 @@ func TestJunkIsSkipped(t *testing.T) {
 		"truncated":    good[:len(good)/2],
 		"empty":        nil,
 		"random":       []byte("\x00\xffnot a snapshot at all"),
-		"version2":     append([]byte("FGCL\x02"), good[5:]...),
+		"version3":     append([]byte("FGCL\x03"), good[5:]...),
 		"badsum":       append(good[:len(good)-1:len(good)-1], good[len(good)-1]^1),
 		"sub/inner":    good,
-		"other.shape":  appendSnapshot(nil, "other.shape", now, []byte("FGSK\x01\x01\x01\x80\xb0\xe3\x8d\xdf\x01\x00\x00\x00"), nil),
-		"bad-sketch-x": appendSnapshot(nil, "bad-sketch-x", now, []byte("junk"), nil),
+		"other.shape":  appendSnapshot(nil, "other.shape", now, []byte("FGSK\x01\x01\x01\x80\xb0\xe3\x8d\xdf\x01\x00\x00\x00"), nil, nil),
+		"bad-sketch-x": appendSnapshot(nil, "bad-sketch-x", now, []byte("junk"), nil, nil),
 	}
 	for name, data := range junk {
 		p := filepath.Join(zdir, name)

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate"
 )
 
 // epsilon is the over-admission the tests accept for three instances
@@ -195,7 +198,7 @@ func TestJunkUnderTheStorage(t *testing.T) {
 	}
 	plant("1234567890123456789", good) // a certmagic temporary file
 	plant("truncated", good[:len(good)/2])
-	plant("version2", append([]byte("FGCL\x02"), good[5:]...))
+	plant("version3", append([]byte("FGCL\x03"), good[5:]...))
 	checkShared(t, nodes, "junk", "file_system with junk")
 	for _, n := range nodes {
 		if n.exited() {
@@ -380,4 +383,97 @@ func TestRedisClusterSharesTheLimitAndSurvivesAnOutage(t *testing.T) {
 		}
 	}
 	checkShared(t, nodes, "after", "redis after the outage")
+}
+
+// rateLimit runs `caddy rate-limit args...` against node n's admin API and
+// returns its output.
+func (n *node) rateLimit(args ...string) string {
+	n.t.Helper()
+	cmd := exec.Command(caddyBin, append(append([]string{"rate-limit"}, args...), "--address", fmt.Sprintf("localhost:%d", adminBase+n.i))...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		n.t.Fatalf("caddy rate-limit %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// adminDelete resets a key through node n's admin API and returns the
+// answer.
+func (n *node) adminDelete(zone, key string) floodgate.KeyInfo {
+	n.t.Helper()
+	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s/keys/%s", adminBase+n.i, zone, key), nil)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var k floodgate.KeyInfo
+	if err := json.NewDecoder(resp.Body).Decode(&k); err != nil || resp.StatusCode != http.StatusOK {
+		n.t.Fatalf("DELETE %s/%s: %d %v", zone, key, resp.StatusCode, err)
+	}
+	return k
+}
+
+// A key exhausted through three instances, one of which then dies, passes
+// again on the one that resets it at once, and on another once it has read
+// the reset; the dead one's snapshot, which predates the reset, does not
+// bring the key's counts back. Then the key has its limit again,
+// cluster-wide.
+func TestResetReachesTheCluster(t *testing.T) {
+	store := t.TempDir()
+	nodes := startCluster(t, 3, fileStorage(store), zoneBody("1m", "1m"))
+	a, b, dead := nodes[0], nodes[1], nodes[2]
+	// One key's requests all go to node 1, draining its token bucket too.
+	exhaust(t, b, "sticky")
+	for i := range limit {
+		if code, _ := nodes[i%3].get("reset"); code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, code)
+		}
+	}
+	synced := time.Now()
+	dead.waitWritten(store, synced)
+	dead.kill()
+	a.waitRead(store, synced)
+	b.waitRead(store, synced)
+	for _, n := range nodes[:2] {
+		if code, _ := n.get("reset"); code != http.StatusTooManyRequests {
+			t.Fatalf("node %d let the key through over its cluster limit: %d", n.i, code)
+		}
+	}
+	out := a.rateLimit("reset", "shared", "reset")
+	t.Logf("caddy rate-limit reset on node 0:\n%s", out)
+	if !strings.Contains(out, "a request now would be allowed\ncluster: published with this instance's next write (every 100ms); each other instance lets the key through after its next read (every 100ms)\n") {
+		t.Fatalf("reset output:\n%s", out)
+	}
+	if code, _ := a.get("reset"); code != http.StatusOK {
+		t.Fatalf("node 0 right after the reset: %d", code)
+	}
+	if k := a.adminDelete("shared", "sticky"); !k.Allowed || !strings.HasPrefix(k.ClusterReset, "published with this instance's next write") {
+		t.Fatalf("DELETE of sticky on node 0: %+v", k)
+	}
+	reset := time.Now()
+	a.waitRead(store, reset) // reading the dead node's snapshot again
+	fi, err := os.Stat(a.snapshotFile(store))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.waitRead(store, fi.ModTime())
+	for _, n := range nodes[:2] {
+		if code, _ := n.get("reset"); code != http.StatusOK {
+			t.Fatalf("node %d after the reset and a sync: %d", n.i, code)
+		}
+	}
+	// Node 1 filled its bucket of the key it had drained.
+	if code, _ := b.get("sticky"); code != http.StatusOK {
+		t.Fatalf("node 1, whose bucket the key had drained, after the reset and a sync: %d", code)
+	}
+	// The limit holds again: 3 taken above, then the rest of 20.
+	allowed := 3 + spread(t, nodes[:2], "reset", 30, 100*time.Millisecond)
+	t.Logf("after the reset: %d allowed for a limit of %d", allowed, limit)
+	if allowed < limit || float64(allowed) > limit*(1+epsilon) {
+		t.Fatalf("after the reset: allowed %d, want %d to %d", allowed, limit, int(limit*(1+epsilon)))
+	}
 }

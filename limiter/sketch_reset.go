@@ -1,0 +1,195 @@
+package limiter
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// WindowNumber is the number of the window of length window that t falls
+// in, floor(UnixNano / window): how a Sketch and its snapshots number their
+// windows.
+func WindowNumber(t time.Time, window time.Duration) int64 {
+	n, w := t.UnixNano(), int64(window)
+	e := n / w
+	if n%w < 0 {
+		e--
+	}
+	return e
+}
+
+// A key's counts in a window of a count-min sketch are at least its true
+// count there on every row, so the least of them, its estimate for that
+// window, is what a reset can take away without knowing the other keys:
+// taken from every row's cell, it removes at least all of the key's own
+// count there. Other keys sharing one of those cells lose at most that much
+// of their count in it, in their favour, and nothing elsewhere. Afterwards
+// the key is counted in that window as a key never seen: only by what
+// other keys sharing a cell with it on every row add.
+
+// ResetHash forgets the key with hash h in the windows that had begun by
+// at, the time of the reset: in each such window of the two the sketch
+// holds at now, it subtracts the key's estimate for that window from each
+// of the key's cells, never below zero. Windows that began after at are
+// untouched. A charge made concurrently may be forgotten with the rest.
+func (s *Sketch) ResetHash(h uint64, at, now time.Time) {
+	last := WindowNumber(at, time.Duration(s.window))
+	e, _ := s.clock(now)
+	var cols sketchCols
+	s.columns(h, &cols)
+	for _, w := range [2]int64{e - 1, e} {
+		if w > last {
+			continue
+		}
+		p, tag := uint64(w&1), sketchTag(w)
+		m := uint64(math.MaxUint64)
+		for i := 0; i < s.rows; i++ {
+			m = min(m, sketchCount(s.slots[cols[i]+p].Load(), tag))
+		}
+		if m > 0 {
+			for i := 0; i < s.rows; i++ {
+				sketchSubSlot(&s.slots[cols[i]+p], w, m)
+			}
+		}
+	}
+}
+
+// A Forget names a key whose counts a snapshot added to a SketchSum should
+// leave out: those of the snapshot's windows that had begun by At, as if
+// the snapshot's sketch had been reset (Sketch.ResetHash) at At before it
+// was taken.
+type Forget struct {
+	Hash uint64
+	At   time.Time
+}
+
+// ForgetHash subtracts from the sum the key's estimate in it for each of its
+// windows that had begun by at, as Sketch.ResetHash does. It changes the sum
+// in place, so it must not be used on a sum that is being read: see
+// WithoutHash.
+func (t *SketchSum) ForgetHash(h uint64, at time.Time) {
+	last := WindowNumber(at, t.window)
+	var cols sketchCols
+	sketchColumns(h, t.rows, uint64(t.width), &cols)
+	for k := range 2 {
+		if t.epoch-1+int64(k) > last {
+			continue
+		}
+		m := uint32(math.MaxUint32)
+		for i := 0; i < t.rows; i++ {
+			m = min(m, t.counts[cols[i]+uint64(k)])
+		}
+		for i := 0; i < t.rows; i++ {
+			t.counts[cols[i]+uint64(k)] -= m
+		}
+	}
+}
+
+// WithoutHash returns a copy of the sum less the key's counts, as ForgetHash
+// takes them; the sum itself, which deciders may be reading, is unchanged.
+// It allocates as much as NewSketchSum. A nil sum gives nil.
+func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
+	if t == nil {
+		return nil
+	}
+	c := *t
+	c.counts = slices.Clone(t.counts)
+	c.ForgetHash(h, at)
+	return &c
+}
+
+// AddBinaryForgetting adds a snapshot as AddBinary does, less its own
+// counts of the keys in forget: as if the snapshot's sketch had been reset
+// (Sketch.ResetHash) for each of them in order before it was taken. A key's
+// counts are the snapshot's, not the sum's, so what other snapshots in the
+// sum count for the key stays. Besides what AddBinary does it reads the
+// snapshot's cells of those keys as they go by, in a few bytes per key and
+// row.
+func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int64, err error) {
+	if len(forget) == 0 {
+		return t.AddBinary(data)
+	}
+	// The cells of the forgotten keys, sorted, and the snapshot's counts
+	// of them: vals[i] for the previous window, vals[len(idx)+i] for the
+	// current one.
+	idx := make([]int, 0, len(forget)*t.rows)
+	var cols sketchCols
+	for _, f := range forget {
+		sketchColumns(f.Hash, t.rows, uint64(t.width), &cols)
+		for i := 0; i < t.rows; i++ {
+			idx = append(idx, int(cols[i]/2))
+		}
+	}
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	vals := make([]uint32, 2*len(idx))
+	j, inCurr := 0, false
+	epoch, err = t.addBinary(data, func(curr bool, i int, c uint32) {
+		if curr != inCurr {
+			j, inCurr = 0, curr
+		}
+		for j < len(idx) && idx[j] < i {
+			j++
+		}
+		if j < len(idx) && idx[j] == i {
+			if curr {
+				vals[len(idx)+j] = c
+			} else {
+				vals[j] = c
+			}
+		}
+	})
+	if err != nil {
+		return epoch, err
+	}
+	var pos [MaxSketchRows]int
+	for _, f := range forget {
+		last := WindowNumber(f.At, t.window)
+		sketchColumns(f.Hash, t.rows, uint64(t.width), &cols)
+		for i := 0; i < t.rows; i++ {
+			pos[i], _ = slices.BinarySearch(idx, int(cols[i]/2))
+		}
+		// The snapshot's window epoch − 1 + k is the sum's slot
+		// epoch − 1 + k − (t.epoch − 1).
+		for k := range 2 {
+			if epoch-1+int64(k) > last {
+				continue
+			}
+			v := vals[k*len(idx):]
+			m := uint32(math.MaxUint32)
+			for i := 0; i < t.rows; i++ {
+				m = min(m, v[pos[i]])
+			}
+			if m == 0 {
+				continue
+			}
+			slot := epoch - t.epoch + int64(k)
+			for i := 0; i < t.rows; i++ {
+				v[pos[i]] -= m
+				if slot == 0 || slot == 1 {
+					p := &t.counts[cols[i]+uint64(slot)]
+					*p -= min(*p, m)
+				}
+			}
+		}
+	}
+	return epoch, nil
+}
+
+// MergeBinaryForgetting is MergeBinary less the snapshot's counts of the
+// keys in forget, as AddBinaryForgetting leaves them out.
+func (s *Sketch) MergeBinaryForgetting(data []byte, now time.Time, forget []Forget) error {
+	sum := s.NewSketchSum(now)
+	if _, err := sum.AddBinaryForgetting(data, forget); err != nil {
+		return err
+	}
+	for k, e := range [2]int64{sum.epoch - 1, sum.epoch} {
+		p := int(e & 1)
+		for i := range len(sum.counts) / 2 {
+			if c := sum.counts[2*i+k]; c != 0 {
+				sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
+			}
+		}
+	}
+	return nil
+}
