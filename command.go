@@ -148,9 +148,9 @@ func printKey(out io.Writer, k KeyInfo, prefix string) {
 		fmt.Fprintf(out, "cluster: %s\n", k.ClusterReset)
 	}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "LIMIT\tREMAINING\tRETRY AFTER\tFULL IN")
+	fmt.Fprintln(w, "POLICY\tLIMIT\tREMAINING\tRETRY AFTER\tFULL IN")
 	for _, p := range k.Policies {
-		fmt.Fprintf(w, "%d\t%d\t%ds\t%ds\n", p.Limit, p.Remaining, p.RetryAfter, p.Reset)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%ds\t%ds\n", p.Policy, p.Limit, p.Remaining, p.RetryAfter, p.Reset)
 	}
 	w.Flush()
 }

@@ -103,7 +103,7 @@ func TestCommandKeyChargesNothingAndResetLetsThrough(t *testing.T) {
 	}
 	for range 3 {
 		out := mustRateLimit(t, "key", "cmd_key", "127.0.33.1")
-		if !regexp.MustCompile(`^zone cmd_key, source 127\.0\.33\.1/32: a request now would be allowed\nLIMIT +REMAINING +RETRY AFTER +FULL IN\n3 +1 +0s +\d+s\n$`).MatchString(out) {
+		if !regexp.MustCompile(`^zone cmd_key, source 127\.0\.33\.1/32: a request now would be allowed\nPOLICY +LIMIT +REMAINING +RETRY AFTER +FULL IN\nbucket +3 +1 +0s +\d+s\n$`).MatchString(out) {
 			t.Fatalf("key table:\n%s", out)
 		}
 	}
@@ -115,7 +115,7 @@ func TestCommandKeyChargesNothingAndResetLetsThrough(t *testing.T) {
 		t.Errorf("key --json: %v %+v", err, k)
 	}
 	out := mustRateLimit(t, "reset", "cmd_key", "127.0.33.1")
-	if !regexp.MustCompile(`^reset: zone cmd_key, source 127\.0\.33\.1/32: a request now would be allowed\nLIMIT +REMAINING +RETRY AFTER +FULL IN\n3 +3 +0s +0s\n$`).MatchString(out) {
+	if !regexp.MustCompile(`^reset: zone cmd_key, source 127\.0\.33\.1/32: a request now would be allowed\nPOLICY +LIMIT +REMAINING +RETRY AFTER +FULL IN\nbucket +3 +3 +0s +0s\n$`).MatchString(out) {
 		t.Errorf("reset table:\n%s", out)
 	}
 	if got := codes(t, "127.0.33.1", 4); got != "200 200 200 429" {
