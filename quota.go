@@ -158,14 +158,7 @@ func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
 	}
 	for i, s := range z.quotas {
 		if all || v.q[i].Allowed {
-			// Sketch.PeekHash reports what would remain after the
-			// request, Buckets.PeekHash what remains now; the headers
-			// say what remains now.
-			d := s.PeekHash(v.c.hash, v.weight, now)
-			if d.Allowed {
-				d.Remaining = min(d.Remaining+v.weight, d.Limit)
-			}
-			v.q[i] = d
+			v.q[i] = s.PeekHash(v.c.hash, v.weight, now)
 		}
 	}
 	v.combine()

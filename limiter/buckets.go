@@ -178,8 +178,9 @@ func (b *Buckets) TakeHash(h uint64, weight int64, now time.Time) (Decision, Res
 	return d, r
 }
 
-// PeekHash answers what TakeHash would, charging nothing and changing
-// nothing.
+// PeekHash answers whether TakeHash would grant the request, charging
+// nothing and changing nothing; Remaining and Reset are what the key holds
+// now, before any charge.
 func (b *Buckets) PeekHash(h uint64, weight int64, now time.Time) Decision {
 	return b.decide(h, weight, now, nil)
 }

@@ -20,7 +20,9 @@ type Policy interface {
 	// TakeHash grants weight tokens to the key with hash h if it has them
 	// at time now, and charges them. A denied request is charged nothing.
 	TakeHash(h uint64, weight int64, now time.Time) (Decision, Reservation)
-	// PeekHash answers what TakeHash would, without charging anything.
+	// PeekHash answers whether TakeHash would grant the request, without
+	// charging anything; Remaining and Reset are what the key holds now,
+	// before any charge (a denied request's headers, an admin inspection).
 	PeekHash(h uint64, weight int64, now time.Time) Decision
 	// Refund returns what a Reservation from TakeHash charged.
 	Refund(Reservation)

@@ -186,8 +186,9 @@ func (s *Sketch) look(h uint64, weight int64, now time.Time, peers *SketchSum, c
 	return q, w, e, t
 }
 
-// PeekHash answers what TakeHash would, charging nothing. A weight below 1
-// is taken as 1.
+// PeekHash answers whether TakeHash would grant the request, charging
+// nothing; Remaining and Reset are what the key holds now (see
+// PeekHashWith). A weight below 1 is taken as 1.
 func (s *Sketch) PeekHash(h uint64, weight int64, now time.Time) Decision {
 	return s.PeekHashWith(h, weight, now, nil)
 }
@@ -413,13 +414,6 @@ func (v *sketchView) minRow() int {
 		}
 	}
 	return m
-}
-
-// insert adds w to the current window of every row.
-func (v *sketchView) insert(w uint64) {
-	for i := 0; i < v.n; i++ {
-		v.rows[i].curr += w
-	}
 }
 
 // remove takes w from the current window of every row, stopping at zero.

@@ -60,7 +60,7 @@ func TestSketchResetHash(t *testing.T) {
 	}
 	// Again: nothing is left to take, and no counter wraps below zero.
 	s.ResetHash(k, now, now)
-	if d := s.PeekHash(k, 100, now); !d.Allowed || d.Remaining != 0 {
+	if d := s.PeekHash(k, 100, now); !d.Allowed || d.Remaining != 100 {
 		t.Fatalf("after two resets k gets %+v, want the whole quota", d)
 	}
 	for i := range s.slots {
@@ -113,7 +113,7 @@ func TestSketchSumWithoutHash(t *testing.T) {
 	if d := own.PeekHashWith(k, 1, now, sum); d.Allowed {
 		t.Fatalf("k with the original sum: %+v, want denied", d)
 	}
-	if d := own.PeekHashWith(apart, 2, now, cp); !d.Allowed || d.Remaining != 0 {
+	if d := own.PeekHashWith(apart, 2, now, cp); !d.Allowed || d.Remaining != 2 {
 		t.Fatalf("another key with the copy: %+v, want its 8 of 10 still counted", d)
 	}
 	if d := own.PeekHashWith(apart, 3, now, cp); d.Allowed {

@@ -137,7 +137,9 @@ func (s *Sketch) TakeHashWith(h uint64, weight int64, now time.Time, peers *Sket
 	return v.granted(q), Reservation{index: h, epoch: e, units: int64(w)}
 }
 
-// PeekHashWith answers what TakeHashWith would, charging nothing.
+// PeekHashWith answers whether TakeHashWith would grant the request,
+// charging nothing; Remaining and Reset are what the key holds now, before
+// any charge, as Buckets.PeekHash reports them.
 func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *SketchSum) Decision {
 	var cols sketchCols
 	var v sketchView
@@ -145,7 +147,6 @@ func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *Sket
 	if w > q || !v.fits(q-w) {
 		return v.denied(q, w)
 	}
-	v.insert(w)
 	return v.granted(q)
 }
 

@@ -139,9 +139,11 @@ func TestSketchSlidingDecay(t *testing.T) {
 		}
 	}
 
-	// At 12.5s the estimate is 7.5: 2 more fit (9.5), a third does not.
+	// At 12.5s the estimate is 7.5, all of it the previous window's, gone
+	// at 20s: 2 more fit (9.5), a third does not. A peek reports what the
+	// key holds, before the request it asks about.
 	clk.at(12500 * time.Millisecond)
-	if d := s.PeekHash(h, 1, clk.Now()); !d.Allowed || d.Remaining != 1 || d.Reset != 17500*time.Millisecond {
+	if d := s.PeekHash(h, 1, clk.Now()); !d.Allowed || d.Remaining != 2 || d.Reset != 7500*time.Millisecond {
 		t.Fatalf("peek at 12.5s: %+v", d)
 	}
 	if d, _ := s.TakeHash(h, 2, clk.Now()); !d.Allowed || d.Remaining != 0 {
@@ -198,8 +200,10 @@ func TestSketchRefundAndPeek(t *testing.T) {
 	if s.Estimate(h, clk.Now()) != before {
 		t.Fatal("peek charged")
 	}
+	// The peek grants what the take grants, and reports what the key held
+	// before it: 7 more than is left after it.
 	d, r := s.TakeHash(h, 7, clk.Now())
-	if d != peek {
+	if !peek.Allowed || !d.Allowed || peek.Limit != d.Limit || peek.Remaining != d.Remaining+7 || peek.Reset > d.Reset {
 		t.Fatalf("take = %+v, peek said %+v", d, peek)
 	}
 	s.Refund(r)
@@ -316,10 +320,13 @@ func TestSketchRetryAfterExactRandom(t *testing.T) {
 		d := s.PeekHash(h, w, clk.Now())
 		now := clk.t
 		if d.Allowed {
-			// A granted decision's Reset counts the charge: take it.
-			if taken, _ := s.TakeHash(h, w, clk.Now()); taken != d {
+			// The take grants what the peek did, leaves w less than the
+			// peek reported, and its Reset counts the charge.
+			taken, _ := s.TakeHash(h, w, clk.Now())
+			if !taken.Allowed || taken.Remaining != d.Remaining-w || taken.Limit != d.Limit {
 				t.Fatalf("case %d: take %+v, peek %+v", i, taken, d)
 			}
+			d = taken
 		} else {
 			clk.set(now.Add(d.RetryAfter - 1))
 			if s.PeekHash(h, w, clk.Now()).Allowed {

@@ -114,7 +114,8 @@ func (c *Cluster) TakeHash(h uint64, weight int64, now time.Time) (limiter.Decis
 	return d, r
 }
 
-// PeekHash answers what TakeHash would, charging and blocking nothing.
+// PeekHash answers whether TakeHash would grant the request, charging and
+// blocking nothing; Remaining and Reset are what the key holds now.
 func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decision {
 	if d, ok := c.blockedAt(h, now); ok {
 		return d

@@ -451,8 +451,16 @@ func TestResetReachesTheCluster(t *testing.T) {
 	if code, _ := a.get("reset"); code != http.StatusOK {
 		t.Fatalf("node 0 right after the reset: %d", code)
 	}
-	if k := a.adminDelete("shared", "sticky"); !k.Allowed || !strings.HasPrefix(k.ClusterReset, "published with this instance's next write") {
+	k := a.adminDelete("shared", "sticky")
+	if !k.Allowed || !strings.HasPrefix(k.ClusterReset, "published with this instance's next write") || len(k.Policies) != 2 {
 		t.Fatalf("DELETE of sticky on node 0: %+v", k)
+	}
+	// Both the bucket and the cluster estimate report what the key holds
+	// now, not counting the request the answer is about: the whole limit.
+	for _, p := range k.Policies {
+		if p.Remaining != limit {
+			t.Fatalf("DELETE of sticky on node 0: %s remaining %d, want %d", p.Policy, p.Remaining, limit)
+		}
 	}
 	reset := time.Now()
 	a.waitRead(store, reset) // reading the dead node's snapshot again
