@@ -170,9 +170,15 @@ func (c *Cluster) pruneLocked(now int64) {
 func (c *Cluster) latestResetsLocked(latest map[uint64]int64) {
 	clear(latest)
 	for _, e := range c.resets.list {
-		if at, ok := latest[e.hash]; !ok || e.at > at {
-			latest[e.hash] = e.at
-		}
+		noteLatest(latest, e.reset)
+	}
+}
+
+// noteLatest keeps in latest the later of r and the reset of r's key it
+// holds.
+func noteLatest(latest map[uint64]int64, r reset) {
+	if at, ok := latest[r.hash]; !ok || r.at > at {
+		latest[r.hash] = r.at
 	}
 }
 
@@ -194,9 +200,7 @@ func appendForgets(dst []limiter.Forget, latest map[uint64]int64, listed []reset
 	}
 	clear(scratch)
 	for _, r := range listed {
-		if at, ok := scratch[r.hash]; !ok || r.at > at {
-			scratch[r.hash] = r.at
-		}
+		noteLatest(scratch, r)
 	}
 	start := len(dst)
 	for h, at := range latest {
