@@ -8,6 +8,7 @@
 # three sub-benchmarks within about ten seconds; the ratios of a round are
 # comparable, and their median over the rounds is the figure to quote.
 set -euo pipefail
+command -v python3 >/dev/null || { echo "python3 is needed: apt-get install -y python3" >&2; exit 1; }
 ROUNDS=${ROUNDS:-8}
 bin=$(mktemp -d)/limiter.test
 go test -c -o "$bin" ./limiter
