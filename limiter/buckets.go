@@ -172,9 +172,8 @@ func (b *Buckets) Allow(key []byte, weight int64, now time.Time) Decision {
 // counters holds them at time now, and charges every one of its counters. A
 // weight below 1 counts as 1. A weight above the burst is denied with
 // RetryAfter Never.
-func (b *Buckets) TakeHash(h uint64, weight int64, now time.Time) (Decision, Reservation) {
-	var r Reservation
-	d := b.decide(h, weight, now, &r)
+func (b *Buckets) TakeHash(h uint64, weight int64, now time.Time) (d Decision, r Reservation) {
+	d = b.decide(h, weight, now, &r) // into the result: no copy of r
 	return d, r
 }
 
