@@ -232,12 +232,14 @@ func TestLogActionPassesAndChargesNothing(t *testing.T) {
 
 // heldClock stands in for the timer of a held request: it records the wait
 // and either returns at once (time passes by clock.advance) or, if block is
-// set, waits for the request's context, as a disconnecting client makes it.
+// set, says so on entered and waits for the request's context, as a
+// disconnecting client makes it.
 type heldClock struct {
-	clock *fakeClock
-	mu    sync.Mutex
-	waits []time.Duration
-	block bool
+	clock   *fakeClock
+	mu      sync.Mutex
+	waits   []time.Duration
+	block   bool
+	entered chan struct{} // one value per request that starts waiting, with block
 }
 
 // held returns the waits so far.
@@ -252,6 +254,11 @@ func (c *heldClock) sleep(ctx context.Context, d time.Duration) error {
 	c.waits = append(c.waits, d)
 	c.mu.Unlock()
 	if c.block {
+		select {
+		case c.entered <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		<-ctx.Done()
 		return ctx.Err()
 	}
@@ -266,7 +273,7 @@ func delayHandler(t *testing.T, name string, burst int64, maxDelay time.Duration
 	h := newTestHandler(t, clock, map[string]*Zone{
 		name: {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Second), Burst: burst}, Action: "delay", MaxDelay: caddy.Duration(maxDelay)},
 	})
-	held := &heldClock{clock: clock}
+	held := &heldClock{clock: clock, entered: make(chan struct{}, 8)}
 	h.sleep = held.sleep
 	return h, held
 }
@@ -290,8 +297,9 @@ func TestDelayHoldsUntilTheTokensReturn(t *testing.T) {
 }
 
 // heldRequests starts n requests through h that stay held (held.block), and
-// waits until they are; cancel releases them.
-func heldRequests(h *Handler, held *heldClock, n int) (cancel func(), errs chan error) {
+// waits until each is; cancel releases them.
+func heldRequests(t *testing.T, h *Handler, held *heldClock, n int) (cancel func(), errs chan error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errs = make(chan error, n)
 	for i := range n {
@@ -299,8 +307,14 @@ func heldRequests(h *Handler, held *heldClock, n int) (cancel func(), errs chan 
 			_, err := serve(h, weightedRequest("/").WithContext(ctx))
 			errs <- err
 		}()
-		for len(held.held()) != i+1 {
-			time.Sleep(time.Millisecond) // waits for the goroutine to be held; the clock stands still
+		select {
+		case <-held.entered:
+		case err := <-errs:
+			cancel()
+			t.Fatalf("request %d was answered instead of held: %v", i+1, err)
+		case <-time.After(10 * time.Second):
+			cancel()
+			t.Fatalf("request %d was not held within 10s", i+1)
 		}
 	}
 	return cancel, errs
@@ -323,7 +337,7 @@ func TestDelayReservesSoHeldRequestsNeverOverAdmit(t *testing.T) {
 			t.Fatalf("burst request %d: %v", i+1, err)
 		}
 	}
-	cancel, errs := heldRequests(h, held, 2)
+	cancel, errs := heldRequests(t, h, held, 2)
 	defer cancel()
 	// Each held request reserved its token at arrival, so the second waits
 	// behind the first.
@@ -346,7 +360,7 @@ func TestDelayHoldsAtMostOneBurst(t *testing.T) {
 	if _, err := serve(h, weightedRequest("/")); err != nil {
 		t.Fatal(err)
 	}
-	cancel, errs := heldRequests(h, held, 1)
+	cancel, errs := heldRequests(t, h, held, 1)
 	defer cancel()
 	// The key is a whole burst in debt: the next request cannot reserve.
 	if err := serveOrGiveUp(h); status(err) != http.StatusTooManyRequests {
@@ -363,7 +377,7 @@ func TestDelayedClientThatLeavesGetsItsTokensBack(t *testing.T) {
 	z := h.zones[0]
 	hash := keyOf(z, "192.0.2.1:1", "", nil)
 	before := z.buckets.PeekHash(hash, 1, held.clock.now()).RetryAfter
-	cancel, errs := heldRequests(h, held, 1)
+	cancel, errs := heldRequests(t, h, held, 1)
 	cancel()
 	if err := <-errs; status(err) != 499 {
 		t.Errorf("client gone: %v, want 499", err)
