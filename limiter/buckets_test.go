@@ -269,14 +269,7 @@ func TestSetLimitKeepsConsumption(t *testing.T) {
 			if err := b.SetLimit(tt.to, clk.Now()); err != nil {
 				t.Fatal(err)
 			}
-			n := int64(0)
-			for {
-				if d, _ := b.TakeHash(h, 1, clk.Now()); !d.Allowed {
-					break
-				}
-				n++
-			}
-			if n != tt.wantLeft {
+			if n := int64(drain(b, h, clk.Now())); n != tt.wantLeft {
 				t.Fatalf("after SetLimit(%v) an exhausted key got %d more, want %d", tt.to, n, tt.wantLeft)
 			}
 		})
