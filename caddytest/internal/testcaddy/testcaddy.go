@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -207,4 +208,33 @@ func Globals(adminPort, httpPort, httpsPort int, extra string) string {
 	%s
 }
 `, adminPort, httpPort, httpsPort, extra)
+}
+
+// FreePorts returns n distinct TCP ports that were free on loopback a moment
+// ago, for a test package's Caddy (admin, HTTP, HTTPS, …) or redis-server.
+// Each is found by listening on port 0 and closing; every socket stays open
+// until all n are picked, so the n differ. Two copies of the suite on one
+// machine thus get different ports, where fixed ones collided.
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// MustFreePorts is FreePorts for a TestMain: it exits the process, saying
+// why, if no port can be had.
+func MustFreePorts(n int) []int {
+	p, err := FreePorts(n)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	return p
 }
