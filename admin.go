@@ -194,6 +194,7 @@ type Outcomes struct {
 type Connections struct {
 	Allowed uint64 `json:"allowed"`
 	Denied  uint64 `json:"denied"`
+	Logged  uint64 `json:"logged"`
 }
 
 // MemoryInfo describes a zone's table.
@@ -224,7 +225,8 @@ func (z *zone) info(now time.Time) ZoneInfo {
 	zi.Requests = outcomes(func(o outcome) uint64 { return c.requests[o].Load() })
 	zi.Weight = outcomes(c.weight)
 	if c.layer4.Load() {
-		zi.Connections = &Connections{Allowed: c.connections[outcomeAllowed].Load(), Denied: c.connections[outcomeDenied].Load()}
+		zi.Connections = &Connections{Allowed: c.connections[outcomeAllowed].Load(), Denied: c.connections[outcomeDenied].Load(),
+			Logged: c.connections[outcomeLogged].Load()}
 	}
 	if z.dist != nil {
 		cl := z.dist.cluster

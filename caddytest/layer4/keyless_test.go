@@ -8,7 +8,8 @@ import (
 // keylessCaddyfile shares a global zone without a key between the listener
 // wrapper and the site's HTTP handler, as the README's listener-wrapper
 // example once did.
-var keylessCaddyfile = fmt.Sprintf(`{
+func keylessCaddyfile() string {
+	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	persist_config off
 	skip_install_trust
@@ -43,6 +44,7 @@ https://localhost:%d {
 	respond "OK" 200
 }
 `, adminPort, httpPort, httpsPort, httpsPort, httpsPort)
+}
 
 // TestKeylessZoneSharedWithLayer4KeysHTTPByClient checks that such a zone
 // charges each HTTP request to the client's network, the bucket the matcher
@@ -52,7 +54,7 @@ https://localhost:%d {
 // in wrapper_test.go: caddy-l4's listener wrapper races with the HTTP server
 // under the race detector.
 func TestKeylessZoneSharedWithLayer4KeysHTTPByClient(t *testing.T) {
-	startCaddy(t, keylessCaddyfile)
+	startCaddy(t, keylessCaddyfile())
 	// Each request is a new connection (one token) and a request (one
 	// more): 127.0.9.0/24 is drained after two.
 	var got []string

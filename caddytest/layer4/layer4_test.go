@@ -6,8 +6,9 @@
 // byte counters after handing it to net/http) that would fail `go test
 // -race`; out of process, the race detector does not see it.
 //
-// Ports: admin 2519 (the caddy process only; the in-process Caddy runs with
-// admin off), layer4 listener 9580, HTTPS 9543, HTTP 9581.
+// Ports: admin, layer4 listener, HTTPS and HTTP, each picked free when the
+// package starts (testcaddy.MustFreePorts), so that two copies of the suite
+// can run side by side.
 //
 // Clients bind to chosen loopback addresses (Linux routes all of 127.0.0.0/8
 // to lo), so each test floods from its own /24. Tests do not call
@@ -36,19 +37,21 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
-const (
-	adminPort  = 2519
-	l4Port     = 9580
-	httpsPort  = 9543
-	httpPort   = 9581
-	ioDeadline = 5 * time.Second
-)
+const ioDeadline = 5 * time.Second
 
-var l4Addr = fmt.Sprintf("127.0.0.1:%d", l4Port)
+// The package's ports, set by TestMain.
+var (
+	adminPort, l4Port, httpsPort, httpPort int
+	l4Addr                                 string
+)
 
 func TestMain(m *testing.M) {
+	ports := testcaddy.MustFreePorts(4)
+	adminPort, l4Port, httpsPort, httpPort = ports[0], ports[1], ports[2], ports[3]
+	l4Addr = fmt.Sprintf("127.0.0.1:%d", l4Port)
 	// Keep Caddy's instance ID, autosave and local CA out of $HOME.
 	dir, err := os.MkdirTemp("", "floodgate-layer4-")
 	if err != nil {

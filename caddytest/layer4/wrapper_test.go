@@ -17,7 +17,8 @@ import (
 
 // wrapperCaddyfile puts the matcher in the caddy.listeners.layer4 wrapper,
 // before tls, of an HTTPS site with a locally issued certificate.
-var wrapperCaddyfile = fmt.Sprintf(`{
+func wrapperCaddyfile() string {
+	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	persist_config off
 	skip_install_trust
@@ -47,6 +48,7 @@ https://localhost:%d {
 	respond "OK" 200
 }
 `, adminPort, httpPort, httpsPort, httpsPort, httpsPort)
+}
 
 // startCaddy builds ./cmd/caddy and runs it with caddyfile, in a home of
 // its own, until the test ends.
@@ -136,7 +138,7 @@ func handshake(t *testing.T, src string) error {
 }
 
 func TestListenerWrapperDropsFloodBeforeTLS(t *testing.T) {
-	startCaddy(t, wrapperCaddyfile)
+	startCaddy(t, wrapperCaddyfile())
 	for _, src := range []string{"127.0.9.1", "127.0.9.2", "127.0.9.3"} {
 		if code, err := httpsGet(src); err != nil || code != http.StatusOK {
 			t.Fatalf("request from %s under the limit: %d, %v; want 200", src, code, err)
