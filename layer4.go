@@ -35,7 +35,7 @@ func (a *App) Layer4Zone(name string) (layer4.Zone, error) {
 // the same, and its limit is put in force by Start, when the config goes
 // live. Matchers with the same name and settings share the zone, as do
 // identical inline definitions anywhere in the config; any other zone of
-// that name is an error.
+// that name is an error. The zone has no key: no HTTP handler can use it.
 func (a *App) Layer4Inline(in layer4.Inline) (layer4.Zone, func(), error) {
 	z, owned, err := a.inlineZone(a.ctx, in.Name, &Zone{Limit: in.Limit})
 	if err != nil {
@@ -54,13 +54,15 @@ func (a *App) Layer4Inline(in layer4.Inline) (layer4.Zone, func(), error) {
 // so a network's first request could be denied for what other networks did.
 // Keyed by the client IP, grouped by the zone's prefixes, a request and a
 // connection of one network draw on the same bucket, as operators sharing a
-// zone between the two mean. The zone is this config's, not yet serving, so
+// zone between the two mean; the admin API and the key_name placeholder
+// name the key {client_ip}. The zone is this config's, not yet serving, so
 // changing its keys races with nothing.
 func (a *App) sharedWithLayer4(z *zone) {
 	if len(z.keys) > 0 {
 		return
 	}
 	z.keys = []keySpec{{kind: keyClientIP}}
+	z.keyNames, z.keyNameValues = []string{"{client_ip}"}, []any{"{client_ip}"}
 	a.logger.Info(fmt.Sprintf("zone %q has no key and a layer4 matcher uses it: HTTP requests are keyed by {client_ip}, grouped like connections by ipv4_prefix %d and ipv6_prefix %d", z.name, z.v4, z.v6),
 		zap.String("zone", z.name))
 }

@@ -90,8 +90,8 @@ type Matcher struct {
 	verdict string
 	logger  *zap.Logger
 	// warnedProxy is set once the matcher has warned that it met an unread
-	// PROXY protocol header.
-	warnedProxy atomic.Bool
+	// PROXY protocol header (a pointer: Matcher is a config value, copied).
+	warnedProxy *atomic.Bool
 }
 
 // Zones is what the matcher needs from the rate_limit app. Package floodgate's
@@ -168,6 +168,7 @@ func (m *Matcher) Provision(ctx caddy.Context) error {
 
 func (m *Matcher) provision(zones Zones, logger *zap.Logger) error {
 	m.logger = logger
+	m.warnedProxy = new(atomic.Bool)
 	if err := m.validate(); err != nil {
 		return err
 	}
