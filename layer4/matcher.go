@@ -20,7 +20,6 @@
 package layer4
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"net/netip"
@@ -163,7 +162,11 @@ func (m *Matcher) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("rate_limit: the rate_limit app (%T) does not serve layer4 zones; build Caddy with github.com/floodgate-rl/floodgate", app)
 	}
-	return m.provision(zones, ctx.Logger(m))
+	if err := m.provision(zones, ctx.Logger(m)); err != nil {
+		return err
+	}
+	m.warnProxyOrder(ctx)
+	return nil
 }
 
 func (m *Matcher) provision(zones Zones, logger *zap.Logger) error {
@@ -307,39 +310,6 @@ func Charged(cx *layer4.Connection, zone string, over bool) {
 // config.
 func verdictVar(zone string) string {
 	return "floodgate.rate_limit." + zone
-}
-
-// PROXY protocol header signatures: version 1 is text, version 2 binary
-// (haproxy's proxy-protocol.txt, sections 2.1 and 2.2).
-var (
-	proxyV1 = []byte("PROXY ")
-	proxyV2 = []byte("\r\n\r\n\x00\r\nQUIT\n")
-)
-
-// What proxyHeader found at the start of a connection's bytes.
-const (
-	proxyHeaderNone   = iota // no PROXY header, or no byte read yet
-	proxyHeaderBegun         // a signature's first bytes, not all of it
-	proxyHeaderUnread        // a whole signature
-)
-
-// proxyHeader tells whether b, the bytes read so far from a connection,
-// begins with a PROXY protocol header. No byte read yet is no header: the
-// matcher does not read to find out, so that it decides before a byte is
-// read.
-func proxyHeader(b []byte) int {
-	if len(b) == 0 {
-		return proxyHeaderNone
-	}
-	for _, sig := range [][]byte{proxyV1, proxyV2} {
-		switch {
-		case bytes.HasPrefix(b, sig):
-			return proxyHeaderUnread
-		case len(b) < len(sig) && bytes.HasPrefix(sig, b):
-			return proxyHeaderBegun
-		}
-	}
-	return proxyHeaderNone
 }
 
 // SourceIP returns the IP address of a connection's remote address, IPv4

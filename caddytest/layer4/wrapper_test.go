@@ -157,3 +157,91 @@ func TestListenerWrapperDropsFloodBeforeTLS(t *testing.T) {
 		t.Fatalf("request from another network: %d, %v; want 200", code, err)
 	}
 }
+
+// proxyWrapperCaddyfile puts Caddy's proxy_protocol listener wrapper,
+// trusting the load balancer at 127.0.66.0/24, before the layer4 wrapper:
+// documented order 3 behind a load balancer.
+func proxyWrapperCaddyfile() string {
+	return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	persist_config off
+	skip_install_trust
+	auto_https disable_redirects
+	http_port %d
+	https_port %d
+	servers 127.0.0.1:%d {
+		protocols h1 h2
+		listener_wrappers {
+			proxy_protocol {
+				allow 127.0.66.0/24
+			}
+			layer4 {
+				@flood rate_limit {
+					events 2
+					burst 2
+					window 1h
+				}
+				route @flood {
+					close
+				}
+			}
+			tls
+		}
+	}
+}
+
+https://localhost:%d {
+	bind 127.0.0.1
+	tls internal
+	respond "OK" 200
+}
+`, adminPort, httpPort, httpsPort, httpsPort, httpsPort)
+}
+
+// httpsGetVia makes one request to the site through the load balancer at
+// 127.0.66.1, which sends a PROXY protocol header for client first.
+func httpsGetVia(client string) (int, error) {
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.66.1")}, Timeout: ioDeadline}
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := fmt.Fprintf(c, "PROXY TCP4 %s 127.0.0.1 40000 %d\r\n", client, httpsPort); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+	hc := &http.Client{
+		Timeout: ioDeadline,
+		Transport: &http.Transport{
+			DialContext:       dial,
+			TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
+			DisableKeepAlives: true,
+		},
+	}
+	resp, err := hc.Get(fmt.Sprintf("https://localhost:%d/", httpsPort))
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
+func TestProxyProtocolWrapperBeforeLayer4LimitsTheClient(t *testing.T) {
+	startCaddy(t, proxyWrapperCaddyfile())
+	var got []string
+	for _, client := range []string{"192.0.2.1", "192.0.2.2", "192.0.2.3", "198.51.100.1"} {
+		code, err := httpsGetVia(client)
+		if err != nil {
+			got = append(got, "closed")
+		} else {
+			got = append(got, fmt.Sprint(code))
+		}
+	}
+	if fmt.Sprint(got) != "[200 200 closed 200]" {
+		t.Errorf("through the load balancer: %v, want [200 200 closed 200]: two connections from 192.0.2.0/24, one from 198.51.100.0/24", got)
+	}
+}
