@@ -35,7 +35,7 @@ func TestProxyAfterLimit(t *testing.T) {
 		{"limit in a subroute before proxy_protocol",
 			server(`{"handle":[{"handler":"subroute","routes":[`+limit+`]}]}`, pp), true},
 		{"proxy_protocol then limit in a subroute",
-			server(`{"handle":[{"handler":"subroute","routes":[`+pp+`,`+limit+`]}]}`), false},
+			server(`{"handle":[{"handler":"subroute","routes":[` + pp + `,` + limit + `]}]}`), false},
 		{"wrappers: proxy_protocol, layer4, tls",
 			`{"servers":{"h":{"listener_wrappers":[{"wrapper":"proxy_protocol"},{"wrapper":"layer4","routes":[` + limit + `]},{"wrapper":"tls"}]}}}`, false},
 		{"wrappers: layer4, proxy_protocol, tls",
