@@ -9,41 +9,18 @@ import (
 // wrapper and the site's HTTP handler, as the README's listener-wrapper
 // example once did.
 func keylessCaddyfile() string {
-	return fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	persist_config off
-	skip_install_trust
-	auto_https disable_redirects
-	http_port %d
-	https_port %d
-	rate_limit {
+	return httpsCaddyfile(`rate_limit {
 		zone keyless {
 			events 4
 			window 1h
 			ipv4_prefix 24
 		}
-	}
-	servers 127.0.0.1:%d {
-		protocols h1 h2
-		listener_wrappers {
-			layer4 {
+	}`, `layer4 {
 				@flood rate_limit zone keyless
 				route @flood {
 					close
 				}
-			}
-			tls
-		}
-	}
-}
-
-https://localhost:%d {
-	bind 127.0.0.1
-	tls internal
-	rate_limit keyless
-	respond "OK" 200
-}
-`, adminPort, httpPort, httpsPort, httpsPort, httpsPort)
+			}`, "rate_limit keyless")
 }
 
 // TestKeylessZoneSharedWithLayer4KeysHTTPByClient checks that such a zone

@@ -15,9 +15,11 @@ import (
 	"time"
 )
 
-// wrapperCaddyfile puts the matcher in the caddy.listeners.layer4 wrapper,
-// before tls, of an HTTPS site with a locally issued certificate.
-func wrapperCaddyfile() string {
+// httpsCaddyfile returns the Caddyfile of an HTTPS site with a locally
+// issued certificate (and site, more of its directives), served by the
+// caddy process with the given listener wrappers (before tls) and extra
+// global options.
+func httpsCaddyfile(extra, wrappers, site string) string {
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	persist_config off
@@ -25,18 +27,11 @@ func wrapperCaddyfile() string {
 	auto_https disable_redirects
 	http_port %d
 	https_port %d
+	%s
 	servers 127.0.0.1:%d {
 		protocols h1 h2
 		listener_wrappers {
-			layer4 {
-				@flood rate_limit {
-					events 3
-					window 1h
-				}
-				route @flood {
-					close
-				}
-			}
+			%s
 			tls
 		}
 	}
@@ -45,9 +40,24 @@ func wrapperCaddyfile() string {
 https://localhost:%d {
 	bind 127.0.0.1
 	tls internal
+	%s
 	respond "OK" 200
 }
-`, adminPort, httpPort, httpsPort, httpsPort, httpsPort)
+`, adminPort, httpPort, httpsPort, extra, httpsPort, wrappers, httpsPort, site)
+}
+
+// wrapperCaddyfile puts the matcher in the caddy.listeners.layer4 wrapper,
+// before tls.
+func wrapperCaddyfile() string {
+	return httpsCaddyfile("", `layer4 {
+				@flood rate_limit {
+					events 3
+					window 1h
+				}
+				route @flood {
+					close
+				}
+			}`, "")
 }
 
 // startCaddy builds ./cmd/caddy and runs it with caddyfile, in a home of
@@ -106,10 +116,16 @@ func startCaddy(t *testing.T, caddyfile string) {
 // returns the status code.
 func httpsGet(src string) (int, error) {
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: ioDeadline}
+	return httpsGetDialing(dialer.DialContext)
+}
+
+// httpsGetDialing makes one request to the site on a fresh connection made
+// by dial and returns the status code.
+func httpsGetDialing(dial func(ctx context.Context, network, addr string) (net.Conn, error)) (int, error) {
 	client := &http.Client{
 		Timeout: ioDeadline,
 		Transport: &http.Transport{
-			DialContext:       dialer.DialContext,
+			DialContext:       dial,
 			TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
 			DisableKeepAlives: true,
 		},
@@ -162,17 +178,7 @@ func TestListenerWrapperDropsFloodBeforeTLS(t *testing.T) {
 // trusting the load balancer at 127.0.66.0/24, before the layer4 wrapper:
 // documented order 3 behind a load balancer.
 func proxyWrapperCaddyfile() string {
-	return fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	persist_config off
-	skip_install_trust
-	auto_https disable_redirects
-	http_port %d
-	https_port %d
-	servers 127.0.0.1:%d {
-		protocols h1 h2
-		listener_wrappers {
-			proxy_protocol {
+	return httpsCaddyfile("", `proxy_protocol {
 				allow 127.0.66.0/24
 			}
 			layer4 {
@@ -184,18 +190,7 @@ func proxyWrapperCaddyfile() string {
 				route @flood {
 					close
 				}
-			}
-			tls
-		}
-	}
-}
-
-https://localhost:%d {
-	bind 127.0.0.1
-	tls internal
-	respond "OK" 200
-}
-`, adminPort, httpPort, httpsPort, httpsPort, httpsPort)
+			}`, "")
 }
 
 // httpsGetVia makes one request to the site through the load balancer at
@@ -213,21 +208,7 @@ func httpsGetVia(client string) (int, error) {
 		}
 		return c, nil
 	}
-	hc := &http.Client{
-		Timeout: ioDeadline,
-		Transport: &http.Transport{
-			DialContext:       dial,
-			TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
-			DisableKeepAlives: true,
-		},
-	}
-	resp, err := hc.Get(fmt.Sprintf("https://localhost:%d/", httpsPort))
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
+	return httpsGetDialing(dial)
 }
 
 func TestProxyProtocolWrapperBeforeLayer4LimitsTheClient(t *testing.T) {
