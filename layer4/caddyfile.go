@@ -25,7 +25,8 @@ import (
 //	    close
 //	}
 //
-// `rate_limit zone <name>` on one line is short for the block with zone.
+// `rate_limit zone <name>` on one line is short for the block with zone;
+// zone and name may each be given once.
 func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the matcher's name
 	seen := make(zoneconf.Fields)
