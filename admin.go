@@ -142,7 +142,8 @@ func (adminAPI) Routes() []caddy.AdminRoute {
 // ZoneInfo is a zone as GET /rate_limit/zones reports it.
 type ZoneInfo struct {
 	Name string `json:"name"`
-	// Key holds the zone's key and fallback keys, in order.
+	// Key holds the zone's key and fallback keys, in order; empty for a
+	// zone without a key.
 	Key        []string     `json:"key"`
 	IPv4Prefix int          `json:"ipv4_prefix"`
 	IPv6Prefix int          `json:"ipv6_prefix"`
@@ -194,6 +195,7 @@ type Outcomes struct {
 type Connections struct {
 	Allowed uint64 `json:"allowed"`
 	Denied  uint64 `json:"denied"`
+	Logged  uint64 `json:"logged"`
 }
 
 // MemoryInfo describes a zone's table.
@@ -208,7 +210,7 @@ func (z *zone) info(now time.Time) ZoneInfo {
 	s := c.tableStats(z.buckets, now)
 	zi := ZoneInfo{
 		Name:       z.name,
-		Key:        append([]string{}, z.conf.Key),
+		Key:        append([]string{}, z.keyNames...),
 		IPv4Prefix: z.v4,
 		IPv6Prefix: z.v6,
 		Policies:   []PolicyInfo{{Events: z.limit.Events, Window: z.limit.Window.String(), Burst: cmp.Or(z.limit.Burst, z.limit.Events)}},
@@ -217,14 +219,14 @@ func (z *zone) info(now time.Time) ZoneInfo {
 		Occupancy:  s.Busy,
 		FalseDeny:  s.FalseDeny,
 	}
-	zi.Key = append(zi.Key, z.conf.FallbackKeys...)
 	outcomes := func(v func(outcome) uint64) Outcomes {
 		return Outcomes{Allowed: v(outcomeAllowed), Denied: v(outcomeDenied), Logged: v(outcomeLogged), Delayed: v(outcomeDelayed)}
 	}
 	zi.Requests = outcomes(func(o outcome) uint64 { return c.requests[o].Load() })
 	zi.Weight = outcomes(c.weight)
 	if c.layer4.Load() {
-		zi.Connections = &Connections{Allowed: c.connections[outcomeAllowed].Load(), Denied: c.connections[outcomeDenied].Load()}
+		zi.Connections = &Connections{Allowed: c.connections[outcomeAllowed].Load(), Denied: c.connections[outcomeDenied].Load(),
+			Logged: c.connections[outcomeLogged].Load()}
 	}
 	if z.dist != nil {
 		cl := z.dist.cluster

@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/floodgate-rl/floodgate/layer4"
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
@@ -65,11 +66,14 @@ func TestLayer4ZonesCountConnections(t *testing.T) {
 		t.Fatal("connections shown before a layer4 matcher uses the zone")
 	}
 	l4 := z.layer4()
-	l4.Count(false)
-	l4.Count(true)
-	l4.Count(true)
-	if got := z.info(time.Now()).Connections; got == nil || *got != (Connections{Allowed: 1, Denied: 2}) {
-		t.Errorf("connections: %+v, want 1 allowed and 2 denied", got)
+	l4.Count(layer4.Allowed)
+	l4.Count(layer4.Denied)
+	l4.Count(layer4.Denied)
+	l4.Count(layer4.Logged)
+	l4.Count(layer4.Logged)
+	l4.Count(layer4.Logged)
+	if got := z.info(time.Now()).Connections; got == nil || *got != (Connections{Allowed: 1, Denied: 2, Logged: 3}) {
+		t.Errorf("connections: %+v, want 1 allowed, 2 denied and 3 logged", got)
 	}
 }
 

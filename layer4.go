@@ -13,11 +13,18 @@ import (
 	"github.com/floodgate-rl/floodgate/layer4"
 )
 
-// Layer4Zone returns the global zone name for a layer4 matcher.
+// Layer4Zone returns the global zone name for a layer4 matcher. A zone with
+// action delay is refused: a connection cannot be held until its tokens
+// return without keeping a socket and a goroutine for every connection of a
+// flood, and closing it instead would enforce a zone whose action says
+// otherwise.
 func (a *App) Layer4Zone(name string) (layer4.Zone, error) {
 	z, err := a.zone(name)
 	if err != nil {
 		return layer4.Zone{}, err
+	}
+	if z.action == actionDelay {
+		return layer4.Zone{}, fmt.Errorf("zone %q has action delay, which holds HTTP requests; a layer4 matcher cannot hold a connection: use a zone with action deny or log", name)
 	}
 	a.sharedWithLayer4(z)
 	return z.layer4(), nil
@@ -28,7 +35,7 @@ func (a *App) Layer4Zone(name string) (layer4.Zone, error) {
 // the same, and its limit is put in force by Start, when the config goes
 // live. Matchers with the same name and settings share the zone, as do
 // identical inline definitions anywhere in the config; any other zone of
-// that name is an error.
+// that name is an error. The zone has no key: no HTTP handler can use it.
 func (a *App) Layer4Inline(in layer4.Inline) (layer4.Zone, func(), error) {
 	z, owned, err := a.inlineZone(a.ctx, in.Name, &Zone{Limit: in.Limit})
 	if err != nil {
@@ -38,7 +45,6 @@ func (a *App) Layer4Inline(in layer4.Inline) (layer4.Zone, func(), error) {
 	if owned {
 		release = z.release
 	}
-	a.sharedWithLayer4(z)
 	return z.layer4(), release, nil
 }
 
@@ -48,29 +54,36 @@ func (a *App) Layer4Inline(in layer4.Inline) (layer4.Zone, func(), error) {
 // so a network's first request could be denied for what other networks did.
 // Keyed by the client IP, grouped by the zone's prefixes, a request and a
 // connection of one network draw on the same bucket, as operators sharing a
-// zone between the two mean. The zone is this config's, not yet serving, so
+// zone between the two mean; the admin API and the key_name placeholder
+// name the key {client_ip}. The zone is this config's, not yet serving, so
 // changing its keys races with nothing.
 func (a *App) sharedWithLayer4(z *zone) {
 	if len(z.keys) > 0 {
 		return
 	}
 	z.keys = []keySpec{{kind: keyClientIP}}
+	z.keyNames, z.keyNameValues = []string{"{client_ip}"}, []any{"{client_ip}"}
 	a.logger.Info(fmt.Sprintf("zone %q has no key and a layer4 matcher uses it: HTTP requests are keyed by {client_ip}, grouped like connections by ipv4_prefix %d and ipv6_prefix %d", z.name, z.v4, z.v6),
 		zap.String("zone", z.name))
 }
 
 func (z *zone) layer4() layer4.Zone {
 	z.counts.layer4.Store(true)
-	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6, Count: z.count}
+	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6,
+		DryRun: z.action == actionLog, Count: z.counts.countConnection}
 }
 
-// count records one connection the zone decided.
-func (z *zone) count(over bool) {
-	o := outcomeAllowed
-	if over {
-		o = outcomeDenied
-	}
-	z.counts.connections[o].Add(1)
+// connectionOutcomes maps what a layer4 matcher did with a connection to the
+// zone's outcomes.
+var connectionOutcomes = [...]outcome{
+	layer4.Allowed: outcomeAllowed,
+	layer4.Denied:  outcomeDenied,
+	layer4.Logged:  outcomeLogged,
+}
+
+// countConnection records one connection a layer4 matcher decided.
+func (c *zoneCounts) countConnection(o layer4.Outcome) {
+	c.connections[connectionOutcomes[o]].Add(1)
 }
 
 var _ layer4.Zones = (*App)(nil)

@@ -43,8 +43,8 @@ type zoneCounts struct {
 	// request of weight 1 costs one atomic add; the weight of an outcome is
 	// requests + extraWeight.
 	extraWeight [numOutcomes]atomic.Uint64
-	// connections decided by layer4 matchers: allowed and denied.
-	connections [2]atomic.Uint64
+	// connections decided by layer4 matchers: allowed, denied and logged.
+	connections [outcomeLogged + 1]atomic.Uint64
 	// layer4 is set once a layer4 matcher uses the zone, which then reports
 	// connections.
 	layer4 atomic.Bool
@@ -124,7 +124,7 @@ var (
 		"Weight of the HTTP requests checked by a rate_limit zone, by zone and outcome.",
 		[]string{"zone", "outcome"}, nil)
 	connectionsDesc = prometheus.NewDesc("caddy_rate_limit_connections_total",
-		"Connections checked by a layer4 rate_limit matcher, by zone and outcome (allowed, denied).",
+		"Connections checked by a layer4 rate_limit matcher, by zone and outcome (allowed, denied, logged).",
 		[]string{"zone", "outcome"}, nil)
 	heldDesc = prometheus.NewDesc("caddy_rate_limit_held_requests",
 		"Requests a rate_limit zone is holding until they may pass.",
@@ -169,7 +169,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(weightDesc, prometheus.CounterValue, float64(c.weight(o)), z.name, outcomeNames[o])
 		}
 		if c.layer4.Load() {
-			for o := range outcomeDenied + 1 {
+			for o := range outcome(len(c.connections)) {
 				ch <- prometheus.MustNewConstMetric(connectionsDesc, prometheus.CounterValue, float64(c.connections[o].Load()), z.name, outcomeNames[o])
 			}
 		}

@@ -76,6 +76,9 @@ type Zone struct {
 	// (default, a 429), "log" (a dry run: it passes, charging nothing, but
 	// is logged, counted and given the headers and placeholders of a
 	// denial) or "delay" (held until its tokens return, up to max_delay).
+	// For the connections of a layer4 matcher, "log" is a dry run too (the
+	// connection is not closed); a delay zone cannot serve a layer4
+	// matcher and fails the config.
 	Action string `json:"action,omitempty"`
 
 	// MaxDelay is the longest a request is held with action "delay";

@@ -25,34 +25,41 @@ import (
 //	    close
 //	}
 //
-// `rate_limit zone <name>` on one line is short for the block with zone.
+// `rate_limit zone <name>` on one line is short for the block with zone;
+// zone and name may each be given once.
 func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the matcher's name
+	seen := make(zoneconf.Fields)
+	// set reads the zone or name the dispenser is on, once per matcher:
+	// `rate_limit zone a { zone b }` is an error, not zone b.
+	set := func(field string, dst *string) error {
+		if err := seen.Once(d, "rate_limit: "); err != nil {
+			return err
+		}
+		v, err := zoneconf.OneArg(d)
+		if err != nil {
+			return d.Errf("rate_limit: %s needs exactly one value", field)
+		}
+		*dst = v
+		return nil
+	}
 	if d.NextArg() {
 		if d.Val() != "zone" {
 			return d.Errf("rate_limit: unexpected argument %q; options go in a block", d.Val())
 		}
-		v, err := zoneconf.OneArg(d)
-		if err != nil {
+		if err := set("zone", &m.Zone); err != nil {
 			return err
 		}
-		m.Zone = v
 	}
-	seen := make(zoneconf.Fields)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		switch field := d.Val(); field {
-		case "zone", "name":
-			if err := seen.Once(d, "rate_limit: "); err != nil {
+		case "zone":
+			if err := set(field, &m.Zone); err != nil {
 				return err
 			}
-			v, err := zoneconf.OneArg(d)
-			if err != nil {
-				return d.Errf("rate_limit: %s needs exactly one value", field)
-			}
-			if field == "zone" {
-				m.Zone = v
-			} else {
-				m.Name = v
+		case "name":
+			if err := set(field, &m.Name); err != nil {
+				return err
 			}
 		default:
 			ok, err := m.UnmarshalOption(d, "rate_limit: ", seen)

@@ -11,12 +11,19 @@
 // This package does not import the root package (which imports it); it
 // reaches the app through the Zones interface, which package floodgate's App
 // implements. Start reading at Matcher.Match.
+//
+// A connection is charged at most once per zone: the zone's verdict is kept
+// in the connection's variables (see Charged), and every matcher of the zone,
+// in any route or matcher set, takes it from there. A stage that charges a
+// connection earlier (an XDP program, on its SYN) records its verdict with
+// Charged, and the matchers then charge nothing more.
 package layer4
 
 import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -42,11 +49,13 @@ const (
 // connections than its limit allows: max_events per window sustained, up to
 // burst at once. Use it in its own first route, `route @flood { close }`.
 //
-// Each connection is charged one token, once, however many times caddy-l4
-// evaluates the matcher. IPv4 clients of a dual-stack listener
-// (::ffff:a.b.c.d) count as IPv4. A connection without an IP source (a unix
-// socket) is never limited and never matches. Match never returns an error, so
-// a flood writes no error log line per connection.
+// Each connection is charged one token per zone, once, however many times
+// caddy-l4 evaluates the matcher and however many matchers of the zone the
+// routes hold. IPv4 clients of a dual-stack listener (::ffff:a.b.c.d) count
+// as IPv4. A connection without an IP source (a unix socket) is never
+// limited and never matches. Match returns no error other than asking for
+// the rest of a PROXY protocol header (see Match), so a flood writes no error
+// log line per connection.
 //
 // Either zone or an inline limit (max_events and window) must be set, not
 // both.
@@ -75,10 +84,13 @@ type Matcher struct {
 
 	zone    Zone
 	release func()
-	// verdict is the connection variable that caches this matcher's
-	// decision, unique per matcher instance.
+	// verdict is the connection variable that holds the zone's decision
+	// (verdictVar).
 	verdict string
 	logger  *zap.Logger
+	// warnedProxy is set once the matcher has warned that it met an unread
+	// PROXY protocol header (a pointer: Matcher is a config value, copied).
+	warnedProxy *atomic.Bool
 }
 
 // Zones is what the matcher needs from the rate_limit app. Package floodgate's
@@ -94,15 +106,33 @@ type Zones interface {
 	Layer4Inline(limit Inline) (z Zone, release func(), err error)
 }
 
-// Zone is a zone's buckets and how it groups sources into networks.
+// Zone is a zone's buckets, how it groups sources into networks and what it
+// does with a connection over its limit.
 type Zone struct {
 	Name       string
 	Buckets    *limiter.Buckets
 	IPv4Prefix int
 	IPv6Prefix int
+	// DryRun is set for a zone with action log: a connection over the
+	// limit is not matched (so nothing closes it) and charges nothing, but
+	// is counted and logged as logged.
+	DryRun bool
 	// Count, if not nil, is told the outcome of every connection the zone
-	// decided (over = denied), for the zone's metrics.
-	Count func(over bool)
+	// decided, for the zone's metrics.
+	Count func(Outcome)
+}
+
+// Outcome is what a zone did with a connection.
+type Outcome uint8
+
+const (
+	Allowed Outcome = iota // under the limit: charged, not matched
+	Denied                 // over the limit: matched, to be closed
+	Logged                 // over the limit of a dry-run zone: not matched
+)
+
+func (o Outcome) String() string {
+	return [...]string{"allowed", "denied", "logged"}[o]
 }
 
 // Inline is a matcher's own limit, with its name and prefix lengths filled
@@ -132,12 +162,16 @@ func (m *Matcher) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("rate_limit: the rate_limit app (%T) does not serve layer4 zones; build Caddy with github.com/floodgate-rl/floodgate", app)
 	}
-	return m.provision(zones, ctx.Logger(m))
+	if err := m.provision(zones, ctx.Logger(m)); err != nil {
+		return err
+	}
+	m.warnProxyOrder(ctx)
+	return nil
 }
 
 func (m *Matcher) provision(zones Zones, logger *zap.Logger) error {
 	m.logger = logger
-	m.verdict = fmt.Sprintf("floodgate.rate_limit.%p", m)
+	m.warnedProxy = new(atomic.Bool)
 	if err := m.validate(); err != nil {
 		return err
 	}
@@ -150,6 +184,7 @@ func (m *Matcher) provision(zones Zones, logger *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("rate_limit: %v", err)
 	}
+	m.verdict = verdictVar(m.zone.Name)
 	return nil
 }
 
@@ -200,32 +235,81 @@ func (m *Matcher) Cleanup() error {
 }
 
 // Match reports whether the connection's source network is over its limit,
-// charging it one connection the first time it is asked about cx.
+// charging it one connection the first time the zone is asked about cx.
 //
 // caddy-l4 may run a matcher several times for one connection (routes are
 // evaluated again after every read of more bytes, and matchers of a set run
-// in map order), so the verdict is kept in the connection's variables. Match
-// reads nothing from the connection.
+// in map order), and a zone may have matchers in several routes and sets, so
+// the zone's verdict is kept in the connection's variables, which PROXY
+// protocol's wrapping of the connection keeps too. Match reads nothing from
+// the connection.
+//
+// A source is charged once it is final. If the bytes that other matchers
+// have read so far begin a PROXY protocol header, a proxy_protocol handler
+// of an earlier route has yet to read it and replace the proxy's address
+// with the client's: while they are only the first bytes of its signature,
+// Match asks for more (ErrConsumedAllPrefetchedBytes) and charges nothing,
+// so that the earlier route can match. A whole header still unread here has
+// no earlier route to read it: the proxy is charged, as configured, and the
+// matcher warns once.
 func (m *Matcher) Match(cx *layer4.Connection) (bool, error) {
 	if over, ok := cx.GetVar(m.verdict).(bool); ok {
 		return over, nil
 	}
-	over := false
-	if ip, ok := SourceIP(cx.RemoteAddr()); ok {
-		key := limiter.NetworkKey(ip, m.zone.IPv4Prefix, m.zone.IPv6Prefix)
-		over = !m.zone.Buckets.Allow(key.Bytes(), 1, time.Now()).Allowed // one clock reading per connection
-		if m.zone.Count != nil {
-			m.zone.Count(over)
-		}
-		if over {
-			if ce := m.logger.Check(zap.DebugLevel, "connection rate exceeded"); ce != nil {
-				ce.Write(zap.String("zone", m.zone.Name),
-					zap.Stringer("source_network", key.Prefix(m.zone.IPv4Prefix, m.zone.IPv6Prefix)))
-			}
+	ip, ok := SourceIP(cx.RemoteAddr())
+	if !ok {
+		Charged(cx, m.zone.Name, false)
+		return false, nil
+	}
+	switch proxyHeader(cx.MatchingBytes()) {
+	case proxyHeaderBegun:
+		return false, layer4.ErrConsumedAllPrefetchedBytes
+	case proxyHeaderUnread:
+		if !m.warnedProxy.Swap(true) {
+			m.logger.Warn("a connection begins with a PROXY protocol header that no route before this matcher has read: the matcher limits the proxy, not the client; put the proxy_protocol route first (see the README)",
+				zap.String("zone", m.zone.Name), zap.Stringer("remote", cx.RemoteAddr()))
 		}
 	}
-	cx.SetVar(m.verdict, over)
+	over := m.zone.decide(ip, time.Now(), m.logger) // one clock reading per connection
+	Charged(cx, m.zone.Name, over)
 	return over, nil
+}
+
+// decide charges the network of ip one connection and returns whether the
+// connection is to be matched: over the limit, in a zone that enforces it.
+func (z *Zone) decide(ip netip.Addr, now time.Time, logger *zap.Logger) bool {
+	key := limiter.NetworkKey(ip, z.IPv4Prefix, z.IPv6Prefix)
+	o := Allowed
+	if !z.Buckets.Allow(key.Bytes(), 1, now).Allowed {
+		o = Denied
+		if z.DryRun {
+			o = Logged
+		}
+		if ce := logger.Check(zap.DebugLevel, "connection rate exceeded"); ce != nil {
+			ce.Write(zap.String("zone", z.Name), zap.Stringer("outcome", o),
+				zap.Stringer("source_network", key.Prefix(z.IPv4Prefix, z.IPv6Prefix)))
+		}
+	}
+	if z.Count != nil {
+		z.Count(o)
+	}
+	return o == Denied
+}
+
+// Charged records that cx has been charged to the zone named zone, and
+// whether it is to be matched (over). Every rate_limit matcher of that zone
+// then answers over for cx without charging it again. Match records its own
+// decisions so; an earlier stage that charged the connection itself (an XDP
+// program, on the SYN) records its verdict here before routing begins.
+func Charged(cx *layer4.Connection, zone string, over bool) {
+	cx.SetVar(verdictVar(zone), over)
+}
+
+// verdictVar is the connection variable that holds zone's verdict. Zone
+// names are unique in a config, and all routes of a connection are of one
+// config.
+func verdictVar(zone string) string {
+	return "floodgate.rate_limit." + zone
 }
 
 // SourceIP returns the IP address of a connection's remote address, IPv4

@@ -2,8 +2,10 @@ package layer4
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/mholt/caddy-l4/layer4"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/zoneconf"
@@ -158,16 +161,35 @@ func TestDualStackIPv4SourcesAreUnmapped(t *testing.T) {
 	}
 }
 
+// counted is a global zone "edge" of limit l, grouped by /24 and /48, whose
+// outcomes are tallied in counts.
+func counted(t *testing.T, l limiter.Limit, counts map[Outcome]int) (*fakeZones, *limiter.Buckets) {
+	t.Helper()
+	b, err := limiter.NewBuckets(limiter.BucketsConfig{Limit: l, Bytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(o Outcome) { counts[o]++ }
+	return &fakeZones{global: map[string]Zone{"edge": {Name: "edge", Buckets: b, IPv4Prefix: 24, IPv6Prefix: 48, Count: count}}}, b
+}
+
 func TestUnixSocketPassesUnmetered(t *testing.T) {
-	m := provisioned(t, &Matcher{Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour)}}, &fakeZones{})
+	counts := make(map[Outcome]int)
+	zones, b := counted(t, limiter.Limit{Events: 1, Burst: 1, Window: time.Hour}, counts)
+	m := provisioned(t, &Matcher{Zone: "edge"}, zones)
 	for i := 0; i < 5; i++ {
 		cx := layer4.WrapConnection(&fakeConn{remote: &net.UnixAddr{Name: "@", Net: "unix"}}, nil, zap.NewNop())
 		if match(t, m, cx) {
 			t.Fatalf("unix connection %d matched", i+1)
 		}
 	}
-	if match(t, m, tcpConn("10.0.0.1")) {
-		t.Fatal("unix connections were charged to the empty key and a later IP paid for them")
+	if len(counts) != 0 {
+		t.Errorf("unix connections were counted as decided: %v", counts)
+	}
+	// The key a source without an address would be charged to, had it one.
+	empty := limiter.NetworkKey(netip.Addr{}, 24, 48)
+	if d := b.Allow(empty.Bytes(), 1, time.Now()); !d.Allowed {
+		t.Fatal("unix connections were charged to the empty key")
 	}
 }
 
@@ -350,6 +372,12 @@ func TestCaddyfile(t *testing.T) {
 		{"rate_limit {\nevents 3\nwindow 1m\nkey {remote_host}\n}", "", `unrecognized option "key"`},
 		{"rate_limit {\nzone edge\nevents 3\n}", "", "zone edge: uses the global zone's settings"},
 		{`rate_limit 3 1m`, "", `unexpected argument "3"`},
+		{"rate_limit zone a {\nzone b\n}", "", "rate_limit: zone is set twice"},
+		{"rate_limit {\nzone a\nzone b\n}", "", "rate_limit: zone is set twice"},
+		{"rate_limit {\nname a\nname b\nevents 1\nwindow 1m\n}", "", "rate_limit: name is set twice"},
+		{`rate_limit zone`, "", "rate_limit: zone needs exactly one value"},
+		{`rate_limit zone a b`, "", "rate_limit: zone needs exactly one value"},
+		{"rate_limit {\nzone\n}", "", "rate_limit: zone needs exactly one value"},
 	} {
 		var m Matcher
 		err := m.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))
@@ -373,27 +401,141 @@ func TestCaddyfile(t *testing.T) {
 }
 
 func TestEveryDecisionIsCountedOnce(t *testing.T) {
-	b, err := limiter.NewBuckets(limiter.BucketsConfig{Limit: limiter.Limit{Events: 2, Window: time.Hour}, Bytes: 64 << 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var allowed, denied int
-	count := func(over bool) {
-		if over {
-			denied++
-		} else {
-			allowed++
-		}
-	}
-	zones := &fakeZones{global: map[string]Zone{"edge": {Name: "edge", Buckets: b, IPv4Prefix: 24, IPv6Prefix: 48, Count: count}}}
+	counts := make(map[Outcome]int)
+	zones, _ := counted(t, limiter.Limit{Events: 3, Burst: 3, Window: time.Hour}, counts)
 	m := provisioned(t, &Matcher{Zone: "edge"}, zones)
-	for range 3 {
+	for range 4 {
 		cx := tcpConn("10.0.0.1")
 		match(t, m, cx)
 		match(t, m, cx) // caddy-l4 asking again about the same connection
 	}
 	match(t, m, tcpConn("::ffff:10.0.0.9"))
-	if allowed != 2 || denied != 2 {
-		t.Fatalf("counted %d allowed and %d denied, want 2 and 2", allowed, denied)
+	if want := map[Outcome]int{Allowed: 3, Denied: 2}; fmt.Sprint(counts) != fmt.Sprint(want) {
+		t.Fatalf("counted %v, want %v", counts, want)
+	}
+}
+
+// However many matchers of one zone ask about a connection (the same @name
+// in several routes, several matcher sets naming the zone), it costs the
+// zone one token, and every one of them gets the same answer.
+func TestZoneChargesAConnectionOnceAcrossMatchers(t *testing.T) {
+	counts := make(map[Outcome]int)
+	zones, _ := counted(t, limiter.Limit{Events: 2, Burst: 2, Window: time.Hour}, counts)
+	first := provisioned(t, &Matcher{Zone: "edge"}, zones)
+	second := provisioned(t, &Matcher{Zone: "edge"}, zones)
+	for i := 1; i <= 3; i++ {
+		cx := tcpConn("10.0.0.1")
+		want := i > 2
+		for _, m := range []*Matcher{first, second, first, second} {
+			if got := match(t, m, cx); got != want {
+				t.Fatalf("connection %d: over = %v, want %v", i, got, want)
+			}
+		}
+	}
+	if want := map[Outcome]int{Allowed: 2, Denied: 1}; fmt.Sprint(counts) != fmt.Sprint(want) {
+		t.Fatalf("counted %v, want %v", counts, want)
+	}
+}
+
+// A dry-run zone (action log) closes nothing: a connection over its limit is
+// not matched, charges nothing and is counted as logged. Under the limit it
+// is charged as in any zone, so the dry run shows what enforcing would do.
+func TestDryRunZoneMatchesNothingAndChargesNothing(t *testing.T) {
+	counts := make(map[Outcome]int)
+	zones, b := counted(t, limiter.Limit{Events: 2, Burst: 2, Window: time.Hour}, counts)
+	z := zones.global["edge"]
+	z.DryRun = true
+	zones.global["edge"] = z
+	m := provisioned(t, &Matcher{Zone: "edge"}, zones)
+	for i := 1; i <= 4; i++ {
+		cx := tcpConn("10.0.0.1")
+		if match(t, m, cx) || match(t, m, cx) {
+			t.Fatalf("connection %d matched in a dry-run zone", i)
+		}
+	}
+	if want := map[Outcome]int{Allowed: 2, Logged: 2}; fmt.Sprint(counts) != fmt.Sprint(want) {
+		t.Fatalf("counted %v, want %v", counts, want)
+	}
+	key := limiter.NetworkKey(netip.MustParseAddr("10.0.0.1"), 24, 48)
+	if d := b.Allow(key.Bytes(), 1, time.Now()); d.Allowed || d.Remaining != 0 {
+		t.Fatalf("after 2 allowed and 2 logged connections: %+v, want the 2 allowed charged", d)
+	}
+}
+
+// A verdict recorded before routing (an XDP program that charged the SYN)
+// is the zone's answer: the matcher charges nothing more.
+func TestChargedVerdictIsTakenWithoutCharging(t *testing.T) {
+	counts := make(map[Outcome]int)
+	zones, _ := counted(t, limiter.Limit{Events: 1, Burst: 1, Window: time.Hour}, counts)
+	m := provisioned(t, &Matcher{Zone: "edge"}, zones)
+	for _, over := range []bool{false, true, false} {
+		cx := tcpConn("10.0.0.1")
+		Charged(cx, "edge", over)
+		if got := match(t, m, cx); got != over {
+			t.Fatalf("recorded over = %v, matcher said %v", over, got)
+		}
+	}
+	if len(counts) != 0 {
+		t.Fatalf("connections charged before routing were decided again: %v", counts)
+	}
+	if match(t, m, tcpConn("10.0.0.1")) {
+		t.Fatal("the first connection the matcher decides itself was over: a recorded verdict was charged")
+	}
+}
+
+func TestProxyHeader(t *testing.T) {
+	v2 := "\r\n\r\n\x00\r\nQUIT\n"
+	for _, tc := range []struct {
+		bytes string
+		want  int
+	}{
+		{"", proxyHeaderNone},
+		{"P", proxyHeaderBegun},
+		{"PROXY", proxyHeaderBegun},
+		{"PROXY TCP4 127.0.66.1", proxyHeaderUnread},
+		{"PROXY UNKNOWN\r\n", proxyHeaderUnread},
+		{"PROXYX", proxyHeaderNone},
+		{"POST / HTTP/1.1\r\n", proxyHeaderNone},
+		{"\r\n\r", proxyHeaderBegun},
+		{v2[:11], proxyHeaderBegun},
+		{v2, proxyHeaderUnread},
+		{v2 + "\x21\x11", proxyHeaderUnread},
+		{"\r\n\r\nX", proxyHeaderNone},
+		{"\x16\x03\x01", proxyHeaderNone},
+	} {
+		if got := proxyHeader([]byte(tc.bytes)); got != tc.want {
+			t.Errorf("proxyHeader(%q) = %d, want %d", tc.bytes, got, tc.want)
+		}
+	}
+}
+
+// A connection whose first bytes begin a PROXY protocol header is not
+// charged to the proxy while an earlier route may still read the header:
+// the matcher asks for more bytes instead. A whole header no earlier route
+// read is charged to the proxy, with a warning, once per matcher.
+func TestMatchWaitsForAPartialProxyHeader(t *testing.T) {
+	counts := make(map[Outcome]int)
+	zones, _ := counted(t, limiter.Limit{Events: 5, Burst: 5, Window: time.Hour}, counts)
+	core, logs := observer.New(zap.WarnLevel)
+	m := &Matcher{Zone: "edge"}
+	if err := m.provision(zones, zap.New(core)); err != nil {
+		t.Fatal(err)
+	}
+	proxy := &fakeConn{remote: &net.TCPAddr{IP: net.ParseIP("127.0.66.1"), Port: 40000}}
+	cx := layer4.WrapConnection(proxy, []byte("PROX"), zap.NewNop())
+	if over, err := m.Match(cx); over || !errors.Is(err, layer4.ErrConsumedAllPrefetchedBytes) {
+		t.Fatalf("a partial PROXY header: %v, %v; want false and ErrConsumedAllPrefetchedBytes", over, err)
+	}
+	if len(counts) != 0 || logs.Len() != 0 {
+		t.Fatalf("a partial PROXY header was charged (%v) or warned about (%d lines)", counts, logs.Len())
+	}
+	for range 2 {
+		cx = layer4.WrapConnection(proxy, []byte("PROXY TCP4 192.0.2.1 127.0.0.1 5000 443\r\n"), zap.NewNop())
+		if over := match(t, m, cx); over {
+			t.Fatal("over on the first connections")
+		}
+	}
+	if counts[Allowed] != 2 || logs.FilterMessageSnippet("PROXY protocol header").Len() != 1 {
+		t.Fatalf("whole unread headers: counted %v, %d warnings; want 2 allowed and 1 warning", counts, logs.Len())
 	}
 }

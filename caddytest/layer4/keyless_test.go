@@ -8,41 +8,20 @@ import (
 // keylessCaddyfile shares a global zone without a key between the listener
 // wrapper and the site's HTTP handler, as the README's listener-wrapper
 // example once did.
-var keylessCaddyfile = fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	persist_config off
-	skip_install_trust
-	auto_https disable_redirects
-	http_port %d
-	https_port %d
-	rate_limit {
+func keylessCaddyfile() string {
+	return httpsCaddyfile(`rate_limit {
 		zone keyless {
 			events 4
 			window 1h
 			ipv4_prefix 24
 		}
-	}
-	servers 127.0.0.1:%d {
-		protocols h1 h2
-		listener_wrappers {
-			layer4 {
+	}`, `layer4 {
 				@flood rate_limit zone keyless
 				route @flood {
 					close
 				}
-			}
-			tls
-		}
-	}
+			}`, "rate_limit keyless")
 }
-
-https://localhost:%d {
-	bind 127.0.0.1
-	tls internal
-	rate_limit keyless
-	respond "OK" 200
-}
-`, adminPort, httpPort, httpsPort, httpsPort, httpsPort)
 
 // TestKeylessZoneSharedWithLayer4KeysHTTPByClient checks that such a zone
 // charges each HTTP request to the client's network, the bucket the matcher
@@ -52,7 +31,7 @@ https://localhost:%d {
 // in wrapper_test.go: caddy-l4's listener wrapper races with the HTTP server
 // under the race detector.
 func TestKeylessZoneSharedWithLayer4KeysHTTPByClient(t *testing.T) {
-	startCaddy(t, keylessCaddyfile)
+	startCaddy(t, keylessCaddyfile())
 	// Each request is a new connection (one token) and a request (one
 	// more): 127.0.9.0/24 is drained after two.
 	var got []string

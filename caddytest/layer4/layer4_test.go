@@ -6,8 +6,10 @@
 // byte counters after handing it to net/http) that would fail `go test
 // -race`; out of process, the race detector does not see it.
 //
-// Ports: admin 2519 (the caddy process only; the in-process Caddy runs with
-// admin off), layer4 listener 9580, HTTPS 9543, HTTP 9581.
+// Ports: admin (of the caddy process; apiPort for the in-process Caddy),
+// layer4 listener, HTTPS and HTTP, each picked free when the package starts
+// (testcaddy.MustFreePorts), so that two copies of the suite can run side by
+// side.
 //
 // Clients bind to chosen loopback addresses (Linux routes all of 127.0.0.0/8
 // to lo), so each test floods from its own /24. Tests do not call
@@ -36,19 +38,21 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
-const (
-	adminPort  = 2519
-	l4Port     = 9580
-	httpsPort  = 9543
-	httpPort   = 9581
-	ioDeadline = 5 * time.Second
-)
+const ioDeadline = 5 * time.Second
 
-var l4Addr = fmt.Sprintf("127.0.0.1:%d", l4Port)
+// The package's ports, set by TestMain.
+var (
+	adminPort, apiPort, l4Port, httpsPort, httpPort int
+	l4Addr                                          string
+)
 
 func TestMain(m *testing.M) {
+	ports := testcaddy.MustFreePorts(5)
+	adminPort, apiPort, l4Port, httpsPort, httpPort = ports[0], ports[1], ports[2], ports[3], ports[4]
+	l4Addr = fmt.Sprintf("127.0.0.1:%d", l4Port)
 	// Keep Caddy's instance ID, autosave and local CA out of $HOME.
 	dir, err := os.MkdirTemp("", "floodgate-layer4-")
 	if err != nil {
@@ -113,13 +117,30 @@ func dialFrom(src, addr string) (net.Conn, error) {
 // means the server closed it without a word.
 func echoes(t *testing.T, src string) bool {
 	t.Helper()
+	return echoesAfter(t, src, "ping from "+src)
+}
+
+// echoesAfter reports whether a connection from src that sends the pieces
+// gets back the last of them: the earlier ones are for the server's routes
+// to read (a PROXY protocol header). Each piece but the last is read by the
+// server before the next is sent, so the routes see them one at a time.
+func echoesAfter(t *testing.T, src string, pieces ...string) bool {
+	t.Helper()
 	c, err := dialFrom(src, l4Addr)
 	if err != nil {
 		t.Fatalf("dial from %s: %v", src, err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(ioDeadline))
-	msg := []byte("ping from " + src)
+	for _, p := range pieces[:len(pieces)-1] {
+		if _, err := c.Write([]byte(p)); err != nil {
+			return false
+		}
+		if !readByServer(t, c) {
+			return false
+		}
+	}
+	msg := []byte(pieces[len(pieces)-1])
 	if _, err := c.Write(msg); err != nil {
 		return false // reset before the write: closed
 	}
@@ -209,23 +230,32 @@ func TestInlineLimitSurvivesReloads(t *testing.T) {
 }
 
 // Two layer4 matchers with the same settings and no name share one limit (the
-// settings are their identity), so a connection that both check pays twice:
-// with 4 per hour, two connections pass. Separate limits would let four pass.
+// settings are their identity): each checks its half of 127.0.14.0/24, and
+// with 3 per hour for the /24, the fourth connection is closed whichever
+// half it comes from. Separate limits would give each half three.
 func TestIdenticalUnnamedLimitsShareState(t *testing.T) {
 	load(t, fmt.Sprintf(`{
 	admin off
 	persist_config off
 	layer4 {
 		%s {
-			@flood rate_limit {
-				events 4
-				window 1h
+			@low {
+				remote_ip 127.0.14.0/25
+				rate_limit {
+					events 3
+					burst 3
+					window 1h
+				}
 			}
-			@again rate_limit {
-				events 4
-				window 1h
+			@high {
+				remote_ip 127.0.14.128/25
+				rate_limit {
+					events 3
+					burst 3
+					window 1h
+				}
 			}
-			route @flood @again {
+			route @low @high {
 				close
 			}
 			route {
@@ -235,7 +265,8 @@ func TestIdenticalUnnamedLimitsShareState(t *testing.T) {
 	}
 }
 `, l4Addr))
-	expectEchoes(t, map[string]bool{"127.0.14.1": true, "127.0.14.2": true}, "127.0.14.1", "127.0.14.2", "127.0.14.3")
+	expectEchoes(t, map[string]bool{"127.0.14.1": true, "127.0.14.129": true, "127.0.14.2": true},
+		"127.0.14.1", "127.0.14.129", "127.0.14.2", "127.0.14.130")
 }
 
 // Configs that must fail to load, with an error naming the field and value.

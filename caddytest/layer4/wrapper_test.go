@@ -15,27 +15,23 @@ import (
 	"time"
 )
 
-// wrapperCaddyfile puts the matcher in the caddy.listeners.layer4 wrapper,
-// before tls, of an HTTPS site with a locally issued certificate.
-var wrapperCaddyfile = fmt.Sprintf(`{
+// httpsCaddyfile returns the Caddyfile of an HTTPS site with a locally
+// issued certificate (and site, more of its directives), served by the
+// caddy process with the given listener wrappers (before tls) and extra
+// global options.
+func httpsCaddyfile(extra, wrappers, site string) string {
+	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	persist_config off
 	skip_install_trust
 	auto_https disable_redirects
 	http_port %d
 	https_port %d
+	%s
 	servers 127.0.0.1:%d {
 		protocols h1 h2
 		listener_wrappers {
-			layer4 {
-				@flood rate_limit {
-					events 3
-					window 1h
-				}
-				route @flood {
-					close
-				}
-			}
+			%s
 			tls
 		}
 	}
@@ -44,9 +40,25 @@ var wrapperCaddyfile = fmt.Sprintf(`{
 https://localhost:%d {
 	bind 127.0.0.1
 	tls internal
+	%s
 	respond "OK" 200
 }
-`, adminPort, httpPort, httpsPort, httpsPort, httpsPort)
+`, adminPort, httpPort, httpsPort, extra, httpsPort, wrappers, httpsPort, site)
+}
+
+// wrapperCaddyfile puts the matcher in the caddy.listeners.layer4 wrapper,
+// before tls.
+func wrapperCaddyfile() string {
+	return httpsCaddyfile("", `layer4 {
+				@flood rate_limit {
+					events 3
+					window 1h
+				}
+				route @flood {
+					close
+				}
+			}`, "")
+}
 
 // startCaddy builds ./cmd/caddy and runs it with caddyfile, in a home of
 // its own, until the test ends.
@@ -104,10 +116,16 @@ func startCaddy(t *testing.T, caddyfile string) {
 // returns the status code.
 func httpsGet(src string) (int, error) {
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: ioDeadline}
+	return httpsGetDialing(dialer.DialContext)
+}
+
+// httpsGetDialing makes one request to the site on a fresh connection made
+// by dial and returns the status code.
+func httpsGetDialing(dial func(ctx context.Context, network, addr string) (net.Conn, error)) (int, error) {
 	client := &http.Client{
 		Timeout: ioDeadline,
 		Transport: &http.Transport{
-			DialContext:       dialer.DialContext,
+			DialContext:       dial,
 			TLSClientConfig:   &tls.Config{InsecureSkipVerify: true, ServerName: "localhost"},
 			DisableKeepAlives: true,
 		},
@@ -136,7 +154,7 @@ func handshake(t *testing.T, src string) error {
 }
 
 func TestListenerWrapperDropsFloodBeforeTLS(t *testing.T) {
-	startCaddy(t, wrapperCaddyfile)
+	startCaddy(t, wrapperCaddyfile())
 	for _, src := range []string{"127.0.9.1", "127.0.9.2", "127.0.9.3"} {
 		if code, err := httpsGet(src); err != nil || code != http.StatusOK {
 			t.Fatalf("request from %s under the limit: %d, %v; want 200", src, code, err)
@@ -153,5 +171,58 @@ func TestListenerWrapperDropsFloodBeforeTLS(t *testing.T) {
 	}
 	if code, err := httpsGet("127.0.10.1"); err != nil || code != http.StatusOK {
 		t.Fatalf("request from another network: %d, %v; want 200", code, err)
+	}
+}
+
+// proxyWrapperCaddyfile puts Caddy's proxy_protocol listener wrapper,
+// trusting the load balancer at 127.0.66.0/24, before the layer4 wrapper:
+// documented order 3 behind a load balancer.
+func proxyWrapperCaddyfile() string {
+	return httpsCaddyfile("", `proxy_protocol {
+				allow 127.0.66.0/24
+			}
+			layer4 {
+				@flood rate_limit {
+					events 2
+					burst 2
+					window 1h
+				}
+				route @flood {
+					close
+				}
+			}`, "")
+}
+
+// httpsGetVia makes one request to the site through the load balancer at
+// 127.0.66.1, which sends a PROXY protocol header for client first.
+func httpsGetVia(client string) (int, error) {
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.66.1")}, Timeout: ioDeadline}
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := fmt.Fprintf(c, "PROXY TCP4 %s 127.0.0.1 40000 %d\r\n", client, httpsPort); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+	return httpsGetDialing(dial)
+}
+
+func TestProxyProtocolWrapperBeforeLayer4LimitsTheClient(t *testing.T) {
+	startCaddy(t, proxyWrapperCaddyfile())
+	var got []string
+	for _, client := range []string{"192.0.2.1", "192.0.2.2", "192.0.2.3", "198.51.100.1"} {
+		code, err := httpsGetVia(client)
+		if err != nil {
+			got = append(got, "closed")
+		} else {
+			got = append(got, fmt.Sprint(code))
+		}
+	}
+	if fmt.Sprint(got) != "[200 200 closed 200]" {
+		t.Errorf("through the load balancer: %v, want [200 200 closed 200]: two connections from 192.0.2.0/24, one from 198.51.100.0/24", got)
 	}
 }
