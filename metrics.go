@@ -57,7 +57,7 @@ type zoneCounts struct {
 
 	statsMu sync.Mutex
 	statsAt time.Time
-	statsOf *limiter.Buckets
+	statsOf limiter.Table
 	stats   limiter.BucketStats
 }
 
@@ -105,7 +105,7 @@ func (c *zoneCounts) weight(o outcome) uint64 {
 
 // tableStats measures b, or returns the figures measured less than
 // statsEvery ago.
-func (c *zoneCounts) tableStats(b *limiter.Buckets, now time.Time) limiter.BucketStats {
+func (c *zoneCounts) tableStats(b limiter.Table, now time.Time) limiter.BucketStats {
 	c.statsMu.Lock()
 	defer c.statsMu.Unlock()
 	if c.statsOf != b || now.Sub(c.statsAt) >= statsEvery || now.Before(c.statsAt) {

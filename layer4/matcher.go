@@ -97,7 +97,7 @@ type Zones interface {
 // Zone is a zone's buckets and how it groups sources into networks.
 type Zone struct {
 	Name       string
-	Buckets    *limiter.Buckets
+	Buckets    limiter.Table // token buckets, or windows for a zone without burst
 	IPv4Prefix int
 	IPv6Prefix int
 	// Count, if not nil, is told the outcome of every connection the zone
