@@ -18,7 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	ports := testcaddy.MustFreePorts(2)
-	caddytest.Ports(ports[0], ports[1])
+	ports := testcaddy.MustFreePorts(3)
+	caddytest.Ports(ports[0], ports[1], ports[2])
 	os.Exit(testcaddy.Main(m, "incumbent", ports[0]))
 }

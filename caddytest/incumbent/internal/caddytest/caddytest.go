@@ -31,13 +31,13 @@ import (
 
 // The free ports, and the fixed ones of the incumbent's tests they stand for.
 var (
-	AdminPort, HTTPPort int
-	rewrite             *strings.Replacer
+	AdminPort, HTTPPort, HTTPSPort int
+	rewrite                        *strings.Replacer
 )
 
 // Ports records the ports picked for this process (testcaddy.MustFreePorts).
-func Ports(admin, httpPort int) {
-	AdminPort, HTTPPort = admin, httpPort
+func Ports(admin, httpPort, httpsPort int) {
+	AdminPort, HTTPPort, HTTPSPort = admin, httpPort, httpsPort
 	rewrite = strings.NewReplacer("2999", strconv.Itoa(admin), "8080", strconv.Itoa(httpPort))
 }
 
@@ -61,10 +61,10 @@ func NewTester(t testing.TB) *Tester {
 func (tc *Tester) InitServer(rawConfig string, configType string) {
 	tc.t.Helper()
 	empty := fmt.Sprintf(`{"admin": {"listen": "localhost:%d", "config": {"persist": false}}}`, AdminPort)
-	if err := testcaddy.Load(tc.t, AdminPort, empty, "json", AdminPort, HTTPPort); err != nil {
+	if err := testcaddy.Load(tc.t, AdminPort, empty, "json", AdminPort, HTTPPort, HTTPSPort); err != nil {
 		tc.t.Fatalf("loading the empty config: %v", err)
 	}
-	if err := testcaddy.Load(tc.t, AdminPort, rewrite.Replace(rawConfig), configType, AdminPort, HTTPPort); err != nil {
+	if err := testcaddy.Load(tc.t, AdminPort, rewrite.Replace(rawConfig), configType, AdminPort, HTTPPort, HTTPSPort); err != nil {
 		tc.t.Fatalf("loading the config: %v", err)
 	}
 }
