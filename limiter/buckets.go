@@ -88,14 +88,7 @@ func newBuckets(cfg BucketsConfig, base time.Time) (*Buckets, error) {
 	if err := cfg.Limit.Validate(); err != nil {
 		return nil, err
 	}
-	k := cfg.K
-	if k == 0 {
-		k = DefaultK
-	}
-	if k < 1 || k > 8 {
-		return nil, fmt.Errorf("k must be between 1 and 8, got %d", k)
-	}
-	n, err := cfg.lines(k)
+	k, n, err := cfg.shape()
 	if err != nil {
 		return nil, err
 	}

@@ -1,5 +1,7 @@
 package limiter
 
+import "fmt"
+
 // placeIn returns the line and counters of hash h in lines, where subs
 // lists every subset a key may draw on, and where they are as a Reservation
 // index: the line in the high bits, the subset in the low 16. The high half
@@ -19,4 +21,19 @@ func counterIn(lines []line, subs []subset, index uint64) (*line, subset) {
 		return nil, subset{}
 	}
 	return &lines[idx], subs[s]
+}
+
+// shape checks the number of counters a key draws on (1 to 8, default
+// DefaultK) and works out the number of lines the config asks for: the
+// shape shared by Buckets and Windows.
+func (cfg BucketsConfig) shape() (k, n int, err error) {
+	k = cfg.K
+	if k == 0 {
+		k = DefaultK
+	}
+	if k < 1 || k > 8 {
+		return 0, 0, fmt.Errorf("k must be between 1 and 8, got %d", k)
+	}
+	n, err = cfg.lines(k)
+	return k, n, err
 }

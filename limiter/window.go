@@ -149,14 +149,7 @@ func newWindows(cfg BucketsConfig, base time.Time) (*Windows, error) {
 	if err := cfg.Limit.ValidateWindow(); err != nil {
 		return nil, err
 	}
-	k := cfg.K
-	if k == 0 {
-		k = DefaultK
-	}
-	if k < 1 || k > 8 {
-		return nil, fmt.Errorf("k must be between 1 and 8, got %d", k)
-	}
-	n, err := cfg.lines(k)
+	k, n, err := cfg.shape()
 	if err != nil {
 		return nil, err
 	}
@@ -401,6 +394,13 @@ func (p *windowParams) chargeEmptiest(q *uint64, v uint64, sub subset, wi int, f
 // refundExcept takes back what r counted in the key's counters of every
 // word but skip (-1 for none).
 func (p *windowParams) refundExcept(ln *line, sub subset, skip int, r *Reservation) {
+	updateLanes(ln, sub, skip, func(pos int, v uint32) uint32 { return p.refundLane(v, r.short[pos]) })
+}
+
+// updateLanes replaces each counter v of the key in the words of ln but
+// skip (-1 for none) by f(its position among the key's counters, v), one
+// CAS per word.
+func updateLanes(ln *line, sub subset, skip int, f func(pos int, v uint32) uint32) {
 	for m := sub.words; m != 0; m &= m - 1 {
 		wi := bits.TrailingZeros8(m) & 7
 		if wi == skip {
@@ -412,7 +412,7 @@ func (p *windowParams) refundExcept(ln *line, sub subset, skip int, r *Reservati
 			nv := v
 			for l := uint8(0); l < 2; l++ {
 				if sub.lanes(wi)>>l&1 != 0 {
-					nv = withLane(nv, l, p.refundLane(lane(v, l), r.short[sub.pos(2*wi+int(l))]))
+					nv = withLane(nv, l, f(sub.pos(2*wi+int(l)), lane(v, l)))
 				}
 			}
 			if nv == v || casWord(q, v, nv) {
@@ -492,22 +492,7 @@ func (w *Windows) Charge(h uint64, weight int64, now time.Time) (Decision, Reser
 func (w *Windows) Fill(h uint64) {
 	p := w.p.Load()
 	ln, sub, _ := placeIn(p.lines, w.subs, h)
-	for m := sub.words; m != 0; m &= m - 1 {
-		wi := bits.TrailingZeros8(m) & 7
-		q := &ln[wi]
-		for {
-			v := loadWord(q)
-			nv := v
-			for l := uint8(0); l < 2; l++ {
-				if sub.lanes(wi)>>l&1 != 0 {
-					nv = withLane(nv, l, 0)
-				}
-			}
-			if nv == v || casWord(q, v, nv) {
-				break
-			}
-		}
-	}
+	updateLanes(ln, sub, -1, func(int, uint32) uint32 { return 0 })
 }
 
 // SetLimit changes Events and Window of every counter at once, keeping each
@@ -624,17 +609,7 @@ func (w *Windows) Stats(now time.Time) BucketStats {
 		fd += choose(lineEmpty, w.k) / base
 		sampled++
 	}
-	counters := sampled * countersPerLine
-	return BucketStats{
-		Lines:     n,
-		Counters:  n * countersPerLine,
-		Bytes:     n * 64,
-		K:         w.k,
-		Empty:     float64(empty) / float64(counters),
-		Busy:      float64(busy) / float64(counters),
-		FalseDeny: fd / float64(sampled),
-		Sampled:   sampled,
-	}
+	return statsOf(n, w.k, sampled, empty, busy, fd)
 }
 
 // A Table is a zone's per-key rate in the Bloom table: token buckets
