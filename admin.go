@@ -178,9 +178,12 @@ type ClusterInfo struct {
 
 // PolicyInfo is one of a zone's limits.
 type PolicyInfo struct {
+	// Kind is "window" (at most events in a window: a zone without
+	// burst) or "bucket" (a token bucket).
+	Kind   string `json:"kind"`
 	Events int64  `json:"events"`
 	Window string `json:"window"`
-	Burst  int64  `json:"burst"`
+	Burst  int64  `json:"burst,omitempty"`
 }
 
 // Outcomes counts requests by what a zone did with them.
@@ -213,7 +216,7 @@ func (z *zone) info(now time.Time) ZoneInfo {
 		Key:        append([]string{}, z.keyNames...),
 		IPv4Prefix: z.v4,
 		IPv6Prefix: z.v6,
-		Policies:   []PolicyInfo{{Events: z.limit.Events, Window: z.limit.Window.String(), Burst: cmp.Or(z.limit.Burst, z.limit.Events)}},
+		Policies:   []PolicyInfo{z.policyInfo()},
 		Held:       c.held.Load(),
 		Memory:     MemoryInfo{Bytes: s.Bytes, Lines: s.Lines, K: s.K},
 		Occupancy:  s.Busy,
@@ -240,6 +243,14 @@ func (z *zone) info(now time.Time) ZoneInfo {
 	return zi
 }
 
+// policyInfo describes the zone's rate.
+func (z *zone) policyInfo() PolicyInfo {
+	if z.tkey.window {
+		return PolicyInfo{Kind: "window", Events: z.limit.Events, Window: z.limit.Window.String()}
+	}
+	return PolicyInfo{Kind: "bucket", Events: z.limit.Events, Window: z.limit.Window.String(), Burst: z.limit.Burst}
+}
+
 // KeyInfo is what a key would get from a zone now.
 type KeyInfo struct {
 	Zone string `json:"zone"`
@@ -257,7 +268,8 @@ type KeyInfo struct {
 
 // KeyPolicy is a key's state in one of a zone's limits, as the RateLimit
 // header would give it; times are whole seconds, rounded up. Policy is
-// "bucket" (this instance's token bucket) or "cluster" (a distributed
+// "bucket" (this instance's token bucket), "window" (its window, in a zone
+// without burst) or "cluster" (a distributed
 // zone's estimate across instances).
 type KeyPolicy struct {
 	Policy     string `json:"policy"`
@@ -359,7 +371,7 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 				d.iv.Write, d.iv.Read)
 		}
 	}
-	policies := []KeyPolicy{keyPolicy("bucket", z.buckets.PeekHash(c.hash, 1, now))}
+	policies := []KeyPolicy{keyPolicy(z.policyInfo().Kind, z.buckets.PeekHash(c.hash, 1, now))}
 	if z.dist != nil {
 		policies = append(policies, keyPolicy("cluster", z.dist.cluster.PeekHash(c.hash, 1, now)))
 	}

@@ -31,7 +31,7 @@ func init() {
 //	        key         <placeholder>...   # several = priority order, first non-empty wins
 //	        events      <n>                # at most 10^6 per second of window
 //	        window      <duration>         # at most 365d
-//	        burst       <n>                # default: events, at most 1048576
+//	        burst       <n>                # a token bucket, at most 1048576; without: at most events in a window
 //	        ipv4_prefix <bits>             # default 32
 //	        ipv6_prefix <bits>             # default 64
 //	        match {

@@ -111,7 +111,11 @@ func printZones(out io.Writer, zs []ZoneInfo) {
 	for _, z := range zs {
 		var limits []string
 		for _, p := range z.Policies {
-			limits = append(limits, fmt.Sprintf("%d/%s burst %d", p.Events, p.Window, p.Burst))
+			if p.Kind == "window" {
+				limits = append(limits, fmt.Sprintf("%d in %s", p.Events, p.Window))
+			} else {
+				limits = append(limits, fmt.Sprintf("%d/%s burst %d", p.Events, p.Window, p.Burst))
+			}
 		}
 		key := strings.Join(z.Key, " ")
 		if key == "" {

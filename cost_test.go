@@ -134,7 +134,7 @@ func weightedRequest(path string, headers ...string) *http.Request {
 func TestPlaceholderWeightsNeverPassForFree(t *testing.T) {
 	cost, _ := weight.Parse("{http.request.header.X-Cost}")
 	h := newTestHandler(t, nil, map[string]*Zone{
-		"placeholder_weight": {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Hour)}, Weights: []*WeightRule{{Weight: cost}}},
+		"placeholder_weight": {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Hour), Burst: 10}, Weights: []*WeightRule{{Weight: cost}}},
 	})
 	for _, bad := range []string{"", "0", "-1", "2.5", "abc", "11", "99999999999999999999"} {
 		if _, err := serve(h, weightedRequest("/", "X-Cost: "+bad)); status(err) != http.StatusBadRequest {
@@ -153,8 +153,8 @@ func TestPlaceholderWeightsNeverPassForFree(t *testing.T) {
 func TestZoneRuleWinsOverHandlerWeight(t *testing.T) {
 	zones := func(prefix string) map[string]*Zone {
 		return map[string]*Zone{
-			prefix + "_rule":    {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour)}, Weights: []*WeightRule{{Weight: weight.Static(5)}}},
-			prefix + "_no_rule": {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour)}},
+			prefix + "_rule":    {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour), Burst: 20}, Weights: []*WeightRule{{Weight: weight.Static(5)}}},
+			prefix + "_no_rule": {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour), Burst: 20}},
 		}
 	}
 	weighted := newTestHandler(t, nil, zones("weighted"))
@@ -204,7 +204,7 @@ func TestQuotaDenialChargesNeitherRateNorQuota(t *testing.T) {
 
 func TestLogActionPassesAndChargesNothing(t *testing.T) {
 	h := newTestHandler(t, nil, map[string]*Zone{
-		"dry_run": {Limit: zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(time.Hour)}, Action: "log"},
+		"dry_run": {Limit: zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(time.Hour), Burst: 2}, Action: "log"},
 	})
 	for _, h := range h.zones {
 		h.action = parseAction("log")

@@ -2,6 +2,8 @@ package floodgate
 
 import (
 	"errors"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,7 +59,7 @@ type zoneCounts struct {
 
 	statsMu sync.Mutex
 	statsAt time.Time
-	statsOf *limiter.Buckets
+	statsOf limiter.Table
 	stats   limiter.BucketStats
 }
 
@@ -105,7 +107,7 @@ func (c *zoneCounts) weight(o outcome) uint64 {
 
 // tableStats measures b, or returns the figures measured less than
 // statsEvery ago.
-func (c *zoneCounts) tableStats(b *limiter.Buckets, now time.Time) limiter.BucketStats {
+func (c *zoneCounts) tableStats(b limiter.Table, now time.Time) limiter.BucketStats {
 	c.statsMu.Lock()
 	defer c.statsMu.Unlock()
 	if c.statsOf != b || now.Sub(c.statsAt) >= statsEvery || now.Before(c.statsAt) {
@@ -138,6 +140,18 @@ var (
 	falseDenyDesc = prometheus.NewDesc("caddy_rate_limit_false_deny_ratio",
 		"Estimated probability that a rate_limit zone denies a key never seen before, measured at most once a second.",
 		[]string{"zone"}, nil)
+	// The series a dashboard built for caddy-ratelimit reads, without its
+	// per-key label (a raw key never reaches /metrics): see the README's
+	// migration section.
+	declinedDesc = prometheus.NewDesc("caddy_rate_limit_declined_requests_total",
+		"HTTP requests a rate_limit zone declined with 429, by zone (caddy-ratelimit's series, without its key label).",
+		[]string{"zone"}, nil)
+	configDesc = prometheus.NewDesc("caddy_rate_limit_config",
+		"A rate_limit zone's configuration in its labels (caddy-ratelimit's series); 1 for each zone of the running config.",
+		[]string{"zone", "max_events", "window", "ipv4_prefix", "ipv6_prefix"}, nil)
+	keysDesc = prometheus.NewDesc("caddy_rate_limit_keys_total",
+		"Estimated number of keys a rate_limit zone holds state for (keys not back to their full limit), from the share of its counters in use, measured at most once a second.",
+		[]string{"zone"}, nil)
 	clusterSkippedDesc = prometheus.NewDesc("caddy_rate_limit_cluster_skipped_total",
 		"Entries under a distributed zone's storage prefix skipped because they are not well-formed snapshots of it, each time they were read.",
 		[]string{"zone"}, nil)
@@ -155,7 +169,7 @@ type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc,
-		clusterSkippedDesc, clusterErrorsDesc, clusterLastSuccessDesc} {
+		declinedDesc, configDesc, keysDesc, clusterSkippedDesc, clusterErrorsDesc, clusterLastSuccessDesc} {
 		ch <- d
 	}
 }
@@ -178,6 +192,10 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(memoryDesc, prometheus.GaugeValue, float64(z.buckets.Bytes()), z.name)
 		ch <- prometheus.MustNewConstMetric(occupancyDesc, prometheus.GaugeValue, s.Busy, z.name)
 		ch <- prometheus.MustNewConstMetric(falseDenyDesc, prometheus.GaugeValue, s.FalseDeny, z.name)
+		ch <- prometheus.MustNewConstMetric(declinedDesc, prometheus.CounterValue, float64(c.requests[outcomeDenied].Load()), z.name)
+		ch <- prometheus.MustNewConstMetric(configDesc, prometheus.CounterValue, 1, z.name, strconv.FormatInt(z.limit.Events, 10),
+			z.limit.Window.String(), strconv.Itoa(z.v4), strconv.Itoa(z.v6))
+		ch <- prometheus.MustNewConstMetric(keysDesc, prometheus.GaugeValue, activeKeys(s), z.name)
 		if z.dist != nil {
 			cl := z.dist.cluster
 			ch <- prometheus.MustNewConstMetric(clusterSkippedDesc, prometheus.CounterValue, float64(cl.Skipped()), z.name)
@@ -191,6 +209,25 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// activeKeys estimates how many keys hold state in a table measured as s:
+// keys whose counters are not back to full. No key is stored, so it is
+// counted as a Bloom filter's linear counting does: each key busies K of
+// the 16 counters of a line picked by its hash, so with n keys over L lines
+// (Poisson, n/L a line) a counter is still idle with probability
+// e^(−(n/L)·K/16), and n = −(16·L/K)·ln(1 − busy).
+// Keys whose counters collide count once; a table with every counter busy
+// reports what one idle counter in the sample would give.
+func activeKeys(s limiter.BucketStats) float64 {
+	if s.Lines == 0 || s.K == 0 || s.Sampled == 0 {
+		return 0
+	}
+	idle := 1 - s.Busy
+	if floor := 1 / float64(s.Sampled*16); idle < floor {
+		idle = floor
+	}
+	return math.Round(-float64(16*s.Lines) / float64(s.K) * math.Log(idle))
 }
 
 // registerMetrics registers the collector with the registry of the config

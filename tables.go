@@ -24,15 +24,22 @@ type tableKey struct {
 	zone  string
 	lines int
 	k     int
+	// window: the table holds windows (no burst), not token buckets; a
+	// zone that gains or loses its burst starts a new table.
+	window bool
 }
 
 func (k tableKey) String() string {
-	return fmt.Sprintf("%s (%d lines, k=%d)", k.zone, k.lines, k.k)
+	kind := "buckets"
+	if k.window {
+		kind = "windows"
+	}
+	return fmt.Sprintf("%s (%d lines of %s, k=%d)", k.zone, k.lines, kind, k.k)
 }
 
 // table is the value held in tables.
 type table struct {
-	buckets *limiter.Buckets
+	buckets limiter.Table // token buckets or windows
 	stop    chan struct{} // closed by Destruct: ends sweepLoop
 
 	// The limit in force is the one of the config (App) that last started
@@ -103,12 +110,13 @@ func (t *table) sweepLoop() {
 	}
 }
 
-// acquireTable returns the table for key, creating it with cfg if no running
-// or loading config holds one. It never changes an existing table: limits are
-// applied by App.Start, when the config that asked for them goes live.
-func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*table, error) {
+// acquireTable returns the table for key, creating it with newTable if no
+// running or loading config holds one. It never changes an existing table:
+// limits are applied by App.Start, when the config that asked for them goes
+// live.
+func acquireTable(key tableKey, newTable func() (limiter.Table, error)) (*table, error) {
 	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		b, err := limiter.NewBuckets(cfg)
+		b, err := newTable()
 		if err != nil {
 			return nil, err
 		}

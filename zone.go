@@ -21,9 +21,13 @@ import (
 // client, how many requests a client may make, and how much memory its state
 // may use.
 //
-// A zone is a token bucket per key: `max_events` per `window` sustained, and
-// up to `burst` at once. A key starts with a full bucket. Requests that match
-// no key (every key placeholder empty) share the bucket of the empty key.
+// Without `burst`, a zone means what it means in caddy-ratelimit: at most
+// `max_events` in a `window`, counted from a key's first request, and
+// Retry-After until that window ends (limiter.Windows). With `burst`, it is
+// a token bucket per key: `max_events` per `window` sustained, and up to
+// `burst` at once, a key starting with a full bucket (limiter.Buckets; the
+// meaning of nginx and Envoy). Requests that match no key (every key
+// placeholder empty) share the state of the empty key.
 type Zone struct {
 	// Matchers that select the requests this zone applies to. Each set is
 	// ANDed inside, the sets are ORed. Default: every request.
@@ -143,7 +147,7 @@ type zone struct {
 	matchers   caddyhttp.MatcherSets
 	tkey       tableKey
 	table      *table
-	buckets    *limiter.Buckets // table.buckets
+	buckets    limiter.Table // table.buckets: token buckets, or windows without burst
 	// policy is the zone's RateLimit-Policy items (see policyItem): its
 	// rate's, then one for each quota.
 	policy string
@@ -237,8 +241,8 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.releaseQuotas()
 		return nil, err
 	}
-	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK}
-	t, err := acquireTable(z.tkey, zc.Buckets())
+	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK, window: zc.Windowed()}
+	t, err := acquireTable(z.tkey, zc.NewTable)
 	if err != nil {
 		z.releaseQuotas()
 		return nil, fmt.Errorf("zone %q: %v", name, err)
@@ -262,7 +266,10 @@ func (z *zone) release() {
 // policyItem formats a zone's RateLimit-Policy list item
 // (draft-ietf-httpapi-ratelimit-headers-10): `"name";q=<quota>;w=<seconds>`.
 //
-// The draft's policy is a quota per time window; a token bucket has no fixed
+// The draft's policy is a quota per time window. A zone without burst is
+// one: q is max_events and w the window's seconds, rounded up (a window
+// under a second says w=1 and q its events per second), and RateLimit's t
+// counts down to the end of the key's window. A token bucket has no fixed
 // window, so q and w say what a client can rely on: q is the burst (what a
 // full bucket allows at once, and the most r can say) and w the seconds an
 // emptied bucket takes to be full again, burst × window / events, rounded up.

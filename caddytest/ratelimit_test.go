@@ -244,12 +244,14 @@ func TestRateLimitHeaders(t *testing.T) {
 		zone hdr_one {
 			events 4
 			window 1m
+			burst 4
 		}
 	}
 	rate_limit /two {
 		zone hdr_a {
 			events 4
 			window 1h
+			burst 4
 		}
 		zone hdr_b {
 			events 10

@@ -108,6 +108,7 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 		{"window 1us", "caddyfile", zoneCaddyfile("events 10\nwindow 1us"), []string{"10 events per 1µs is 1e+07 per second"}},
 		{"window above a year", "caddyfile", zoneCaddyfile("window 36500d"), []string{`zone "z": window "36500d": must be at most 365d`}},
 		{"burst above the maximum", "caddyfile", zoneCaddyfile("burst 99999999999"), []string{`zone "z": burst "99999999999": must be at most 1048576`}},
+		{"a window above the maximum", "caddyfile", handlerCaddyfile("zone z {\n\t\tevents 1500000\n\t\twindow 1m\n\t}"), []string{`zone "z": max_events 1500000: at most 1048576 in a window; for more, set burst`}},
 		{"false_deny too small", "caddyfile", zoneCaddyfile("false_deny 0.000000001"), []string{`zone "z": false_deny 0.000000001 and sources 100000 (the default) need a table larger than the maximum of 16 GiB`}},
 		{"undefined global zone", "caddyfile", handlerCaddyfile("zone nowhere"), []string{`zone "nowhere" is not defined`}},
 		{"undefined global zone as argument", "caddyfile", "http://localhost:9480 {\n\trate_limit nowhere\n\trespond ok\n}\n", []string{`zone "nowhere" is not defined`}},
@@ -187,7 +188,7 @@ func TestGoodConfigsValidate(t *testing.T) {
 		disable_metrics
 		headers off`)},
 		{"prefix zero", zoneCaddyfile("ipv4_prefix 0\nipv6_prefix 0")},
-		{"high rate with the default burst", zoneCaddyfile("events 1500000\nwindow 1m")},
+		{"high rate as a token bucket", zoneCaddyfile("events 1500000\nwindow 1m\nburst 1048576")},
 		{"the fastest rate", zoneCaddyfile("events 1000000\nwindow 1s")},
 		{"the slowest rate", zoneCaddyfile("events 1\nwindow 365d")},
 		{"same zone in two handlers", "http://localhost:9480 {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n"},

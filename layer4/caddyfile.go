@@ -14,7 +14,7 @@ import (
 //	    name        <name>      # default: made of the settings below
 //	    events      <n>         # required
 //	    window      <duration>  # required
-//	    burst       <n>         # default: events
+//	    burst       <n>         # a token bucket; without: at most events in a window
 //	    ipv4_prefix <bits>      # default 24
 //	    ipv6_prefix <bits>      # default 48
 //	    memory      <size>      # e.g. 16MiB; or:

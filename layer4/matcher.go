@@ -76,8 +76,9 @@ type Matcher struct {
 	// and identical unnamed limits count together.
 	Name string `json:"name,omitempty"`
 
-	// The inline limit: max_events connections per window sustained, up to
-	// burst at once, per source network of ipv4_prefix (default 24) or
+	// The inline limit: at most max_events connections in a window (no
+	// burst), or max_events per window sustained and up to burst at once
+	// (a token bucket), per source network of ipv4_prefix (default 24) or
 	// ipv6_prefix (default 48) bits, in a table of memory bytes or sized
 	// from sources and false_deny, as for HTTP zones.
 	zoneconf.Limit
@@ -110,7 +111,7 @@ type Zones interface {
 // does with a connection over its limit.
 type Zone struct {
 	Name       string
-	Buckets    *limiter.Buckets
+	Buckets    limiter.Table // token buckets, or windows for a zone without burst
 	IPv4Prefix int
 	IPv6Prefix int
 	// DryRun is set for a zone with action log: a connection over the

@@ -88,14 +88,7 @@ func newBuckets(cfg BucketsConfig, base time.Time) (*Buckets, error) {
 	if err := cfg.Limit.Validate(); err != nil {
 		return nil, err
 	}
-	k := cfg.K
-	if k == 0 {
-		k = DefaultK
-	}
-	if k < 1 || k > 8 {
-		return nil, fmt.Errorf("k must be between 1 and 8, got %d", k)
-	}
-	n, err := cfg.lines(k)
+	k, n, err := cfg.shape()
 	if err != nil {
 		return nil, err
 	}
@@ -208,19 +201,13 @@ func (s subset) pos(c int) int { return bits.OnesCount16(s.counters & (1<<c - 1)
 // place returns the line and counters of hash h, and where they are as a
 // Reservation index: the line in the high bits, the subset in the low 16.
 func (b *Buckets) place(p *bucketParams, h uint64) (*line, subset, uint64) {
-	idx := uint64(uint32(h>>32)) * uint64(len(p.lines)) >> 32
-	s := uint64(uint32(h)) * b.nSubs >> 32
-	return &p.lines[idx], b.subs[s], idx<<16 | s
+	return placeIn(p.lines, b.subs, h)
 }
 
 // counterAt resolves a Reservation index back to its line and counters, or
 // nil if it does not fit the current table.
 func (b *Buckets) counterAt(p *bucketParams, index uint64) (*line, subset) {
-	idx, s := index>>16, index&0xffff
-	if idx >= uint64(len(p.lines)) || s >= b.nSubs {
-		return nil, subset{}
-	}
-	return &p.lines[idx], b.subs[s]
+	return counterIn(p.lines, b.subs, index)
 }
 
 // at is a tick as the counters see it: mod 2³².

@@ -96,6 +96,16 @@
 // textbook token bucket in exact rationals: never a grant beyond the burst
 // plus the refill, never a token lost.
 //
+// # Windows: caddy-ratelimit's meaning
+//
+// A Windows table (window.go) holds, in the same lines and counters, fixed
+// windows anchored at a key's first request: at most Events in a Window, and
+// Retry-After until the window ends, as caddy-ratelimit answers. Its
+// documentation states the worst case against caddy-ratelimit's exact
+// sliding log (2·Events − 1 within one Window, a burst on each side of a
+// window's end), measured by TestWindowsWorstCaseAgainstSlidingLog. Table is
+// what the two kinds of table share.
+//
 // # Sizing and false denies
 //
 // A table is sized in bytes, or from the number of sources expected to flood

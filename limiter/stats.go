@@ -57,12 +57,19 @@ func (b *Buckets) Stats(now time.Time) BucketStats {
 		fd += choose(lineEmpty, b.k) / base
 		sampled++
 	}
+	return statsOf(n, b.k, sampled, empty, busy, fd)
+}
+
+// statsOf is the BucketStats of a table of n lines and k counters a key,
+// from the counts over its sampled lines: empty and busy counters, and the
+// sum over lines of their false-deny probability.
+func statsOf(n, k, sampled, empty, busy int, fd float64) BucketStats {
 	counters := sampled * countersPerLine
 	return BucketStats{
 		Lines:     n,
 		Counters:  n * countersPerLine,
 		Bytes:     n * 64,
-		K:         b.k,
+		K:         k,
 		Empty:     float64(empty) / float64(counters),
 		Busy:      float64(busy) / float64(counters),
 		FalseDeny: fd / float64(sampled),

@@ -19,20 +19,27 @@ import (
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
-// Limit is a zone's token-bucket rate and the table that holds it.
+// Limit is a zone's rate and the table that holds it. Without burst it is
+// caddy-ratelimit's window: at most max_events in a window, counted from a
+// key's first request (limiter.Windows). With burst it is a token bucket:
+// max_events per window sustained, up to burst at once (limiter.Buckets).
 type Limit struct {
 	// MaxEvents is how many events (requests, or connections for layer4)
-	// a key may make per window, sustained. At least 1. Caddyfile: events.
+	// a key may make in a window (without burst, at most 1,048,576), or
+	// per window sustained (with burst). At least 1. Caddyfile: events.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Window is the period over which max_events are allowed. Required;
+	// Window is the period max_events are counted over. Required;
 	// positive and at most 365 days, and max_events per window at most
 	// 1,000,000 per second.
 	Window caddy.Duration `json:"window,omitempty"`
 
-	// Burst is how many events a key may make at once, after being idle.
-	// At most 1,048,576 (limiter.MaxBurst). Default: max_events, capped at
-	// that maximum.
+	// Burst makes the zone a token bucket: how many events a key may make
+	// at once after being idle, refilled at max_events per window. At most
+	// 1,048,576 (limiter.MaxBurst). Default: none, and the zone allows at
+	// most max_events in a window counted from the key's first request,
+	// as caddy-ratelimit does, and answers Retry-After until that window
+	// ends.
 	Burst int64 `json:"burst,omitempty"`
 
 	// IPv4Prefix groups IPv4 sources by network: sources in the same
@@ -70,16 +77,22 @@ const (
 	MaxPerSecond = 1_000_000
 )
 
-// Rate is the token-bucket limit of l. An unset burst is max_events, capped
-// at limiter.MaxBurst: the cap is on how many events may come at once, so a
-// high rate (1,500,000 per minute) is not refused for a burst nobody asked
-// for.
+// Rate is the limit of l: a window's (Burst 0) if l has no burst, else a
+// token bucket's.
 func (l *Limit) Rate() limiter.Limit {
-	r := limiter.Limit{Events: l.MaxEvents, Window: time.Duration(l.Window), Burst: l.Burst}
-	if r.Burst == 0 && r.Events > limiter.MaxBurst {
-		r.Burst = limiter.MaxBurst
+	return limiter.Limit{Events: l.MaxEvents, Window: time.Duration(l.Window), Burst: l.Burst}
+}
+
+// Windowed reports whether l is a window (no burst) rather than a token
+// bucket.
+func (l *Limit) Windowed() bool { return l.Burst == 0 }
+
+// NewTable makes l's table: a limiter.Windows or a limiter.Buckets.
+func (l *Limit) NewTable() (limiter.Table, error) {
+	if l.Windowed() {
+		return limiter.NewWindows(l.Buckets())
 	}
-	return r
+	return limiter.NewBuckets(l.Buckets())
 }
 
 func (l *Limit) Prefixes(v4, v6 int) (int, int) {
@@ -145,7 +158,14 @@ func (l *Limit) Validate(where string) error {
 	if l.Burst > limiter.MaxBurst {
 		return bad("burst", l.Burst, fmt.Sprintf("must be at most %d", limiter.MaxBurst))
 	}
-	if err := l.Rate().Validate(); err != nil {
+	if l.Windowed() && l.MaxEvents > limiter.MaxBurst {
+		return bad("max_events", l.MaxEvents, fmt.Sprintf("at most %d in a window; for more, set burst: a token bucket of max_events per window", limiter.MaxBurst))
+	}
+	validate := l.Rate().Validate
+	if l.Windowed() {
+		validate = l.Rate().ValidateWindow
+	}
+	if err := validate(); err != nil {
 		return fmt.Errorf("%s%v", where, err)
 	}
 	if p := l.IPv4Prefix; p != nil && (*p < 0 || *p > 32) {

@@ -103,7 +103,8 @@ func TestValidate(t *testing.T) {
 		{Limit{MaxEvents: MaxPerSecond, Window: caddy.Duration(time.Second)}, ""},
 		{Limit{MaxEvents: 5, Window: caddy.Duration(36500 * 24 * time.Hour)}, "window 876000h0m0s: must be at most 365d"},
 		{Limit{MaxEvents: 1, Window: caddy.Duration(MaxWindow)}, ""},
-		{Limit{MaxEvents: 1_500_000, Window: caddy.Duration(time.Minute)}, ""},
+		{Limit{MaxEvents: 1_500_000, Window: caddy.Duration(time.Minute), Burst: limiter.MaxBurst}, ""},
+		{Limit{MaxEvents: 1_500_000, Window: caddy.Duration(time.Minute)}, "max_events 1500000: at most 1048576 in a window"},
 		{Limit{MaxEvents: 99_999_999_999, Window: caddy.Duration(time.Second)}, "99999999999 events per 1s"},
 		{Limit{MaxEvents: 1, Window: hour, Burst: limiter.MaxBurst + 1}, fmt.Sprintf("burst %d: must be at most %d", limiter.MaxBurst+1, limiter.MaxBurst)},
 		{Limit{MaxEvents: 1, Window: hour, IPv4Prefix: p(33)}, "ipv4_prefix 33"},
@@ -139,24 +140,38 @@ func TestIsZero(t *testing.T) {
 	}
 }
 
-// TestDefaultBurstIsCapped checks that an unset burst is events up to the
-// largest burst a table holds: a high rate is not refused for a burst the
-// operator did not write.
-func TestDefaultBurstIsCapped(t *testing.T) {
+// TestWithoutBurstIsAWindow checks that a limit without burst is a window
+// (caddy-ratelimit's meaning) of at most limiter.MaxBurst events, refused
+// above with a message that says to set burst, and that burst makes it a
+// token bucket of any rate.
+func TestWithoutBurstIsAWindow(t *testing.T) {
 	for _, tc := range []struct {
-		events, burst, want int64
+		events, burst int64
+		windowed      bool
+		err           string
 	}{
-		{100, 0, 0},
-		{limiter.MaxBurst, 0, 0},
-		{1_500_000, 0, limiter.MaxBurst},
-		{1_500_000, 10, 10},
+		{100, 0, true, ""},
+		{limiter.MaxBurst, 0, true, ""},
+		{1_500_000, 0, true, "max_events 1500000: at most 1048576 in a window; for more, set burst"},
+		{1_500_000, 10, false, ""},
 	} {
 		l := Limit{MaxEvents: tc.events, Window: caddy.Duration(time.Minute), Burst: tc.burst}
-		if got := l.Rate().Burst; got != tc.want {
-			t.Errorf("events %d burst %d: limiter burst %d, want %d", tc.events, tc.burst, got, tc.want)
+		if l.Windowed() != tc.windowed || l.Rate() != (limiter.Limit{Events: tc.events, Window: time.Minute, Burst: tc.burst}) {
+			t.Errorf("events %d burst %d: windowed %v, rate %v", tc.events, tc.burst, l.Windowed(), l.Rate())
 		}
-		if err := l.Validate(""); err != nil {
-			t.Errorf("events %d burst %d: %v", tc.events, tc.burst, err)
+		err := l.Validate("")
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("events %d burst %d: %v, want %q", tc.events, tc.burst, err, tc.err)
+		}
+		if err != nil {
+			continue
+		}
+		table, err := l.NewTable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := table.(*limiter.Windows); ok != tc.windowed {
+			t.Errorf("events %d burst %d: table %T", tc.events, tc.burst, table)
 		}
 	}
 }

@@ -67,7 +67,7 @@ func TestCommandZones(t *testing.T) {
 	out := mustRateLimit(t, "zones")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 2 || !regexp.MustCompile(`^ZONE +LIMIT +KEY +ALLOWED +DENIED +LOGGED +DELAYED +MEMORY +OCCUPANCY +FALSE DENY$`).MatchString(lines[0]) ||
-		!regexp.MustCompile(`^cmd_zones +3/1h0m0s burst 3 +\{http\.vars\.client_ip\} +3 +1 +0 +0 +1\.0 MiB +0\.\d\d% +0\.\d{4}%$`).MatchString(lines[1]) {
+		!regexp.MustCompile(`^cmd_zones +3 in 1h0m0s +\{http\.vars\.client_ip\} +3 +1 +0 +0 +1\.0 MiB +0\.\d\d% +0\.\d{4}%$`).MatchString(lines[1]) {
 		t.Errorf("zones table:\n%s", out)
 	}
 	var zs []floodgate.ZoneInfo
@@ -103,7 +103,7 @@ func TestCommandKeyChargesNothingAndResetLetsThrough(t *testing.T) {
 	}
 	for range 3 {
 		out := mustRateLimit(t, "key", "cmd_key", "127.0.33.1")
-		if !regexp.MustCompile(`^zone cmd_key, source 127\.0\.33\.1/32: a request now would be allowed\nPOLICY +LIMIT +REMAINING +RETRY AFTER +FULL IN\nbucket +3 +1 +0s +\d+s\n$`).MatchString(out) {
+		if !regexp.MustCompile(`^zone cmd_key, source 127\.0\.33\.1/32: a request now would be allowed\nPOLICY +LIMIT +REMAINING +RETRY AFTER +FULL IN\nwindow +3 +1 +0s +\d+s\n$`).MatchString(out) {
 			t.Fatalf("key table:\n%s", out)
 		}
 	}
@@ -115,7 +115,7 @@ func TestCommandKeyChargesNothingAndResetLetsThrough(t *testing.T) {
 		t.Errorf("key --json: %v %+v", err, k)
 	}
 	out := mustRateLimit(t, "reset", "cmd_key", "127.0.33.1")
-	if !regexp.MustCompile(`^reset: zone cmd_key, source 127\.0\.33\.1/32: a request now would be allowed\nPOLICY +LIMIT +REMAINING +RETRY AFTER +FULL IN\nbucket +3 +3 +0s +0s\n$`).MatchString(out) {
+	if !regexp.MustCompile(`^reset: zone cmd_key, source 127\.0\.33\.1/32: a request now would be allowed\nPOLICY +LIMIT +REMAINING +RETRY AFTER +FULL IN\nwindow +3 +3 +0s +0s\n$`).MatchString(out) {
 		t.Errorf("reset table:\n%s", out)
 	}
 	if got := codes(t, "127.0.33.1", 4); got != "200 200 200 429" {

@@ -1,0 +1,635 @@
+package limiter
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync/atomic"
+	"time"
+)
+
+// Windows is a Bloom table of fixed windows: caddy-ratelimit's "at most
+// Events in a Window", in the fixed memory of a Buckets table, laid out and
+// addressed the same way (the same 64-byte lines of 16 counters of 32 bits,
+// the same hash picking a line and K counters).
+//
+// A counter holds one window: the tick it started at and the tokens it
+// counted. A key's window starts at its first request once its previous
+// window is over, and lasts Window: a request of weight w is granted if the
+// emptiest of the key's K counters has counted at most Events − w in its
+// window (a counter whose window is over has counted nothing), and then every
+// one of the K counts it, starting a new window where the old one is over. A
+// denied request counts nothing, and is told to retry when the first of its
+// counters' windows ends: Retry-After counts down to the end of the window,
+// as caddy-ratelimit's does. A lone key is exactly one window; another key
+// is denied only when all K of its counters share windows with keys that
+// used them up (a Bloom false positive, sized as for Buckets).
+//
+// # Against an exact sliding log
+//
+// caddy-ratelimit keeps every key's last Events timestamps (a sliding log):
+// at most Events in any interval of length Window. A window anchored at a
+// key's first request allows the same Events from that request on, and the
+// same Retry-After, but a new window starts when the old one ends, so a key
+// that sends one request, waits almost a Window and sends Events − 1, then
+// Events more as the window ends, gets 2·Events − 1 within one Window (a
+// burst on each side of a window's end). That is the worst case, and
+// TestWindowsWorstCaseAgainstSlidingLog measures it on traces checked
+// against an exact sliding log; a key that sends its requests at once, as
+// a flood does, gets exactly what the sliding log grants. That is a key
+// alone on its counters; a key whose counters also count other keys'
+// requests is denied sooner, except that counters whose windows started
+// at different times end at different times, and the key may then be
+// granted by each in turn: at most 2·Events per counter within a Window,
+// in the rare case (a Bloom false positive) that all K are shared.
+//
+// # Layout
+//
+// A counter is start<<countBits | count, where count holds up to two
+// Events (Charge's debt, below) and start the rest of the 32 bits, in ticks
+// of Window/2^16 at most (coarser only for the largest Events). 0 is an
+// unused counter, and a count that returns to 0 stores 0. A window starts
+// at the start of its first request's tick, so it ends up to a tick
+// (Window/65,536) before a Window has passed since that request: that is
+// what makes Retry-After of a request denied at once Window exactly, as
+// caddy-ratelimit's. Starts compare as serial numbers, so a request whose
+// time was read before a stall sees a window started after it as running. A start must
+// be cleared before it is half the start field old: Sweep clears ended
+// windows and must run every SweepInterval, as for Buckets.
+//
+// Windows is safe for concurrent use, takes no lock and allocates nothing
+// per decision; decisions follow the Buckets protocol (every counter of the
+// key but the emptiest is charged first, the emptiest last with the CAS
+// that grants), so every grant is checked against a counter that holds
+// every earlier grant of its window. A refund takes back exactly what its
+// charge added, and only from the window it was added to.
+type Windows struct {
+	base time.Time
+	k    int
+	subs []subset
+	p    atomic.Pointer[windowParams]
+}
+
+// windowParams is everything a decision reads besides the lines' words. It is
+// immutable; SetLimit swaps in a new one, with new lines.
+type windowParams struct {
+	clock         // ticks of wt per window
+	limit  Limit  // Burst 0
+	lines  []line //
+	gen    int64  // how many SetLimits made this; a Reservation remembers it
+	events uint32 // the most a window grants
+	ceil   uint32 // 2·events: the most a counter counts (Charge's debt)
+	cb     uint8  // bits of the count
+	cmask  uint32 // 1<<cb − 1
+	smask  uint32 // the start field's values: 1<<(32−cb) − 1
+	half   uint32 // 1<<(31−cb): starts this far apart or more read as past
+	wt     uint32 // the window in ticks
+}
+
+// maxWindowTicks is the finest division of a window: 2¹⁶ ticks, so that a
+// window starts at most Window/65,536 before its first request (under a
+// millisecond for a minute). Events above 4095 leave fewer bits for the
+// start, and windows of 2¹⁹/(2·Events) ticks or so: down to 128 ticks at
+// MaxBurst events.
+const maxWindowTicks = 1 << 16
+
+// ValidateWindow reports whether a Windows table can enforce l, naming the
+// field at fault: Events from 1 to MaxBurst, a positive Window and no Burst.
+func (l Limit) ValidateWindow() error {
+	switch {
+	case l.Events < 1:
+		return fmt.Errorf("events must be at least 1, got %d", l.Events)
+	case l.Events > MaxBurst:
+		return fmt.Errorf("events %d in a window exceeds the maximum of %d (set burst for a token bucket)", l.Events, MaxBurst)
+	case l.Window <= 0:
+		return fmt.Errorf("window must be positive, got %v", l.Window)
+	case l.Window < time.Microsecond:
+		return fmt.Errorf("window %v is shorter than the minimum of 1µs", l.Window)
+	case l.Burst != 0:
+		return fmt.Errorf("a window has no burst, got %d", l.Burst)
+	}
+	return nil
+}
+
+// windowParamsFor returns the parameters of l (valid) with n zeroed lines.
+func windowParamsFor(l Limit, n int) *windowParams {
+	ceil := 2 * uint32(l.Events)
+	cb := uint8(bits.Len32(ceil))
+	sb := 32 - cb
+	// A window is at most an eighth of the start field (a start is
+	// cleared, at most two windows after it, well before it reads as ahead
+	// again), and a tick at least a nanosecond.
+	wt := uint64(min(maxWindowTicks, 1<<(sb-3)))
+	for wt >= uint64(l.Window) {
+		wt >>= 1
+	}
+	mult, _ := bits.Div64(wt, 0, uint64(l.Window))
+	return &windowParams{
+		clock:  clock{pe: wt, w: uint64(l.Window), mult: mult, nsPerTick: float64(l.Window) / float64(wt)},
+		limit:  l,
+		lines:  newLines(n),
+		events: uint32(l.Events),
+		ceil:   ceil,
+		cb:     cb,
+		cmask:  1<<cb - 1,
+		smask:  1<<sb - 1,
+		half:   1 << (sb - 1),
+		wt:     uint32(wt),
+	}
+}
+
+// NewWindows returns a table of unused counters sized by cfg (as Buckets
+// is); cfg.Limit must have no Burst. Its ticks count from the moment it is
+// created; a time before that counts as its creation.
+func NewWindows(cfg BucketsConfig) (*Windows, error) {
+	return newWindows(cfg, time.Now())
+}
+
+func newWindows(cfg BucketsConfig, base time.Time) (*Windows, error) {
+	if err := cfg.Limit.ValidateWindow(); err != nil {
+		return nil, err
+	}
+	k, n, err := cfg.shape()
+	if err != nil {
+		return nil, err
+	}
+	w := &Windows{base: base, k: k, subs: subsets(k)}
+	w.p.Store(windowParamsFor(cfg.Limit, n))
+	return w, nil
+}
+
+// Limit returns the limit in force.
+func (w *Windows) Limit() Limit { return w.p.Load().limit }
+
+// K returns the number of counters each key draws on.
+func (w *Windows) K() int { return w.k }
+
+// Bytes returns the memory held by the table's lines.
+func (w *Windows) Bytes() int { return len(w.p.Load().lines) * 64 }
+
+// Lines returns the number of lines in the table.
+func (w *Windows) Lines() int { return len(w.p.Load().lines) }
+
+func (w *Windows) nowNanos(now time.Time) int64 { return max(int64(now.Sub(w.base)), 0) }
+
+// read returns what counter value v has counted in its window at tick now,
+// and the ticks until that window ends: 0 and 0 for an unused counter or an
+// ended window. A window that starts after now (begun by a request whose
+// time was read later than this one's) is running. A window that ended
+// counting more than events (Charge's debt) carries the excess into the
+// window that follows it at once: the debt is what that window has
+// counted, so a request held for the next window is counted in it.
+func (p *windowParams) read(v, now uint32) (used, left uint32) {
+	if v == 0 {
+		return 0, 0
+	}
+	start, c := v>>p.cb, v&p.cmask
+	d := (now - start) & p.smask
+	switch {
+	case d >= p.half:
+		return c, p.wt + (p.smask + 1 - d)
+	case d < p.wt:
+		return c, p.wt - d
+	case c > p.events && d < 2*p.wt:
+		return c - p.events, 2*p.wt - d
+	}
+	return 0, 0
+}
+
+// waits returns, for a counter that has counted used in a window that ends
+// in left ticks, the ticks until it has room for cost (at most events) and
+// until it has counted nothing. A count above events is carried into the
+// next window (see read), so those may be a window later.
+func (p *windowParams) waits(used, left, cost uint32) (room, clear uint32) {
+	if used == 0 {
+		return 0, 0
+	}
+	clear = left
+	if used > p.events {
+		clear += p.wt
+	}
+	switch {
+	case used+cost <= p.events:
+		return 0, clear
+	case used+cost <= 2*p.events:
+		return left, clear
+	}
+	return clear, clear
+}
+
+// chargeLane counts cost in counter value v at tick now, starting a new
+// window if v's is over, up to ceil: the new value, and the record of the
+// charge for a refund: the window's start and what was added, in the
+// layout of a counter.
+func (p *windowParams) chargeLane(v, cost, now uint32) (nv, rec uint32) {
+	used, left := p.read(v, now)
+	var start uint32
+	switch {
+	case left == 0:
+		start = now & p.smask
+	case v&p.cmask != used:
+		start = (v>>p.cb + p.wt) & p.smask // the window a debt carried into
+	default:
+		start = v >> p.cb
+	}
+	add := min(cost, p.ceil-min(used, p.ceil))
+	if add == 0 {
+		return v, start << p.cb
+	}
+	return start<<p.cb | (used + add), start<<p.cb | add
+}
+
+// refundLane takes back from counter value v what the charge recorded in
+// rec added, if v still holds the window it was added to.
+func (p *windowParams) refundLane(v, rec uint32) uint32 {
+	add := rec & p.cmask
+	if v == 0 || add == 0 || v>>p.cb != rec>>p.cb {
+		return v
+	}
+	c := v & p.cmask
+	if c <= add {
+		return 0
+	}
+	return v - add
+}
+
+// Allow is TakeHash(Hash(key), weight, now) without the Reservation.
+func (w *Windows) Allow(key []byte, weight int64, now time.Time) Decision {
+	d, _ := w.TakeHash(Hash(key), weight, now)
+	return d
+}
+
+// TakeHash grants weight tokens to the key with hash h if the emptiest of
+// its counters has room for them in its window at time now, and counts them
+// in every one of its counters. A weight below 1 counts as 1. A weight above
+// Events is denied with RetryAfter Never. Reset is the time until the
+// key's window ends.
+func (w *Windows) TakeHash(h uint64, weight int64, now time.Time) (d Decision, r Reservation) {
+	d = w.decide(h, weight, now, &r)
+	return d, r
+}
+
+// PeekHash answers whether TakeHash would grant the request, charging
+// nothing; Remaining and Reset are what the key holds now.
+func (w *Windows) PeekHash(h uint64, weight int64, now time.Time) Decision {
+	return w.decide(h, weight, now, nil)
+}
+
+// decide is TakeHash when r is not nil and PeekHash when it is, as
+// Buckets.decide.
+func (w *Windows) decide(h uint64, weight int64, now time.Time, r *Reservation) Decision {
+	p := w.p.Load()
+	ns := w.nowNanos(now)
+	tick := p.ticks(ns)
+	t := uint32(tick)
+	ln, sub, index := placeIn(p.lines, w.subs, h)
+	d := Decision{Limit: int64(p.events)}
+	cost := uint32(1)
+	commit := r != nil
+	if weight > d.Limit {
+		d.RetryAfter = Never
+		commit = false
+	} else if weight > 1 {
+		cost = uint32(weight)
+	}
+	var vals [8]uint64
+	for {
+		// The emptiest counter decides (the first of equals); the first
+		// counter to have room (or to be clear) is when the key does.
+		best, fw, fl := uint32(math.MaxUint32), 0, uint8(0)
+		retry, reset, after := uint32(math.MaxUint32), uint32(math.MaxUint32), uint32(math.MaxUint32)
+		for m := sub.words; m != 0; m &= m - 1 {
+			wi := bits.TrailingZeros8(m) & 7
+			v := loadWord(&ln[wi])
+			vals[wi] = v
+			lanes := sub.lanes(wi)
+			for l := uint8(0); l < 2; l++ {
+				if lanes>>l&1 == 0 {
+					continue
+				}
+				used, left := p.read(lane(v, l), t)
+				if used < best {
+					best, fw, fl = used, wi, l
+				}
+				room, clear := p.waits(used, left, cost)
+				retry, reset = min(retry, room), min(reset, clear)
+				if left == 0 {
+					left = p.wt // the window this request starts
+				}
+				_, clear = p.waits(min(used+cost, p.ceil), left, 0)
+				after = min(after, clear)
+			}
+		}
+		if !commit || best+cost > p.events {
+			d.Allowed = d.RetryAfter != Never && best+cost <= p.events
+			d.Remaining = int64(p.events - min(best, p.events))
+			d.Reset = p.until(ns, tick, uint64(reset))
+			if !d.Allowed && d.RetryAfter != Never {
+				d.RetryAfter = p.until(ns, tick, uint64(retry))
+			}
+			return d
+		}
+		*r = Reservation{index: index, units: int64(cost), epoch: p.gen}
+		for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
+			wi := bits.TrailingZeros8(m) & 7
+			p.chargeWord(&ln[wi], vals[wi], sub, wi, cost, t, r)
+		}
+		if used, ok := p.chargeEmptiest(&ln[fw], vals[fw], sub, fw, fl, cost, t, r); ok {
+			d.Allowed = true
+			d.Remaining = int64(p.events - min(used, p.events))
+			d.Reset = p.until(ns, tick, uint64(after))
+			return d
+		}
+		// The emptiest counter no longer has room: take back the others'
+		// charges and decide again.
+		p.refundExcept(ln, sub, fw, r)
+		*r = Reservation{}
+	}
+}
+
+// chargeWord counts cost in the key's lanes of word wi (last seen as v),
+// recording each charge in r.
+func (p *windowParams) chargeWord(q *uint64, v uint64, sub subset, wi int, cost, t uint32, r *Reservation) {
+	lanes := sub.lanes(wi)
+	for {
+		nv := v
+		for l := uint8(0); l < 2; l++ {
+			if lanes>>l&1 != 0 {
+				c, rec := p.chargeLane(lane(v, l), cost, t)
+				nv = withLane(nv, l, c)
+				r.short[sub.pos(2*wi+int(l))] = rec
+			}
+		}
+		if nv == v || casWord(q, v, nv) {
+			return
+		}
+		v = loadWord(q)
+	}
+}
+
+// chargeEmptiest counts cost in lane fl of word wi (last seen as v) if that
+// counter still has room, with the key's other lane of the word, in one
+// CAS. It returns what the counter has counted then.
+func (p *windowParams) chargeEmptiest(q *uint64, v uint64, sub subset, wi int, fl uint8, cost, t uint32, r *Reservation) (uint32, bool) {
+	for {
+		used, _ := p.read(lane(v, fl), t)
+		if used+cost > p.events {
+			return used, false
+		}
+		nv := v
+		for l := uint8(0); l < 2; l++ {
+			if sub.lanes(wi)>>l&1 != 0 {
+				c, rec := p.chargeLane(lane(v, l), cost, t)
+				nv = withLane(nv, l, c)
+				r.short[sub.pos(2*wi+int(l))] = rec
+			}
+		}
+		if casWord(q, v, nv) {
+			return used + cost, true
+		}
+		v = loadWord(q)
+	}
+}
+
+// refundExcept takes back what r counted in the key's counters of every
+// word but skip (-1 for none).
+func (p *windowParams) refundExcept(ln *line, sub subset, skip int, r *Reservation) {
+	updateLanes(ln, sub, skip, func(pos int, v uint32) uint32 { return p.refundLane(v, r.short[pos]) })
+}
+
+// updateLanes replaces each counter v of the key in the words of ln but
+// skip (-1 for none) by f(its position among the key's counters, v), one
+// CAS per word.
+func updateLanes(ln *line, sub subset, skip int, f func(pos int, v uint32) uint32) {
+	for m := sub.words; m != 0; m &= m - 1 {
+		wi := bits.TrailingZeros8(m) & 7
+		if wi == skip {
+			continue
+		}
+		q := &ln[wi]
+		for {
+			v := loadWord(q)
+			nv := v
+			for l := uint8(0); l < 2; l++ {
+				if sub.lanes(wi)>>l&1 != 0 {
+					nv = withLane(nv, l, f(sub.pos(2*wi+int(l)), lane(v, l)))
+				}
+			}
+			if nv == v || casWord(q, v, nv) {
+				break
+			}
+		}
+	}
+}
+
+// Refund takes back what r counted, from the windows it was counted in: a
+// window that has ended since keeps nothing to take back. A Reservation
+// taken before a SetLimit refunds nothing. A window that a refunded request
+// started stays anchored at that request's time if another request was
+// counted in it meanwhile: its end is then at most the time between the two
+// requests early.
+func (w *Windows) Refund(r Reservation) {
+	if r.units <= 0 {
+		return
+	}
+	p := w.p.Load()
+	if r.epoch != p.gen {
+		return
+	}
+	if ln, sub := counterIn(p.lines, w.subs, r.index); ln != nil {
+		p.refundExcept(ln, sub, -1, &r)
+	}
+}
+
+// Charge counts weight tokens for the key with hash h at time now without
+// checking that its window has room, up to twice Events in each counter:
+// for a cost known only after the request was served, or tokens reserved
+// for a request that will wait for them. What a window counts beyond Events
+// is carried into the next one, which starts as that one ends: a key
+// charged into debt repays it there. A weight below 1 charges nothing.
+//
+// Allowed reports whether at least one counter took the whole charge;
+// false means the key is at the ceiling and part of the charge was
+// dropped. RetryAfter is the time until the window the charge is counted
+// in has begun: 0 if the emptiest counter holds it within Events, else
+// when its window ends and the excess is carried into the next (see
+// read): when a request that reserved its tokens may go. Refund takes back
+// exactly what was charged.
+func (w *Windows) Charge(h uint64, weight int64, now time.Time) (Decision, Reservation) {
+	p := w.p.Load()
+	d := Decision{Limit: int64(p.events)}
+	if weight < 1 {
+		return d, Reservation{}
+	}
+	ns := w.nowNanos(now)
+	tick := p.ticks(ns)
+	t := uint32(tick)
+	cost := uint32(min(uint64(weight), uint64(p.ceil)))
+	ln, sub, index := placeIn(p.lines, w.subs, h)
+	r := Reservation{index: index, units: int64(cost), epoch: p.gen}
+	best, retry, reset := uint32(math.MaxUint32), uint32(math.MaxUint32), uint32(math.MaxUint32)
+	for m := sub.words; m != 0; m &= m - 1 {
+		wi := bits.TrailingZeros8(m) & 7
+		p.chargeWord(&ln[wi], loadWord(&ln[wi]), sub, wi, cost, t, &r)
+		v := loadWord(&ln[wi])
+		for l := uint8(0); l < 2; l++ {
+			if sub.lanes(wi)>>l&1 != 0 {
+				used, left := p.read(lane(v, l), t)
+				room, clear := p.waits(used, left, 0)
+				best, retry, reset = min(best, used), min(retry, room), min(reset, clear)
+				d.Allowed = d.Allowed || r.short[sub.pos(2*wi+int(l))]&p.cmask == cost
+			}
+		}
+	}
+	d.Remaining = int64(p.events - min(best, p.events))
+	d.Reset = p.until(ns, tick, uint64(reset))
+	d.RetryAfter = p.until(ns, tick, uint64(retry))
+	return d, r
+}
+
+// Fill clears the counters of the key with hash h: its window is over, and
+// so is that of every key sharing them.
+func (w *Windows) Fill(h uint64) {
+	p := w.p.Load()
+	ln, sub, _ := placeIn(p.lines, w.subs, h)
+	updateLanes(ln, sub, -1, func(int, uint32) uint32 { return 0 })
+}
+
+// SetLimit changes Events and Window of every counter at once, keeping each
+// window's start and what it counted: a key that used 3 of "events 3" has 2
+// left under "events 5", and a window started 30 s ago ends in 9 m 30 s
+// under "window 10m". A window already longer than the new Window is over.
+// As for Buckets, the counters are copied into new lines and swapped in, so
+// charges made during the copy are lost and earlier Reservations refund
+// nothing.
+func (w *Windows) SetLimit(l Limit, now time.Time) error {
+	if err := l.ValidateWindow(); err != nil {
+		return err
+	}
+	old := w.p.Load()
+	np := windowParamsFor(l, len(old.lines))
+	np.gen = old.gen + 1
+	ns := w.nowNanos(now)
+	ot, nt := uint32(old.ticks(ns)), np.ticks(ns)
+	for i := range old.lines {
+		for c := uint8(0); c < countersPerLine; c++ {
+			v := lane(atomic.LoadUint64(&old.lines[i][c>>1]), c)
+			used, left := old.read(v, ot)
+			if used == 0 {
+				continue
+			}
+			// The window's age, rounded down in the new ticks (against
+			// the key: its window ends no earlier).
+			age := int64(0)
+			if elapsed := int64(old.wt) - int64(left); elapsed > 0 {
+				age = int64(np.ticks(int64(old.nanos(uint64(elapsed)))))
+			}
+			if age >= int64(np.wt) {
+				continue
+			}
+			start := uint32(int64(nt)-age) & np.smask
+			q := &np.lines[i][c>>1]
+			atomic.StoreUint64(q, withLane(atomic.LoadUint64(q), c, start<<np.cb|min(used, np.ceil)))
+		}
+	}
+	w.p.Store(np)
+	return nil
+}
+
+// Sweep clears every counter whose window is over at now, so that no start
+// is ever old enough to read as running again. It must run at least every
+// SweepInterval; like Buckets.Sweep it writes only words that change, with
+// a CAS, and never a line no key touched.
+func (w *Windows) Sweep(now time.Time) {
+	p := w.p.Load()
+	t := uint32(p.ticks(w.nowNanos(now)))
+	for i := range p.lines {
+		ln := &p.lines[i]
+		for j := range ln {
+			for {
+				v := loadWord(&ln[j])
+				if v == 0 {
+					break
+				}
+				nv := v
+				for l := uint8(0); l < 2; l++ {
+					if c := lane(v, l); c != 0 {
+						if _, left := p.read(c, t); left == 0 {
+							nv = withLane(nv, l, 0)
+						}
+					}
+				}
+				if nv == v || casWord(&ln[j], v, nv) {
+					break
+				}
+			}
+		}
+	}
+}
+
+// SweepInterval is how often Sweep must run under the limit in force: a
+// window (or the window its debt carried into) ended since the last sweep
+// is cleared by the next one while its start is still less than half the
+// start field old. It is a window for the largest Events and far longer
+// for most limits (63 windows at Events 100).
+func (w *Windows) SweepInterval() time.Duration {
+	p := w.p.Load()
+	return time.Duration(p.nanos(uint64(p.half-2*p.wt) / 2))
+}
+
+// Stats measures the table at now as Buckets.Stats does: a counter is busy
+// if its window has counted anything, empty if it has no room left for a
+// request.
+func (w *Windows) Stats(now time.Time) BucketStats {
+	p := w.p.Load()
+	t := uint32(p.ticks(w.nowNanos(now)))
+	n := len(p.lines)
+	step := 1
+	if n > maxStatLines {
+		step = n / maxStatLines
+	}
+	base := choose(countersPerLine, w.k)
+	var empty, busy, sampled int
+	var fd float64
+	for i := 0; i < n; i += step {
+		lineEmpty := 0
+		for j := range p.lines[i] {
+			v := loadWord(&p.lines[i][j])
+			for l := uint8(0); l < 2; l++ {
+				used, _ := p.read(lane(v, l), t)
+				if used > 0 {
+					busy++
+				}
+				if used >= p.events {
+					lineEmpty++
+				}
+			}
+		}
+		empty += lineEmpty
+		fd += choose(lineEmpty, w.k) / base
+		sampled++
+	}
+	return statsOf(n, w.k, sampled, empty, busy, fd)
+}
+
+// A Table is a zone's per-key rate in the Bloom table: token buckets
+// (Buckets) or windows (Windows). Both place keys alike and answer alike.
+type Table interface {
+	Policy
+	Allow(key []byte, weight int64, now time.Time) Decision
+	Charge(h uint64, weight int64, now time.Time) (Decision, Reservation)
+	Fill(h uint64)
+	Limit() Limit
+	SetLimit(l Limit, now time.Time) error
+	Sweep(now time.Time)
+	SweepInterval() time.Duration
+	Stats(now time.Time) BucketStats
+	Bytes() int
+	Lines() int
+	K() int
+}
+
+var (
+	_ Table = (*Windows)(nil)
+	_ Table = (*Buckets)(nil)
+)
