@@ -283,7 +283,8 @@ func (in *instance) start() error {
 	for time.Now().Before(deadline) {
 		select {
 		case <-done:
-			return fmt.Errorf("instance %d exited at start (see %s)", in.i, filepath.Join(in.home, "caddy.log"))
+			log, _ := os.ReadFile(filepath.Join(in.home, "caddy.log"))
+			return fmt.Errorf("instance %d exited at start:\n%s", in.i, log[max(0, len(log)-2000):])
 		default:
 		}
 		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", in.http), 200*time.Millisecond); err == nil {
@@ -449,15 +450,17 @@ func run() (bool, error) {
 	for i := range ins {
 		ins[i] = &instance{i: i, home: filepath.Join(tmp, fmt.Sprintf("node%d", i)),
 			admin: ports[3*i], http: ports[3*i+1], l4: ports[3*i+2], redis: rd.port}
-		if err := ins[i].start(); err != nil {
-			return false, err
-		}
 	}
 	defer func() {
 		for _, in := range ins {
 			in.kill()
 		}
 	}()
+	for _, in := range ins {
+		if err := in.start(); err != nil {
+			return false, err
+		}
+	}
 	fmt.Printf("soak: %v, instances on HTTP %d %d %d, redis %d, logs under %s\n", *duration, ins[0].http, ins[1].http, ins[2].http, rd.port, tmp)
 
 	ctx, cancel := context.WithTimeout(context.Background(), *duration)
