@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	pathpkg "path"
 	"strings"
 	"testing"
 	"time"
@@ -54,8 +55,8 @@ func FuzzAdminAPI(f *testing.F) {
 		mux.Handle(rt.Pattern, adminRoute{rt.Handler})
 	}
 	f.Fuzz(func(t *testing.T, method, path, query string) {
-		if !validMethod(method) || !strings.HasPrefix(path, "/") {
-			return // net/http answers these before any handler
+		if !validMethod(method) || !strings.HasPrefix(path, "/") || pathpkg.Clean(path) != path {
+			return // net/http answers these before any handler (a bad request, a redirect)
 		}
 		status, body := adminRequest(mux, method, path, query)
 		switch status {

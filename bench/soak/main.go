@@ -65,7 +65,11 @@ func main() {
 	}
 }
 
-// freePorts returns n distinct free TCP ports on loopback.
+// freePorts returns n distinct TCP ports free on loopback, below the
+// kernel's ephemeral range (32768 and up on Linux): ports in it may be
+// taken by any process's outgoing connection meanwhile (this program's
+// floods make thousands), and an instance restarted after a SIGKILL must
+// get its own back.
 func freePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
@@ -74,13 +78,17 @@ func freePorts(n int) ([]int, error) {
 		}
 	}()
 	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for try := 0; len(ports) < n; try++ {
+		if try > 1000 {
+			return nil, errors.New("no free ports between 20000 and 32000")
+		}
+		p := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
 		if err != nil {
-			return nil, err
+			continue
 		}
 		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, p)
 	}
 	return ports, nil
 }
@@ -103,6 +111,7 @@ func (in *instance) caddyfile(variant int) string {
 	f := []int{1, 2}[variant]
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
+	default_bind 127.0.0.1
 	auto_https off
 	persist_config off
 	grace_period 2s
