@@ -99,10 +99,12 @@ func parseKeySpec(s string) keySpec {
 // expands the template once with a replacer that marks where each
 // placeholder was.
 func compileTemplate(tmpl string) []templatePart {
-	const mark = "\x00"
-	if strings.Contains(tmpl, mark) {
-		// Cannot be told apart from a mark: keep it whole, a literal.
-		return []templatePart{{text: tmpl}}
+	// The mark is text the template does not hold, and no prefix of it is
+	// also its suffix, so that in the expansion it is found only where a
+	// placeholder was, whatever literal text stands beside it.
+	mark := "\x00"
+	for n := 1; strings.Contains(tmpl, mark); n++ {
+		mark = "\x00" + strings.Repeat("\x01", n)
 	}
 	var names []string
 	repl := caddy.NewEmptyReplacer()

@@ -32,6 +32,7 @@ func FuzzRequestKey(f *testing.F) {
 	f.Add("{unclosed {http.request.header.X-Key}", []byte(strings.Repeat("é", 5000)), []byte(nil), "", 24, 48)
 	f.Add("{header.X-Key}", []byte("x"), []byte(nil), "", 24, 48)
 	f.Add("{http.request.remote.host}", []byte(nil), []byte(nil), "", 24, 48)
+	f.Add("a\x00{http.request.method}\x00\x01{http.request.header.X-Key}", []byte("k"), []byte(nil), "", 24, 48)
 	f.Fuzz(func(t *testing.T, tmpl string, v1, v2 []byte, query string, v4, v6 int) {
 		if len(tmpl) > 256 {
 			return
