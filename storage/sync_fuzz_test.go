@@ -48,23 +48,9 @@ func FuzzSyncerRead(f *testing.F) {
 		}
 		st, _ := fileStorage(t)
 		var bl []block
-		for b := blockBytes; len(b) >= 9; {
-			until, n := binary.Varint(b[8:])
-			if n <= 0 {
-				break
-			}
-			bl = append(bl, block{hash: binary.LittleEndian.Uint64(b), until: until})
-			b = b[8+n:]
-		}
+		eachPair(blockBytes, func(h uint64, until int64) { bl = append(bl, block{hash: h, until: until}) })
 		var rs []reset
-		for b := resetBytes; len(b) >= 9; {
-			at, n := binary.Varint(b[8:])
-			if n <= 0 {
-				break
-			}
-			rs = append(rs, reset{hash: binary.LittleEndian.Uint64(b), at: at})
-			b = b[8+n:]
-		}
+		eachPair(resetBytes, func(h uint64, at int64) { rs = append(rs, reset{hash: h, at: at}) })
 		for _, b := range bl {
 			if b.until > now.Add(2*testWindow).UnixNano() {
 				// Known defect, reported and left to the cluster
@@ -116,4 +102,17 @@ func FuzzSyncerRead(f *testing.F) {
 			}
 		}
 	})
+}
+
+// eachPair reads b as the fuzzer's blocks or resets: a little-endian key
+// hash and a varint time, repeated.
+func eachPair(b []byte, f func(h uint64, t int64)) {
+	for len(b) >= 9 {
+		t, n := binary.Varint(b[8:])
+		if n <= 0 {
+			return
+		}
+		f(binary.LittleEndian.Uint64(b), t)
+		b = b[8+n:]
+	}
 }

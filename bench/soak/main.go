@@ -498,7 +498,7 @@ func run() (bool, error) {
 		}()
 	}
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	get := func(in *instance, path string, hdr map[string]string) (int, error) {
+	get := func(client *http.Client, in *instance, path string, hdr map[string]string) (int, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", in.http, path), nil)
 		for k, v := range hdr {
 			req.Header.Set(k, v)
@@ -539,6 +539,25 @@ func run() (bool, error) {
 		}
 		fmt.Printf("soak: dropped on instance %d: %v\n", in.i, err)
 	}
+	// tally counts an answer to a request that may be denied: a drop, a
+	// grant (in the counter granted picks, if any), a 429, or any other
+	// status. It reports a grant.
+	tally := func(in *instance, code int, err error, as sentAs, granted func(*counters) *atomic.Int64) bool {
+		c := cur.Load()
+		switch {
+		case err != nil:
+			dropped(c, in, err, as)
+		case code == http.StatusOK:
+			if granted != nil {
+				granted(c).Add(1)
+			}
+			return true
+		case code != http.StatusTooManyRequests:
+			c.other.Add(1)
+		}
+		return false
+	}
+	flood := func(c *counters) *atomic.Int64 { return &c.floodOK }
 	// Fair clients: under every limit in both variants, on the instances
 	// that are never killed. Each asks 2 times a second, round the paths.
 	paths := []string{"/fair", "/weighted", "/delay", "/log", "/bytes"}
@@ -549,7 +568,7 @@ func run() (bool, error) {
 			in := ins[f%2]
 			p := paths[n%len(paths)]
 			n++
-			code, err := get(in, p, map[string]string{"X-Client": id, "X-Cost": strconv.Itoa(1 + rng.IntN(3)), "X-Key": id})
+			code, err := get(client, in, p, map[string]string{"X-Client": id, "X-Cost": strconv.Itoa(1 + rng.IntN(3)), "X-Key": id})
 			c := cur.Load()
 			c.fairAll.Add(1)
 			switch {
@@ -567,17 +586,9 @@ func run() (bool, error) {
 	for range 2 {
 		loop(10*time.Millisecond, func(rng *rand.Rand) {
 			in := ins[rng.IntN(3)]
-			code, err := get(in, "/flood", map[string]string{"X-Key": strconv.FormatUint(rng.Uint64(), 36)})
-			c := cur.Load()
-			c.floodAll.Add(1)
-			switch {
-			case err != nil:
-				dropped(c, in, err, keptLimited)
-			case code == http.StatusOK:
-				c.floodOK.Add(1)
-			case code != http.StatusTooManyRequests:
-				c.other.Add(1)
-			}
+			code, err := get(client, in, "/flood", map[string]string{"X-Key": strconv.FormatUint(rng.Uint64(), 36)})
+			cur.Load().floodAll.Add(1)
+			tally(in, code, err, keptLimited, flood)
 		})
 	}
 	// As many requests on kept-alive connections to a route without a
@@ -586,14 +597,8 @@ func run() (bool, error) {
 	for range 2 {
 		loop(10*time.Millisecond, func(rng *rand.Rand) {
 			in := ins[rng.IntN(2)]
-			code, err := get(in, "/plain", nil)
-			c := cur.Load()
-			switch {
-			case err != nil:
-				dropped(c, in, err, keptPlain)
-			case code != http.StatusOK:
-				c.other.Add(1)
-			}
+			code, err := get(client, in, "/plain", nil)
+			tally(in, code, err, keptPlain, nil)
 		})
 	}
 	// A flood of source addresses across 127.0.0.0/8: a new connection
@@ -611,27 +616,13 @@ func run() (bool, error) {
 			in := ins[rng.IntN(2)]
 			path := []string{"/addr", "/plain"}[n%2]
 			n++
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", in.http, path), nil)
-			resp, err := addrClient(rng).Do(req)
-			c := cur.Load()
-			c.floodAll.Add(1)
-			if err != nil {
-				as := freshLimited
-				if path == "/plain" {
-					as = freshPlain
-				}
-				dropped(c, in, err, as)
-				return
+			code, err := get(addrClient(rng), in, path, nil)
+			cur.Load().floodAll.Add(1)
+			as := freshLimited
+			if path == "/plain" {
+				as = freshPlain
 			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			switch resp.StatusCode {
-			case http.StatusOK:
-				c.floodOK.Add(1)
-			case http.StatusTooManyRequests:
-			default:
-				c.other.Add(1)
-			}
+			tally(in, code, err, as, flood)
 		})
 	}
 	loop(10*time.Millisecond, func(rng *rand.Rand) {
@@ -660,17 +651,9 @@ func run() (bool, error) {
 	// One client far over its limit.
 	loop(20*time.Millisecond, func(rng *rand.Rand) {
 		in := ins[rng.IntN(2)]
-		code, err := get(in, "/fair", map[string]string{"X-Client": "heavy"})
-		c := cur.Load()
-		c.heavyAll.Add(1)
-		switch {
-		case err != nil:
-			dropped(c, in, err, keptLimited)
-		case code == http.StatusOK:
-			c.heavyOK.Add(1)
-		case code != http.StatusTooManyRequests:
-			c.other.Add(1)
-		}
+		code, err := get(client, in, "/fair", map[string]string{"X-Client": "heavy"})
+		cur.Load().heavyAll.Add(1)
+		tally(in, code, err, keptLimited, func(c *counters) *atomic.Int64 { return &c.heavyOK })
 	})
 	// The spread key: over its limit, round all three instances.
 	var spreadN atomic.Int64
@@ -683,13 +666,8 @@ func run() (bool, error) {
 		if in.i == 2 && killing.Load() == 1 {
 			return
 		}
-		code, err := get(in, "/spread", map[string]string{"X-Spread": "spread"})
-		c := cur.Load()
-		switch {
-		case err != nil:
-			dropped(c, in, err, keptLimited)
-		case code == http.StatusOK:
-			c.spreadOK.Add(1)
+		code, err := get(client, in, "/spread", map[string]string{"X-Spread": "spread"})
+		if tally(in, code, err, keptLimited, func(c *counters) *atomic.Int64 { return &c.spreadOK }) {
 			spreadLog.Lock()
 			if spreadTotal == 0 {
 				spreadStart = time.Now()
@@ -697,8 +675,6 @@ func run() (bool, error) {
 			spreadTotal++
 			spreadTimes = append(spreadTimes, time.Now())
 			spreadLog.Unlock()
-		case code != http.StatusTooManyRequests:
-			c.other.Add(1)
 		}
 	})
 	// Reloads every 2–5 s, each instance in turn.
