@@ -14,7 +14,8 @@
 #
 # Needs: Go, wrk, gnuplot (apt-get install -y wrk gnuplot-nox), redis-server
 # for the soak. Servers listen on free loopback ports. Knobs: ROUNDS (3),
-# DURATION (5s per wrk run), KEYS (200000), SOAK (10m), OUT (binaries).
+# DURATION (5s per wrk run), KEYS (200000), SOAK (10m), OUT (binaries);
+# PAGE=1 only plots and writes the page from the data already in docs/perf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -22,21 +23,23 @@ DURATION=${DURATION:-5s}
 KEYS=${KEYS:-200000}
 SOAK=${SOAK:-10m}
 command -v gnuplot >/dev/null || { echo "gnuplot is needed: apt-get install -y gnuplot-nox" >&2; exit 1; }
-. bench/caddies.sh
 data=docs/perf
 mkdir -p "$data"
 
-# One benchmark at a time on the machine (see bench/deny.sh).
-exec 9>/tmp/floodgate-bench.lock
-flock 9
-
-(cd bench/perf && go build -o "$OUT/perf" .)
-"$OUT/perf" -bins "$OUT" -out "$data" -rounds "$ROUNDS" -duration "$DURATION" -keys "$KEYS" \
-	falsedeny memory throughput timeline | tee "$OUT/perf.log"
-if [ "$SOAK" != 0 ]; then
-	go build -o "$OUT/caddy-cmd" ./cmd/caddy
-	(cd bench/soak && go run . -caddy "$OUT/caddy-cmd" -duration "$SOAK" -out "../../$data/soak.csv") |
-		tee "$data/soak.txt" || true
+if [ -z "${PAGE:-}" ]; then
+	. bench/caddies.sh
+	# One benchmark at a time on the machine (see bench/deny.sh).
+	exec 9>/tmp/floodgate-bench.lock
+	flock 9
+	(cd bench/perf && go build -o "$OUT/perf" .)
+	printf 'date=%s\ncommit=%s\ncores=%s\narch=%s\n' "$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)" "$(nproc)" "$(uname -m)" >"$data/run.txt"
+	"$OUT/perf" -bins "$OUT" -out "$data" -rounds "$ROUNDS" -duration "$DURATION" -keys "$KEYS" \
+		falsedeny memory throughput timeline | tee "$data/perf.log"
+	if [ "$SOAK" != 0 ]; then
+		go build -o "$OUT/caddy-cmd" ./cmd/caddy
+		(cd bench/soak && go run . -caddy "$OUT/caddy-cmd" -duration "$SOAK" -out "../../$data/soak.csv") |
+			tee "$data/soak.txt" || true
+	fi
 fi
 
 # Plots.
@@ -47,22 +50,34 @@ plot memory "set title 'Resident memory against distinct keys (per-key zone, 100
 	set xlabel 'distinct keys sent'; set ylabel 'RSS (MiB)';
 	plot '$data/memory.csv' every ::1 using 1:2 with linespoints lw 2 title 'floodgate',
 	     '' every ::1 using 1:3 with linespoints lw 2 title 'caddy-ratelimit v0.1.0'"
-awk -F, 'NR > 1 { gsub(/"/, "", $1); rps[$1] = $2 }
+# Each round's ratio to its baseline in the same round; the bars are the
+# means, the whiskers the least and greatest round.
+awk '/^throughput: round/ {
+		r = $3; name = $4; for (i = 5; i < NF - 1; i++) name = name " " $i
+		rps[r, name] = $(NF - 1); rounds[r] = 1
+	}
 	END {
-		print "\"allowed: plain respond\"," rps["plain respond"] / rps["plain respond"]
-		print "\"allowed: floodgate\"," rps["floodgate allowed"] / rps["plain respond"]
-		print "\"allowed: caddy-ratelimit\"," rps["caddy-ratelimit allowed"] / rps["plain respond"]
-		print "\"denied: plain error 429\"," rps["plain error 429"] / rps["plain error 429"]
-		print "\"denied: plain respond 429\"," rps["plain respond 429"] / rps["plain error 429"]
-		print "\"denied: floodgate\"," rps["floodgate denied"] / rps["plain error 429"]
-		print "\"denied: caddy-ratelimit\"," rps["caddy-ratelimit denied"] / rps["plain error 429"]
-	}' "$data/throughput.csv" >"$data/throughput-ratios.csv"
-plot throughput "set title 'Requests/s as a ratio to plain Caddy (allowed: to respond; denied: to error 429)';
-	set style fill solid 0.6; set boxwidth 0.6; set yrange [0:*]; set xtics rotate by -20; unset key;
-	plot '$data/throughput-ratios.csv' using 0:2:xtic(1) with boxes, '' using 0:2:(sprintf('%.2f', \$2)) with labels offset 0,0.7"
-plot timeline "set title 'An attack on floodgate: 64 sources over their limit from 15 s to 45 s';
-	set xlabel 'time (s)'; set ylabel 'requests/s'; set y2label 'fair clients served / RSS (MiB)';
-	set y2tics; set ytics nomirror; set y2range [0:*]; set key top right;
+		n = split("plain respond|floodgate allowed|caddy-ratelimit allowed|plain error 429|plain respond 429|floodgate denied|caddy-ratelimit denied", names, "|")
+		for (i = 1; i <= n; i++) {
+			base = (i <= 3) ? "plain respond" : "plain error 429"
+			sum = 0; lo = 1e9; hi = 0; k = 0
+			for (r in rounds) {
+				x = rps[r, names[i]] / rps[r, base]; sum += x; k++
+				if (x < lo) lo = x; if (x > hi) hi = x
+			}
+			label = (i <= 3 ? "allowed: " : "denied: ") names[i]
+			sub(/ (allowed|denied)$/, "", label)
+			printf "\"%s\",%.3f,%.3f,%.3f\n", label, sum / k, lo, hi
+		}
+	}' "$data/perf.log" >"$data/throughput-ratios.csv"
+plot throughput "set title 'Requests/s as a ratio to plain Caddy in the same round (allowed: to respond; denied: to error 429)';
+	set style fill solid 0.6; set boxwidth 0.6; set yrange [0:*]; set offsets 0, 0, graph 0.1, 0; set xtics rotate by -20; unset key;
+	plot '$data/throughput-ratios.csv' using 0:2:xtic(1) with boxes, '' using 0:2:3:4 with yerrorbars pt 0 lc black,
+	     '' using 0:(0.05):(sprintf('%.2f', \$2)) with labels"
+plot timeline "set terminal pngcairo size 800,500 font 'sans,10'; set output 'docs/perf-timeline.png'; set title 'An attack on floodgate: 64 sources over their limit from 15 s to 45 s';
+	set xlabel 'time (s)'; set ylabel 'requests/s'; set logscale y; set yrange [10:100000];
+	set y2label 'fair clients served (%) / RSS (MiB)'; set y2tics; set ytics nomirror; set y2range [0:120];
+	set key below horizontal;
 	plot '$data/timeline.csv' every ::1 using 1:3 with lines lw 2 title 'flood sent/s',
 	     '' every ::1 using 1:4 with lines lw 2 title 'flood allowed/s',
 	     '' every ::1 using 1:(\$2*100) axes x1y2 with lines lw 2 title 'fair served (%)',
@@ -82,8 +97,9 @@ if [ -s "$data/soak.csv" ]; then
 fi
 
 # The page.
+run() { sed -n "s/^$1=//p" "$data/run.txt"; }
 col() { awk -F, -v k="$2" -v c="$3" 'NR > 1 { gsub(/"/, "", $1); if ($1 == k) print $c }' "$data/$1.csv"; }
-ratio() { awk -F, -v k="$1" 'NR > 1 { gsub(/"/, "", $1); if ($1 == k) printf "%.2f", $2 }' "$data/throughput-ratios.csv"; }
+ratio() { awk -F, -v k="$1" '{ gsub(/"/, "", $1); if ($1 == k) printf "%.2f (rounds %.2f–%.2f)", $2, $3, $4 }' "$data/throughput-ratios.csv"; }
 mem_fg=$(awk -F, 'NR == 2 { a = $2 } END { printf "%.1f → %.1f", a, $2 }' "$data/memory.csv")
 mem_rl=$(awk -F, 'NR == 2 { a = $3 } END { printf "%.1f → %.1f", a, $3 }' "$data/memory.csv")
 fair_attack=$(awk -F, 'NR > 1 && $1 >= 15 && $1 < 45 { s += $2; n++ } END { printf "%.2f%%", 100 * s / n }' "$data/timeline.csv")
@@ -92,9 +108,9 @@ flood=$(awk -F, 'NR > 1 && $1 >= 16 && $1 < 45 { a += $4; s += $3; n++ } END { p
 	cat <<EOF
 # Performance
 
-Generated by \`bench/perf.sh\` on $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD) from one run on
-$(nproc) cores ($(uname -m)), shared with other work: absolute numbers move with the neighbours' load, so
-read ratios measured in the same run. Data: [docs/perf](perf/).
+Generated by \`bench/perf.sh\` from one run on $(run date) at commit $(run commit), on $(run cores) cores
+($(run arch)) shared with other work: absolute numbers move with the neighbours' load, so read ratios
+measured in the same run. Data: [docs/perf](perf/).
 
 ## Memory against distinct keys
 
@@ -109,7 +125,8 @@ $mem_fg MiB; caddy-ratelimit v0.1.0: $mem_rl MiB. floodgate's table is fixed by 
 ![Requests/s as ratios](perf-throughput.png)
 
 wrk, 32 connections, $ROUNDS alternating rounds of $DURATION per server, on loopback (wrk shares the
-cores). Allowed requests as a ratio to plain Caddy's \`respond\`: floodgate $(ratio "allowed: floodgate"),
+cores); each ratio is taken within a round, and the whiskers show the least and greatest round.
+Allowed requests as a ratio to plain Caddy's \`respond\`: floodgate $(ratio "allowed: floodgate"),
 caddy-ratelimit $(ratio "allowed: caddy-ratelimit"). Denied requests (one client over its limit, every
 response a 429) as a ratio to plain Caddy's \`error 429\`: floodgate $(ratio "denied: floodgate"),
 caddy-ratelimit $(ratio "denied: caddy-ratelimit"), plain \`respond 429\` $(ratio "denied: plain respond 429").
@@ -163,7 +180,9 @@ $(grep -E '^soak: (ok|FAIL)' "$data/soak.txt")
 \`\`\`
 
 Samples every 10 s: [docs/perf/soak.csv](perf/soak.csv); the run's output: [docs/perf/soak.txt](perf/soak.txt).
+
 EOF
 	fi
+	cat bench/perf/micro.md
 } >docs/performance.md
 echo "wrote docs/performance.md and docs/perf-*.png"

@@ -327,7 +327,11 @@ func throughput() error {
 	}
 	sum := make([]float64, len(cfgs))
 	for r := range *rounds {
-		for i, c := range cfgs {
+		// Each round starts one server later, so that a drift of the
+		// machine's load within rounds favours no server.
+		for j := range cfgs {
+			i := (j + r) % len(cfgs)
+			c := cfgs[i]
 			rps, non, err := wrk(srvs[i].url("/"))
 			if err != nil {
 				return err
