@@ -14,14 +14,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -34,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/floodgate-rl/floodgate/bench/perf/proc"
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
@@ -72,18 +70,6 @@ func main() {
 	}
 }
 
-// freePort returns a TCP port free on loopback, below the ephemeral range.
-func freePort() (int, error) {
-	for range 1000 {
-		p := 20000 + rand.IntN(12000)
-		if l, err := net.Listen("tcp", fmt.Sprintf(":%d", p)); err == nil {
-			l.Close()
-			return p, nil
-		}
-	}
-	return 0, errors.New("no free port")
-}
-
 // A server is one Caddy process serving one site on loopback.
 type server struct {
 	name string
@@ -95,14 +81,11 @@ type server struct {
 // startServer runs bin with a site whose body is body (and global options
 // extra), and waits until it answers.
 func startServer(name, bin, extra, body string) (*server, error) {
-	port, err := freePort()
+	ports, err := proc.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
-	admin, err := freePort()
-	if err != nil {
-		return nil, err
-	}
+	port, admin := ports[0], ports[1]
 	dir, err := os.MkdirTemp("", "floodgate-perf-")
 	if err != nil {
 		return nil, err
@@ -144,21 +127,7 @@ func (s *server) stop() {
 }
 
 // rss is the server's resident memory in MiB.
-func (s *server) rss() float64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb / 1024
-		}
-	}
-	return 0
-}
+func (s *server) rss() float64 { return float64(proc.RSS(s.cmd.Process.Pid)) / (1 << 20) }
 
 func bin(name string) string { return filepath.Join(*bins, name) }
 
