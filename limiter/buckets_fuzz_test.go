@@ -102,9 +102,20 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 		x := &exactBucket{first: l}
 		const h = 77
 		var ns, swept int64
-		var last Reservation
-		var lastGen int64 // the table's SetLimit generation when last was taken
-		lastEvent := -1
+		// held are the charges that may still be refunded, oldest first,
+		// as a held request or a response cost holds its Reservation.
+		type charge struct {
+			r     Reservation
+			gen   int64 // the table's SetLimit generation when taken
+			event int   // in x.events
+		}
+		var held []charge
+		hold := func(r Reservation) {
+			held = append(held, charge{r: r, gen: b.p.Load().gen, event: len(x.events) - 1})
+			if len(held) > 4 {
+				held = held[1:]
+			}
+		}
 		arg := func(i int) byte {
 			if i+1 < len(ops) {
 				return ops[i+1]
@@ -140,39 +151,42 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 					w = l.burst() + int64(a-253)
 				}
 				now := tm(time.Duration(ns))
+				have := x.at(ns)
 				var d Decision
 				if ops[i]%8 == 2 {
 					d = b.PeekHash(h, w, now)
 				} else {
-					d, last = b.TakeHash(h, w, now)
-					lastGen = b.p.Load().gen
+					var r Reservation
+					d, r = b.TakeHash(h, w, now)
+					if d.Allowed {
+						x.events = append(x.events, event{ns: ns, w: w})
+						hold(r)
+					}
 				}
-				have := x.at(ns)
 				if d.Allowed && have.Cmp(new(big.Rat).Sub(big.NewRat(w, 1), tol)) < 0 {
 					t.Fatalf("op %d: %s granted weight %d at %v; the exact bucket holds %s", i/2, l, w, time.Duration(ns), have.FloatString(4))
 				}
 				if !d.Allowed && w <= l.burst() && have.Cmp(new(big.Rat).Add(big.NewRat(w, 1), tol)) >= 0 {
 					t.Fatalf("op %d: %s denied weight %d at %v; the exact bucket holds %s (a token lost)", i/2, l, w, time.Duration(ns), have.FloatString(4))
 				}
-				if ops[i]%8 == 1 {
-					lastEvent = -1
-					if d.Allowed {
-						x.events = append(x.events, event{ns: ns, w: w})
-						lastEvent = len(x.events) - 1
-					}
-				}
-			case 3: // the last take or charge is refunded
-				if skipKnownDefects && lastEvent >= 0 && lastGen != b.p.Load().gen {
-					// Known defect (seed refund-across-setlimit): a
-					// Reservation from before a SetLimit refunds nothing,
-					// so its charge stays, up to two bursts of debt.
+			case 3: // a held take or charge is refunded
+				if len(held) == 0 {
 					break
 				}
-				if lastEvent >= 0 {
-					b.Refund(last)
-					x.events[lastEvent].refunded = true
-					lastEvent = -1
+				k := int(a) % len(held)
+				c := held[k]
+				if skipKnownDefects && (c.gen != b.p.Load().gen || k != len(held)-1) {
+					// Known defects: a Reservation from before a
+					// SetLimit refunds nothing, so its charge stays, up
+					// to two bursts of debt (seed refund-across-setlimit);
+					// a refund after the key has been charged again may
+					// erase that later charge (issue 16, item 4; seed
+					// late-refund-erases-a-later-charge).
+					break
 				}
+				b.Refund(c.r)
+				x.events[c.event].refunded = true
+				held = append(held[:k], held[k+1:]...)
 			case 4: // a sweep
 				b.Sweep(tm(time.Duration(ns)))
 				swept = ns
@@ -187,17 +201,16 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 				swept = ns
 			case 6: // a cost charged after the response
 				w := 1 + int64(a)*int64(a)
-				_, last = b.Charge(h, w, tm(time.Duration(ns)))
-				lastGen = b.p.Load().gen
+				_, r := b.Charge(h, w, tm(time.Duration(ns)))
 				x.events = append(x.events, event{ns: ns, w: min(w, 2*l.burst())})
-				lastEvent = len(x.events) - 1
+				hold(r)
 			case 7: // a fill (the admin API's reset) makes the key full
 				b.Fill(h)
 				have := x.at(ns)
 				if full := big.NewRat(l.burst(), 1); have.Cmp(full) < 0 {
 					x.events = append(x.events, event{ns: ns, w: -floorRat(new(big.Rat).Sub(full, have)) - 1})
 				}
-				lastEvent = -1
+				held = nil
 			}
 		}
 	})
