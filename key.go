@@ -99,10 +99,12 @@ func parseKeySpec(s string) keySpec {
 // expands the template once with a replacer that marks where each
 // placeholder was.
 func compileTemplate(tmpl string) []templatePart {
-	const mark = "\x00"
-	if strings.Contains(tmpl, mark) {
-		// Cannot be told apart from a mark: keep it whole, a literal.
-		return []templatePart{{text: tmpl}}
+	// The mark is text the template does not hold, and no prefix of it is
+	// also its suffix, so that in the expansion it is found only where a
+	// placeholder was, whatever literal text stands beside it.
+	mark := "\x00"
+	for n := 1; strings.Contains(tmpl, mark); n++ {
+		mark = "\x00" + strings.Repeat("\x01", n)
 	}
 	var names []string
 	repl := caddy.NewEmptyReplacer()
@@ -236,7 +238,9 @@ func (z *zone) key(q *request) charge {
 		case keyHeader:
 			vals := q.r.Header[k.name]
 			if len(vals) > 1 {
-				// Joined with commas, as Caddy does: never an address.
+				// Joined with commas, as Caddy does. That is an address
+				// only when the commas fall in an IPv6 zone ("fe80::1%a"
+				// and ""), but then it is one, as the replacer's text is.
 				var h keyHasher
 				h.init()
 				for j, v := range vals {
@@ -245,7 +249,7 @@ func (z *zone) key(q *request) charge {
 					}
 					h.write(v)
 				}
-				return charge{hash: h.sum(), key: i}
+				return z.hashedCharge(&h, i)
 			}
 			if len(vals) == 1 {
 				s = vals[0]
@@ -293,13 +297,19 @@ func (z *zone) templateKey(q *request, k *keySpec, i int) (c charge, ok bool) {
 	if h.n == 0 {
 		return charge{}, false
 	}
+	return z.hashedCharge(&h, i), true
+}
+
+// hashedCharge is what a key written into h, the zone's key number i,
+// charges: the network of an address, else the hash.
+func (z *zone) hashedCharge(h *keyHasher, i int) charge {
 	if h.n <= maxIPText && ipLike(h.head[:h.n]) {
 		// Possibly an address: worth one conversion.
 		if a := parseIP(string(h.head[:h.n])); a.IsValid() {
-			return z.network(a, i), true
+			return z.network(a, i)
 		}
 	}
-	return charge{hash: h.sum(), key: i}, true
+	return charge{hash: h.sum(), key: i}
 }
 
 // network charges the source network of a.
