@@ -203,5 +203,5 @@ func count(verdicts []verdict, denied bool) {
 // enforcing would do.
 func (h *Handler) passLogged(w http.ResponseWriter, q *request, verdicts []verdict, main int, next caddyhttp.Handler, now time.Time) error {
 	h.overLimit(w, q, verdicts, main, now, false)
-	return h.serveCharged(w, q.r, verdicts, next, now)
+	return h.serveCharged(w, q.r, verdicts, next)
 }

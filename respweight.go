@@ -16,32 +16,36 @@ type afterCharge struct {
 	z    *zone
 	hash uint64
 	paid int64
-	// now is when the request arrived. Charges add to what a key owes
-	// whenever they are made, so the arrival time serves.
-	now time.Time
 }
 
-// settle charges what a response reported beyond what its request paid.
-// The key may go into debt: at most one burst below empty in the rate, and
-// one quota in each quota, so a wild report cannot lock a key out for
-// longer than a full refill (see limiter.Buckets.Charge).
-func (c afterCharge) settle(reported int64) {
+// settle charges what a response reported beyond what its request paid, at
+// now, the time the response reported it. Not at the request's arrival: a
+// response may take longer than the key takes to refill, and a charge dated
+// then would be refilled away before it was made (or, on a counter that has
+// moved past that time, read as a debt that far ahead), and a quota would
+// count it in a window that may already weigh nothing. The key may go into
+// debt: at most one burst below empty in the rate, and one quota in each
+// quota, so a wild report cannot lock a key out for longer than a full
+// refill (see limiter.Buckets.Charge).
+func (c afterCharge) settle(reported int64, now time.Time) {
 	extra := reported - c.paid
 	if extra <= 0 {
 		return
 	}
-	c.z.buckets.Charge(c.hash, extra, c.now)
+	c.z.buckets.Charge(c.hash, extra, now)
 	for _, s := range c.z.quotas {
-		s.Add(c.hash, min(extra, s.Quota()), c.now)
+		s.Add(c.hash, min(extra, s.Quota()), now)
 	}
 }
 
 // costWriter watches a response for the costs zones charge after it: the
 // value of a header when the header is written (weight response_header),
-// and the body's size once the handler returns (weight response_bytes).
-// Only requests that meet such a zone get one.
+// and the body's size once the handler returns (weight response_bytes),
+// each charged at the time it is known, read from clock. Only requests that
+// meet such a zone get one.
 type costWriter struct {
 	caddyhttp.ResponseWriterWrapper
+	clock   func() time.Time
 	pending []afterCharge
 	inline  [2]afterCharge
 	wrote   bool
@@ -50,7 +54,7 @@ type costWriter struct {
 
 // serveCharged passes the request on; for zones whose cost the response
 // reports, through a costWriter that charges it.
-func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts []verdict, next caddyhttp.Handler, now time.Time) error {
+func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts []verdict, next caddyhttp.Handler) error {
 	var cw *costWriter
 	for i := range verdicts {
 		v := &verdicts[i]
@@ -58,10 +62,10 @@ func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts 
 			continue
 		}
 		if cw == nil {
-			cw = &costWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+			cw = &costWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, clock: h.now}
 			cw.pending = cw.inline[:0]
 		}
-		cw.pending = append(cw.pending, afterCharge{z: v.z, hash: v.c.hash, paid: v.weight, now: now})
+		cw.pending = append(cw.pending, afterCharge{z: v.z, hash: v.c.hash, paid: v.weight})
 	}
 	if cw == nil {
 		return next.ServeHTTP(w, r)
@@ -69,7 +73,7 @@ func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts 
 	err := next.ServeHTTP(cw, r)
 	for _, c := range cw.pending {
 		if c.z.afterBytes {
-			c.settle(cw.bytes)
+			c.settle(cw.bytes, cw.clock())
 		}
 	}
 	return err
@@ -84,7 +88,7 @@ func (cw *costWriter) WriteHeader(code int) {
 		for _, c := range cw.pending {
 			if c.z.afterHeader != "" {
 				if n, ok := weight.Count(cw.Header().Get(c.z.afterHeader)); ok {
-					c.settle(n)
+					c.settle(n, cw.clock())
 				}
 			}
 		}
