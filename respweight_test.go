@@ -1,9 +1,11 @@
 package floodgate
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,20 +120,89 @@ func TestResponseCostIsChargedWhenTheResponseReportsIt(t *testing.T) {
 	}
 }
 
-// A download is charged its size when its body ends: a long one at a rate
-// the zone allows leaves the key in no debt.
-func TestResponseBytesAreChargedWhenTheBodyEnds(t *testing.T) {
-	h, clock := byteRateHandler(t, "long_download", func(z *Zone) { z.WeightResponseBytes = true })
-	// Ten minutes at 1000 bytes a second.
-	if _, err := serveThrough(h, weightedRequest("/"), slowDownload(h, clock, 600, 1000, time.Second)); err != nil {
-		t.Fatal(err)
+// A download's bytes are charged as they are sent, each at the time it is:
+// a long download at a rate the zone allows leaves the key about full, not
+// in debt, and the same bytes sent at once cost their size.
+func TestResponseBytesAreChargedAsTheyAreSent(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		chunks   int
+		step     time.Duration
+		min, max int64 // what the key holds right after the response
+	}{
+		// Ten minutes at 1000 bytes a second: the last 1000 are not
+		// refilled yet.
+		{"ten_minutes", 600, time.Second, 999_000, 999_001},
+		// 600000 bytes at one instant.
+		{"at_once", 600, 0, 400_000, 400_001},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, clock := byteRateHandler(t, "download_"+tt.name, func(z *Zone) { z.WeightResponseBytes = true })
+			if _, err := serveThrough(h, weightedRequest("/"), slowDownload(h, clock, tt.chunks, 1000, tt.step)); err != nil {
+				t.Fatal(err)
+			}
+			if got := remaining(h); got < tt.min || got > tt.max {
+				t.Errorf("after 600000 bytes: %d left, want %d to %d", got, tt.min, tt.max)
+			}
+			w, err := serve(h, weightedRequest("/"))
+			if err != nil {
+				t.Fatalf("the next request: %v (RateLimit %q), want it to pass", err, w.Header().Get("RateLimit"))
+			}
+		})
 	}
-	if got := remaining(h); got < 399_000 || got > 400_001 {
-		t.Errorf("after 600000 bytes: %d left, want 399000 to 400001", got)
-	}
-	w, err := serve(h, weightedRequest("/"))
-	if err != nil {
-		t.Fatalf("the next request: %v (RateLimit %q), want it to pass", err, w.Header().Get("RateLimit"))
+}
+
+// sendWatcher is a response writer that reports, whenever bytes reach it,
+// what the key of weightedRequest holds in h's zone then.
+type sendWatcher struct {
+	*httptest.ResponseRecorder
+	h    *Handler
+	seen []int64
+}
+
+func (w *sendWatcher) Write(p []byte) (int, error) {
+	w.seen = append(w.seen, remaining(w.h))
+	return w.ResponseRecorder.Write(p)
+}
+
+func (w *sendWatcher) WriteString(s string) (int, error) { return w.Write([]byte(s)) }
+
+// Bytes are charged before they are sent, whether the handler writes them or
+// hands the writer a reader (as a file server does): the client cannot have
+// the end of a body, and come back, before the key has paid for it.
+func TestResponseBytesAreChargedBeforeTheyAreSent(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		body func(w http.ResponseWriter) error
+	}{
+		{"write", func(w http.ResponseWriter) error { _, err := w.Write(make([]byte, 300_000)); return err }},
+		{"read_from", func(w http.ResponseWriter) error {
+			_, err := w.(io.ReaderFrom).ReadFrom(strings.NewReader(strings.Repeat("x", 300_000)))
+			return err
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, _ := byteRateHandler(t, "sent_"+tt.name, func(z *Zone) { z.WeightResponseBytes = true })
+			w := &sendWatcher{ResponseRecorder: httptest.NewRecorder(), h: h}
+			r := weightedRequest("/")
+			caddyhttp.NewTestReplacer(r)
+			err := h.serveAt(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return tt.body(w) }), h.now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w.Body.Len() != 300_000 {
+				t.Fatalf("%d bytes sent, want 300000", w.Body.Len())
+			}
+			// The first bytes to arrive were already paid for: the
+			// key holds at most a million less what reached the
+			// writer with them.
+			if len(w.seen) == 0 || w.seen[0] > 1_000_000-min(int64(w.Body.Len()), 32*1024)+1 {
+				t.Errorf("the key held %v as the bytes were sent, want them charged first", w.seen)
+			}
+			if got := remaining(h); got < 700_000 || got > 700_001 {
+				t.Errorf("after 300000 bytes: %d left, want 700000 or 700001", got)
+			}
+		})
 	}
 }
 

@@ -30,8 +30,8 @@ func TestSlowResponseCostIsChargedWhenReported(t *testing.T) {
 		w.WriteHeader(http.StatusOK)
 	}))
 	t.Cleanup(upstream.Close)
-	tc := newTester(t)
-	tc.InitServer(config("", `
+	// Both requests come from 127.0.0.1, one key.
+	newTester(t).InitServer(config("", `
 	rate_limit {
 		zone slow_response_cost {
 			events 1000000
@@ -42,15 +42,15 @@ func TestSlowResponseCostIsChargedWhenReported(t *testing.T) {
 	}
 	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")), "caddyfile")
 
-	slow := make(chan int, 1)
+	slow := make(chan *http.Response, 1)
 	go func() {
-		resp, err := http.Get(baseURL + "/slow")
+		resp, err := clientFrom("127.0.0.1").Get(baseURL + "/slow")
 		if err != nil {
-			slow <- -1
+			slow <- &http.Response{Status: err.Error()}
 			return
 		}
 		resp.Body.Close()
-		slow <- resp.StatusCode
+		slow <- resp
 	}()
 	select {
 	case <-arrived:
@@ -62,10 +62,12 @@ func TestSlowResponseCostIsChargedWhenReported(t *testing.T) {
 	time.Sleep(1200 * time.Millisecond)
 	start := time.Now()
 	close(release)
-	if code := <-slow; code != http.StatusOK {
-		t.Fatalf("the slow request: %d, want 200", code)
+	first := <-slow
+	if first.StatusCode != http.StatusOK || first.Header.Get("X-Cost") != "1000000" {
+		t.Fatalf("the slow request: %s, X-Cost %q; want 200, 1000000", first.Status, first.Header.Get("X-Cost"))
 	}
-	code, _, resp := get(t, tc, "/fast")
+	req, _ := http.NewRequest(http.MethodGet, baseURL+"/fast", nil)
+	code, _, resp := do(t, clientFrom("127.0.0.1"), req)
 	elapsed := time.Since(start)
 	if code != http.StatusOK {
 		t.Fatalf("the next request: %d (RateLimit %q), want 200: the key owes at most what a second refills", code, resp.Header.Get("RateLimit"))
@@ -78,6 +80,7 @@ func TestSlowResponseCostIsChargedWhenReported(t *testing.T) {
 	_, r, _ := parseRateLimitItem(resp.Header.Get("RateLimit"))
 	n, err := strconv.ParseInt(r, 10, 64)
 	if most := int64(elapsed.Seconds()*1e6) + 1; err != nil || n > most {
-		t.Errorf("RateLimit %q %v after the response charged a million: want r at most %d, what %v refills", resp.Header.Get("RateLimit"), err, most, elapsed)
+		t.Errorf("RateLimit %q %v after the response charged a million (its own RateLimit %q): want r at most %d, what %v refills",
+			resp.Header.Get("RateLimit"), err, first.Header.Get("RateLimit"), most, elapsed)
 	}
 }
