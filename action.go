@@ -71,15 +71,20 @@ func sleep(ctx context.Context, d time.Duration) error {
 // zone that denied it has action delay, denied it on its rate alone (a quota
 // does not delay: its tokens return over minutes or hours) and would grant
 // it within its max_delay, and no such zone already holds maxHeld requests.
+// In a distributed zone the rate is the local bucket's and the cluster's
+// together: a request the cluster's estimate denies is held until that
+// estimate lets it through, within max_delay.
 //
 // The request's tokens are reserved at once: in the zones that delay, by a
 // charge that drives the key into debt (limiter.Buckets.Charge), so every
 // later request waits behind this one and held requests never pass faster
 // than the rate; in every other zone and quota, by a normal take. It then
-// waits until its debt is repaid. It returns (false, nil) if the request
-// must be denied after all, having charged nothing; true and the time it
-// waited once the request may go on, charged everywhere; and an error if
-// the client went away meanwhile, every charge returned.
+// waits until its debt is repaid and the clusters of the zones that hold it
+// let it through, and is counted in those clusters when it goes (see hold).
+// It returns (false, 0, nil) if the request must be denied after all, having
+// charged nothing; true and the time it waited once the request may go on,
+// charged everywhere; and an error if the client went away meanwhile, every
+// charge returned.
 func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (bool, time.Duration, error) {
 	for i := range verdicts {
 		v := &verdicts[i]
@@ -111,6 +116,15 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 				break
 			}
 			wait = max(wait, d.RetryAfter)
+			if v.z.dist != nil {
+				c := v.z.dist.cluster.PeekHash(v.c.hash, v.weight, now)
+				if ok = c.Allowed || c.RetryAfter <= v.z.maxDelay; !ok {
+					break
+				}
+				if !c.Allowed {
+					wait = max(wait, c.RetryAfter)
+				}
+			}
 		}
 		for _, s := range v.z.quotas {
 			txn.Take(s, v.c.hash, v.weight, now)
@@ -118,10 +132,7 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 	}
 	var err error
 	if ok = ok && !txn.Denied(); ok {
-		if err = h.sleep(r.Context(), wait); err != nil {
-			ok = false
-			err = caddyhttp.Error(499, fmt.Errorf("client went away while held by rate_limit: %w", err))
-		}
+		ok, wait, err = h.hold(r, verdicts, now, wait)
 	}
 	if !ok {
 		txn.Rollback()
@@ -137,6 +148,48 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 		}
 	}
 	return ok, wait, err
+}
+
+// maxHoldRounds bounds how many times a held request waits: again after its
+// wait each time the clusters of the zones that hold it are found full
+// (other instances spent what it waited for), within max_delay.
+const maxHoldRounds = 4
+
+// hold waits for a request that delay reserved, first for wait from now.
+// Then the clusters of the distributed zones that hold it must let it
+// through at the time it goes, and count it: a cluster's estimate cannot be
+// charged ahead of time as a bucket is, so a cluster that is still (or
+// again) full makes it wait again, for as long as that cluster says,
+// within each zone's max_delay and maxHoldRounds. It reports whether the
+// request may go, how long it waited in all if so, and an error if the
+// client went away. A request that may not go has no charge left in any
+// cluster.
+func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait time.Duration) (bool, time.Duration, error) {
+	var waited time.Duration
+	for round := 1; ; round++ {
+		if err := h.sleep(r.Context(), wait); err != nil {
+			return false, 0, caddyhttp.Error(499, fmt.Errorf("client went away while held by rate_limit: %w", err))
+		}
+		waited += wait
+		at := now.Add(waited)
+		var clusters limiter.Txn
+		wait = 0
+		for i := range verdicts {
+			v := &verdicts[i]
+			if !v.delayed || v.z.dist == nil {
+				continue
+			}
+			if d := clusters.Take(v.z.dist.cluster, v.c.hash, v.weight, at); !d.Allowed {
+				if round == maxHoldRounds || d.RetryAfter <= 0 || waited+d.RetryAfter > v.z.maxDelay {
+					return false, 0, nil
+				}
+				wait = max(wait, d.RetryAfter)
+			}
+		}
+		if !clusters.Denied() {
+			return true, waited, nil
+		}
+	}
 }
 
 // quotasAllowed reports whether every quota of v's zone allowed the request.
@@ -203,5 +256,5 @@ func count(verdicts []verdict, denied bool) {
 // enforcing would do.
 func (h *Handler) passLogged(w http.ResponseWriter, q *request, verdicts []verdict, main int, next caddyhttp.Handler, now time.Time) error {
 	h.overLimit(w, q, verdicts, main, now, false)
-	return h.serveCharged(w, q.r, verdicts, next, now)
+	return h.serveCharged(w, q.r, verdicts, next)
 }

@@ -240,6 +240,9 @@ type heldClock struct {
 	waits   []time.Duration
 	block   bool
 	entered chan struct{} // one value per request that starts waiting, with block
+	// meanwhile, if set, runs at the end of each wait that returns at
+	// once, with the clock's time: what other clients did meanwhile.
+	meanwhile func(time.Time)
 }
 
 // held returns the waits so far.
@@ -263,6 +266,9 @@ func (c *heldClock) sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 	c.clock.advance(d)
+	if c.meanwhile != nil {
+		c.meanwhile(c.clock.now())
+	}
 	return nil
 }
 

@@ -101,8 +101,11 @@ type Handler struct {
 	ctx    caddy.Context
 	logger *zap.Logger
 	events emitter
-	// sleep holds a delayed request; tests replace it to drive time.
+	// sleep holds a delayed request, and now reads the clock when a
+	// response reports its cost, after the request's decision; tests
+	// replace both to drive time.
 	sleep func(context.Context, time.Duration) error
+	now   func() time.Time
 }
 
 // emitter is what the handler uses of Caddy's events app (caddyevents.App).
@@ -206,7 +209,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	h.sleep = sleep
+	h.sleep, h.now = sleep, time.Now
 	return nil
 }
 
@@ -351,7 +354,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	} else {
 		q.repl.Set("http.rate_limit.key", "")
 	}
-	return h.serveCharged(w, r, verdicts, next, now)
+	return h.serveCharged(w, r, verdicts, next)
 }
 
 // deciding picks the verdict that describes the request: the first denial

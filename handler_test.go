@@ -56,8 +56,9 @@ var testClocks sync.Map // *Handler → *fakeClock
 // released when the test ends.
 func newTestHandler(t testing.TB, clock *fakeClock, zones map[string]*Zone) *Handler {
 	t.Helper()
-	h := &Handler{RateLimits: zones, logger: zap.NewNop()}
+	h := &Handler{RateLimits: zones, logger: zap.NewNop(), sleep: sleep, now: time.Now}
 	if clock != nil {
+		h.now = clock.now
 		testClocks.Store(h, clock)
 		t.Cleanup(func() { testClocks.Delete(h) })
 	}

@@ -66,9 +66,9 @@ type Zone struct {
 	// top of what was charged at arrival. See "Weights" in the README.
 	WeightResponseHeader string `json:"weight_response_header,omitempty"`
 
-	// WeightResponseBytes charges the size of the response body, counted
-	// as it is written and charged when the handler returns; the zone's
-	// unit is then the byte (RateLimit-Policy says qu="content-bytes").
+	// WeightResponseBytes charges the size of the response body, each
+	// write's bytes before they are sent; the zone's unit is then the
+	// byte (RateLimit-Policy says qu="content-bytes").
 	WeightResponseBytes bool `json:"weight_response_bytes,omitempty"`
 
 	// Quotas are rolling limits beside the rate: at most max_events in

@@ -11,10 +11,10 @@ func TestDenialEmitsRateLimitExceededEvent(t *testing.T) {
 	tc := newTester(t)
 	testcaddy.Events()
 	tc.InitServer(`{
-	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+	  "admin": {"listen": "localhost:ADMIN_PORT", "config": {"persist": false}},
 	  "apps": {
 	    "events": {"subscriptions": [{"events": ["rate_limit_exceeded"], "handlers": [{"handler": "floodgate_test_recorder"}]}]},
-	    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"],
+	    "http": {"http_port": HTTP_PORT, "grace_period": 1, "servers": {"srv0": {"listen": [":HTTP_PORT"],
 	      "routes": [{"handle": [
 	        {"handler": "rate_limit", "rate_limits": {"evented": {"max_events": 1, "window": "1h", "key": "{http.request.header.X-User}"}}},
 	        {"handler": "static_response", "body": "ok"}]}]}}}}}`, "json")

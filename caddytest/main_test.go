@@ -1,9 +1,11 @@
 // Package integration tests floodgate inside a real, in-process Caddy
 // (github.com/caddyserver/caddy/v2/caddytest) on loopback.
 //
-// Ports: admin localhost:2419, HTTP 9480, HTTPS 9481. Other packages of this
-// repository that start Caddy must use other ports: `go test ./...` runs
-// packages in parallel, one Caddy per process.
+// Ports: the admin endpoint, HTTP and HTTPS listen on ports picked free when
+// the test binary starts (adminPort, httpPort, httpsPort), so that packages
+// run in parallel by `go test ./...`, and copies of the suite run side by
+// side, never meet on a port. A config written out as text names them with
+// ADMIN_PORT, HTTP_PORT and HTTPS_PORT, replaced by withPorts.
 //
 // Tests here must not call t.Parallel: every InitServer replaces the one
 // Caddy's whole config. Zone names are unique per test, because a zone's
@@ -37,16 +39,20 @@ import (
 	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
-const (
-	adminPort = 2419
-	httpPort  = 9480
-	httpsPort = 9481
-)
-
+// The ports of this process's Caddy, free when the test binary started.
 var (
+	ports                          = testcaddy.MustFreePorts(3)
+	adminPort, httpPort, httpsPort = ports[0], ports[1], ports[2]
+
 	adminURL = fmt.Sprintf("http://localhost:%d", adminPort)
 	baseURL  = fmt.Sprintf("http://localhost:%d", httpPort)
 )
+
+// withPorts returns s, a config or URL, with ADMIN_PORT, HTTP_PORT and
+// HTTPS_PORT replaced by this process's ports.
+func withPorts(s string) string {
+	return testcaddy.WithPorts(s, adminPort, httpPort, httpsPort)
+}
 
 func TestMain(m *testing.M) {
 	os.Exit(testcaddy.Main(m, "caddytest", adminPort))
@@ -122,12 +128,12 @@ func codes(t *testing.T, tc *tester, n int, path string, headers ...string) stri
 	return strings.Join(out, " ")
 }
 
-// load posts a config to the admin endpoint, waits until the config that
-// serves afterwards is the only one listening, and returns the error Caddy
-// reports, if any.
+// load posts a config (its ports named as withPorts reads them) to the admin
+// endpoint, waits until the config that serves afterwards is the only one
+// listening, and returns the error Caddy reports, if any.
 func load(t *testing.T, cfg, adapter string) error {
 	t.Helper()
-	return testcaddy.Load(t, adminPort, cfg, adapter, adminPort, httpPort, httpsPort)
+	return testcaddy.Load(t, adminPort, withPorts(cfg), adapter, adminPort, httpPort, httpsPort)
 }
 
 // checkSeconds parses got, a whole number of seconds that a server computed

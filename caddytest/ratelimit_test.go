@@ -177,8 +177,8 @@ func TestFailedReloadLeavesStateUntouched(t *testing.T) {
 	// handler is provisioned (and acquires the zone's table) before the
 	// failure.
 	bad := `{
-	  "admin": {"listen": "localhost:2419"},
-	  "apps": {"http": {"http_port": 9480, "servers": {"srv0": {"listen": [":9480"], "routes": [
+	  "admin": {"listen": "localhost:ADMIN_PORT"},
+	  "apps": {"http": {"http_port": HTTP_PORT, "servers": {"srv0": {"listen": [":HTTP_PORT"], "routes": [
 	    {"handle": [{"handler": "rate_limit", "rate_limits": {"reload_failed": {"max_events": 10, "window": "1h"}}}]},
 	    {"handle": [{"handler": "rate_limit", "zones": ["no_such_zone"]}]},
 	    {"handle": [{"handler": "static_response", "body": "bad"}]}
@@ -415,11 +415,11 @@ func TestGlobalZoneSharedByTwoSites(t *testing.T) {
 			window 1h
 		}
 	}`)+`
-http://a.localhost:9480 {
+http://a.localhost:HTTP_PORT {
 	rate_limit global_shared
 	respond "a"
 }
-http://b.localhost:9480 {
+http://b.localhost:HTTP_PORT {
 	rate_limit /api/* {
 		zone global_shared
 	}
@@ -428,8 +428,8 @@ http://b.localhost:9480 {
 `, "caddyfile")
 
 	var got []string
-	for _, u := range []string{"http://a.localhost:9480/", "http://b.localhost:9480/api/x", "http://a.localhost:9480/", "http://b.localhost:9480/api/y", "http://b.localhost:9480/free"} {
-		req, _ := http.NewRequest(http.MethodGet, u, nil)
+	for _, u := range []string{"http://a.localhost:HTTP_PORT/", "http://b.localhost:HTTP_PORT/api/x", "http://a.localhost:HTTP_PORT/", "http://b.localhost:HTTP_PORT/api/y", "http://b.localhost:HTTP_PORT/free"} {
+		req := mustRequest(t, u)
 		code, body, _ := do(t, tc.Client, req)
 		got = append(got, body+":"+http.StatusText(code))
 	}
@@ -468,10 +468,10 @@ func TestMissingKeySharesTheEmptyKey(t *testing.T) {
 func TestJSONConfig(t *testing.T) {
 	tc := newTester(t)
 	tc.InitServer(`{
-	  "admin": {"listen": "localhost:2419"},
+	  "admin": {"listen": "localhost:ADMIN_PORT"},
 	  "apps": {
 	    "rate_limit": {"zones": {"json_global": {"max_events": 1, "window": "1h", "key": "{http.request.header.X-User}"}}},
-	    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"],
+	    "http": {"http_port": HTTP_PORT, "grace_period": 1, "servers": {"srv0": {"listen": [":HTTP_PORT"],
 	      "routes": [{"handle": [
 	        {"handler": "rate_limit", "zones": ["json_global"]},
 	        {"handler": "static_response", "body": "json ok"}]}]}}}}}`, "json")
@@ -516,8 +516,8 @@ func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
 		return fmt.Sprintf(`{"handler": "rate_limit", "rate_limits": {"undo_start": {"max_events": %d, "window": "1h", "key": "{http.request.header.X-User}"}}}`, events)
 	}
 	tc.InitServer(`{
-	  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
-	  "apps": {"http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
+	  "admin": {"listen": "localhost:ADMIN_PORT", "config": {"persist": false}},
+	  "apps": {"http": {"http_port": HTTP_PORT, "grace_period": 1, "servers": {"srv0": {"listen": [":HTTP_PORT"], "routes": [{"handle": [
 	    `+zone(3)+`, {"handler": "static_response", "body": "a"}]}]}}}}}`, "json")
 	if got := codes(t, tc, 2, "/", "X-User: alice"); got != "200 200" {
 		t.Fatalf("alice before: %s", got)
@@ -528,10 +528,10 @@ func TestReloadThatFailsToStartPutsPreviousLimitsBack(t *testing.T) {
 	// force: then only the undo can bring the limit back to 3.
 	for i := 1; ; i++ {
 		bad := fmt.Sprintf(`{
-		  "admin": {"listen": "localhost:2419", "config": {"persist": false}},
+		  "admin": {"listen": "localhost:ADMIN_PORT", "config": {"persist": false}},
 		  "apps": {
-		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:9480/", "header": {"X-User": "probe%d"}},
-		    "http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"], "routes": [{"handle": [
+		    "floodgate_test_start_failure": {"probe": "http://127.0.0.1:HTTP_PORT/", "header": {"X-User": "probe%d"}},
+		    "http": {"http_port": HTTP_PORT, "grace_period": 1, "servers": {"srv0": {"listen": [":HTTP_PORT"], "routes": [{"handle": [
 		      %s, {"handler": "static_response", "body": "bad"}]}]}}}}}`, i, zone(10))
 		if err := load(t, bad, "json"); err == nil || !strings.Contains(err.Error(), testcaddy.StartFailureError) {
 			t.Fatalf("loading the config that fails to start: %v, want the test app's error", err)

@@ -10,10 +10,11 @@ import (
 	"testing"
 )
 
-// fetch sends a GET to url through c and returns "body:status", or
-// "closed" if the connection was closed without a response.
+// fetch sends a GET to url (its port named as withPorts reads it) through c
+// and returns "body:status", or "closed" if the connection was closed
+// without a response.
 func fetch(c *http.Client, url string, headers ...string) string {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	req, err := http.NewRequest(http.MethodGet, withPorts(url), nil)
 	if err != nil {
 		return err.Error()
 	}
@@ -53,11 +54,11 @@ func TestSnippetZoneSharedAcrossSites(t *testing.T) {
 		}
 	}
 }
-http://a.localhost:9480 {
+http://a.localhost:HTTP_PORT {
 	import limit
 	respond "a"
 }
-http://b.localhost:9480 {
+http://b.localhost:HTTP_PORT {
 	import limit
 	respond "b"
 }
@@ -65,17 +66,17 @@ http://b.localhost:9480 {
 
 	c := clientFrom("127.0.0.1")
 	var got []string
-	for _, u := range []string{"http://a.localhost:9480/", "http://b.localhost:9480/", "http://a.localhost:9480/", "http://b.localhost:9480/"} {
+	for _, u := range []string{"http://a.localhost:HTTP_PORT/", "http://b.localhost:HTTP_PORT/", "http://a.localhost:HTTP_PORT/", "http://b.localhost:HTTP_PORT/"} {
 		got = append(got, fetch(c, u))
 	}
 	if want := "a:200 b:200 a:200 :429"; strings.Join(got, " ") != want {
 		t.Errorf("one client across the two sites: %s, want %s", strings.Join(got, " "), want)
 	}
 	// Another client has its own bucket.
-	if got := fetch(clientFrom("127.0.0.2"), "http://b.localhost:9480/"); got != "b:200" {
+	if got := fetch(clientFrom("127.0.0.2"), "http://b.localhost:HTTP_PORT/"); got != "b:200" {
 		t.Errorf("another client: %s", got)
 	}
-	req, _ := http.NewRequest(http.MethodGet, "http://b.localhost:9480/", nil)
+	req := mustRequest(t, "http://b.localhost:HTTP_PORT/")
 	resp, err := clientFrom("127.0.0.3").Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -96,9 +97,10 @@ http://b.localhost:9480 {
 	}
 }
 
+// mustRequest is a GET of url, its port named as withPorts reads it.
 func mustRequest(t *testing.T, url string) *http.Request {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	req, err := http.NewRequest(http.MethodGet, withPorts(url), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,11 +119,11 @@ func TestConflictingSnippetZonesNameBothPlaces(t *testing.T) {
 		}
 	}
 }
-http://a.localhost:9480 {
+http://a.localhost:HTTP_PORT {
 	import limit 10
 	respond "a"
 }
-http://b.localhost:9480 {
+http://b.localhost:HTTP_PORT {
 	import limit 20
 	respond "b"
 }
@@ -148,7 +150,7 @@ func TestSharedZoneDistributedInOnePlaceOnlyFails(t *testing.T) {
 			if dist != "" {
 				dist = "distributed"
 			}
-			return fmt.Sprintf(`http://%s.localhost:9480 {
+			return fmt.Sprintf(`http://%s.localhost:HTTP_PORT {
 	rate_limit {
 		zone shared_dist {
 			events 10
@@ -176,8 +178,8 @@ func TestSharedZoneDistributedInOnePlaceOnlyFails(t *testing.T) {
 func TestJSONKeyShorthandIsPerClient(t *testing.T) {
 	tc := newTester(t)
 	tc.InitServer(`{
-	  "admin": {"listen": "localhost:2419"},
-	  "apps": {"http": {"http_port": 9480, "grace_period": 1, "servers": {"srv0": {"listen": [":9480"],
+	  "admin": {"listen": "localhost:ADMIN_PORT"},
+	  "apps": {"http": {"http_port": HTTP_PORT, "grace_period": 1, "servers": {"srv0": {"listen": [":HTTP_PORT"],
 	    "routes": [{"handle": [
 	      {"handler": "rate_limit", "rate_limits": {"json_shorthand": {"key": "u-{client_ip}", "max_events": 1, "window": "1h"}}},
 	      {"handler": "static_response", "body": "ok"}]}]}}}}}`, "json")
@@ -208,11 +210,11 @@ func TestWarningsLoggedOnceAtLoad(t *testing.T) {
 		}
 	}
 }
-http://a.localhost:9480 {
+http://a.localhost:HTTP_PORT {
 	import constant
 	respond "a"
 }
-http://b.localhost:9480 {
+http://b.localhost:HTTP_PORT {
 	import constant
 	rate_limit /remote {
 		zone warn_remote {

@@ -9,11 +9,12 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
 
-// validate adapts (for a Caddyfile) and provisions a config without starting
-// it, as `caddy validate` does, and returns the first error.
+// validate adapts (for a Caddyfile) and provisions a config (its ports named
+// as withPorts reads them) without starting it, as `caddy validate` does, and
+// returns the first error.
 func validate(t *testing.T, cfg, adapter string) error {
 	t.Helper()
-	raw := []byte(cfg)
+	raw := []byte(withPorts(cfg))
 	if adapter == "caddyfile" {
 		out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(raw, map[string]any{"filename": "Caddyfile"})
 		if err != nil {
@@ -30,7 +31,7 @@ func validate(t *testing.T, cfg, adapter string) error {
 
 // handlerCaddyfile is a config whose only site has the rate_limit block body.
 func handlerCaddyfile(body string) string {
-	return "http://localhost:9480 {\n\trate_limit {\n" + body + "\n\t}\n\trespond ok\n}\n"
+	return "http://localhost:HTTP_PORT {\n\trate_limit {\n" + body + "\n\t}\n\trespond ok\n}\n"
 }
 
 // zoneCaddyfile is a config with one zone named z whose block holds the
@@ -48,7 +49,7 @@ func zoneCaddyfile(lines string) string {
 // handlerJSON is a config whose only route runs the given rate_limit handler
 // JSON, with the rate_limit app's JSON if app is not empty.
 func handlerJSON(handler, app string) string {
-	apps := `"http": {"servers": {"srv0": {"listen": ["localhost:9480"], "routes": [{"handle": [` + handler + `]}]}}}`
+	apps := `"http": {"servers": {"srv0": {"listen": ["localhost:HTTP_PORT"], "routes": [{"handle": [` + handler + `]}]}}}`
 	if app != "" {
 		apps = `"rate_limit": ` + app + `, ` + apps
 	}
@@ -95,7 +96,7 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 		{"duplicate zone in a handler", "caddyfile", handlerCaddyfile("zone z {\nevents 1\nwindow 1m\n}\nzone z {\nevents 2\nwindow 1m\n}"), []string{`zone "z" at Caddyfile:7 is defined twice in one rate_limit directive`}},
 		{"conflicting zone in the global option", "caddyfile", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t\tzone g {\n\t\t\tevents 2\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g"), []string{`zone "g" at Caddyfile:7 is already defined differently in the rate_limit global option`}},
 		{"inline zone defined unlike the global zone", "caddyfile", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g {\nevents 2\nwindow 1m\n}"), []string{`zone "g" at Caddyfile:11 is defined differently in the rate_limit global option`, "define it once in the rate_limit global option (rate_limit { zone g { … } }) and use it by name (rate_limit g)"}},
-		{"conflicting zones across handlers", "caddyfile", "http://localhost:9480 {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 2\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n", []string{`zone "d" is defined differently at Caddyfile:3 and at Caddyfile:9`, "define it once in the rate_limit global option"}},
+		{"conflicting zones across handlers", "caddyfile", "http://localhost:HTTP_PORT {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 2\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n", []string{`zone "d" is defined differently at Caddyfile:3 and at Caddyfile:9`, "define it once in the rate_limit global option"}},
 		{"events twice", "caddyfile", zoneCaddyfile("events 5\nevents 50"), []string{`zone "z": events is set twice (first at Caddyfile:4)`}},
 		{"key twice", "caddyfile", zoneCaddyfile("key {client_ip}\nkey {remote_host}"), []string{`zone "z": key is set twice (first at Caddyfile:4)`, "on one line"}},
 		{"key without a placeholder", "caddyfile", zoneCaddyfile("key"), []string{`zone "z": key needs at least one placeholder`}},
@@ -111,14 +112,14 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 		{"a window above the maximum", "caddyfile", handlerCaddyfile("zone z {\n\t\tevents 1500000\n\t\twindow 1m\n\t}"), []string{`zone "z": max_events 1500000: at most 1048576 in a window; for more, set burst`}},
 		{"false_deny too small", "caddyfile", zoneCaddyfile("false_deny 0.000000001"), []string{`zone "z": false_deny 0.000000001 and sources 100000 (the default) need a table larger than the maximum of 16 GiB`}},
 		{"undefined global zone", "caddyfile", handlerCaddyfile("zone nowhere"), []string{`zone "nowhere" is not defined`}},
-		{"undefined global zone as argument", "caddyfile", "http://localhost:9480 {\n\trate_limit nowhere\n\trespond ok\n}\n", []string{`zone "nowhere" is not defined`}},
+		{"undefined global zone as argument", "caddyfile", "http://localhost:HTTP_PORT {\n\trate_limit nowhere\n\trespond ok\n}\n", []string{`zone "nowhere" is not defined`}},
 		{"zone name with a space", "caddyfile", handlerCaddyfile("zone \"a b\" {\nevents 1\nwindow 1m\n}"), []string{`zone name "a b"`}},
 
 		{"JSON max_events zero", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 0, "window": "1m"}}}`, ""), []string{`zone "z": max_events is required`}},
 		{"JSON window missing", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1}}}`, ""), []string{`zone "z": window is required`}},
 		{"JSON rate above the maximum", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 5, "window": 1, "burst": 10000}}}`, ""), []string{`zone "z": 5 events per 1ns is 5e+09 per second`}},
 		{"JSON zone name in single quotes", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"'z'": {"max_events": 1, "window": "1m"}}}`, ""), []string{`zone name "'z'"`}},
-		{"JSON conflicting zones across handlers", "json", `{"admin": {"disabled": true}, "apps": {"http": {"servers": {"srv0": {"listen": ["localhost:9480"], "routes": [{"handle": [{"handler": "rate_limit", "rate_limits": {"z": {"key": "{http.vars.client_ip}", "max_events": 1, "window": "1m"}}}, {"handler": "rate_limit", "rate_limits": {"z": {"max_events": 2, "window": "1m"}}}]}]}}}}}`, []string{`zone "z" is defined twice, differently (key "{http.vars.client_ip}" and unset, max_events 1 and 2)`, "define it once in the rate_limit app"}},
+		{"JSON conflicting zones across handlers", "json", `{"admin": {"disabled": true}, "apps": {"http": {"servers": {"srv0": {"listen": ["localhost:HTTP_PORT"], "routes": [{"handle": [{"handler": "rate_limit", "rate_limits": {"z": {"key": "{http.vars.client_ip}", "max_events": 1, "window": "1m"}}}, {"handler": "rate_limit", "rate_limits": {"z": {"max_events": 2, "window": "1m"}}}]}]}}}}}`, []string{`zone "z" is defined twice, differently (key "{http.vars.client_ip}" and unset, max_events 1 and 2)`, "define it once in the rate_limit app"}},
 		{"JSON max_events not a number", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": "ten", "window": "1m"}}}`, ""), []string{"max_events"}},
 		{"JSON window negative", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "-1m"}}}`, ""), []string{"window -1m0s"}},
 		{"JSON burst negative", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_events": 1, "window": "1m", "burst": -2}}}`, ""), []string{"burst -2"}},
@@ -191,7 +192,7 @@ func TestGoodConfigsValidate(t *testing.T) {
 		{"high rate as a token bucket", zoneCaddyfile("events 1500000\nwindow 1m\nburst 1048576")},
 		{"the fastest rate", zoneCaddyfile("events 1000000\nwindow 1s")},
 		{"the slowest rate", zoneCaddyfile("events 1\nwindow 365d")},
-		{"same zone in two handlers", "http://localhost:9480 {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n"},
+		{"same zone in two handlers", "http://localhost:HTTP_PORT {\n\trate_limit /a {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trate_limit /b {\n\t\tzone d {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n\trespond ok\n}\n"},
 		{"inline zone as the global zone", "{\n\trate_limit {\n\t\tzone g {\n\t\t\tevents 1\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n" + handlerCaddyfile("zone g {\nevents 1\nwindow 1m\n}")},
 		{"distributed without block", handlerCaddyfile("distributed")},
 		{"jitter above one", handlerCaddyfile("jitter 1.5")},

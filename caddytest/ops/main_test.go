@@ -2,8 +2,9 @@
 // admin API, the `caddy rate-limit` command, metrics across reloads, events
 // and the denial logs that fail2ban and CrowdSec read.
 //
-// Ports: admin localhost:2439, HTTP 9490, HTTPS 9491. Tests must not call
-// t.Parallel: each config load replaces the one Caddy's config. Zone names
+// Ports: the admin endpoint, HTTP and HTTPS listen on ports picked free when
+// the test binary starts (adminPort, httpPort, httpsPort), so that copies of
+// the suite run side by side. Tests must not call t.Parallel: each config load replaces the one Caddy's config. Zone names
 // are unique per test, because a zone's state and counts deliberately
 // survive config loads.
 package ops
@@ -27,13 +28,13 @@ import (
 	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
-const (
-	adminPort = 2439
-	httpPort  = 9490
-	httpsPort = 9491
-)
+// The ports of this process's Caddy, free when the test binary started.
+var (
+	ports                          = testcaddy.MustFreePorts(3)
+	adminPort, httpPort, httpsPort = ports[0], ports[1], ports[2]
 
-var adminURL = fmt.Sprintf("http://localhost:%d", adminPort)
+	adminURL = fmt.Sprintf("http://localhost:%d", adminPort)
+)
 
 func TestMain(m *testing.M) {
 	flag.Parse()

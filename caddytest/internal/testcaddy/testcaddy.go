@@ -9,12 +9,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -210,22 +213,98 @@ func Globals(adminPort, httpPort, httpsPort int, extra string) string {
 `, adminPort, httpPort, httpsPort, extra)
 }
 
-// FreePorts returns n distinct TCP ports that were free on loopback a moment
-// ago, for a test package's Caddy (admin, HTTP, HTTPS, …) or redis-server.
-// Each is found by listening on port 0 and closing; every socket stays open
-// until all n are picked, so the n differ. Two copies of the suite on one
-// machine thus get different ports, where fixed ones collided.
+// FreePorts returns n distinct TCP ports that were free a moment ago, for a
+// test package's Caddy (admin, HTTP, HTTPS, …) or redis-server, and that no
+// other process calling FreePorts gets while this one runs. Two copies of
+// the suite on one machine thus get different ports, where fixed ones
+// collided.
+//
+// The ports are below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), where a port the kernel picked (port 0)
+// would be: a test opens a connection per request, and one of them can take
+// the server's port as its own local port while a config load has the
+// server's socket closed, so that the next load fails with "address already
+// in use". A port is free if a lock file of its own (in the temporary
+// directory) can be locked, and held until the process exits, and the port
+// can be listened on, on every interface as Caddy does.
 func FreePorts(n int) ([]int, error) {
+	lo, hi := 10000, ephemeralStart()
+	if hi-lo < 1000 {
+		return nil, fmt.Errorf("finding a free port: the ephemeral range starts at %d, leaving too few ports above %d", hi, lo)
+	}
+	dir := filepath.Join(os.TempDir(), "floodgate-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return nil, fmt.Errorf("finding a free port: %w", err)
+	}
 	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("finding a free port: %w", err)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("finding a free port: none of 1000 tried between %d and %d was", lo, hi)
 		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		p := lo + rand.IntN(hi-lo)
+		if claim(dir, p) {
+			ports = append(ports, p)
+		}
 	}
 	return ports, nil
+}
+
+// claim locks port p's file in dir for the rest of the process, if no one
+// holds it, and reports whether it did and p can be listened on. The file
+// stays open (a lock lives as long as its descriptor) unless the port is not
+// taken.
+func claim(dir string, p int) bool {
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return false
+	}
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		f.Close()
+		return false
+	}
+	l, err := net.Listen("tcp", fmt.Sprintf(":%d", p))
+	if err != nil {
+		f.Close()
+		return false
+	}
+	l.Close()
+	claimed.Lock()
+	claimed.files = append(claimed.files, f)
+	claimed.Unlock()
+	return true
+}
+
+// claimed holds the lock files of the ports FreePorts returned.
+var claimed struct {
+	sync.Mutex
+	files []*os.File
+}
+
+// ephemeralStart is the first port of the kernel's ephemeral range.
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
+}
+
+// WithPorts returns s, a config or URL written for any test package, with
+// ADMIN_PORT, HTTP_PORT and HTTPS_PORT replaced by the given ports.
+func WithPorts(s string, adminPort, httpPort, httpsPort int) string {
+	return strings.NewReplacer(
+		"ADMIN_PORT", strconv.Itoa(adminPort),
+		"HTTPS_PORT", strconv.Itoa(httpsPort),
+		"HTTP_PORT", strconv.Itoa(httpPort),
+	).Replace(s)
 }
 
 // MustFreePorts is FreePorts for a TestMain: it exits the process, saying
