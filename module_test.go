@@ -11,7 +11,7 @@ import (
 // last config holding it lets it go.
 func TestReleasedTableStopsSweeping(t *testing.T) {
 	key := tableKey{zone: "sweeps", lines: 1, k: limiter.DefaultK}
-	tbl, err := acquireTable(key, limiter.BucketsConfig{Limit: limiter.Limit{Events: 1, Window: time.Second}, Bytes: 64})
+	tbl, err := acquireTable(key, limiter.BucketsConfig{Limit: limiter.Limit{Events: 1, Window: time.Second}, Bytes: 64}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,11 @@ type tableKey struct {
 	zone  string
 	lines int
 	k     int
+	// xdp is the zone's xdp setting with everything the program was
+	// loaded with (limit, prefixes), or empty. A table shared with an XDP
+	// program cannot change its limit in place (limiter.ErrExternalLimit),
+	// so a reload that changes any of these makes a new table.
+	xdp string
 }
 
 func (k tableKey) String() string {
@@ -34,6 +39,7 @@ func (k tableKey) String() string {
 type table struct {
 	buckets *limiter.Buckets
 	stop    chan struct{} // closed by Destruct: ends sweepLoop
+	xdp     *xdpTable     // the XDP side, if the zone has one
 
 	// The limit in force is the one of the config (App) that last started
 	// with this table. A config whose start fails after its rate_limit app
@@ -84,6 +90,7 @@ func (t *table) giveBack(app *App) {
 // table is garbage once no config refers to it.
 func (t *table) Destruct() error {
 	close(t.stop)
+	t.xdp.close()
 	return nil
 }
 
@@ -104,15 +111,21 @@ func (t *table) sweepLoop() {
 }
 
 // acquireTable returns the table for key, creating it with cfg if no running
-// or loading config holds one. It never changes an existing table: limits are
-// applied by App.Start, when the config that asked for them goes live.
-func acquireTable(key tableKey, cfg limiter.BucketsConfig) (*table, error) {
+// or loading config holds one (with an XDP side if x is set). It never
+// changes an existing table: limits are applied by App.Start, when the
+// config that asked for them goes live.
+func acquireTable(key tableKey, cfg limiter.BucketsConfig, x *xdpSpec) (*table, error) {
 	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		b, err := limiter.NewBuckets(cfg)
+		t := &table{stop: make(chan struct{})}
+		var err error
+		if x != nil {
+			t.buckets, t.xdp, err = newXDPBuckets(key.zone, cfg, x.XDP, x.v4, x.v6)
+		} else {
+			t.buckets, err = limiter.NewBuckets(cfg)
+		}
 		if err != nil {
 			return nil, err
 		}
-		t := &table{buckets: b, stop: make(chan struct{})}
 		go t.sweepLoop()
 		return t, nil
 	})

@@ -234,8 +234,9 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.releaseQuotas()
 		return nil, err
 	}
-	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK}
-	t, err := acquireTable(z.tkey, zc.Buckets())
+	x := z.xdpSpec(zc)
+	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK, xdp: x.key()}
+	t, err := acquireTable(z.tkey, zc.Buckets(), x)
 	if err != nil {
 		z.releaseQuotas()
 		return nil, fmt.Errorf("zone %q: %v", name, err)

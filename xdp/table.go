@@ -1,3 +1,5 @@
+//go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
+
 // Package xdp enforces a layer4 zone's token-bucket table on TCP SYNs, in an
 // XDP program at the network driver: a SYN from a source network that has
 // no token left is dropped before the kernel allocates anything for it.
@@ -33,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"sync"
 	"time"
 
@@ -98,9 +101,13 @@ func NewTable(cfg Config) (*Table, error) {
 	t.Slack = slack
 	t.Buckets, err = limiter.NewBucketsOver(cfg.Buckets, t.mem, base)
 	if err != nil {
-		t.Close()
+		unix.Munmap(t.mem)
+		t.objs.Close()
 		return nil, err
 	}
+	// The mapping lives as long as the Buckets over it (and keeps the map
+	// alive in the kernel after Close).
+	runtime.AddCleanup(t.Buckets, func(mem []byte) { _ = unix.Munmap(mem) }, t.mem)
 	g := t.Buckets.Geometry()
 	for i, s := range g.Subsets {
 		if err := t.objs.Subsets.Put(uint32(i), s); err != nil {
@@ -167,8 +174,10 @@ func (t *Table) Counts() (Counts, error) {
 	return c, nil
 }
 
-// Close detaches nothing (close the Attachments first) and releases the
-// maps and the table's memory. Buckets must not be used after.
+// Close releases the program and its maps; close the table's Attachments
+// first. Buckets stays usable (its memory is unmapped once Buckets is
+// garbage), so a request still running on an old config's zone never
+// touches unmapped memory; its charges then reach no program.
 func (t *Table) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -176,10 +185,5 @@ func (t *Table) Close() error {
 		return nil
 	}
 	t.closed = true
-	var err error
-	if t.mem != nil {
-		err = unix.Munmap(t.mem)
-		t.mem = nil
-	}
-	return errors.Join(err, t.objs.Close())
+	return t.objs.Close()
 }

@@ -1,3 +1,5 @@
+//go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
+
 package xdp
 
 import (

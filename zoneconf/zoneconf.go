@@ -58,6 +58,10 @@ type Limit struct {
 	// limit is denied while sources others flood. Used to size the table
 	// when memory is not set. Above 0, below 1. Default: 0.005.
 	FalseDeny float64 `json:"false_deny,omitempty"`
+
+	// XDP also enforces the table on TCP SYNs at a network interface
+	// (see XDP). Default: off.
+	XDP *XDP `json:"xdp,omitempty"`
 }
 
 // The range of rates a zone may have, documented in the README: from one
@@ -223,24 +227,27 @@ func memoryProblem(n int64) string {
 // IsZero reports whether no setting of l is set.
 func (l *Limit) IsZero() bool {
 	return l.MaxEvents == 0 && l.Window == 0 && l.Burst == 0 && l.IPv4Prefix == nil && l.IPv6Prefix == nil &&
-		l.Memory == 0 && l.Sources == 0 && l.FalseDeny == 0
+		l.Memory == 0 && l.Sources == 0 && l.FalseDeny == 0 && l.XDP == nil
 }
 
 // UnmarshalOption reads the Caddyfile subdirective the dispenser is on if it
 // is one of l's (events, window, burst, ipv4_prefix, ipv6_prefix, memory,
-// sources, false_deny), and reports whether it was. Errors start with
+// sources, false_deny, xdp), and reports whether it was. Errors start with
 // where and name the subdirective and its value as written. seen holds the
 // subdirectives of the block read so far: a setting written twice is an
 // error, not a silent "last one wins".
 func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string, seen Fields) (bool, error) {
 	field := d.Val()
 	switch field {
-	case "events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny":
+	case "events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny", "xdp":
 	default:
 		return false, nil
 	}
 	if err := seen.Once(d, where); err != nil {
 		return true, err
+	}
+	if field == "xdp" {
+		return true, l.unmarshalXDP(d, where)
 	}
 	v, err := OneArg(d)
 	if err != nil {
