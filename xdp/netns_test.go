@@ -322,3 +322,87 @@ func TestSpoofedFloodDroppedAtXDP(t *testing.T) {
 		t.Errorf("the program saw %d SYNs of the %d sent", c.Passed+c.Dropped, networks*perNetwork)
 	}
 }
+
+// TestReloadReplacesTheProgramOnTheInterface: a second table attached to an
+// interface (a reload's) takes over its one link, closing it gives the
+// interface back to the first, and closing the first detaches the program.
+func TestReloadReplacesTheProgramOnTheInterface(t *testing.T) {
+	v := newVethPair(t)
+	const port = 8443
+	old := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	next := newTestTable(t, testConfig(limiter.Limit{Events: 1000, Window: time.Hour}))
+	attach := func(tb *Table) *Attachment {
+		var a *Attachment
+		if err := in(v.server, func() error {
+			var err error
+			a, err = tb.Attach(v.serverIf, []uint16{port})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	sender, err := newSynSender(v.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.close()
+	// flood sends n SYNs from network 172.20.<net>.0/24 and waits until
+	// the program running on the interface has counted them.
+	flood := func(net byte, n int) {
+		t.Helper()
+		for i := range n {
+			if err := sender.send(netip.AddrFrom4([4]byte{172, 20, net, byte(1 + i)}), v.serverAddr, uint16(20000+i), port); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	counts := func(tb *Table) Counts {
+		t.Helper()
+		c, err := tb.Counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	// waitFor polls the table's counters until they reach want, for at
+	// most five seconds: the SYNs cross the veth pair asynchronously.
+	waitFor := func(tb *Table, want Counts) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for counts(tb) != want && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := counts(tb); got != want {
+			t.Fatalf("counts %+v, want %+v", got, want)
+		}
+	}
+
+	aOld := attach(old)
+	flood(1, 3)
+	waitFor(old, Counts{Passed: 1, Dropped: 2})
+
+	aNext := attach(next) // the reload's table takes over
+	flood(2, 3)
+	waitFor(next, Counts{Passed: 3})
+	if c := counts(old); c != (Counts{Passed: 1, Dropped: 2}) {
+		t.Fatalf("the replaced program still counted SYNs: %+v", c)
+	}
+
+	if err := aNext.Close(); err != nil { // the reload failed: back to the old table
+		t.Fatal(err)
+	}
+	flood(1, 2)
+	waitFor(old, Counts{Passed: 1, Dropped: 4})
+
+	if err := aOld.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("ip", "-n", v.server, "link", "show", "dev", v.serverIf).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if strings.Contains(string(out), "xdp") {
+		t.Fatalf("the program is still attached after the last attachment closed:\n%s", out)
+	}
+}
