@@ -208,4 +208,3 @@ func (c *SynCapture) Count(dport uint16, limit time.Duration) map[netip.Addr]int
 }
 
 func (c *SynCapture) Close() { unix.Close(c.fd) }
-
