@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/floodgate-rl/floodgate/limiter"
-	"github.com/floodgate-rl/floodgate/xdp/internal/netnstest"
+	"github.com/floodgate-rl/floodgate/internal/netnstest"
 )
 
 // TestSpoofedFloodDroppedAtXDP floods the server end of a veth pair with
