@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/internal/netnstest"
+	"github.com/floodgate-rl/floodgate/limiter"
 )
 
 // TestSpoofedFloodDroppedAtXDP floods the server end of a veth pair with
