@@ -132,16 +132,21 @@ func adminOnce(v *netnstest.VethPair, path string) (string, error) {
 // zone returns the zone as GET /rate_limit/zones reports it.
 func zone(t *testing.T, v *netnstest.VethPair) floodgate.ZoneInfo {
 	t.Helper()
+	return zoneNamed(t, v, zoneName)
+}
+
+func zoneNamed(t *testing.T, v *netnstest.VethPair, name string) floodgate.ZoneInfo {
+	t.Helper()
 	var zs []floodgate.ZoneInfo
 	if err := json.Unmarshal([]byte(admin(t, v, "/rate_limit/zones")), &zs); err != nil {
 		t.Fatal(err)
 	}
 	for _, z := range zs {
-		if z.Name == zoneName {
+		if z.Name == name {
 			return z
 		}
 	}
-	t.Fatalf("no zone %q in %+v", zoneName, zs)
+	t.Fatalf("no zone %q in %+v", name, zs)
 	return floodgate.ZoneInfo{}
 }
 
