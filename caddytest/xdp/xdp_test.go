@@ -29,6 +29,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	"github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 	"github.com/floodgate-rl/floodgate/internal/netnstest"
 )
 
@@ -39,16 +40,7 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "floodgate-xdp-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Setenv("XDG_DATA_HOME", dir)
-	os.Setenv("XDG_CONFIG_HOME", dir)
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testcaddy.Main(m, "xdp", testcaddy.MustFreePorts(1)[0]))
 }
 
 func config(v *netnstest.VethPair, events int, xdp string) string {
