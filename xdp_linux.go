@@ -24,7 +24,7 @@ type xdpTable struct {
 // attached to x.Interface. If the host cannot run the program and x is
 // optional, it logs why and returns plain buckets instead.
 func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, v6 int) (*limiter.Buckets, *xdpTable, error) {
-	xt, err := xdp.NewTable(xdp.Config{Buckets: cfg, IPv4Prefix: v4, IPv6Prefix: v6})
+	xt, err := xdp.NewTable(xdp.Config{Buckets: cfg, IPv4Prefix: v4, IPv6Prefix: v6, Zone: zone})
 	if err == nil {
 		var att *xdp.Attachment
 		if att, err = xt.Attach(x.Interface, x.Ports); err == nil {

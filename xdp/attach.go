@@ -50,7 +50,8 @@ var (
 // there are none) arriving on the named interface, in this process's
 // network namespace: natively if the driver supports XDP, generically
 // otherwise. The ports are the table's, whichever interface it is attached
-// to. It needs CAP_NET_ADMIN (and CAP_BPF).
+// to. An interface that runs another zone's table refuses it. It needs
+// CAP_NET_ADMIN (and CAP_BPF).
 func (t *Table) Attach(ifname string, ports []uint16) (*Attachment, error) {
 	ifc, err := net.InterfaceByName(ifname)
 	if err != nil {
@@ -70,6 +71,8 @@ func (t *Table) Attach(ifname string, ports []uint16) (*Attachment, error) {
 			return nil, err
 		}
 		links[key] = il
+	} else if other := il.tables[len(il.tables)-1].zone; other != t.zone {
+		return nil, fmt.Errorf("xdp: interface %s already limits SYNs for zone %q; an interface takes one zone's program", ifname, other)
 	} else if err := il.link.Update(t.objs.Synlimit); err != nil {
 		return nil, explain(fmt.Sprintf("replacing the program on %s", ifname), err)
 	}

@@ -136,14 +136,21 @@ func TestSpoofedFloodDroppedAtXDP(t *testing.T) {
 	}
 }
 
-// TestReloadReplacesTheProgramOnTheInterface: a second table attached to an
-// interface (a reload's) takes over its one link, closing it gives the
+// TestReloadReplacesTheProgramOnTheInterface: a second table of the same
+// zone attached to an interface (a reload's) takes over its one link,
+// another zone's is refused, closing it gives the
 // interface back to the first, and closing the first detaches the program.
 func TestReloadReplacesTheProgramOnTheInterface(t *testing.T) {
 	v := netnstest.NewVethPair(t)
 	const port = 8443
-	old := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
-	next := newTestTable(t, testConfig(limiter.Limit{Events: 1000, Window: time.Hour}))
+	zoneConfig := func(zone string, l limiter.Limit) Config {
+		cfg := testConfig(l)
+		cfg.Zone = zone
+		return cfg
+	}
+	old := newTestTable(t, zoneConfig("syn", limiter.Limit{Events: 1, Window: time.Hour}))
+	next := newTestTable(t, zoneConfig("syn", limiter.Limit{Events: 1000, Window: time.Hour}))
+	other := newTestTable(t, zoneConfig("other", limiter.Limit{Events: 1000, Window: time.Hour}))
 	attach := func(tb *Table) *Attachment {
 		var a *Attachment
 		if err := netnstest.In(v.Server, func() error {
@@ -195,6 +202,12 @@ func TestReloadReplacesTheProgramOnTheInterface(t *testing.T) {
 	flood(1, 3)
 	waitFor(old, Counts{Passed: 1, Dropped: 2})
 
+	if err := netnstest.In(v.Server, func() error {
+		_, err := other.Attach(v.ServerIf, []uint16{port})
+		return err
+	}); err == nil || !strings.Contains(err.Error(), `already limits SYNs for zone "syn"`) {
+		t.Fatalf("another zone's table attached over zone syn's: %v", err)
+	}
 	aNext := attach(next) // the reload's table takes over
 	flood(2, 3)
 	waitFor(next, Counts{Passed: 3})

@@ -51,6 +51,10 @@ type Config struct {
 	Buckets    limiter.BucketsConfig
 	IPv4Prefix int
 	IPv6Prefix int
+	// Zone names the zone the table serves. An interface runs one
+	// program, so it serves one zone: tables of the same zone (a reload's)
+	// take turns on it, another zone's table is refused (see Attach).
+	Zone string
 }
 
 // Table is a zone's token-bucket table held in a BPF map, decided on by
@@ -65,6 +69,7 @@ type Table struct {
 
 	objs synlimitObjects
 	mem  []byte
+	zone string
 
 	mu     sync.Mutex // serialises writes of params
 	params synlimitParams
@@ -87,7 +92,7 @@ func NewTable(cfg Config) (*Table, error) {
 		return nil, fmt.Errorf("xdp: reading the embedded program: %w", err)
 	}
 	spec.Maps["table"].MaxEntries = uint32(lines)
-	t := new(Table)
+	t := &Table{zone: cfg.Zone}
 	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
 		return nil, explain("loading the XDP program", err)
 	}
