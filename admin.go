@@ -164,6 +164,8 @@ type ZoneInfo struct {
 	FalseDeny float64 `json:"false_deny"`
 	// Cluster is the sync state of a distributed zone.
 	Cluster *ClusterInfo `json:"cluster,omitempty"`
+	// XDP is the zone's XDP program, if it has one.
+	XDP *XDPInfo `json:"xdp,omitempty"`
 }
 
 // ClusterInfo is a distributed zone's sync through storage: its failures
@@ -231,6 +233,7 @@ func (z *zone) info(now time.Time) ZoneInfo {
 		zi.Connections = &Connections{Allowed: c.connections[outcomeAllowed].Load(), Denied: c.connections[outcomeDenied].Load(),
 			Logged: c.connections[outcomeLogged].Load()}
 	}
+	zi.XDP = z.table.xdp.info()
 	if z.dist != nil {
 		cl := z.dist.cluster
 		zi.Cluster = &ClusterInfo{

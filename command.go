@@ -126,6 +126,11 @@ func printZones(out io.Writer, zs []ZoneInfo) {
 			bytesText(z.Memory.Bytes), 100*z.Occupancy, 100*z.FalseDeny)
 	}
 	w.Flush()
+	for _, z := range zs {
+		if x := z.XDP; x != nil {
+			fmt.Fprintf(out, "zone %s: XDP on %s (%s mode): %d SYNs passed, %d dropped\n", z.Name, x.Interface, x.Mode, x.Passed, x.Dropped)
+		}
+	}
 }
 
 func printTop(out io.Writer, t TopInfo) {

@@ -128,6 +128,9 @@ var (
 	connectionsDesc = prometheus.NewDesc("caddy_rate_limit_connections_total",
 		"Connections checked by a layer4 rate_limit matcher, by zone and outcome (allowed, denied, logged).",
 		[]string{"zone", "outcome"}, nil)
+	synsDesc = prometheus.NewDesc("caddy_rate_limit_xdp_syns_total",
+		"TCP SYNs decided by a zone's XDP program, by zone and outcome (passed, dropped), since its table was made.",
+		[]string{"zone", "outcome"}, nil)
 	heldDesc = prometheus.NewDesc("caddy_rate_limit_held_requests",
 		"Requests a rate_limit zone is holding until they may pass.",
 		[]string{"zone"}, nil)
@@ -168,7 +171,7 @@ var (
 type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc,
+	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, synsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc,
 		declinedDesc, configDesc, keysDesc, clusterSkippedDesc, clusterErrorsDesc, clusterLastSuccessDesc} {
 		ch <- d
 	}
@@ -186,6 +189,10 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 			for o := range outcome(len(c.connections)) {
 				ch <- prometheus.MustNewConstMetric(connectionsDesc, prometheus.CounterValue, float64(c.connections[o].Load()), z.name, outcomeNames[o])
 			}
+		}
+		if x := z.table.xdp.info(); x != nil {
+			ch <- prometheus.MustNewConstMetric(synsDesc, prometheus.CounterValue, float64(x.Passed), z.name, "passed")
+			ch <- prometheus.MustNewConstMetric(synsDesc, prometheus.CounterValue, float64(x.Dropped), z.name, "dropped")
 		}
 		s := c.tableStats(z.buckets, now)
 		ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(c.held.Load()), z.name)

@@ -11,8 +11,9 @@ import (
 // last config holding it lets it go.
 func TestReleasedTableStopsSweeping(t *testing.T) {
 	key := tableKey{zone: "sweeps", lines: 1, k: limiter.DefaultK}
-	tbl, err := acquireTable(key, func() (limiter.Table, error) {
-		return limiter.NewBuckets(limiter.BucketsConfig{Limit: limiter.Limit{Events: 1, Window: time.Second}, Bytes: 64})
+	tbl, err := acquireTable(key, func() (limiter.Table, *xdpTable, error) {
+		b, err := limiter.NewBuckets(limiter.BucketsConfig{Limit: limiter.Limit{Events: 1, Window: time.Second}, Bytes: 64})
+		return b, nil, err
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,11 @@ type tableKey struct {
 	// window: the table holds windows (no burst), not token buckets; a
 	// zone that gains or loses its burst starts a new table.
 	window bool
+	// xdp is the zone's xdp setting with everything the program was
+	// loaded with (limit, prefixes), or empty. A table shared with an XDP
+	// program cannot change its limit in place (limiter.ErrExternalLimit),
+	// so a reload that changes any of these makes a new table.
+	xdp string
 }
 
 func (k tableKey) String() string {
@@ -41,6 +46,7 @@ func (k tableKey) String() string {
 type table struct {
 	buckets limiter.Table // token buckets or windows
 	stop    chan struct{} // closed by Destruct: ends sweepLoop
+	xdp     *xdpTable     // the XDP side, if the zone has one
 
 	// The limit in force is the one of the config (App) that last started
 	// with this table. A config whose start fails after its rate_limit app
@@ -91,6 +97,7 @@ func (t *table) giveBack(app *App) {
 // table is garbage once no config refers to it.
 func (t *table) Destruct() error {
 	close(t.stop)
+	t.xdp.close()
 	return nil
 }
 
@@ -111,16 +118,17 @@ func (t *table) sweepLoop() {
 }
 
 // acquireTable returns the table for key, creating it with newTable if no
-// running or loading config holds one. It never changes an existing table:
-// limits are applied by App.Start, when the config that asked for them goes
-// live.
-func acquireTable(key tableKey, newTable func() (limiter.Table, error)) (*table, error) {
+// running or loading config holds one (newTable returns the zone's XDP side
+// too, if it has one). It never changes an existing table: limits are
+// applied by App.Start, when the config that asked for them goes live.
+func acquireTable(key tableKey, newTable func() (limiter.Table, *xdpTable, error)) (*table, error) {
 	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		b, err := newTable()
+		t := &table{stop: make(chan struct{})}
+		var err error
+		t.buckets, t.xdp, err = newTable()
 		if err != nil {
 			return nil, err
 		}
-		t := &table{buckets: b, stop: make(chan struct{})}
 		go t.sweepLoop()
 		return t, nil
 	})

@@ -241,8 +241,15 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.releaseQuotas()
 		return nil, err
 	}
-	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK, window: zc.Windowed()}
-	t, err := acquireTable(z.tkey, zc.NewTable)
+	x := z.xdpSpec(zc)
+	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK, window: zc.Windowed(), xdp: x.key()}
+	t, err := acquireTable(z.tkey, func() (limiter.Table, *xdpTable, error) {
+		if x != nil {
+			return newXDPBuckets(name, zc.Buckets(), x.XDP, x.v4, x.v6)
+		}
+		tb, err := zc.NewTable()
+		return tb, nil, err
+	})
 	if err != nil {
 		z.releaseQuotas()
 		return nil, fmt.Errorf("zone %q: %v", name, err)

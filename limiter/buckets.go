@@ -34,6 +34,9 @@ type Buckets struct {
 	subs  []subset // every k-subset of a line's counters
 	nSubs uint64   // len(subs)
 	p     atomic.Pointer[bucketParams]
+	// external is set by NewBucketsOver: the lines are not Go memory and
+	// SetLimit must not replace them.
+	external bool
 }
 
 // bucketParams is everything a decision reads besides the lines' words. It

@@ -67,6 +67,9 @@
 //     never writes a line no key touched.
 //   - SetLimit keeps what each key used, in tokens: it converts every
 //     counter into a table with the new tick, rounding against the key.
+//     A table over memory another program shares (NewBucketsOver, for
+//     package xdp) refuses it: the counters would move where the other
+//     side never looks.
 //
 // # Exactness under concurrency
 //

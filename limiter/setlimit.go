@@ -22,6 +22,9 @@ func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
+	if b.external {
+		return ErrExternalLimit
+	}
 	old := b.p.Load()
 	np := &bucketParams{clock: clockFor(l), limit: l, lines: newLines(len(old.lines)), gen: old.gen + 1}
 	ns := b.nowNanos(now)

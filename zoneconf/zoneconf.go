@@ -65,6 +65,10 @@ type Limit struct {
 	// limit is denied while sources others flood. Used to size the table
 	// when memory is not set. Above 0, below 1. Default: 0.005.
 	FalseDeny float64 `json:"false_deny,omitempty"`
+
+	// XDP also enforces the table on TCP SYNs at a network interface
+	// (see XDP). Default: off.
+	XDP *XDP `json:"xdp,omitempty"`
 }
 
 // The range of rates a zone may have, documented in the README: from one
@@ -161,6 +165,9 @@ func (l *Limit) Validate(where string) error {
 	if l.Windowed() && l.MaxEvents > limiter.MaxBurst {
 		return bad("max_events", l.MaxEvents, fmt.Sprintf("at most %d in a window; for more, set burst: a token bucket of max_events per window", limiter.MaxBurst))
 	}
+	if l.XDP != nil && l.Windowed() {
+		return bad("xdp", l.XDP.Interface, "needs burst: the XDP program enforces token buckets, not windows (write burst, e.g. burst "+fmt.Sprint(l.MaxEvents)+")")
+	}
 	validate := l.Rate().Validate
 	if l.Windowed() {
 		validate = l.Rate().ValidateWindow
@@ -243,24 +250,27 @@ func memoryProblem(n int64) string {
 // IsZero reports whether no setting of l is set.
 func (l *Limit) IsZero() bool {
 	return l.MaxEvents == 0 && l.Window == 0 && l.Burst == 0 && l.IPv4Prefix == nil && l.IPv6Prefix == nil &&
-		l.Memory == 0 && l.Sources == 0 && l.FalseDeny == 0
+		l.Memory == 0 && l.Sources == 0 && l.FalseDeny == 0 && l.XDP == nil
 }
 
 // UnmarshalOption reads the Caddyfile subdirective the dispenser is on if it
 // is one of l's (events, window, burst, ipv4_prefix, ipv6_prefix, memory,
-// sources, false_deny), and reports whether it was. Errors start with
+// sources, false_deny, xdp), and reports whether it was. Errors start with
 // where and name the subdirective and its value as written. seen holds the
 // subdirectives of the block read so far: a setting written twice is an
 // error, not a silent "last one wins".
 func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string, seen Fields) (bool, error) {
 	field := d.Val()
 	switch field {
-	case "events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny":
+	case "events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny", "xdp":
 	default:
 		return false, nil
 	}
 	if err := seen.Once(d, where); err != nil {
 		return true, err
+	}
+	if field == "xdp" {
+		return true, l.unmarshalXDP(d, where)
 	}
 	v, err := OneArg(d)
 	if err != nil {

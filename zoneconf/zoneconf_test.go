@@ -2,6 +2,7 @@ package zoneconf
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -188,5 +189,64 @@ func TestRequireNamesTheMissingField(t *testing.T) {
 	}
 	if err := seen.Require(d, `zone "z": `, "events", "window"); err == nil || !strings.Contains(err.Error(), `zone "z": window is required`) {
 		t.Fatalf("missing window: %v", err)
+	}
+}
+
+// TestXDPSetting: `xdp <interface> [ports…] [optional]` reads into Limit.XDP,
+// and a missing interface or a bad port is an error naming it.
+func TestXDPSetting(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want *XDP
+		err  string
+	}{
+		{in: "xdp eth0", want: &XDP{Interface: "eth0"}},
+		{in: "xdp eth0 443 8443", want: &XDP{Interface: "eth0", Ports: []uint16{443, 8443}}},
+		{in: "xdp eth0 443 optional", want: &XDP{Interface: "eth0", Ports: []uint16{443}, Optional: true}},
+		{in: "xdp", err: "xdp needs an interface"},
+		{in: "xdp eth0 0", err: `xdp port "0"`},
+		{in: "xdp eth0 65536", err: `xdp port "65536"`},
+		{in: "xdp eth0 https", err: `xdp port "https"`},
+	} {
+		d := caddyfile.NewTestDispenser("zone {\n" + tc.in + "\n}")
+		d.Next()
+		var l Limit
+		var err error
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			var ok bool
+			ok, err = l.UnmarshalOption(d, "test: ", make(Fields))
+			if !ok {
+				t.Fatalf("%q: not recognised", tc.in)
+			}
+		}
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: error %v, want one containing %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(l.XDP, tc.want) {
+			t.Errorf("%q: %+v, %v; want %+v", tc.in, l.XDP, err, tc.want)
+		}
+		if l.IsZero() {
+			t.Errorf("%q: a Limit with xdp reads as zero", tc.in)
+		}
+		if got := l.XDP.String(); got != tc.in {
+			t.Errorf("String() = %q, want %q", got, tc.in)
+		}
+	}
+}
+
+// The XDP program implements token buckets only: a zone without burst (a
+// window) that asks for xdp fails at load, saying to write burst.
+func TestXDPNeedsBurst(t *testing.T) {
+	window := Limit{MaxEvents: 5, Window: caddy.Duration(time.Minute), XDP: &XDP{Interface: "eth0"}}
+	if err := window.Validate("test: "); err == nil || !strings.Contains(err.Error(), "xdp eth0: needs burst") {
+		t.Errorf("xdp on a window zone: %v, want an error saying it needs burst", err)
+	}
+	bucket := window
+	bucket.Burst = 5
+	if err := bucket.Validate("test: "); err != nil {
+		t.Errorf("xdp on a token-bucket zone: %v", err)
 	}
 }

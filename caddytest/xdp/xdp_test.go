@@ -1,0 +1,293 @@
+//go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
+
+// Package xdp tests a layer4 zone's xdp setting in a real Caddy, in process,
+// inside a network namespace the test creates (internal/netnstest): the
+// layer4 server, the admin endpoint and the XDP program live on the server
+// end of a veth pair, spoofed SYNs and a fair client come from the other
+// end. Caddy is loaded from a goroutine locked to a thread in that
+// namespace, so the sockets it opens while loading are there. Ports are
+// fixed because the namespace is the test's own: nothing else listens in it.
+// Where BPF or namespaces are not permitted, the tests skip.
+package xdp
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
+	"github.com/floodgate-rl/floodgate/internal/netnstest"
+)
+
+const (
+	port      = 8443
+	adminAddr = "127.0.0.1:2500"
+	zoneName  = "syn"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testcaddy.Main(m, "xdp", testcaddy.MustFreePorts(1)[0]))
+}
+
+func config(v *netnstest.VethPair, events int, xdp string) string {
+	return fmt.Sprintf(`{
+	admin %s
+	persist_config off
+	layer4 {
+		%s:%d {
+			@flood rate_limit {
+				name %s
+				events %[5]d
+				window 1h
+				burst %[5]d
+				%[6]s
+			}
+			route @flood {
+				close
+			}
+			route {
+				echo
+			}
+		}
+	}
+}
+`, adminAddr, v.ServerAddr, port, zoneName, events, xdp)
+}
+
+// load runs a Caddyfile in this process from the server namespace.
+func load(v *netnstest.VethPair, caddyfile string) error {
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		return fmt.Errorf("adapt: %v", err)
+	}
+	return netnstest.In(v.Server, func() error { return caddy.Load(cfg, true) })
+}
+
+// admin GETs path from the admin endpoint in the server namespace. The
+// request is written by hand on a connection dialled from that namespace:
+// net/http dials from goroutines of its own, in this process's namespace.
+// Right after a reload the replaced admin server may still hold the port
+// and reset the connection, so a failed connection is tried again, at most
+// ten times.
+func admin(t *testing.T, v *netnstest.VethPair, path string) string {
+	t.Helper()
+	var err error
+	for range 10 {
+		var body string
+		if body, err = adminOnce(v, path); err == nil {
+			return body
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal(err)
+	return ""
+}
+
+func adminOnce(v *netnstest.VethPair, path string) (string, error) {
+	var body string
+	err := netnstest.In(v.Server, func() error {
+		c, err := net.DialTimeout("tcp", adminAddr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, adminAddr)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s: %s", path, resp.Status, b)
+		}
+		body = string(b)
+		return err
+	})
+	return body, err
+}
+
+// zone returns the zone as GET /rate_limit/zones reports it.
+func zone(t *testing.T, v *netnstest.VethPair) floodgate.ZoneInfo {
+	t.Helper()
+	return zoneNamed(t, v, zoneName)
+}
+
+func zoneNamed(t *testing.T, v *netnstest.VethPair, name string) floodgate.ZoneInfo {
+	t.Helper()
+	var zs []floodgate.ZoneInfo
+	if err := json.Unmarshal([]byte(admin(t, v, "/rate_limit/zones")), &zs); err != nil {
+		t.Fatal(err)
+	}
+	for _, z := range zs {
+		if z.Name == name {
+			return z
+		}
+	}
+	t.Fatalf("no zone %q in %+v", name, zs)
+	return floodgate.ZoneInfo{}
+}
+
+// waitSYNs polls the zone until its program has counted passed and
+// dropped SYNs, for at most five seconds (SYNs cross the pair
+// asynchronously).
+func waitSYNs(t *testing.T, v *netnstest.VethPair, passed, dropped uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		x := zone(t, v).XDP
+		if x == nil {
+			t.Fatal("the zone reports no XDP side")
+		}
+		if x.Passed == passed && x.Dropped == dropped {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("XDP counted %d passed, %d dropped; want %d, %d", x.Passed, x.Dropped, passed, dropped)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// flood sends perNet spoofed SYNs from each of networks /24s 172.(16+first).x.0.
+func flood(t *testing.T, v *netnstest.VethPair, first byte, networks, perNet int) {
+	t.Helper()
+	s, err := netnstest.NewSynSender(v.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := range perNet {
+		for n := range networks {
+			src := netip.AddrFrom4([4]byte{172, 16 + first, byte(n), byte(1 + i)})
+			if err := s.Send(src, v.ServerAddr, uint16(30000+i), port); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// echoes reports whether a client in the client namespace connects and gets
+// its bytes echoed.
+func echoes(v *netnstest.VethPair) error {
+	return netnstest.In(v.Client, func() error {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(v.ServerAddr, port).String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 4)
+		_, err = io.ReadFull(c, buf)
+		return err
+	})
+}
+
+func attached(t *testing.T, v *netnstest.VethPair) bool {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", v.Server, "link", "show", "dev", v.ServerIf).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return strings.Contains(string(out), "prog/xdp")
+}
+
+// TestXDPZoneInCaddy: one line in a layer4 zone drops a spoofed SYN flood at
+// XDP, per source network, while a fair client connects; the admin API and
+// /metrics count it; a reload that keeps the setting keeps the table, one
+// that changes the limit makes a new one; stopping Caddy detaches it.
+func TestXDPZoneInCaddy(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	xdpLine := fmt.Sprintf("xdp %s %d", v.ServerIf, port)
+	if err := load(v, config(v, 3, xdpLine)); err != nil {
+		if strings.Contains(err.Error(), "not permitted") {
+			t.Skipf("BPF is not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if !attached(t, v) {
+		t.Fatal("loading the config attached no XDP program")
+	}
+	x := zone(t, v).XDP
+	t.Logf("attached to %s in %s mode", x.Interface, x.Mode)
+
+	flood(t, v, 0, 30, 8)
+	if err := echoes(v); err != nil {
+		t.Fatalf("the fair client was not served during the flood: %v", err)
+	}
+	waitSYNs(t, v, 30*3+1, 30*5) // each network's burst, and the fair client's SYN
+
+	metrics := admin(t, v, "/metrics")
+	for _, want := range []string{
+		fmt.Sprintf(`caddy_rate_limit_xdp_syns_total{outcome="dropped",zone="%s"} 150`, zoneName),
+		fmt.Sprintf(`caddy_rate_limit_xdp_syns_total{outcome="passed",zone="%s"} 91`, zoneName),
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	// The same config again: the same table, the same program.
+	if err := load(v, config(v, 3, xdpLine+" ")); err != nil {
+		t.Fatal(err)
+	}
+	waitSYNs(t, v, 91, 150)
+
+	// A new limit: a new table (an XDP table's limit cannot change in
+	// place), whose program replaces the old one on the interface.
+	if err := load(v, config(v, 5, xdpLine)); err != nil {
+		t.Fatal(err)
+	}
+	waitSYNs(t, v, 0, 0)
+	flood(t, v, 1, 10, 8)
+	waitSYNs(t, v, 10*5, 10*3)
+
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if attached(t, v) {
+		t.Fatal("the program is still attached after Caddy stopped")
+	}
+}
+
+// TestXDPZoneErrors: a missing interface fails the config with an error
+// that names it; with optional the config loads and limits in Go only.
+func TestXDPZoneErrors(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	err := load(v, config(v, 3, "xdp nosuch0"))
+	if err == nil {
+		t.Fatal("a config with xdp on a missing interface loaded")
+	}
+	if !strings.Contains(err.Error(), `interface "nosuch0"`) {
+		t.Fatalf("error %q does not name the interface", err)
+	}
+	if err := load(v, config(v, 3, "xdp nosuch0 optional")); err != nil {
+		t.Fatalf("optional xdp: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if x := zone(t, v).XDP; x != nil {
+		t.Fatalf("optional xdp on a missing interface reports an XDP side: %+v", x)
+	}
+	if err := echoes(v); err != nil {
+		t.Fatal(err)
+	}
+}

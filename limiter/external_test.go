@@ -1,0 +1,58 @@
+package limiter
+
+import (
+	"errors"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// alignedMem returns n zeroed lines of memory, 64-byte aligned.
+func alignedMem(n int) []byte {
+	raw := make([]byte, 64*n+64)
+	off := (64 - int(uintptr(unsafe.Pointer(&raw[0]))&63)) & 63
+	return raw[off : off+64*n]
+}
+
+// TestBucketsOverDecideOnTheGivenMemory: a table over external memory
+// charges that memory, exactly as a table of its own would, and refuses a
+// limit change, which would move its counters to memory the other side
+// never sees.
+func TestBucketsOverDecideOnTheGivenMemory(t *testing.T) {
+	l := Limit{Events: 3, Window: time.Second}
+	base := time.Now()
+	mem := alignedMem(4)
+	ext, err := NewBucketsOver(BucketsConfig{Limit: l}, mem, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := newBuckets(BucketsConfig{Limit: l, Bytes: len(mem)}, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		now := base.Add(time.Duration(i) * 50 * time.Millisecond)
+		key := []byte{4, 192, 0, 2, byte(i % 3)}
+		if a, b := ext.Allow(key, 1, now), own.Allow(key, 1, now); a != b {
+			t.Fatalf("request %d: external %+v, own %+v", i, a, b)
+		}
+	}
+	words := unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), len(mem)/8)
+	lines := own.p.Load().lines
+	for i, w := range words {
+		if w != lines[i/8][i%8] {
+			t.Fatalf("word %d: memory holds %#x, a table of its own %#x", i, w, lines[i/8][i%8])
+		}
+	}
+	if err := ext.SetLimit(Limit{Events: 5, Window: time.Second}, base); !errors.Is(err, ErrExternalLimit) {
+		t.Fatalf("SetLimit on external memory: %v, want ErrExternalLimit", err)
+	}
+	if &ext.p.Load().lines[0][0] != &words[0] {
+		t.Fatal("SetLimit moved the table off its memory")
+	}
+	for _, bad := range [][]byte{nil, make([]byte, 63), alignedMem(2)[8:72]} {
+		if _, err := NewBucketsOver(BucketsConfig{Limit: l}, bad, base); err == nil {
+			t.Fatalf("NewBucketsOver accepted %d bytes at %p", len(bad), bad)
+		}
+	}
+}

@@ -1,0 +1,43 @@
+package floodgate
+
+import (
+	"fmt"
+
+	"github.com/floodgate-rl/floodgate/zoneconf"
+)
+
+// xdpSpec is a zone's xdp setting with the prefixes its program masks
+// sources with.
+type xdpSpec struct {
+	*zoneconf.XDP
+	v4, v6 int
+	rate   string
+}
+
+// xdpSpec returns z's xdp setting, nil if it has none; z's prefixes are set.
+func (z *zone) xdpSpec(zc *Zone) *xdpSpec {
+	if zc.XDP == nil {
+		return nil
+	}
+	return &xdpSpec{XDP: zc.XDP, v4: z.v4, v6: z.v6, rate: z.limit.String()}
+}
+
+// key is the spec as part of a tableKey: "" for none.
+func (x *xdpSpec) key() string {
+	if x == nil {
+		return ""
+	}
+	return fmt.Sprintf("%s, %s, ipv4_prefix %d, ipv6_prefix %d", x.XDP, x.rate, x.v4, x.v6)
+}
+
+// XDPInfo is a zone's XDP side as GET /rate_limit/zones reports it: where
+// the program runs and the SYNs it decided, since its table was made (a
+// reload that changes the zone's limit, prefixes or xdp setting makes a new
+// one).
+type XDPInfo struct {
+	Interface string `json:"interface"`
+	// Mode is native (in the driver) or generic.
+	Mode    string `json:"mode"`
+	Passed  uint64 `json:"syns_passed"`
+	Dropped uint64 `json:"syns_dropped"`
+}

@@ -1,0 +1,557 @@
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+//
+// synlimit: floodgate's XDP program. It takes one token from a layer4 zone's
+// Bloom token-bucket table for every TCP SYN (not SYN-ACK) to a configured
+// port, and drops the SYN when the source network has none left. The table
+// is the same memory the Go side decides on (a BPF_F_MMAPABLE array mapped
+// by package xdp into a limiter.Buckets), so every step here is a copy of
+// limiter's: NetworkKey's masking, xxhash64 of the masked bytes, the line
+// and subset picked from the hash, ticks from nanoseconds without a
+// division, and the charge (the fullest of the key's counters grants, every
+// counter pays, one 64-bit compare-and-swap per word). The Go tests run this
+// program and limiter side by side and compare every counter.
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+// params is written by the Go side before the program is attached and
+// whenever the zone's settings change; the program only reads it.
+struct params {
+	__u64 epoch;   // CLOCK_MONOTONIC nanoseconds of the table's tick 0
+	__u64 mult;    // limiter clock: ⌊2⁶⁴·pe/w⌋
+	__u64 pe;      // ticks per token × events
+	__u64 w;       // window in nanoseconds
+	__u32 cost;    // one token, in ticks (limiter's per)
+	__u32 cap;     // burst × per: how far ahead a counter may be and grant
+	__u32 ceil;    // 2 × cap: how far ahead a charge may push a counter
+	__u32 lines;   // lines in the table
+	__u32 nsubs;   // entries of subsets in use: C(16, K)
+	__u32 enabled; // 0: pass everything (set while the table is prepared)
+	__u8 mask4[4]; // the zone's IPv4 prefix as a byte mask
+	__u8 mask6[16];
+	__u64 ports[1024]; // bit p set: SYNs to TCP port p are limited
+};
+
+// A line is eight 64-bit words of two 32-bit counters each, as in
+// limiter/line.go.
+struct line {
+	__u64 word[8];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct line);
+	__uint(max_entries, 1); // set by the Go side to the zone's lines
+} table SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct params);
+	__uint(max_entries, 1);
+} config SEC(".maps");
+
+// subsets[s] is limiter's subset s: the counters in bits 0–15, the words
+// holding them in bits 16–23. The Go side fills it from limiter.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 12870); // C(16, 8), the most a K allows
+} subsets SEC(".maps");
+
+enum stat {
+	STAT_PASSED,    // SYNs to a limited port that took a token
+	STAT_DROPPED,   // SYNs to a limited port that found none
+	STAT_CONTENDED, // of the dropped: given up after losing MAX_CAS races
+	STAT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, STAT_MAX);
+} stats SEC(".maps");
+
+// ---- xxhash64 of 5 and 17 bytes (cespare/xxhash, seed 0) ----
+
+#define P1 11400714785074694791ULL
+#define P2 14029467366897019727ULL
+#define P3 1609587929392839161ULL
+#define P4 9650029242287828579ULL
+#define P5 2870177450012600261ULL
+
+static __always_inline __u64 rotl(__u64 x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static __always_inline __u64 xxh_round(__u64 acc, __u64 input)
+{
+	acc += input * P2;
+	acc = rotl(acc, 31);
+	return acc * P1;
+}
+
+static __always_inline __u64 xxh_avalanche(__u64 h)
+{
+	h ^= h >> 33;
+	h *= P2;
+	h ^= h >> 29;
+	h *= P3;
+	h ^= h >> 32;
+	return h;
+}
+
+static __always_inline __u64 xxh_word(__u64 h, __u64 k)
+{
+	h ^= xxh_round(0, k);
+	return rotl(h, 27) * P1 + P4;
+}
+
+static __always_inline __u64 xxh_half(__u64 h, __u32 k)
+{
+	h ^= (__u64)k * P1;
+	return rotl(h, 23) * P2 + P3;
+}
+
+static __always_inline __u64 xxh_byte(__u64 h, __u8 b)
+{
+	h ^= (__u64)b * P5;
+	return rotl(h, 11) * P1;
+}
+
+// Keys are limiter.NetKey bytes: a family tag (4 or 6), then the masked
+// address. Words are read little-endian, as xxhash does.
+static __always_inline __u64 le64(const __u8 *b)
+{
+	__u64 v = 0;
+#pragma clang loop unroll(full)
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | b[i];
+	return v;
+}
+
+static __always_inline __u64 xxh64_key5(const __u8 *b)
+{
+	__u64 h = P5 + 5;
+	h = xxh_half(h, (__u32)b[0] | (__u32)b[1] << 8 | (__u32)b[2] << 16 | (__u32)b[3] << 24);
+	h = xxh_byte(h, b[4]);
+	return xxh_avalanche(h);
+}
+
+static __always_inline __u64 xxh64_key17(const __u8 *b)
+{
+	__u64 h = P5 + 17;
+	h = xxh_word(h, le64(b));
+	h = xxh_word(h, le64(b + 8));
+	h = xxh_byte(h, b[16]);
+	return xxh_avalanche(h);
+}
+
+// ---- the clock: limiter/limit.go's ticks, with 64×64→128 products ----
+
+// mul64 is bits.Mul64: the 128-bit product of a and b, from 32-bit halves
+// (BPF has no wider multiply).
+static __always_inline void mul64(__u64 a, __u64 b, __u64 *hi, __u64 *lo)
+{
+	__u64 a0 = a & 0xffffffff, a1 = a >> 32;
+	__u64 b0 = b & 0xffffffff, b1 = b >> 32;
+	__u64 w0 = a0 * b0;
+	__u64 t = a1 * b0 + (w0 >> 32);
+	__u64 w1 = t & 0xffffffff, w2 = t >> 32;
+	w1 += a0 * b1;
+	*hi = a1 * b1 + w2 + (w1 >> 32);
+	*lo = a * b;
+}
+
+// ticks is limiter's clock.ticks: ⌊ns·pe/w⌋ exactly, as the high half of
+// ns·mult (that or one less) and one comparison of 128-bit products.
+static __always_inline __u64 ticks(const struct params *p, __u64 ns)
+{
+	__u64 tick, unused, xh, xl, th, tl;
+	mul64(ns, p->mult, &tick, &unused);
+	mul64(ns, p->pe, &xh, &xl);
+	mul64(tick + 1, p->w, &th, &tl);
+	if (th < xh || (th == xh && tl <= xl))
+		tick++;
+	return tick;
+}
+
+// ---- counters: limiter/line.go and buckets.go ----
+
+static __always_inline __u32 ahead_of(__u32 v, __u32 now)
+{
+	__u32 d = v - now;
+	if (v == 0 || (__s32)d <= 0)
+		return 0;
+	return d;
+}
+
+static __always_inline __u32 store(__u32 now, __u32 ahead)
+{
+	__u32 v = now + ahead;
+	return v ? v : 1;
+}
+
+// charge_lane is limiter's chargeLane: the counter charged cost, up to ceil
+// ticks ahead; *shortfall gets what did not fit.
+static __always_inline __u32 charge_lane(__u32 v, __u32 cost, __u32 ceil, __u32 now, __u32 *shortfall)
+{
+	__u32 base = ahead_of(v, now);
+	__u32 room = ceil - (base < ceil ? base : ceil);
+	__u32 add = cost < room ? cost : room;
+	if (add == 0) {
+		*shortfall = cost;
+		return v;
+	}
+	*shortfall = cost - add;
+	return store(now, base + add);
+}
+
+static __always_inline __u32 refund_lane(__u32 v, __u32 paid)
+{
+	if (v == 0 || paid == 0)
+		return v;
+	v -= paid;
+	return v ? v : 1;
+}
+
+static __always_inline __u32 lane_of(__u64 w, int l) { return l ? (__u32)(w >> 32) : (__u32)w; }
+
+static __always_inline __u64 with_lane(__u64 w, int l, __u32 v)
+{
+	if (l)
+		return (w & 0xffffffffULL) | (__u64)v << 32;
+	return (w & ~0xffffffffULL) | v;
+}
+
+// A decision that loses a compare-and-swap to another CPU takes back what it
+// charged and decides again, at most MAX_DECIDE times; then the SYN is
+// dropped (see STAT_CONTENDED): bounded work per packet, and never a grant
+// that was not checked.
+#define MAX_DECIDE 16
+
+enum verdict { UNDECIDED, GRANT, DENY, CONTENDED };
+
+// A decision's state. Every loop runs through bpf_loop, whose callback the
+// verifier checks on its own, and no callback retries a CAS: a decision
+// that loses one starts over. Inline loops with retries made the verifier
+// walk every path through eight words (over a million instructions).
+struct decision {
+	struct line *ln;
+	__u32 counters; // the key's counters (limiter's subset.counters)
+	__u32 cost, cap, ceil, now;
+	__u32 best;     // how far ahead the fullest counter is
+	__u32 fw, fl;   // the fullest counter's word and lane
+	__u32 lost;     // a charge lost its CAS
+	__u32 pending;  // words still to refund
+	__u32 verdict;
+	__u64 vals[8];  // the words as loaded
+	__u32 paid[16]; // ticks charged to lane l of word w, at 2w+l
+};
+
+static __always_inline __u32 lanes_of(const struct decision *d, __u32 w) { return d->counters >> (2 * (w & 7)) & 3; }
+
+// load_word reads word w and notes the fullest of the key's counters in it.
+static long load_word(__u32 w, void *ctx)
+{
+	struct decision *d = ctx;
+	w &= 7;
+	__u32 lanes = lanes_of(d, w);
+	if (!lanes)
+		return 0;
+	__u64 v = *(volatile __u64 *)&d->ln->word[w];
+	d->vals[w] = v;
+	if (lanes & 1) {
+		__u32 a = ahead_of((__u32)v, d->now);
+		if (a < d->best) {
+			d->best = a;
+			d->fw = w;
+			d->fl = 0;
+		}
+	}
+	if (lanes & 2) {
+		__u32 a = ahead_of((__u32)(v >> 32), d->now);
+		if (a < d->best) {
+			d->best = a;
+			d->fw = w;
+			d->fl = 1;
+		}
+	}
+	return 0;
+}
+
+// charge_word is limiter's chargeWord for word w of the key (the fullest's
+// word excepted): cost to each of the key's lanes, up to ceil ahead, with
+// one CAS against the word as loaded.
+static long charge_word(__u32 w, void *ctx)
+{
+	struct decision *d = ctx;
+	w &= 7;
+	__u32 lanes = lanes_of(d, w);
+	if (!lanes || w == d->fw)
+		return 0;
+	__u64 v = d->vals[w], nv = v;
+	__u32 s0 = 0, s1 = 0;
+	if (lanes & 1)
+		nv = with_lane(nv, 0, charge_lane(lane_of(v, 0), d->cost, d->ceil, d->now, &s0));
+	if (lanes & 2)
+		nv = with_lane(nv, 1, charge_lane(lane_of(v, 1), d->cost, d->ceil, d->now, &s1));
+	if (nv != v && __sync_val_compare_and_swap(&d->ln->word[w], v, nv) != v) {
+		d->lost = 1;
+		return 1;
+	}
+	d->paid[2 * w] = (lanes & 1) ? d->cost - s0 : 0;
+	d->paid[2 * w + 1] = (lanes & 2) ? d->cost - s1 : 0;
+	d->pending |= 1 << w;
+	return 0;
+}
+
+// refund_word is one try of limiter's refund of the pending word i mod 8:
+// paid ticks back from each of its lanes. Refunds must happen, so the
+// caller runs it over every word MAX_DECIDE times; one given up after that
+// leaves counters charged: tokens lost, never granted.
+static long refund_word(__u32 i, void *ctx)
+{
+	struct decision *d = ctx;
+	__u32 w = i & 7;
+	if (!d->pending)
+		return 1;
+	if (!(d->pending >> w & 1))
+		return 0;
+	__u32 lanes = lanes_of(d, w);
+	__u64 v = *(volatile __u64 *)&d->ln->word[w], nv = v;
+	if (lanes & 1)
+		nv = with_lane(nv, 0, refund_lane(lane_of(v, 0), d->paid[2 * w]));
+	if (lanes & 2)
+		nv = with_lane(nv, 1, refund_lane(lane_of(v, 1), d->paid[2 * w + 1]));
+	if (nv == v || __sync_val_compare_and_swap(&d->ln->word[w], v, nv) == v)
+		d->pending &= ~(1u << w);
+	return 0;
+}
+
+// charge_fullest is one try of limiter's chargeFullest: cost to the
+// fullest counter if it still has room, and to the key's other lane of its
+// word, in the CAS that grants.
+static __always_inline int charge_fullest(struct decision *d)
+{
+	__u32 fw = d->fw & 7, fl = d->fl & 1, o = fl ^ 1;
+	__u64 v = d->vals[fw];
+	__u32 a = ahead_of(lane_of(v, fl), d->now);
+	if (a + d->cost > d->cap)
+		return 0;
+	__u64 nv = with_lane(v, fl, store(d->now, a + d->cost));
+	__u32 s = 0;
+	if (lanes_of(d, fw) >> o & 1)
+		nv = with_lane(nv, o, charge_lane(lane_of(v, o), d->cost, d->ceil, d->now, &s));
+	return __sync_val_compare_and_swap(&d->ln->word[fw], v, nv) == v;
+}
+
+// decide_once is one decision: the fullest of the key's counters (the
+// first of equals, in counter order) must hold cost ticks of room; the
+// others pay first, the fullest last, with the CAS that grants. A decision
+// that loses a CAS, or finds the fullest drained at its CAS, takes back its
+// charges and lets the next try decide again.
+static long decide_once(__u32 i, void *ctx)
+{
+	struct decision *d = ctx;
+	d->best = 0xffffffff;
+	d->fw = 0;
+	d->fl = 0;
+	bpf_loop(8, load_word, d, 0);
+	if (d->best + d->cost > d->cap) {
+		d->verdict = DENY;
+		return 1;
+	}
+	d->lost = 0;
+	d->pending = 0;
+	bpf_loop(8, charge_word, d, 0);
+	if (!d->lost && charge_fullest(d)) {
+		d->verdict = GRANT;
+		return 1;
+	}
+	bpf_loop(8 * MAX_DECIDE, refund_word, d, 0);
+	return 0;
+}
+
+// take is limiter's decide for a weight of one, committing.
+static __noinline enum verdict take(struct line *ln, __u32 counters, const struct params *p, __u32 now)
+{
+	struct decision d = {.ln = ln, .counters = counters, .cost = p->cost, .cap = p->cap, .ceil = p->ceil, .now = now};
+	bpf_loop(MAX_DECIDE, decide_once, &d, 0);
+	return d.verdict == UNDECIDED ? CONTENDED : d.verdict;
+}
+
+static __always_inline void count(enum stat s)
+{
+	__u32 k = s;
+	__u64 *c = bpf_map_lookup_elem(&stats, &k);
+	if (c)
+		*c += 1;
+}
+
+// probe is a 17-byte key and its length (5 or 17) in, and the program's
+// readings out: the hash, and the tick of a given time.
+struct probe {
+	__u8 key[17];
+	__u8 len;
+	__u8 pad[6];
+	__u64 ns;   // in: a time on the table's clock
+	__u64 hash; // out
+	__u64 tick; // out: ticks(ns)
+	__u64 mono; // out: bpf_ktime_get_ns
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct probe);
+	__uint(max_entries, 1);
+} probes SEC(".maps");
+
+// limit decides a SYN from the source key (len 5 or 17 bytes).
+static __always_inline int limit(const struct params *p, __u8 *key, int len, int at_probe)
+{
+	__u64 h = len == 5 ? xxh64_key5(key) : xxh64_key17(key);
+	__u32 idx = (__u32)(((__u64)(__u32)(h >> 32) * p->lines) >> 32);
+	__u32 s = (__u32)(((__u64)(__u32)h * p->nsubs) >> 32);
+	struct line *ln = bpf_map_lookup_elem(&table, &idx);
+	__u32 *sub = bpf_map_lookup_elem(&subsets, &s);
+	if (!ln || !sub)
+		return XDP_PASS;
+	__u64 ns;
+	if (at_probe) {
+		__u32 zero = 0;
+		struct probe *pr = bpf_map_lookup_elem(&probes, &zero);
+		if (!pr)
+			return XDP_ABORTED;
+		ns = pr->ns;
+	} else {
+		ns = bpf_ktime_get_ns();
+		ns = ns > p->epoch ? ns - p->epoch : 0;
+	}
+	__u32 now = (__u32)ticks(p, ns);
+	switch (take(ln, *sub & 0xffff, p, now)) {
+	case GRANT:
+		count(STAT_PASSED);
+		return XDP_PASS;
+	case CONTENDED:
+		count(STAT_CONTENDED);
+		/* fallthrough */
+	default:
+		count(STAT_DROPPED);
+		return XDP_DROP;
+	}
+}
+
+static __always_inline int limited_syn(const struct params *p, const struct tcphdr *tcp)
+{
+	if (!tcp->syn || tcp->ack)
+		return 0;
+	__u16 port = bpf_ntohs(tcp->dest);
+	return p->ports[(port >> 6) & 1023] >> (port & 63) & 1;
+}
+
+// source_key writes the key of a limited SYN's source network into key and
+// returns its length (5 or 17), or 0 for any other packet.
+static __always_inline int source_key(struct xdp_md *ctx, const struct params *p, __u8 *key)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return 0;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > end || ip->protocol != IPPROTO_TCP)
+			return 0;
+		if (ip->frag_off & bpf_htons(0x1fff)) // not the first fragment
+			return 0;
+		struct tcphdr *tcp = (void *)ip + ip->ihl * 4;
+		if (ip->ihl < 5 || (void *)(tcp + 1) > end || !limited_syn(p, tcp))
+			return 0;
+		__u8 *src = (__u8 *)&ip->saddr;
+		key[0] = 4;
+#pragma clang loop unroll(full)
+		for (int i = 0; i < 4; i++)
+			key[1 + i] = src[i] & p->mask4[i];
+		return 5;
+	}
+	if (eth->h_proto != bpf_htons(ETH_P_IPV6))
+		return 0;
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	// Only a TCP header right after the fixed header is seen: a SYN behind
+	// extension headers passes to the kernel.
+	if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP)
+		return 0;
+	struct tcphdr *tcp = (void *)(ip6 + 1);
+	if ((void *)(tcp + 1) > end || !limited_syn(p, tcp))
+		return 0;
+	__u8 *src = ip6->saddr.in6_u.u6_addr8;
+	// ::ffff:a.b.c.d counts as IPv4, as NetworkKey unmaps it.
+	int mapped = src[10] == 0xff && src[11] == 0xff;
+#pragma clang loop unroll(full)
+	for (int i = 0; i < 10; i++)
+		mapped = mapped && src[i] == 0;
+	if (mapped) {
+		key[0] = 4;
+#pragma clang loop unroll(full)
+		for (int i = 0; i < 4; i++)
+			key[1 + i] = src[12 + i] & p->mask4[i];
+		return 5;
+	}
+	key[0] = 6;
+#pragma clang loop unroll(full)
+	for (int i = 0; i < 16; i++)
+		key[1 + i] = src[i] & p->mask6[i];
+	return 17;
+}
+
+// decide_syn is the program: at_probe (a constant) takes the time from
+// probes instead of the clock, for the tests' synlimit_at.
+static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
+{
+	__u32 zero = 0;
+	const struct params *p = bpf_map_lookup_elem(&config, &zero);
+	if (!p || !p->enabled)
+		return XDP_PASS;
+	__u8 key[17] = {};
+	int len = source_key(ctx, p, key);
+	if (!len)
+		return XDP_PASS;
+	return limit(p, key, len, at_probe);
+}
+
+SEC("xdp")
+int synlimit(struct xdp_md *ctx) { return decide_syn(ctx, 0); }
+
+// ---- test entry points, run with BPF_PROG_TEST_RUN by the Go tests ----
+
+// synlimit_at is synlimit at the time probes[0].ns on the table's clock.
+SEC("xdp")
+int synlimit_at(struct xdp_md *ctx) { return decide_syn(ctx, 1); }
+
+SEC("xdp")
+int probe(struct xdp_md *ctx)
+{
+	__u32 zero = 0;
+	const struct params *p = bpf_map_lookup_elem(&config, &zero);
+	struct probe *pr = bpf_map_lookup_elem(&probes, &zero);
+	if (!p || !pr)
+		return XDP_ABORTED;
+	__u8 key[17];
+	__builtin_memcpy(key, pr->key, 17);
+	pr->hash = pr->len == 5 ? xxh64_key5(key) : xxh64_key17(key);
+	pr->tick = ticks(p, pr->ns);
+	pr->mono = bpf_ktime_get_ns();
+	return XDP_PASS;
+}

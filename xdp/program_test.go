@@ -1,0 +1,363 @@
+//go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
+
+package xdp
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/big"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// XDP verdicts.
+const (
+	xdpAborted = 0
+	xdpDrop    = 1
+	xdpPass    = 2
+)
+
+// tcp flags
+const (
+	flagSYN = 0x02
+	flagACK = 0x10
+)
+
+// packet is an Ethernet frame holding a TCP segment from src to dport with
+// the given flags.
+func packet(src netip.Addr, dport uint16, flags byte) []byte {
+	var b bytes.Buffer
+	b.Write(make([]byte, 12)) // MACs
+	tcp := make([]byte, 20)
+	binary.BigEndian.PutUint16(tcp[0:], 40000)
+	binary.BigEndian.PutUint16(tcp[2:], dport)
+	tcp[12] = 5 << 4
+	tcp[13] = flags
+	if src.Is4() {
+		b.Write([]byte{0x08, 0x00})
+		ip := make([]byte, 20)
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:], 40)
+		ip[8] = 64
+		ip[9] = 6
+		s := src.As4()
+		copy(ip[12:], s[:])
+		copy(ip[16:], []byte{10, 0, 0, 1})
+		b.Write(ip)
+	} else {
+		b.Write([]byte{0x86, 0xdd})
+		ip := make([]byte, 40)
+		ip[0] = 0x60
+		binary.BigEndian.PutUint16(ip[4:], 20)
+		ip[6] = 6
+		ip[7] = 64
+		s := src.As16()
+		copy(ip[8:], s[:])
+		ip[39] = 1
+		b.Write(ip)
+	}
+	b.Write(tcp)
+	return b.Bytes()
+}
+
+// runAt runs the program on frame at ns on the table's clock and returns
+// its verdict.
+func runAt(t *testing.T, tb *Table, frame []byte, ns int64) uint32 {
+	t.Helper()
+	if err := tb.objs.Probes.Update(uint32(0), &synlimitProbe{Ns: uint64(ns)}, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	ret, err := tb.objs.SynlimitAt.Run(&ebpf.RunOptions{Data: frame})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ret
+}
+
+// probe runs the probe program on key at ns.
+func probe(t *testing.T, tb *Table, key []byte, ns uint64) synlimitProbe {
+	t.Helper()
+	in := synlimitProbe{Len: uint8(len(key)), Ns: ns}
+	copy(in.Key[:], key)
+	if err := tb.objs.Probes.Update(uint32(0), &in, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if ret, err := tb.objs.Probe.Run(&ebpf.RunOptions{Data: make([]byte, 14)}); err != nil || ret != xdpPass {
+		t.Fatalf("probe: %d, %v", ret, err)
+	}
+	var out synlimitProbe
+	if err := tb.objs.Probes.Lookup(uint32(0), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func randomAddr(r *rand.Rand) netip.Addr {
+	switch r.IntN(3) {
+	case 0:
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], r.Uint32())
+		return netip.AddrFrom4(a)
+	case 1: // IPv4-mapped IPv6: counts as IPv4
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], r.Uint32())
+		return netip.AddrFrom16(netip.AddrFrom4(a).As16())
+	}
+	var a [16]byte
+	binary.BigEndian.PutUint64(a[:], r.Uint64())
+	binary.BigEndian.PutUint64(a[8:], r.Uint64())
+	a[0] = 0x20
+	return netip.AddrFrom16(a)
+}
+
+func TestProgramHashesKeysAsLimiter(t *testing.T) {
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 10, Window: time.Second}))
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		a := randomAddr(r)
+		k := limiter.NetworkKey(a, r.IntN(33), r.IntN(129))
+		got := probe(t, tb, k.Bytes(), 0).Hash
+		if want := limiter.Hash(k.Bytes()); got != want {
+			t.Fatalf("key %d %x: program hash %#x, limiter.Hash %#x", i, k.Bytes(), got, want)
+		}
+	}
+}
+
+// TestProgramTicksAsLimiter checks the program's ticks, made of 32-bit
+// products, against ⌊ns·PE/W⌋ in exact big integers, over limits from one a
+// day to a million a second and times up to about three centuries.
+func TestProgramTicksAsLimiter(t *testing.T) {
+	limits := []limiter.Limit{
+		{Events: 1, Window: 24 * time.Hour},
+		{Events: 3, Window: 7 * time.Second},
+		{Events: 10, Window: time.Second, Burst: 50},
+		{Events: 1_000_000, Window: time.Second},
+		{Events: 999_999, Window: time.Second, Burst: 1 << 20},
+		{Events: 1000, Window: time.Minute, Burst: 1 << 20},
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, l := range limits {
+		tb := newTestTable(t, testConfig(l))
+		g := tb.Buckets.Geometry()
+		times := []uint64{0, 1, g.W - 1, g.W, g.W + 1, 1 << 62, 1<<63 - 1}
+		for range 500 {
+			times = append(times, r.Uint64N(1<<63), r.Uint64N(1<<40), r.Uint64N(g.W*4))
+		}
+		for _, ns := range times {
+			want := new(big.Int).Mul(new(big.Int).SetUint64(ns), new(big.Int).SetUint64(g.PE))
+			want.Quo(want, new(big.Int).SetUint64(g.W))
+			if got := probe(t, tb, []byte{4, 0, 0, 0, 0}, ns).Tick; got != want.Uint64() {
+				t.Fatalf("%v: ticks(%d) = %d, want %d", l, ns, got, want)
+			}
+		}
+		tb.Close()
+	}
+}
+
+// words returns the table's memory as words.
+func words(mem []byte) []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&mem[0])), len(mem)/8)
+}
+
+// alignedLines returns n zeroed lines of Go memory, 64-byte aligned.
+func alignedLines(n int) []byte {
+	raw := make([]byte, 64*n+64)
+	off := (64 - int(uintptr(unsafe.Pointer(&raw[0]))&63)) & 63
+	return raw[off : off+64*n]
+}
+
+// TestProgramChargesAsLimiter runs a flood of SYNs from a few hundred
+// networks through the program and the same requests through a
+// limiter.Buckets on Go memory, at the same times, and requires the same
+// verdict for every SYN and the same value in every word of the two tables
+// after each. Requests alternate between the program and the shared
+// table's own Go side, so each side also decides on the other's charges.
+func TestProgramChargesAsLimiter(t *testing.T) {
+	for _, tc := range []struct {
+		l limiter.Limit
+		k int
+	}{
+		{limiter.Limit{Events: 5, Window: time.Second, Burst: 8}, 3},
+		{limiter.Limit{Events: 1_000_000, Window: time.Second, Burst: 3}, 2},
+		{limiter.Limit{Events: 2, Window: time.Minute}, 8},
+		{limiter.Limit{Events: 100, Window: time.Second, Burst: 1}, 1},
+	} {
+		cfg := testConfig(tc.l)
+		cfg.Buckets.Bytes = 64 * 16 // few lines: keys share them
+		cfg.Buckets.K = tc.k
+		tb := newTestTable(t, cfg)
+		if err := tb.enable([]uint16{443}); err != nil {
+			t.Fatal(err)
+		}
+		refMem := alignedLines(16)
+		ref, err := limiter.NewBucketsOver(cfg.Buckets, refMem, tb.Buckets.Base())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rand.New(rand.NewPCG(5, uint64(tc.k)))
+		var sources []netip.Addr
+		for range 300 {
+			sources = append(sources, randomAddr(r))
+		}
+		step := tc.l.Window / time.Duration(tc.l.Events) / 7
+		ns := int64(0)
+		granted, denied := 0, 0
+		for i := range 6000 {
+			ns += r.Int64N(int64(step) + 1)
+			src := sources[r.IntN(len(sources))]
+			if r.IntN(4) == 0 {
+				src = sources[0] // one source floods
+			}
+			key := limiter.NetworkKey(src, cfg.IPv4Prefix, cfg.IPv6Prefix)
+			want := ref.Allow(key.Bytes(), 1, tb.Buckets.Base().Add(time.Duration(ns))).Allowed
+			var got bool
+			if i%3 == 2 {
+				got = tb.Buckets.Allow(key.Bytes(), 1, tb.Buckets.Base().Add(time.Duration(ns))).Allowed
+			} else {
+				v := runAt(t, tb, packet(src, 443, flagSYN), ns)
+				if v != xdpPass && v != xdpDrop {
+					t.Fatalf("verdict %d", v)
+				}
+				got = v == xdpPass
+			}
+			if got != want {
+				t.Fatalf("%v k=%d: request %d from %v at %dns: granted %v, limiter %v", tc.l, tc.k, i, src, ns, got, want)
+			}
+			if got {
+				granted++
+			} else {
+				denied++
+			}
+			if w, rw := words(tb.mem), words(refMem); !slicesEqual(w, rw) {
+				t.Fatalf("%v k=%d: after request %d the tables differ:\nxdp   %x\ngo    %x", tc.l, tc.k, i, w, rw)
+			}
+		}
+		c, err := tb.Counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%v k=%d: %d granted, %d denied; program %+v", tc.l, tc.k, granted, denied, c)
+		if granted == 0 || denied == 0 {
+			t.Fatalf("the trace should both grant and deny: %d granted, %d denied", granted, denied)
+		}
+		tb.Close()
+	}
+}
+
+func slicesEqual(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestProgramPassesOtherPackets: only a SYN to a limited port is charged.
+func TestProgramPassesOtherPackets(t *testing.T) {
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	if err := tb.enable([]uint16{443, 8443}); err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("192.0.2.7")
+	for _, p := range [][]byte{
+		packet(src, 80, flagSYN),             // another port
+		packet(src, 443, flagSYN|flagACK),    // a SYN-ACK
+		packet(src, 443, flagACK),            // a segment of a connection
+		packet(src, 443, flagSYN)[:14+20+10], // truncated
+		make([]byte, 14),                     // not IP
+	} {
+		for range 3 {
+			if v := runAt(t, tb, p, 0); v != xdpPass {
+				t.Fatalf("verdict %d for %x, want pass", v, p)
+			}
+		}
+	}
+	for _, w := range words(tb.mem) {
+		if w != 0 {
+			t.Fatal("a packet that is not a limited SYN charged the table")
+		}
+	}
+	for i, want := range []uint32{xdpPass, xdpDrop} { // a burst of one
+		if v := runAt(t, tb, packet(src, 8443, flagSYN), 0); v != want {
+			t.Fatalf("SYN %d: verdict %d, want %d", i, v, want)
+		}
+	}
+	// Another address of the same /24 is the same network.
+	if v := runAt(t, tb, packet(netip.MustParseAddr("192.0.2.200"), 443, flagSYN), 0); v != xdpDrop {
+		t.Fatalf("same /24: verdict %d, want drop", v)
+	}
+}
+
+// TestBothSidesTogetherGrantExactlyTheBurst: the program (on the kernel's
+// clock, repeated by BPF_PROG_TEST_RUN) and Go goroutines (Buckets.Allow)
+// take tokens of one key at the same time, both charging the same words by
+// compare-and-swap, three times more attempts than the burst: together they
+// grant exactly the burst, never a token more, never one lost. No token
+// returns during the test (20,000 tokens per thousand hours).
+func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
+	const burst, perSide = 20_000, 60_000
+	cfg := testConfig(limiter.Limit{Events: burst, Window: 1000 * time.Hour})
+	cfg.Buckets.Bytes = 64
+	tb := newTestTable(t, cfg)
+	if err := tb.enable([]uint16{443}); err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("203.0.113.9")
+	key := limiter.NetworkKey(src, 24, 48)
+	syn := packet(src, 443, flagSYN)
+	var goGranted atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 2 {
+		wg.Go(func() {
+			if _, _, err := tb.objs.Synlimit.Benchmark(syn, perSide/2, nil); err != nil {
+				errs <- err
+			}
+		})
+	}
+	// Go joins once the program is under way, so that the two overlap.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		if c, err := tb.Counts(); err != nil || c.Passed > 0 {
+			break
+		}
+	}
+	for range 2 {
+		wg.Go(func() {
+			for range perSide / 2 {
+				if tb.Buckets.Allow(key.Bytes(), 1, time.Now()).Allowed {
+					goGranted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	c, err := tb.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("program %+v, Go granted %d", c, goGranted.Load())
+	if c.Passed+c.Dropped != perSide {
+		t.Fatalf("the program decided %d SYNs, want %d", c.Passed+c.Dropped, perSide)
+	}
+	if total := int64(c.Passed) + goGranted.Load(); total != burst {
+		t.Fatalf("together the two sides granted %d, want exactly the burst of %d (program %d, Go %d)",
+			total, burst, c.Passed, goGranted.Load())
+	}
+}

@@ -1,0 +1,194 @@
+//go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
+
+// Package xdp enforces a layer4 zone's token-bucket table on TCP SYNs, in an
+// XDP program at the network driver: a SYN from a source network that has
+// no token left is dropped before the kernel allocates anything for it.
+//
+// The program (bpf/synlimit.c, compiled into synlimit_bpfel.o by bpf2go and
+// committed) decides on the zone's own table: a BPF array map created
+// BPF_F_MMAPABLE, mapped into this process and wrapped in a limiter.Buckets
+// (limiter.NewBucketsOver). So one zone is one table: a connection the Go
+// matcher charges and a SYN the program charges take from the same
+// counters, and the admin API, metrics and top sources see both. The
+// program copies limiter's arithmetic step for step — NetworkKey's mask,
+// xxhash64 of the key, the line and subset the hash picks, ticks from
+// nanoseconds with 64×64→128-bit products built from 32-bit halves, the
+// charge (the fullest of the key's counters grants, every counter pays) —
+// and the tests run both on the same inputs and compare every counter.
+//
+// Exactness across the two holds for the same reason it holds between two
+// goroutines: each counter's whole state is its 32-bit time, and both
+// sides change a word only with a 64-bit compare-and-swap of the value
+// they computed from (lock cmpxchg on x86 for both; BPF_CMPXCHG in the
+// program). Time is the one thing the sides do not share exactly: the
+// program reads bpf_ktime_get_ns (CLOCK_MONOTONIC) minus the table's epoch,
+// Go reads time.Now's monotonic reading (also CLOCK_MONOTONIC, less a
+// constant the time package keeps to itself) minus the table's base; the
+// epoch is bracketed to within Table.Slack (tens of nanoseconds), which
+// shifts one side's view of the refill by at most that much time: at most
+// Slack × rate tokens, a millionth of a token at 1,000 per second.
+//
+// Start reading at NewTable, then Attach.
+package xdp
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// Config is a table's settings: the zone's limit and size, and how sources
+// are grouped into networks.
+type Config struct {
+	Buckets    limiter.BucketsConfig
+	IPv4Prefix int
+	IPv6Prefix int
+	// Zone names the zone the table serves. An interface runs one
+	// program, so it serves one zone: tables of the same zone (a reload's)
+	// take turns on it, another zone's table is refused (see Attach).
+	Zone string
+}
+
+// Table is a zone's token-bucket table held in a BPF map, decided on by
+// Buckets in Go and by the XDP program once attached. Close releases it;
+// Buckets must not be used after.
+type Table struct {
+	// Buckets decides on the map's memory.
+	Buckets *limiter.Buckets
+	// Slack bounds how far apart the program's clock and Buckets' clock
+	// may be (see the package documentation).
+	Slack time.Duration
+
+	objs synlimitObjects
+	mem  []byte
+	zone string
+
+	mu     sync.Mutex // serialises writes of params
+	params synlimitParams
+	closed bool
+}
+
+// NewTable creates the table's maps and loads the program (not yet
+// attached). It needs CAP_BPF (and CAP_PERFMON for the program's pointer
+// arithmetic) or root, and Linux 5.12 or later (compare-and-swap in BPF).
+func NewTable(cfg Config) (*Table, error) {
+	lines, err := cfg.Buckets.TableLines()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Buckets.Limit.Validate(); err != nil {
+		return nil, err
+	}
+	spec, err := loadSynlimit()
+	if err != nil {
+		return nil, fmt.Errorf("xdp: reading the embedded program: %w", err)
+	}
+	spec.Maps["table"].MaxEntries = uint32(lines)
+	t := &Table{zone: cfg.Zone}
+	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
+		return nil, explain("loading the XDP program", err)
+	}
+	t.mem, err = unix.Mmap(t.objs.Table.FD(), 0, lines*64, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.objs.Close()
+		return nil, explain("mapping the table's BPF map (BPF_F_MMAPABLE, Linux 5.5+)", err)
+	}
+	base := time.Now()
+	epoch, slack := monoEpoch(base)
+	t.Slack = slack
+	t.Buckets, err = limiter.NewBucketsOver(cfg.Buckets, t.mem, base)
+	if err != nil {
+		unix.Munmap(t.mem)
+		t.objs.Close()
+		return nil, err
+	}
+	// The mapping lives as long as the Buckets over it (and keeps the map
+	// alive in the kernel after Close).
+	runtime.AddCleanup(t.Buckets, func(mem []byte) { _ = unix.Munmap(mem) }, t.mem)
+	g := t.Buckets.Geometry()
+	for i, s := range g.Subsets {
+		if err := t.objs.Subsets.Put(uint32(i), s); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("xdp: writing the subsets map: %w", err)
+		}
+	}
+	t.params = synlimitParams{Epoch: uint64(epoch), Mult: g.Mult, Pe: g.PE, W: g.W,
+		Cost: g.Cost, Cap: g.Cap, Ceil: g.Ceil, Lines: g.Lines, Nsubs: uint32(len(g.Subsets))}
+	v4 := limiter.NetworkKey(netip.AddrFrom4([4]byte{255, 255, 255, 255}), cfg.IPv4Prefix, cfg.IPv6Prefix)
+	copy(t.params.Mask4[:], v4.Bytes()[1:])
+	v6 := limiter.NetworkKey(netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), cfg.IPv4Prefix, cfg.IPv6Prefix)
+	copy(t.params.Mask6[:], v6.Bytes()[1:])
+	if err := t.writeParams(); err != nil {
+		t.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+// explain wraps a kernel error with what it most likely means.
+func explain(what string, err error) error {
+	switch {
+	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+		return fmt.Errorf("xdp: %s: not permitted: it needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (or root), and kernel.unprivileged_bpf_disabled does not help: %w", what, err)
+	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
+		return fmt.Errorf("xdp: %s: the kernel refused it; XDP with BPF compare-and-swap needs Linux 5.12 or later built with BPF and XDP: %w", what, err)
+	}
+	return fmt.Errorf("xdp: %s: %w", what, err)
+}
+
+// writeParams stores t.params in the config map; t.mu is held or t is not
+// yet shared.
+func (t *Table) writeParams() error {
+	if err := t.objs.Config.Put(uint32(0), &t.params); err != nil {
+		return fmt.Errorf("xdp: writing the program's parameters: %w", err)
+	}
+	return nil
+}
+
+// Counts are the program's counters, summed over CPUs.
+type Counts struct {
+	// Passed is how many SYNs to a limited port took a token.
+	Passed uint64
+	// Dropped is how many found none (including Contended).
+	Dropped uint64
+	// Contended is how many of the dropped were given up after losing
+	// sixteen compare-and-swaps in a row to other CPUs.
+	Contended uint64
+}
+
+// Counts reads the program's counters.
+func (t *Table) Counts() (Counts, error) {
+	var c Counts
+	for i, dst := range []*uint64{&c.Passed, &c.Dropped, &c.Contended} {
+		var per []uint64
+		if err := t.objs.Stats.Lookup(uint32(i), &per); err != nil {
+			return Counts{}, fmt.Errorf("xdp: reading counters: %w", err)
+		}
+		for _, v := range per {
+			*dst += v
+		}
+	}
+	return c, nil
+}
+
+// Close releases the program and its maps; close the table's Attachments
+// first. Buckets stays usable (its memory is unmapped once Buckets is
+// garbage), so a request still running on an old config's zone never
+// touches unmapped memory; its charges then reach no program.
+func (t *Table) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	return t.objs.Close()
+}
