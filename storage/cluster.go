@@ -38,7 +38,7 @@ type Cluster struct {
 	blocks mitigation
 
 	// mu serialises the syncers' I/O (two overlap during a config reload)
-	// and guards restored.
+	// and guards readGen and restored.
 	mu sync.Mutex
 	// skipped counts entries under the zone's directory that were not
 	// well-formed snapshots of it; failed counts failed storage ops.
@@ -47,6 +47,10 @@ type Cluster struct {
 	// lastOK is the time (Unix nanoseconds) of each op's last success; 0
 	// before the first.
 	lastOK [numOps]atomic.Int64
+
+	// readGen numbers the reads, to lift the peers' blocks that a read no
+	// longer finds (mitigation.dropStalePeers).
+	readGen uint64
 
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so
@@ -149,7 +153,7 @@ func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, peers *limiter
 	}
 	n := now.UnixNano()
 	until := n + int64(d.RetryAfter)
-	c.blocks.add(h, until, n, true)
+	c.blocks.add(h, until, n)
 	// A reset may have forgotten the counts this decision read, and lifted
 	// the key's block, before the block above went in: it would then stand
 	// on counts that are gone. While resets are recent, the block is

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math"
 	"net/url"
@@ -72,6 +73,9 @@ type Syncer struct {
 	// failure after a success is logged at WARN, then at most one line per
 	// interval until storage works again, which is logged at INFO.
 	failing map[Op]time.Time
+	// skewLogged is when the purge of a snapshot from a clock too far ahead
+	// was last logged: at most once per purge_age.
+	skewLogged time.Time
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
@@ -186,16 +190,19 @@ func (s *Syncer) Restore(ctx context.Context, now time.Time) error {
 
 func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	c := s.c
-	data, err := s.st.Load(ctx, Key(c.shape.Zone, s.instance))
+	data, err := s.load(ctx, Key(c.shape.Zone, s.instance))
 	if errors.Is(err, fs.ErrNotExist) {
 		c.restored = true
 		return nil
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, errTooLarge) {
 		return err
 	}
 	c.restored = true
-	snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
+	var snap *snapshot
+	if err == nil {
+		snap, err = decodeSnapshot(data, MitigationSlots, MaxResets)
+	}
 	if err == nil && snap.instance != s.instance {
 		err = errors.New("snapshot of instance " + snap.instance)
 	}
@@ -224,7 +231,7 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	}
 	for _, b := range snap.blocks {
 		if !forgotten(s.forget, b.hash) {
-			c.blocks.add(b.hash, b.until, n, true)
+			c.blocks.add(b.hash, peerBlockUntil(b.until, snap.written.UnixNano(), n, c.shape.Window), n)
 		}
 	}
 	s.log.Info("restored this instance's cluster state", zap.String("zone", c.shape.Zone),
@@ -263,7 +270,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		if name == s.instance || path.Dir(key) != dir {
 			continue
 		}
-		data, err := s.st.Load(ctx, key)
+		data, err := s.load(ctx, key)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // deleted since the listing
@@ -272,7 +279,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 				s.failed(OpRead, now, err)
 				return
 			}
-			s.skipped(key, err) // a directory, an unreadable file
+			s.skipped(key, err) // a directory, an unreadable file, one too large
 			continue
 		}
 		snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
@@ -281,6 +288,15 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 		if err != nil {
 			s.skipped(key, err)
+			continue
+		}
+		if ahead := snap.written.Sub(now); ahead > MaxClockSkew {
+			if err := s.st.Delete(ctx, key); err == nil && now.Sub(s.skewLogged) >= s.iv.PurgeAge {
+				s.skewLogged = now
+				s.log.Warn("deleted the snapshot of an instance whose clock is ahead by more than the tolerated skew",
+					zap.String("zone", c.shape.Zone), zap.String("instance", name), zap.Duration("ahead", ahead),
+					zap.Duration("max_clock_skew", MaxClockSkew))
+			}
 			continue
 		}
 		if now.Sub(snap.written) > s.iv.PurgeAge {
@@ -339,15 +355,42 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	for _, h := range s.lifted {
 		c.blocks.remove(h, math.MaxInt64)
 	}
+	// A peer's block lasts at most a window, and only while its snapshot
+	// lists it: the blocks no snapshot of this read listed are lifted.
+	c.readGen++
 	for _, snap := range added {
 		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
 		for _, b := range snap.blocks {
 			if !forgotten(s.forget, b.hash) {
-				c.blocks.add(b.hash, b.until, n, false)
+				c.blocks.addPeer(b.hash, peerBlockUntil(b.until, snap.written.UnixNano(), n, c.shape.Window), n, c.readGen)
 			}
 		}
 	}
+	c.blocks.dropStalePeers(c.readGen)
 	s.ok(OpRead, now)
+}
+
+// errTooLarge is load's error for an entry larger than any snapshot of the
+// zone.
+var errTooLarge = errors.New("larger than any snapshot of the zone")
+
+// load loads the entry under key if the storage reports it no larger than
+// the largest snapshot of the zone's shape: an entry that is not a snapshot
+// (a stray file, a peer gone wrong) never costs more memory than a real one.
+func (s *Syncer) load(ctx context.Context, key string) ([]byte, error) {
+	info, err := s.st.Stat(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if max := maxSnapshotSize(s.c.shape); info.Size > max {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, info.Size, max)
+	}
+	data, err := s.st.Load(ctx, key)
+	if err == nil && int64(len(data)) > maxSnapshotSize(s.c.shape) {
+		// It grew between the two calls: refused all the same.
+		return nil, fmt.Errorf("%w: %d bytes", errTooLarge, len(data))
+	}
+	return data, err
 }
 
 func (s *Syncer) skipped(key string, err error) {
