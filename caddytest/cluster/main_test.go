@@ -3,8 +3,12 @@
 // one storage on loopback: a file_system directory, or a redis-server the
 // tests start.
 //
-// Ports: admin localhost:2450-2452, HTTP 9500-9502, Redis 9529. Each process
-// gets its own XDG_DATA_HOME, hence its own Caddy instance id.
+// Ports are picked free at run time (testcaddy.FreePorts): each process its
+// admin and HTTP port, each redis-server its own port and directory, so two
+// copies of the suite on one machine never meet. Every answer carries the
+// answering process's X-Node token, and a request answered by any other
+// process fails the test. Each process gets its own XDG_DATA_HOME, hence
+// its own Caddy instance id, unless a test shares one on purpose.
 //
 // The tests wait for real processes' background sync (intervals of 100ms
 // set in their configs) by watching what it writes, with every loop bounded
@@ -28,6 +32,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 var caddyBin string
@@ -54,18 +60,16 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-const (
-	adminBase = 2450
-	httpBase  = 9500
-	redisPort = 9529
-)
-
 // node is one Caddy process.
 type node struct {
 	t     *testing.T
 	i     int
 	home  string // its XDG_DATA_HOME / XDG_CONFIG_HOME
 	cfg   string
+	env   []string // extra environment
+	admin int      // admin port
+	http  int      // HTTP port
+	token string   // its X-Node header
 	cmd   *exec.Cmd
 	mu    sync.Mutex
 	log   bytes.Buffer
@@ -73,12 +77,24 @@ type node struct {
 	alive bool
 }
 
-// startNode starts Caddy number i (ports adminBase+i, httpBase+i) with
-// the Caddyfile body (global options are added) and waits until it
-// serves. home keeps its instance id across restarts.
+// startNode starts Caddy number i, on free admin and HTTP ports, with the
+// Caddyfile body (global options are added) and waits until it serves.
+// home keeps its instance id across restarts.
 func startNode(t *testing.T, i int, home, storage, body string) *node {
 	t.Helper()
-	n := &node{t: t, i: i, home: home}
+	n := newNode(t, i, home, storage, body)
+	n.start()
+	return n
+}
+
+// newNode prepares Caddy number i as startNode does, without starting it.
+func newNode(t *testing.T, i int, home, storage, body string) *node {
+	t.Helper()
+	ports, err := testcaddy.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, i: i, home: home, admin: ports[0], http: ports[1], token: fmt.Sprintf("%d-%d-%d", os.Getpid(), i, ports[1])}
 	n.cfg = fmt.Sprintf(`{
 	admin localhost:%d
 	http_port %d
@@ -88,10 +104,10 @@ func startNode(t *testing.T, i int, home, storage, body string) *node {
 	%s
 }
 :%d {
+	header X-Node %s
 	%s
 }
-`, adminBase+i, httpBase+i, storage, httpBase+i, body)
-	n.start()
+`, n.admin, n.http, storage, n.http, n.token, body)
 	t.Cleanup(n.kill)
 	return n
 }
@@ -107,7 +123,7 @@ func (n *node) start() {
 		t.Fatal(err)
 	}
 	n.cmd = exec.Command(caddyBin, "run", "--config", cfgFile, "--adapter", "caddyfile")
-	n.cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+n.home, "XDG_CONFIG_HOME="+n.home, "HOME="+n.home)
+	n.cmd.Env = append(append(os.Environ(), "XDG_DATA_HOME="+n.home, "XDG_CONFIG_HOME="+n.home, "HOME="+n.home), n.env...)
 	stderr, err := n.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +164,7 @@ func (n *node) start() {
 	}
 }
 
-func (n *node) addr() string { return fmt.Sprintf("127.0.0.1:%d", httpBase+n.i) }
+func (n *node) addr() string { return fmt.Sprintf("127.0.0.1:%d", n.http) }
 
 func (n *node) logs() string {
 	n.mu.Lock()
@@ -207,6 +223,9 @@ func (n *node) get(key string) (int, time.Duration) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	if got := resp.Header.Get("X-Node"); got != n.token {
+		n.t.Fatalf("node %d: answered by another process (X-Node %q, want %q): its port was taken", n.i, got, n.token)
+	}
 	return resp.StatusCode, time.Since(start)
 }
 
@@ -214,7 +233,7 @@ func (n *node) get(key string) (int, time.Duration) {
 // admin /metrics.
 func (n *node) metric(name string) float64 {
 	n.t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", adminBase+n.i))
+	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", n.admin))
 	if err != nil {
 		n.t.Fatal(err)
 	}
