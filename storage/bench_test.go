@@ -37,8 +37,10 @@ func BenchmarkSyncBytes(b *testing.B) {
 			}
 			st := &certmagic.FileStorage{Path: b.TempDir()}
 			w := NewSyncer(c, st, "writer", testIntervals, zap.NewNop())
+			w.proc = newProcess()
 			peer, _ := newCluster(Shape{Zone: "z", Window: time.Minute, Width: benchWidth}, 100)
 			r := NewSyncer(peer, st, "reader", testIntervals, zap.NewNop())
+			r.proc = newProcess()
 			b.ResetTimer()
 			for range b.N {
 				w.Write(context.Background(), now)
@@ -101,6 +103,7 @@ func BenchmarkDecision(b *testing.B) {
 					cl.sketch.TakeHashWith(rng.Uint64(), 1, now, nil)
 				}
 				s := NewSyncer(cl, st, fmt.Sprint("i", i), testIntervals, zap.NewNop())
+				s.proc = newProcess()
 				s.Write(context.Background(), now)
 				syncers = append(syncers, s)
 				if i == 0 {

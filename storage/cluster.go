@@ -48,6 +48,10 @@ type Cluster struct {
 	// before the first.
 	lastOK [numOps]atomic.Int64
 
+	// conflicts counts the reads that found another process's snapshot
+	// under this process's name.
+	conflicts atomic.Uint64
+
 	// readGen numbers the reads, to lift the peers' blocks that a read no
 	// longer finds (mitigation.dropStalePeers).
 	readGen uint64
@@ -183,6 +187,11 @@ func (o Op) String() string { return [numOps]string{"read", "write", "restore"}[
 // skipped because they were not well-formed snapshots of it (each time they
 // were read).
 func (c *Cluster) Skipped() uint64 { return c.skipped.Load() }
+
+// Conflicts returns how many times another process was found publishing
+// this zone's state under this process's instance id: processes that share
+// a data directory (see identity.go).
+func (c *Cluster) Conflicts() uint64 { return c.conflicts.Load() }
 
 // Failed returns how many storage operations of kind op failed.
 func (c *Cluster) Failed(op Op) uint64 { return c.failed[op].Load() }

@@ -21,7 +21,9 @@
 // snapshots' lists of resets. A peer is trusted no further than a valid
 // peer could go (trust.go): entries are size-checked before they are
 // loaded, snapshots dated too far ahead are purged, and a peer's blocks are
-// capped at a window and go with its snapshot.
+// capped at a window and go with its snapshot. Two processes with one
+// instance id notice each other and stop overwriting each other's
+// snapshot (identity.go).
 package storage
 
 import (

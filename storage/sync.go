@@ -54,6 +54,7 @@ type Syncer struct {
 	c        *Cluster
 	st       certmagic.Storage
 	instance string
+	proc     *process
 	iv       Intervals
 	log      *zap.Logger
 
@@ -82,7 +83,7 @@ type Syncer struct {
 // runs it.
 func NewSyncer(c *Cluster, st certmagic.Storage, instance string, iv Intervals, log *zap.Logger) *Syncer {
 	return &Syncer{
-		c: c, st: st, instance: instance, iv: iv, log: log,
+		c: c, st: st, instance: instance, proc: thisProcess, iv: iv, log: log,
 		failing: make(map[Op]time.Time, int(numOps)),
 		latest:  make(map[uint64]int64),
 		listed:  make(map[uint64]int64),
@@ -167,8 +168,11 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	c.rmu.Unlock()
 	s.sk, _ = c.sketch.AppendSnapshot(s.sk[:0], now)
 	s.blocks = c.blocks.appendOwn(s.blocks[:0], now.UnixNano())
-	s.buf = appendSnapshot(s.buf[:0], s.instance, now, s.sk, s.blocks, s.resets)
-	if err := s.st.Store(ctx, Key(c.shape.Zone, s.instance), s.buf); err != nil {
+	name := s.proc.name(s.instance)
+	key := Key(c.shape.Zone, name)
+	s.buf = appendSnapshot(s.buf[:0], name, now, s.sk, s.blocks, s.resets)
+	s.proc.noteWrite(key, now, s.buf)
+	if err := s.st.Store(ctx, key, s.buf); err != nil {
 		s.failed(OpWrite, now, err)
 		return
 	}
@@ -259,6 +263,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	defer c.mu.Unlock()
 	defer func() { clear(s.snaps) }() // no snapshot outlives its read
 	dir := Dir(c.shape.Zone)
+	own := s.proc.name(s.instance)
 	keys, err := s.st.List(ctx, dir, false)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.failed(OpRead, now, err)
@@ -267,7 +272,11 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	s.snaps = s.snaps[:0]
 	for _, key := range keys {
 		name := path.Base(key)
-		if name == s.instance || path.Dir(key) != dir {
+		if path.Dir(key) != dir {
+			continue
+		}
+		if name == own {
+			s.checkOwn(ctx, key)
 			continue
 		}
 		data, err := s.load(ctx, key)
@@ -289,6 +298,9 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		if err != nil {
 			s.skipped(key, err)
 			continue
+		}
+		if _, ours := s.proc.wrote(key, snap.written, data); ours {
+			continue // this process's state under the name it published as before its alias
 		}
 		if ahead := snap.written.Sub(now); ahead > MaxClockSkew {
 			if err := s.st.Delete(ctx, key); err == nil && now.Sub(s.skewLogged) >= s.iv.PurgeAge {
