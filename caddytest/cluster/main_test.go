@@ -22,7 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
+
 	"net/http"
 	"os"
 	"os/exec"
@@ -62,19 +62,21 @@ func TestMain(m *testing.M) {
 
 // node is one Caddy process.
 type node struct {
-	t     *testing.T
-	i     int
-	home  string // its XDG_DATA_HOME / XDG_CONFIG_HOME
-	cfg   string
-	env   []string // extra environment
-	admin int      // admin port
-	http  int      // HTTP port
-	token string   // its X-Node header
-	cmd   *exec.Cmd
-	mu    sync.Mutex
-	log   bytes.Buffer
-	done  chan struct{}
-	alive bool
+	t    *testing.T
+	i    int
+	home string // its XDG_DATA_HOME / XDG_CONFIG_HOME
+	cfg  string
+	// storage and body make its config with its ports.
+	storage, body string
+	env           []string // extra environment
+	admin         int      // admin port
+	http          int      // HTTP port
+	token         string   // its X-Node header
+	cmd           *exec.Cmd
+	mu            sync.Mutex
+	log           bytes.Buffer
+	done          chan struct{}
+	alive         bool
 }
 
 // startNode starts Caddy number i, on free admin and HTTP ports, with the
@@ -90,11 +92,22 @@ func startNode(t *testing.T, i int, home, storage, body string) *node {
 // newNode prepares Caddy number i as startNode does, without starting it.
 func newNode(t *testing.T, i int, home, storage, body string) *node {
 	t.Helper()
+	n := &node{t: t, i: i, home: home, storage: storage, body: body}
+	n.pickPorts()
+	t.Cleanup(n.kill)
+	return n
+}
+
+// pickPorts gives the node free admin and HTTP ports, and the config and
+// X-Node token that go with them.
+func (n *node) pickPorts() {
+	n.t.Helper()
 	ports, err := testcaddy.FreePorts(2)
 	if err != nil {
-		t.Fatal(err)
+		n.t.Fatal(err)
 	}
-	n := &node{t: t, i: i, home: home, admin: ports[0], http: ports[1], token: fmt.Sprintf("%d-%d-%d", os.Getpid(), i, ports[1])}
+	n.admin, n.http = ports[0], ports[1]
+	n.token = fmt.Sprintf("%d-%d-%d", os.Getpid(), n.i, n.http)
 	n.cfg = fmt.Sprintf(`{
 	admin localhost:%d
 	http_port %d
@@ -107,12 +120,29 @@ func newNode(t *testing.T, i int, home, storage, body string) *node {
 	header X-Node %s
 	%s
 }
-`, n.admin, n.http, storage, n.http, n.token, body)
-	t.Cleanup(n.kill)
-	return n
+`, n.admin, n.http, n.storage, n.http, n.token, n.body)
 }
 
+// portAttempts bounds how often a node starts again on new ports when one
+// of its ports was taken between FreePorts and Caddy's bind: the kernel
+// may hand a port that was just free to any outgoing connection.
+const portAttempts = 5
+
+// start starts the process and waits until it serves, on new ports if one
+// of its own was taken meanwhile.
 func (n *node) start() {
+	n.t.Helper()
+	for attempt := 1; ; attempt++ {
+		if n.startOnce(attempt == portAttempts) {
+			return
+		}
+		n.pickPorts()
+	}
+}
+
+// startOnce starts the process and waits until it serves; it reports false
+// if the process exited because a port was taken, unless last.
+func (n *node) startOnce(last bool) bool {
 	t := n.t
 	t.Helper()
 	cfgFile := filepath.Join(n.home, "Caddyfile")
@@ -148,13 +178,19 @@ func (n *node) start() {
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return
+		if n.serves() {
+			return true
 		}
 		select {
 		case <-n.done:
+			n.alive = false
+			if !last && strings.Contains(n.logs(), "address already in use") {
+				t.Logf("node %d: a port was taken before Caddy bound it; starting again on others", n.i)
+				n.mu.Lock()
+				n.log.Reset()
+				n.mu.Unlock()
+				return false
+			}
 			t.Fatalf("node %d exited while starting:\n%s", n.i, n.logs())
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -162,6 +198,22 @@ func (n *node) start() {
 			t.Fatalf("node %d did not listen within 30s:\n%s", n.i, n.logs())
 		}
 	}
+}
+
+// serves reports whether the node's own process answers on its HTTP port:
+// an answer from another process (one that took the port) does not count.
+func (n *node) serves() bool {
+	req, err := http.NewRequest(http.MethodOptions, "http://"+n.addr()+"/", nil)
+	if err != nil {
+		return false
+	}
+	req.Close = true
+	resp, err := (&http.Client{Timeout: time.Second}).Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.Header.Get("X-Node") == n.token
 }
 
 func (n *node) addr() string { return fmt.Sprintf("127.0.0.1:%d", n.http) }
