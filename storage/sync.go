@@ -59,6 +59,9 @@ type Syncer struct {
 	log      *zap.Logger
 
 	stop, done chan struct{}
+	// open gives st, which is nil until it has (NewSyncerOpening). Only
+	// the goroutine sets st; Stop reads it after the goroutine is done.
+	open func(context.Context) (certmagic.Storage, error)
 
 	// Used only by the goroutine (or by a test calling Write and Read).
 	buf, sk []byte
@@ -82,8 +85,34 @@ type Syncer struct {
 // NewSyncer returns a Syncer of c's state through st as instance; Start
 // runs it.
 func NewSyncer(c *Cluster, st certmagic.Storage, instance string, iv Intervals, log *zap.Logger) *Syncer {
+	s := newSyncer(c, instance, iv, log)
+	s.st = st
+	return s
+}
+
+// NewSyncerOpening is NewSyncer for a storage that does not answer yet
+// (a zone's own Redis down when the config loads): until open returns it,
+// the Cluster decides on this instance's counts alone and nothing is read
+// or published. Start tries open at once and then again after OpenRetry,
+// doubling up to MaxOpenRetry, until it succeeds, counting each failure as
+// a failed read; Restore and Stop do nothing before.
+func NewSyncerOpening(c *Cluster, open func(context.Context) (certmagic.Storage, error), instance string, iv Intervals, log *zap.Logger) *Syncer {
+	s := newSyncer(c, instance, iv, log)
+	s.open = open
+	return s
+}
+
+// OpenRetry is how long a Syncer made by NewSyncerOpening waits before it
+// tries its storage again; the wait doubles after each failure, up to
+// MaxOpenRetry (a storage client may log every failed dial).
+const (
+	OpenRetry    = time.Second
+	MaxOpenRetry = 10 * time.Second
+)
+
+func newSyncer(c *Cluster, instance string, iv Intervals, log *zap.Logger) *Syncer {
 	return &Syncer{
-		c: c, st: st, instance: instance, proc: thisProcess, iv: iv, log: log,
+		c: c, instance: instance, proc: thisProcess, iv: iv, log: log,
 		failing: make(map[Op]time.Time, int(numOps)),
 		latest:  make(map[uint64]int64),
 		listed:  make(map[uint64]int64),
@@ -106,6 +135,9 @@ func (s *Syncer) Stop() {
 	close(s.stop)
 	<-s.done
 	s.stop = nil
+	if s.st == nil {
+		return // the storage never answered: nothing to publish to
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(s.iv.Write, 5*time.Second))
 	defer cancel()
 	s.Write(ctx, time.Now())
@@ -122,6 +154,9 @@ func (s *Syncer) run() {
 		case <-s.done:
 		}
 	}()
+	if s.st == nil && !s.waitOpen(ctx) {
+		return
+	}
 	s.do(ctx, s.iv.Read, s.Read)
 	rt, wt := time.NewTicker(s.iv.Read), time.NewTicker(s.iv.Write)
 	defer rt.Stop()
@@ -135,6 +170,31 @@ func (s *Syncer) run() {
 		case <-wt.C:
 			s.do(ctx, s.iv.Write, s.Write)
 		}
+	}
+}
+
+// waitOpen tries open until it gives the storage, and reports false if the
+// Syncer was stopped first.
+func (s *Syncer) waitOpen(ctx context.Context) bool {
+	wait := OpenRetry
+	for {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := s.open(octx)
+		cancel()
+		if err == nil {
+			s.st = st
+			s.log.Info("cluster storage answers: this instance joins the cluster", zap.String("zone", s.c.shape.Zone))
+			return true
+		}
+		s.c.failed[OpRead].Add(1)
+		t := time.NewTimer(wait)
+		select {
+		case <-s.stop:
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		wait = min(2*wait, MaxOpenRetry)
 	}
 }
 
@@ -186,7 +246,7 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 func (s *Syncer) Restore(ctx context.Context, now time.Time) error {
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	if s.c.restored {
+	if s.c.restored || s.st == nil {
 		return nil
 	}
 	return s.restoreLocked(ctx, now)
