@@ -26,6 +26,9 @@ func (d *Distributed) Validate() error {
 			return fmt.Errorf("distributed: %s %v: must be at least %v", f.name, time.Duration(f.v), storage.MinInterval)
 		}
 	}
+	if d.Bursts != "" && d.Bursts != BurstsSplit && d.Bursts != BurstsFree {
+		return fmt.Errorf("distributed: bursts %q: must be %s or %s", d.Bursts, BurstsSplit, BurstsFree)
+	}
 	if d.PurgeAge < 0 {
 		return fmt.Errorf("distributed: purge_age %v: must not be negative", time.Duration(d.PurgeAge))
 	}
@@ -35,6 +38,12 @@ func (d *Distributed) Validate() error {
 	}
 	return nil
 }
+
+// The values of Distributed.Bursts.
+const (
+	BurstsSplit = "split"
+	BurstsFree  = "free"
+)
 
 // intervals returns the sync settings for a zone of the given window, with
 // the defaults filled in.
@@ -250,6 +259,7 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 	// outlives the config; the latest config to distribute the zone gets
 	// the call.
 	c.OnReset(z.buckets.Fill)
+	c.SplitBursts(d.Bursts != BurstsFree, z.dist.iv.Read)
 	if st.lazy != nil {
 		z.dist.syncer = storage.NewSyncerOpening(c, st.lazy.Open, inst.String(), z.dist.iv, ctx.Logger())
 	} else {

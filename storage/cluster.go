@@ -34,8 +34,16 @@ type Cluster struct {
 	sketch *limiter.Sketch
 	// peers is the sum of the other instances' snapshots as last read; nil
 	// before the first read.
-	peers  atomic.Pointer[limiter.SketchSum]
-	blocks mitigation
+	peers atomic.Pointer[limiter.SketchSum]
+	// shared is the sum decisions read: peers plus, when bursts are split
+	// and other instances are live, what this instance leaves to them of
+	// each key (limiter.SketchSum.WithShares); else peers itself.
+	shared atomic.Pointer[limiter.SketchSum]
+	// split is set when bursts are split (SplitBursts); shareWait is the
+	// read interval, after which shares are re-balanced (nanoseconds).
+	split     atomic.Bool
+	shareWait atomic.Int64
+	blocks    mitigation
 
 	// mu serialises the syncers' I/O (two overlap during a config reload)
 	// and guards readGen and restored.
@@ -114,12 +122,21 @@ func (c *Cluster) TakeHash(h uint64, weight int64, now time.Time) (limiter.Decis
 	if d, ok := c.blockedAt(h, now); ok {
 		return d, limiter.Reservation{}
 	}
-	peers := c.peers.Load()
-	d, r := c.sketch.TakeHashWith(h, weight, now, peers)
+	shared := c.shared.Load()
+	d, r := c.sketch.TakeHashWith(h, weight, now, shared)
 	if !d.Allowed {
-		c.mitigate(h, weight, now, peers, d)
+		d = c.mitigate(h, weight, now, shared, d)
 	}
 	return d, r
+}
+
+// SplitBursts sets whether each instance grants a key at most its share of
+// what the cluster has left for it (see limiter.SketchSum.WithShares), so
+// that a key hit on every instance at once gets about its quota: from the
+// next read on, which re-balances the shares every reread.
+func (c *Cluster) SplitBursts(on bool, reread time.Duration) {
+	c.split.Store(on)
+	c.shareWait.Store(int64(reread))
 }
 
 // PeekHash answers whether TakeHash would grant the request, charging and
@@ -128,7 +145,7 @@ func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decisi
 	if d, ok := c.blockedAt(h, now); ok {
 		return d
 	}
-	return c.sketch.PeekHashWith(h, weight, now, c.peers.Load())
+	return c.sketch.PeekHashWith(h, weight, now, c.shared.Load())
 }
 
 // Refund gives back what TakeHash charged.
@@ -143,20 +160,29 @@ func (c *Cluster) blockedAt(h uint64, now time.Time) (limiter.Decision, bool) {
 	return limiter.Decision{Limit: c.sketch.Quota(), RetryAfter: wait, Reset: wait}, true
 }
 
-// mitigate blocks the key after the denial d of a request of weight, if
-// the key is over its limit rather than the request too heavy for what is
-// left: until a request of weight 1 would pass.
-func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, peers *limiter.SketchSum, d limiter.Decision) {
-	if weight > 1 {
-		if d = c.sketch.PeekHashWith(h, 1, now, peers); d.Allowed {
-			return
+// mitigate blocks the key after the denial d, on the sum shared, of a
+// request of weight, if the key is over its limit rather than the request
+// too heavy for what is left or over this instance's share: until a
+// request of weight 1 would pass. A denial by the share alone blocks
+// nothing (the other instances may still grant the key); its wait is at
+// most until the next read re-balances the shares. It returns the
+// decision to answer with.
+func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, shared *limiter.SketchSum, d limiter.Decision) limiter.Decision {
+	peers := c.peers.Load()
+	over := d
+	if weight > 1 || shared != peers {
+		if over = c.sketch.PeekHashWith(h, 1, now, peers); over.Allowed {
+			if wait := time.Duration(c.shareWait.Load()); shared != peers && wait > 0 && wait < d.RetryAfter {
+				d.RetryAfter = wait
+			}
+			return d
 		}
 	}
-	if d.RetryAfter <= 0 || d.RetryAfter == limiter.Never {
-		return
+	if over.RetryAfter <= 0 || over.RetryAfter == limiter.Never {
+		return d
 	}
 	n := now.UnixNano()
-	until := n + int64(d.RetryAfter)
+	until := n + int64(over.RetryAfter)
 	c.blocks.add(h, until, n)
 	// A reset may have forgotten the counts this decision read, and lifted
 	// the key's block, before the block above went in: it would then stand
@@ -165,6 +191,7 @@ func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, peers *limiter
 	if c.resetting.Load() && c.sketch.PeekHashWith(h, 1, now, c.peers.Load()).Allowed {
 		c.blocks.remove(h, until)
 	}
+	return d
 }
 
 // An Op is a kind of storage operation a Syncer does.

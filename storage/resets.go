@@ -78,7 +78,13 @@ func (c *Cluster) Reset(h uint64, now time.Time) {
 	// change, and the block goes after both the own counts and the sum.
 	c.resetting.Store(true)
 	c.sketch.ResetHash(h, now, now)
-	c.peers.Store(c.peers.Load().WithoutHash(h, now))
+	peers, shared := c.peers.Load(), c.shared.Load()
+	c.peers.Store(peers.WithoutHash(h, now))
+	if shared != peers {
+		c.shared.Store(shared.WithoutHash(h, now))
+	} else {
+		c.shared.Store(c.peers.Load())
+	}
 	c.blocks.remove(h, math.MaxInt64)
 	if r := (reset{hash: h, at: n}); !c.knownLocked(r) {
 		c.recordLocked(r)

@@ -77,6 +77,12 @@ type Syncer struct {
 	// failure after a success is logged at WARN, then at most one line per
 	// interval until storage works again, which is logged at INFO.
 	failing map[Op]time.Time
+	// counted holds two bitmaps of the cells the own sketch counted, taken
+	// at counted[i].at, for the shares (alone).
+	counted [2]struct {
+		bits []uint64
+		at   time.Time
+	}
 	// skewLogged is when the purge of a snapshot from a clock too far ahead
 	// was last logged: at most once per purge_age.
 	skewLogged time.Time
@@ -326,7 +332,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	own := s.proc.name(s.instance)
 	keys, err := s.st.List(ctx, dir, false)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.failed(OpRead, now, err)
+		s.readFailed(now, err)
 		return
 	}
 	s.snaps = s.snaps[:0]
@@ -345,7 +351,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 				continue // deleted since the listing
 			}
 			if ctx.Err() != nil {
-				s.failed(OpRead, now, err)
+				s.readFailed(now, err)
 				return
 			}
 			s.skipped(key, err) // a directory, an unreadable file, one too large
@@ -408,6 +414,23 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		added = append(added, snap)
 	}
 
+	// Each key's share of what the cluster has left, over the instances
+	// live now: those that published within three write intervals.
+	// The instances are ranked by name, for the remainders of the shares.
+	shared := sum
+	if c.split.Load() {
+		live, rank := 1, 0
+		for _, snap := range added {
+			if now.Sub(snap.written) <= 3*s.iv.Write {
+				live++
+				if snap.instance < own {
+					rank++
+				}
+			}
+		}
+		shared = sum.WithShares(c.sketch, live, rank, now, s.alone(now))
+	}
+
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	// Resets asked for here while the sum was built: no snapshot lists
@@ -415,11 +438,15 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	for _, e := range c.resets.list {
 		if e.seq > seq {
 			sum.ForgetHash(e.hash, time.Unix(0, e.at))
+			if shared != sum {
+				shared.ForgetHash(e.hash, time.Unix(0, e.at))
+			}
 			s.lifted = append(s.lifted, e.hash)
 			s.latest[e.hash] = max(s.latest[e.hash], e.at)
 		}
 	}
 	c.peers.Store(sum)
+	c.shared.Store(shared)
 	// The keys' blocks are lifted once neither the own counts nor the sum
 	// count them any more (see mitigate); then the peers' blocks are
 	// added, but not those of a key from a snapshot that predates its
@@ -463,6 +490,44 @@ func (s *Syncer) load(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %d bytes", errTooLarge, len(data))
 	}
 	return data, err
+}
+
+// alone returns the bitmap of the cells that this instance counted at
+// least a write and a read interval ago: any other instance's counts of
+// them from then on have been published and read since, so one the peers'
+// sum does not count is used by this instance alone (nil if there is none
+// that old yet). It takes a new bitmap once the newest is that old, so a
+// key that only reaches this instance is known as such within two write
+// and two read intervals.
+func (s *Syncer) alone(now time.Time) []uint64 {
+	age := s.iv.Write + s.iv.Read
+	newest, other := &s.counted[0], &s.counted[1]
+	if other.at.After(newest.at) {
+		newest, other = other, newest
+	}
+	var bits []uint64
+	switch {
+	case newest.bits != nil && now.Sub(newest.at) >= age:
+		bits = newest.bits
+	case other.bits != nil && now.Sub(other.at) >= age:
+		bits = other.bits
+	}
+	if newest.bits == nil || now.Sub(newest.at) >= age {
+		// The other bitmap, older still, is not the one returned.
+		other.bits, other.at = s.c.sketch.AppendCounted(other.bits, now), now
+	}
+	return bits
+}
+
+// readFailed counts and logs a failed read, and drops this instance's
+// shares (see SplitBursts): without a view of the others they cannot be
+// re-balanced, and the instance limits with its own counts and the peers'
+// last ones, as it would without shares.
+func (s *Syncer) readFailed(now time.Time, err error) {
+	s.failed(OpRead, now, err)
+	s.c.rmu.Lock()
+	s.c.shared.Store(s.c.peers.Load())
+	s.c.rmu.Unlock()
 }
 
 func (s *Syncer) skipped(key string, err error) {
