@@ -15,19 +15,17 @@ import (
 // (rank is this instance's, from 0 to n − 1), so that they add up to what
 // is left. So n instances that decide on the same counts grant a key at
 // most what the cluster had left for it, and a key hit on all of them at
-// once gets about its quota, not n of them. A cell that alone (nil for
-// none) marks, in which the sum counts nothing, is used by this instance
-// alone: nothing is reserved in it, and a key that only ever reaches this
-// instance keeps its whole quota. The caller marks the cells s counted
-// long enough ago that the other instances' counts of them, if any, would
-// be in the sum by now (AppendCounted).
+// once gets about its quota, not n of them. Every cell gets its
+// reservation: a decision passes when any of the key's rows fits, so a
+// key is let off its share (a key only this instance counts) by deciding
+// on the sum without shares, never cell by cell (KeyCells, CellZero).
 //
 // The shares are fixed when the copy is made, from the counts of then: an
 // instance makes a new one at each read of its peers, so the shares follow
 // where a key's requests go. The sum itself, which deciders may be
 // reading, is unchanged. It allocates as much as NewSketchSum, and walks
 // every cell once. A nil sum, or n < 2, gives the sum itself.
-func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, alone []uint64) *SketchSum {
+func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time) *SketchSum {
 	if t == nil || n < 2 {
 		return t
 	}
@@ -45,9 +43,6 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, alone []ui
 		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
 		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
 		peerPrev, peerCurr := uint64(c.counts[2*i]), uint64(c.counts[2*i+1])
-		if peerPrev+peerCurr == 0 && i/64 < len(alone) && alone[i/64]&(1<<(i%64)) != 0 {
-			continue
-		}
 		// The cell's estimate, rounded up, as sketchView.remaining takes it.
 		hi, lo := bits.Mul64(ownPrev+peerPrev, rest)
 		h2, l2 := bits.Mul64(ownCurr+peerCurr, w)
@@ -76,7 +71,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, alone []ui
 }
 
 // AppendCounted appends a bitmap of the cells in which s counts something
-// at now (bit i%64 of word i/64 for cell i), for WithShares, reusing dst.
+// at now (bit i%64 of word i/64 for cell i), reusing dst.
 func (s *Sketch) AppendCounted(dst []uint64, now time.Time) []uint64 {
 	cells := s.rows * int(s.width)
 	dst = append(dst[:0], make([]uint64, (cells+63)/64)...)
@@ -90,3 +85,18 @@ func (s *Sketch) AppendCounted(dst []uint64, now time.Time) []uint64 {
 	}
 	return dst
 }
+
+// KeyCells sets cells to the index of the cell the key with hash h uses in
+// each row of s, and returns the number of rows.
+func (s *Sketch) KeyCells(h uint64, cells *[MaxSketchRows]int) int {
+	var cols sketchCols
+	s.columns(h, &cols)
+	for i := range s.rows {
+		cells[i] = int(cols[i] / 2)
+	}
+	return s.rows
+}
+
+// CellZero reports whether the sum counts nothing in cell i, in either
+// window.
+func (t *SketchSum) CellZero(i int) bool { return t.counts[2*i]|t.counts[2*i+1] == 0 }

@@ -39,6 +39,9 @@ type Cluster struct {
 	// and other instances are live, what this instance leaves to them of
 	// each key (limiter.SketchSum.WithShares); else peers itself.
 	shared atomic.Pointer[limiter.SketchSum]
+	// sole marks the cells only this instance counts (Syncer.sole): a key
+	// all of whose cells it marks decides on peers, without shares.
+	sole atomic.Pointer[[]uint64]
 	// split is set when bursts are split (SplitBursts); shareWait is the
 	// read interval, after which shares are re-balanced (nanoseconds).
 	split     atomic.Bool
@@ -122,7 +125,7 @@ func (c *Cluster) TakeHash(h uint64, weight int64, now time.Time) (limiter.Decis
 	if d, ok := c.blockedAt(h, now); ok {
 		return d, limiter.Reservation{}
 	}
-	shared := c.shared.Load()
+	shared := c.decisionSum(h)
 	d, r := c.sketch.TakeHashWith(h, weight, now, shared)
 	if !d.Allowed {
 		d = c.mitigate(h, weight, now, shared, d)
@@ -145,7 +148,24 @@ func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decisi
 	if d, ok := c.blockedAt(h, now); ok {
 		return d
 	}
-	return c.sketch.PeekHashWith(h, weight, now, c.shared.Load())
+	return c.sketch.PeekHashWith(h, weight, now, c.decisionSum(h))
+}
+
+// decisionSum is the peers' sum a decision on the key with hash h reads:
+// with shares, unless all of the key's cells are this instance's alone.
+func (c *Cluster) decisionSum(h uint64) *limiter.SketchSum {
+	shared := c.shared.Load()
+	sole := c.sole.Load()
+	if sole == nil || len(*sole) == 0 {
+		return shared
+	}
+	var cells [limiter.MaxSketchRows]int
+	for _, i := range cells[:c.sketch.KeyCells(h, &cells)] {
+		if (*sole)[i/64]&(1<<(i%64)) == 0 {
+			return shared
+		}
+	}
+	return c.peers.Load()
 }
 
 // Refund gives back what TakeHash charged.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	mathbits "math/bits"
 	"net/url"
 	"path"
 	"time"
@@ -417,7 +418,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	// Each key's share of what the cluster has left, over the instances
 	// live now: those that published within three write intervals.
 	// The instances are ranked by name, for the remainders of the shares.
-	shared := sum
+	shared, sole := sum, []uint64(nil)
 	if c.split.Load() {
 		live, rank := 1, 0
 		for _, snap := range added {
@@ -428,7 +429,8 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 				}
 			}
 		}
-		shared = sum.WithShares(c.sketch, live, rank, now, s.alone(now))
+		shared = sum.WithShares(c.sketch, live, rank, now)
+		sole = s.sole(now, sum)
 	}
 
 	c.rmu.Lock()
@@ -447,6 +449,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	}
 	c.peers.Store(sum)
 	c.shared.Store(shared)
+	c.sole.Store(&sole)
 	// The keys' blocks are lifted once neither the own counts nor the sum
 	// count them any more (see mitigate); then the peers' blocks are
 	// added, but not those of a key from a snapshot that predates its
@@ -492,14 +495,15 @@ func (s *Syncer) load(ctx context.Context, key string) ([]byte, error) {
 	return data, err
 }
 
-// alone returns the bitmap of the cells that this instance counted at
-// least a write and a read interval ago: any other instance's counts of
-// them from then on have been published and read since, so one the peers'
-// sum does not count is used by this instance alone (nil if there is none
-// that old yet). It takes a new bitmap once the newest is that old, so a
-// key that only reaches this instance is known as such within two write
-// and two read intervals.
-func (s *Syncer) alone(now time.Time) []uint64 {
+// sole returns the bitmap of the cells that this instance counted at
+// least a write and a read interval ago and that sum, the peers' as read
+// now, does not count: any other instance's counts of them from then on
+// have been published and read since, so they are this instance's alone.
+// A key all of whose cells are is let off its share (Cluster.TakeHash).
+// It is nil while no bitmap of the own counts is that old yet. A new one
+// is taken once the newest is that old, so a key that only reaches this
+// instance is known as such within two write and two read intervals.
+func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum) []uint64 {
 	age := s.iv.Write + s.iv.Read
 	newest, other := &s.counted[0], &s.counted[1]
 	if other.at.After(newest.at) {
@@ -512,11 +516,24 @@ func (s *Syncer) alone(now time.Time) []uint64 {
 	case other.bits != nil && now.Sub(other.at) >= age:
 		bits = other.bits
 	}
+	var sole []uint64
+	if bits != nil {
+		sole = make([]uint64, len(bits))
+		for w, b := range bits {
+			for b != 0 {
+				i := w*64 + mathbits.TrailingZeros64(b)
+				b &= b - 1
+				if sum.CellZero(i) {
+					sole[w] |= 1 << (i % 64)
+				}
+			}
+		}
+	}
 	if newest.bits == nil || now.Sub(newest.at) >= age {
-		// The other bitmap, older still, is not the one returned.
+		// The other bitmap, older still, is not the one read above.
 		other.bits, other.at = s.c.sketch.AppendCounted(other.bits, now), now
 	}
-	return bits
+	return sole
 }
 
 // readFailed counts and logs a failed read, and drops this instance's
