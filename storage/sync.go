@@ -109,6 +109,12 @@ func NewSyncerOpening(c *Cluster, open func(context.Context) (certmagic.Storage,
 	return s
 }
 
+// liveWrites is how many write intervals an instance's last snapshot may
+// be old for the instance to count as live in the shares (SplitBursts): a
+// loaded instance may publish late, and one counted live while dead only
+// makes the others' shares smaller for that long.
+const liveWrites = 10
+
 // OpenRetry is how long a Syncer made by NewSyncerOpening waits before it
 // tries its storage again; the wait doubles after each failure, up to
 // MaxOpenRetry (a storage client may log every failed dial).
@@ -416,13 +422,13 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	}
 
 	// Each key's share of what the cluster has left, over the instances
-	// live now: those that published within three write intervals.
+	// live now: those that published within liveWrites write intervals.
 	// The instances are ranked by name, for the remainders of the shares.
 	shared, sole := sum, []uint64(nil)
 	if c.split.Load() {
 		live, rank := 1, 0
 		for _, snap := range added {
-			if now.Sub(snap.written) <= 3*s.iv.Write {
+			if now.Sub(snap.written) <= liveWrites*s.iv.Write {
 				live++
 				if snap.instance < own {
 					rank++

@@ -49,6 +49,9 @@ func TestZoneStorageDownAtStartAndReload(t *testing.T) {
 	nodes := startCluster(t, 2, "", body)
 	const warning = "the zones' storage is not available"
 	for _, n := range nodes {
+		waitFor(t, 5*time.Second, fmt.Sprintf("node %d logging the storage being down", n.i), func() bool {
+			return strings.Count(n.logs(), warning) >= 1
+		})
 		if got := strings.Count(n.logs(), warning); got != 1 {
 			t.Fatalf("node %d logged the storage being down %d times, want once:\n%s", n.i, got, n.logs())
 		}
@@ -60,6 +63,10 @@ func TestZoneStorageDownAtStartAndReload(t *testing.T) {
 	}
 	for _, n := range nodes {
 		n.reload()
+		// Its log reaches the test through a pipe, a moment later.
+		waitFor(t, 5*time.Second, fmt.Sprintf("node %d logging the storage being down again", n.i), func() bool {
+			return strings.Count(n.logs(), warning) >= 2
+		})
 		if got := strings.Count(n.logs(), warning); got != 2 {
 			t.Fatalf("node %d after a reload logged the storage being down %d times, want once per load", n.i, got)
 		}
