@@ -54,6 +54,7 @@ func init() {
 //	        read_interval  <duration>      # default 5s
 //	        write_interval <duration>      # default 5s
 //	        purge_age      <duration>      # default max(1m, 2 windows)
+//	        bursts         split|free      # default split: a key hit on every instance at once gets about its limit
 //	    }
 //	    storage <module...>                # default: the config's storage
 //	    jitter  <fraction>
@@ -267,6 +268,15 @@ func parseDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
 			dst = &dist.WriteInterval
 		case "purge_age":
 			dst = &dist.PurgeAge
+		case "bursts":
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			dist.Bursts = d.Val()
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			continue
 		default:
 			return nil, d.Errf("distributed: unrecognized subdirective %q", d.Val())
 		}

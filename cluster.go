@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -25,6 +26,9 @@ func (d *Distributed) Validate() error {
 			return fmt.Errorf("distributed: %s %v: must be at least %v", f.name, time.Duration(f.v), storage.MinInterval)
 		}
 	}
+	if d.Bursts != "" && d.Bursts != BurstsSplit && d.Bursts != BurstsFree {
+		return fmt.Errorf("distributed: bursts %q: must be %s or %s", d.Bursts, BurstsSplit, BurstsFree)
+	}
 	if d.PurgeAge < 0 {
 		return fmt.Errorf("distributed: purge_age %v: must not be negative", time.Duration(d.PurgeAge))
 	}
@@ -34,6 +38,12 @@ func (d *Distributed) Validate() error {
 	}
 	return nil
 }
+
+// The values of Distributed.Bursts.
+const (
+	BurstsSplit = "split"
+	BurstsFree  = "free"
+)
 
 // intervals returns the sync settings for a zone of the given window, with
 // the defaults filled in.
@@ -55,16 +65,43 @@ func (d *Distributed) intervals(window time.Duration) storage.Intervals {
 	return iv
 }
 
+// zoneStorage is the storage distributed zones sync through: st, or, while
+// a zone's own storage module cannot be provisioned (its Redis down when
+// the config loads), the module to provision again.
+type zoneStorage struct {
+	st   certmagic.Storage
+	lazy *lazyStorage
+}
+
 // loadStorage returns the storage a module's StorageRaw names, or the
-// config's storage (Caddy's `storage` global option) if raw is empty.
-func loadStorage(ctx caddy.Context, module any, field string, raw json.RawMessage) (certmagic.Storage, error) {
+// config's storage (Caddy's `storage` global option) if raw is empty. A
+// storage module that is not registered, or whose config does not decode,
+// is an error; one whose provisioning fails (a Redis module dials its
+// server) is not: the zones then start on local limits, the failure is
+// logged once, and the module is provisioned again in the background until
+// it works (lazyStorage).
+func loadStorage(ctx caddy.Context, module any, field string, raw json.RawMessage) (zoneStorage, error) {
 	if len(raw) == 0 {
-		return ctx.Storage(), nil
+		return zoneStorage{st: ctx.Storage()}, nil
+	}
+	lazy, err := newLazyStorage(ctx, raw)
+	if err != nil {
+		return zoneStorage{}, err
 	}
 	mod, err := ctx.LoadModule(module, field)
 	if err != nil {
-		return nil, fmt.Errorf("loading storage module: %v", err)
+		ctx.Logger().Warn("the zones' storage is not available: they limit on this instance alone, and join the cluster when it answers (tried again after 1s, then at most every 10s)",
+			zap.String("storage", lazy.id), zap.Error(err))
+		return zoneStorage{lazy: lazy}, nil
 	}
+	st, err := certMagicStorage(mod)
+	if err != nil {
+		return zoneStorage{}, err
+	}
+	return zoneStorage{st: st}, nil
+}
+
+func certMagicStorage(mod any) (certmagic.Storage, error) {
 	conv, ok := mod.(caddy.StorageConverter)
 	if !ok {
 		return nil, fmt.Errorf("storage module %T is not a caddy.StorageConverter", mod)
@@ -74,6 +111,99 @@ func loadStorage(ctx caddy.Context, module any, field string, raw json.RawMessag
 		return nil, fmt.Errorf("creating storage: %v", err)
 	}
 	return st, nil
+}
+
+// A lazyStorage is a storage module to provision outside Caddy's config
+// load, once it can be: its Open is called by every zone's syncer until one
+// succeeds, and the module is cleaned up with the config.
+type lazyStorage struct {
+	ctx  caddy.Context
+	id   string
+	info caddy.ModuleInfo
+	raw  json.RawMessage // without the module name
+
+	mu  sync.Mutex
+	st  certmagic.Storage
+	mod caddy.Module
+}
+
+// newLazyStorage checks that raw names a registered storage module and
+// decodes into it, as ctx.LoadModule would, without provisioning it.
+func newLazyStorage(ctx caddy.Context, raw json.RawMessage) (*lazyStorage, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return nil, fmt.Errorf("storage: %v", err)
+	}
+	var name string
+	if err := json.Unmarshal(fields["module"], &name); err != nil || name == "" {
+		return nil, fmt.Errorf("storage: no module name")
+	}
+	delete(fields, "module")
+	rest, err := json.Marshal(fields)
+	if err != nil {
+		return nil, fmt.Errorf("storage: %v", err)
+	}
+	info, err := caddy.GetModule("caddy.storage." + name)
+	if err != nil {
+		return nil, fmt.Errorf("storage: %v", err)
+	}
+	l := &lazyStorage{ctx: ctx, id: string(info.ID), info: info, raw: rest}
+	if _, err := l.decode(); err != nil {
+		return nil, err
+	}
+	ctx.OnCancel(l.close)
+	return l, nil
+}
+
+func (l *lazyStorage) decode() (caddy.Module, error) {
+	val := l.info.New()
+	if err := caddy.StrictUnmarshalJSON(l.raw, &val); err != nil {
+		return nil, fmt.Errorf("storage: decoding module config: %s: %v", l.id, err)
+	}
+	return val, nil
+}
+
+// Open provisions the module, if no call has yet, and returns its storage.
+func (l *lazyStorage) Open(context.Context) (certmagic.Storage, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.st != nil {
+		return l.st, nil
+	}
+	if err := l.ctx.Err(); err != nil {
+		return nil, err // the config is gone
+	}
+	mod, err := l.decode()
+	if err != nil {
+		return nil, err
+	}
+	if p, ok := mod.(caddy.Provisioner); ok {
+		err = p.Provision(l.ctx)
+	}
+	if v, ok := mod.(caddy.Validator); ok && err == nil {
+		err = v.Validate()
+	}
+	var st certmagic.Storage
+	if err == nil {
+		st, err = certMagicStorage(mod)
+	}
+	if err != nil {
+		if c, ok := mod.(caddy.CleanerUpper); ok {
+			_ = c.Cleanup()
+		}
+		return nil, err
+	}
+	l.st, l.mod = st, mod
+	return st, nil
+}
+
+func (l *lazyStorage) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c, ok := l.mod.(caddy.CleanerUpper); ok {
+		_ = c.Cleanup()
+	}
+	l.mod = nil
 }
 
 // distributeZones makes zones cluster-wide as d says, through the storage
@@ -105,7 +235,6 @@ const restoreTimeout = 5 * time.Second
 type distributedZone struct {
 	cluster *storage.Cluster
 	shape   storage.Shape
-	st      certmagic.Storage
 	iv      storage.Intervals
 	syncer  *storage.Syncer // while its config runs
 }
@@ -114,7 +243,7 @@ type distributedZone struct {
 // against the cluster's sliding-window estimate. The first config of the
 // process to distribute a zone restores this instance's last published
 // state of it before serving.
-func (z *zone) distribute(ctx caddy.Context, d *Distributed, st certmagic.Storage) error {
+func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) error {
 	inst, err := caddy.InstanceID()
 	if err != nil {
 		return fmt.Errorf("zone %q: distributed: instance id: %v", z.name, err)
@@ -124,13 +253,18 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st certmagic.Storag
 	if err != nil {
 		return fmt.Errorf("zone %q: distributed: %v", z.name, err)
 	}
-	z.dist = &distributedZone{cluster: c, shape: shape, st: st, iv: d.intervals(z.limit.Window)}
+	z.dist = &distributedZone{cluster: c, shape: shape, iv: d.intervals(z.limit.Window)}
 	// A reset read from another instance fills the key's buckets here, as
 	// DELETE on that instance's admin API filled them there. The cluster
 	// outlives the config; the latest config to distribute the zone gets
 	// the call.
 	c.OnReset(z.buckets.Fill)
-	z.dist.syncer = storage.NewSyncer(c, st, inst.String(), z.dist.iv, ctx.Logger())
+	c.SplitBursts(d.Bursts != BurstsFree, z.dist.iv.Read)
+	if st.lazy != nil {
+		z.dist.syncer = storage.NewSyncerOpening(c, st.lazy.Open, inst.String(), z.dist.iv, ctx.Logger())
+	} else {
+		z.dist.syncer = storage.NewSyncer(c, st.st, inst.String(), z.dist.iv, ctx.Logger())
+	}
 	if created {
 		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 		defer cancel()

@@ -91,6 +91,37 @@ func TestGlobalOptionDistributed(t *testing.T) {
 	}
 }
 
+// bursts takes split or free; anything else fails naming the field.
+func TestDistributedBursts(t *testing.T) {
+	for _, c := range []struct {
+		in, want, err string
+	}{
+		{"bursts free", BurstsFree, ""},
+		{"bursts split", BurstsSplit, ""},
+		{"", "", ""},
+		{"bursts sometimes", "", `distributed: bursts "sometimes": must be split or free`},
+		{"bursts", "", "wrong argument count"},
+	} {
+		v, err := parseGlobal(caddyfile.NewTestDispenser("rate_limit {\n\tdistributed {\n\t\t"+c.in+"\n\t}\n}"), nil)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: error %v, want %q", c.in, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", c.in, err)
+		}
+		var app App
+		if err := json.Unmarshal(v.(httpcaddyfile.App).Value, &app); err != nil {
+			t.Fatal(err)
+		}
+		if app.Distributed.Bursts != c.want {
+			t.Errorf("%q: bursts %q, want %q", c.in, app.Distributed.Bursts, c.want)
+		}
+	}
+}
+
 // A distributed zone's decision is its bucket's, made stricter by the
 // cluster's.
 func TestStricter(t *testing.T) {

@@ -129,6 +129,15 @@ type Distributed struct {
 	// deleted (that instance is gone). Default: the longest of 1m, two
 	// windows and two write intervals; at least two write intervals.
 	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
+	// How a key's burst is shared between instances: "split" (default)
+	// or "free". With split, each instance grants a key at most its share
+	// of what the cluster has left for it, re-balanced at every read, so a
+	// key hit on every instance at once gets about its limit; a key that
+	// only reaches one instance gets its share at first and the rest
+	// after one read. With free, each instance grants whatever the
+	// cluster's counts leave, so a key hit on N instances at once can get
+	// up to N times its limit before the syncs catch up.
+	Bursts string `json:"bursts,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.

@@ -161,6 +161,9 @@ var (
 	clusterErrorsDesc = prometheus.NewDesc("caddy_rate_limit_cluster_storage_errors_total",
 		"Failed cluster storage operations of a distributed zone (read, write, restore): meanwhile it limits with what this instance knows.",
 		[]string{"zone", "op"}, nil)
+	clusterConflictsDesc = prometheus.NewDesc("caddy_rate_limit_cluster_instance_conflicts_total",
+		"Times a distributed zone found another process publishing under this process's Caddy instance id (processes sharing a data directory); after the first, this process publishes under a name of its own.",
+		[]string{"zone"}, nil)
 	clusterLastSuccessDesc = prometheus.NewDesc("caddy_rate_limit_cluster_last_success_timestamp_seconds",
 		"When a distributed zone's cluster storage read (its view of the other instances) or write (theirs of it) last succeeded, as Unix time: time() minus it is how stale that view may be.",
 		[]string{"zone", "op"}, nil)
@@ -172,7 +175,7 @@ type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, synsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc,
-		declinedDesc, configDesc, keysDesc, clusterSkippedDesc, clusterErrorsDesc, clusterLastSuccessDesc} {
+		declinedDesc, configDesc, keysDesc, clusterSkippedDesc, clusterErrorsDesc, clusterConflictsDesc, clusterLastSuccessDesc} {
 		ch <- d
 	}
 }
@@ -206,6 +209,7 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		if z.dist != nil {
 			cl := z.dist.cluster
 			ch <- prometheus.MustNewConstMetric(clusterSkippedDesc, prometheus.CounterValue, float64(cl.Skipped()), z.name)
+			ch <- prometheus.MustNewConstMetric(clusterConflictsDesc, prometheus.CounterValue, float64(cl.Conflicts()), z.name)
 			for _, op := range storage.Ops {
 				ch <- prometheus.MustNewConstMetric(clusterErrorsDesc, prometheus.CounterValue, float64(cl.Failed(op)), z.name, op.String())
 			}

@@ -3,7 +3,9 @@ package storage
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
+	"path"
 	"sync"
 	"testing"
 	"time"
@@ -37,8 +39,10 @@ func BenchmarkSyncBytes(b *testing.B) {
 			}
 			st := &certmagic.FileStorage{Path: b.TempDir()}
 			w := NewSyncer(c, st, "writer", testIntervals, zap.NewNop())
+			w.proc = newProcess()
 			peer, _ := newCluster(Shape{Zone: "z", Window: time.Minute, Width: benchWidth}, 100)
 			r := NewSyncer(peer, st, "reader", testIntervals, zap.NewNop())
+			r.proc = newProcess()
 			b.ResetTimer()
 			for range b.N {
 				w.Write(context.Background(), now)
@@ -54,31 +58,61 @@ func BenchmarkSyncBytes(b *testing.B) {
 // discard is a storage that costs nothing, so that BenchmarkDecision
 // measures what syncing costs the decisions themselves (CPU and memory
 // traffic of encoding, decoding and swapping the peers' sum), not the disk.
-type discard struct {
+// memStorage is an in-memory certmagic.Storage (without locks) that counts
+// the bytes stored and loaded.
+type memStorage struct {
 	certmagic.Storage
-	mu   sync.Mutex
-	data map[string][]byte
+	mu             sync.Mutex
+	data           map[string][]byte
+	stored, loaded int64
 }
 
-func (d *discard) Store(_ context.Context, k string, v []byte) error {
+func newMemStorage() *memStorage { return &memStorage{data: map[string][]byte{}} }
+
+func (d *memStorage) Store(_ context.Context, k string, v []byte) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.data[k] = append(d.data[k][:0], v...)
+	d.data[k] = append(d.data[k][:0:0], v...)
+	d.stored += int64(len(v))
 	return nil
 }
 
-func (d *discard) Load(_ context.Context, k string) ([]byte, error) {
+func (d *memStorage) Load(_ context.Context, k string) ([]byte, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.data[k], nil
+	v, ok := d.data[k]
+	if !ok {
+		return nil, fs.ErrNotExist
+	}
+	d.loaded += int64(len(v))
+	return v, nil
 }
 
-func (d *discard) List(_ context.Context, p string, _ bool) ([]string, error) {
+func (d *memStorage) Stat(_ context.Context, k string) (certmagic.KeyInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v, ok := d.data[k]
+	if !ok {
+		return certmagic.KeyInfo{}, fs.ErrNotExist
+	}
+	return certmagic.KeyInfo{Key: k, Size: int64(len(v)), IsTerminal: true}, nil
+}
+
+func (d *memStorage) Delete(_ context.Context, k string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.data, k)
+	return nil
+}
+
+func (d *memStorage) List(_ context.Context, p string, _ bool) ([]string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var keys []string
 	for k := range d.data {
-		keys = append(keys, k)
+		if path.Dir(k) == p {
+			keys = append(keys, k)
+		}
 	}
 	return keys, nil
 }
@@ -90,7 +124,7 @@ func BenchmarkDecision(b *testing.B) {
 	for _, syncing := range []bool{false, true} {
 		b.Run(fmt.Sprintf("sync=%v", syncing), func(b *testing.B) {
 			shape := Shape{Zone: "z", Window: time.Minute, Width: benchWidth}
-			st := &discard{data: map[string][]byte{}}
+			st := newMemStorage()
 			now := time.Now()
 			rng := rand.New(rand.NewPCG(3, 4))
 			var c *Cluster
@@ -101,6 +135,7 @@ func BenchmarkDecision(b *testing.B) {
 					cl.sketch.TakeHashWith(rng.Uint64(), 1, now, nil)
 				}
 				s := NewSyncer(cl, st, fmt.Sprint("i", i), testIntervals, zap.NewNop())
+				s.proc = newProcess()
 				s.Write(context.Background(), now)
 				syncers = append(syncers, s)
 				if i == 0 {

@@ -34,11 +34,22 @@ type Cluster struct {
 	sketch *limiter.Sketch
 	// peers is the sum of the other instances' snapshots as last read; nil
 	// before the first read.
-	peers  atomic.Pointer[limiter.SketchSum]
-	blocks mitigation
+	peers atomic.Pointer[limiter.SketchSum]
+	// shared is the sum decisions read: peers plus, when bursts are split
+	// and other instances are live, what this instance leaves to them of
+	// each key (limiter.SketchSum.WithShares); else peers itself.
+	shared atomic.Pointer[limiter.SketchSum]
+	// sole marks the cells only this instance counts (Syncer.sole): a key
+	// all of whose cells it marks decides on peers, without shares.
+	sole atomic.Pointer[[]uint64]
+	// split is set when bursts are split (SplitBursts); shareWait is the
+	// read interval, after which shares are re-balanced (nanoseconds).
+	split     atomic.Bool
+	shareWait atomic.Int64
+	blocks    mitigation
 
 	// mu serialises the syncers' I/O (two overlap during a config reload)
-	// and guards restored.
+	// and guards readGen and restored.
 	mu sync.Mutex
 	// skipped counts entries under the zone's directory that were not
 	// well-formed snapshots of it; failed counts failed storage ops.
@@ -47,6 +58,14 @@ type Cluster struct {
 	// lastOK is the time (Unix nanoseconds) of each op's last success; 0
 	// before the first.
 	lastOK [numOps]atomic.Int64
+
+	// conflicts counts the reads that found another process's snapshot
+	// under this process's name.
+	conflicts atomic.Uint64
+
+	// readGen numbers the reads, to lift the peers' blocks that a read no
+	// longer finds (mitigation.dropStalePeers).
+	readGen uint64
 
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so
@@ -106,12 +125,21 @@ func (c *Cluster) TakeHash(h uint64, weight int64, now time.Time) (limiter.Decis
 	if d, ok := c.blockedAt(h, now); ok {
 		return d, limiter.Reservation{}
 	}
-	peers := c.peers.Load()
-	d, r := c.sketch.TakeHashWith(h, weight, now, peers)
+	shared := c.decisionSum(h)
+	d, r := c.sketch.TakeHashWith(h, weight, now, shared)
 	if !d.Allowed {
-		c.mitigate(h, weight, now, peers, d)
+		d = c.mitigate(h, weight, now, shared, d)
 	}
 	return d, r
+}
+
+// SplitBursts sets whether each instance grants a key at most its share of
+// what the cluster has left for it (see limiter.SketchSum.WithShares), so
+// that a key hit on every instance at once gets about its quota: from the
+// next read on, which re-balances the shares every reread.
+func (c *Cluster) SplitBursts(on bool, reread time.Duration) {
+	c.split.Store(on)
+	c.shareWait.Store(int64(reread))
 }
 
 // PeekHash answers whether TakeHash would grant the request, charging and
@@ -120,7 +148,24 @@ func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decisi
 	if d, ok := c.blockedAt(h, now); ok {
 		return d
 	}
-	return c.sketch.PeekHashWith(h, weight, now, c.peers.Load())
+	return c.sketch.PeekHashWith(h, weight, now, c.decisionSum(h))
+}
+
+// decisionSum is the peers' sum a decision on the key with hash h reads:
+// with shares, unless all of the key's cells are this instance's alone.
+func (c *Cluster) decisionSum(h uint64) *limiter.SketchSum {
+	shared := c.shared.Load()
+	sole := c.sole.Load()
+	if sole == nil || len(*sole) == 0 {
+		return shared
+	}
+	var cells [limiter.MaxSketchRows]int
+	for _, i := range cells[:c.sketch.KeyCells(h, &cells)] {
+		if (*sole)[i/64]&(1<<(i%64)) == 0 {
+			return shared
+		}
+	}
+	return c.peers.Load()
 }
 
 // Refund gives back what TakeHash charged.
@@ -135,21 +180,30 @@ func (c *Cluster) blockedAt(h uint64, now time.Time) (limiter.Decision, bool) {
 	return limiter.Decision{Limit: c.sketch.Quota(), RetryAfter: wait, Reset: wait}, true
 }
 
-// mitigate blocks the key after the denial d of a request of weight, if
-// the key is over its limit rather than the request too heavy for what is
-// left: until a request of weight 1 would pass.
-func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, peers *limiter.SketchSum, d limiter.Decision) {
-	if weight > 1 {
-		if d = c.sketch.PeekHashWith(h, 1, now, peers); d.Allowed {
-			return
+// mitigate blocks the key after the denial d, on the sum shared, of a
+// request of weight, if the key is over its limit rather than the request
+// too heavy for what is left or over this instance's share: until a
+// request of weight 1 would pass. A denial by the share alone blocks
+// nothing (the other instances may still grant the key); its wait is at
+// most until the next read re-balances the shares. It returns the
+// decision to answer with.
+func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, shared *limiter.SketchSum, d limiter.Decision) limiter.Decision {
+	peers := c.peers.Load()
+	over := d
+	if weight > 1 || shared != peers {
+		if over = c.sketch.PeekHashWith(h, 1, now, peers); over.Allowed {
+			if wait := time.Duration(c.shareWait.Load()); shared != peers && wait > 0 && wait < d.RetryAfter {
+				d.RetryAfter = wait
+			}
+			return d
 		}
 	}
-	if d.RetryAfter <= 0 || d.RetryAfter == limiter.Never {
-		return
+	if over.RetryAfter <= 0 || over.RetryAfter == limiter.Never {
+		return d
 	}
 	n := now.UnixNano()
-	until := n + int64(d.RetryAfter)
-	c.blocks.add(h, until, n, true)
+	until := n + int64(over.RetryAfter)
+	c.blocks.add(h, until, n)
 	// A reset may have forgotten the counts this decision read, and lifted
 	// the key's block, before the block above went in: it would then stand
 	// on counts that are gone. While resets are recent, the block is
@@ -157,6 +211,7 @@ func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, peers *limiter
 	if c.resetting.Load() && c.sketch.PeekHashWith(h, 1, now, c.peers.Load()).Allowed {
 		c.blocks.remove(h, until)
 	}
+	return d
 }
 
 // An Op is a kind of storage operation a Syncer does.
@@ -179,6 +234,11 @@ func (o Op) String() string { return [numOps]string{"read", "write", "restore"}[
 // skipped because they were not well-formed snapshots of it (each time they
 // were read).
 func (c *Cluster) Skipped() uint64 { return c.skipped.Load() }
+
+// Conflicts returns how many times another process was found publishing
+// this zone's state under this process's instance id: processes that share
+// a data directory (see identity.go).
+func (c *Cluster) Conflicts() uint64 { return c.conflicts.Load() }
 
 // Failed returns how many storage operations of kind op failed.
 func (c *Cluster) Failed(op Op) uint64 { return c.failed[op].Load() }

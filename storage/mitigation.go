@@ -21,12 +21,19 @@ type mitigation struct {
 	slots [MitigationSlots]atomic.Pointer[mitEntry]
 }
 
+// A mitEntry is one key's block: the one this instance decided (own, which
+// it publishes) and the one read from peers (peer, only enforced), each a
+// time in Unix nanoseconds, 0 if none. They are kept apart so that a read
+// can lift what the peers no longer publish without lifting what this
+// instance decided.
 type mitEntry struct {
-	block
-	// own marks a block this instance decided, which it publishes; blocks
-	// read from peers are only enforced.
-	own bool
+	hash      uint64
+	own, peer int64
+	// gen is the read that last set peer (mitigation.dropStalePeers).
+	gen uint64
 }
+
+func (e *mitEntry) until() int64 { return max(e.own, e.peer) }
 
 func (m *mitigation) pair(h uint64) (*atomic.Pointer[mitEntry], *atomic.Pointer[mitEntry]) {
 	i := h & (MitigationSlots - 1)
@@ -38,21 +45,50 @@ func (m *mitigation) pair(h uint64) (*atomic.Pointer[mitEntry], *atomic.Pointer[
 func (m *mitigation) blocked(h uint64, now int64) (until int64, ok bool) {
 	a, b := m.pair(h)
 	for _, s := range [2]*atomic.Pointer[mitEntry]{a, b} {
-		if e := s.Load(); e != nil && e.hash == h && e.until > now {
-			return e.until, true
+		if e := s.Load(); e != nil && e.hash == h && e.until() > now {
+			return e.until(), true
 		}
 	}
 	return 0, false
 }
 
-// add blocks the key with hash h until until, unless it is already blocked
-// at least as long. now tells which entries have expired.
-func (m *mitigation) add(h uint64, until, now int64, own bool) {
+// add blocks the key with hash h until until, by this instance's own
+// decision, unless it is already so blocked at least as long. now tells
+// which entries have expired.
+func (m *mitigation) add(h uint64, until, now int64) {
+	m.put(h, until, now, func(e *mitEntry) bool {
+		if e.own >= until {
+			return false
+		}
+		e.own = until
+		return true
+	})
+}
+
+// addPeer blocks the key with hash h until until, as a peer's snapshot
+// read in read number gen says. Within one read the longest of the peers'
+// blocks holds; a later read replaces what earlier ones set.
+func (m *mitigation) addPeer(h uint64, until, now int64, gen uint64) {
+	m.put(h, until, now, func(e *mitEntry) bool {
+		if e.gen == gen && e.peer >= until {
+			return false
+		}
+		if e.gen != gen || until > e.peer {
+			e.peer = until
+		}
+		e.gen = gen
+		return true
+	})
+}
+
+// put changes the key's entry with set, a copy of its entry or a new one,
+// unless set reports no change. A new entry takes a free or expired slot of
+// the pair, or else the one whose block ends first.
+func (m *mitigation) put(h uint64, until, now int64, set func(*mitEntry) bool) {
 	if until <= now {
 		return
 	}
 	a, b := m.pair(h)
-	next := &mitEntry{block: block{hash: h, until: until}, own: own}
 	for {
 		ea, eb := a.Load(), b.Load()
 		slot, old := a, ea
@@ -60,17 +96,18 @@ func (m *mitigation) add(h uint64, until, now int64, own bool) {
 		case ea != nil && ea.hash == h:
 		case eb != nil && eb.hash == h:
 			slot, old = b, eb
-		case ea == nil || ea.until <= now:
-		case eb == nil || eb.until <= now || eb.until < ea.until:
+		case ea == nil || ea.until() <= now:
+		case eb == nil || eb.until() <= now || eb.until() < ea.until():
 			slot, old = b, eb
 		}
+		next := mitEntry{hash: h}
 		if old != nil && old.hash == h {
-			if old.until >= until {
-				return
-			}
-			next.own = own || old.own
+			next = *old
 		}
-		if slot.CompareAndSwap(old, next) {
+		if !set(&next) {
+			return
+		}
+		if slot.CompareAndSwap(old, &next) {
 			return
 		}
 	}
@@ -80,11 +117,32 @@ func (m *mitigation) add(h uint64, until, now int64, own bool) {
 // at now.
 func (m *mitigation) appendOwn(dst []block, now int64) []block {
 	for i := range m.slots {
-		if e := m.slots[i].Load(); e != nil && e.own && e.until > now {
-			dst = append(dst, e.block)
+		if e := m.slots[i].Load(); e != nil && e.own > now {
+			dst = append(dst, block{hash: e.hash, until: e.own})
 		}
 	}
 	return dst
+}
+
+// dropStalePeers lifts the peers' blocks that read number gen did not set:
+// their snapshots are gone, or no longer list them.
+func (m *mitigation) dropStalePeers(gen uint64) {
+	for i := range m.slots {
+		s := &m.slots[i]
+		for {
+			e := s.Load()
+			if e == nil || e.peer == 0 || e.gen >= gen {
+				break
+			}
+			var next *mitEntry
+			if e.own != 0 {
+				next = &mitEntry{hash: e.hash, own: e.own}
+			}
+			if s.CompareAndSwap(e, next) {
+				break
+			}
+		}
+	}
 }
 
 // remove lifts the block of the key with hash h if it ends by upTo (Unix
@@ -94,7 +152,7 @@ func (m *mitigation) remove(h uint64, upTo int64) {
 	for _, s := range [2]*atomic.Pointer[mitEntry]{a, b} {
 		for {
 			e := s.Load()
-			if e == nil || e.hash != h || e.until > upTo || s.CompareAndSwap(e, nil) {
+			if e == nil || e.hash != h || e.until() > upTo || s.CompareAndSwap(e, nil) {
 				break
 			}
 		}

@@ -42,11 +42,6 @@ import (
 // in its snapshot: 1,024 resets within two windows.
 const MaxResets = 1024
 
-// maxResetLead is how far after this instance's clock a peer's reset may be
-// and still be learned: a reset further in the future comes from a broken
-// clock, or is not a reset at all.
-const maxResetLead = time.Minute
-
 // A reset lets the key with hash hash pass again as of at (Unix
 // nanoseconds): the counts of it from before at are forgotten.
 type reset struct {
@@ -83,7 +78,13 @@ func (c *Cluster) Reset(h uint64, now time.Time) {
 	// change, and the block goes after both the own counts and the sum.
 	c.resetting.Store(true)
 	c.sketch.ResetHash(h, now, now)
-	c.peers.Store(c.peers.Load().WithoutHash(h, now))
+	peers, shared := c.peers.Load(), c.shared.Load()
+	c.peers.Store(peers.WithoutHash(h, now))
+	if shared != peers {
+		c.shared.Store(shared.WithoutHash(h, now))
+	} else {
+		c.shared.Store(c.peers.Load())
+	}
 	c.blocks.remove(h, math.MaxInt64)
 	if r := (reset{hash: h, at: n}); !c.knownLocked(r) {
 		c.recordLocked(r)
@@ -114,9 +115,10 @@ func (c *Cluster) knownLocked(r reset) bool {
 }
 
 // learnableLocked reports whether a reset read from a peer at now is one to
-// apply here: not known, not over, not from the far future.
+// apply here: not known, not over, not dated more than MaxClockSkew ahead (a
+// broken clock, or not a reset at all).
 func (c *Cluster) learnableLocked(r reset, now int64) bool {
-	return !c.knownLocked(r) && r.at <= now+int64(maxResetLead) && c.resetExpiry(r.at) > now
+	return !c.knownLocked(r) && r.at <= now+int64(MaxClockSkew) && c.resetExpiry(r.at) > now
 }
 
 // applyLocked applies a reset learned from a peer to this instance's own

@@ -370,7 +370,9 @@ func TestResetRaceWithABlock(t *testing.T) {
 }
 
 // Resets, decisions and syncs run concurrently without a data race (run
-// with -race): a reset never changes the peers' sum that decisions read.
+// with -race): a reset never changes the peers' sum that decisions read
+// (it replaces it), and once they are over the key passes with its whole
+// limit after one more reset.
 func TestResetConcurrently(t *testing.T) {
 	st, _ := fileStorage(t)
 	a, b := newNode(t, st, "a"), newNode(t, st, "b")
@@ -378,13 +380,30 @@ func TestResetConcurrently(t *testing.T) {
 	b.take("k", 5, now)
 	b.s.Write(bg, now)
 	a.s.Read(bg, now)
-	done := make(chan struct{})
+	// counted is what a peers' sum counts of k, read through an empty
+	// sketch of the zone's shape.
+	probe, _ := newCluster(a.c.shape, 10)
+	counted := func(p *limiter.SketchSum) int64 { return 10 - probe.sketch.PeekHashWith(hk, 1, now, p).Remaining }
+	type seen struct {
+		sum     *limiter.SketchSum
+		counted int64
+	}
+	first := seen{a.c.peers.Load(), counted(a.c.peers.Load())}
+	if first.counted != 5 {
+		t.Fatalf("the peers' sum counts %d of k, want b's 5", first.counted)
+	}
+	done := make(chan []seen)
 	go func() {
-		defer close(done)
+		var read []seen
 		for i := range 200 {
 			a.c.TakeHash(uint64(i%7), 1, now)
 			a.c.TakeHash(hk, 1, now)
+			if i%20 == 0 {
+				p := a.c.peers.Load()
+				read = append(read, seen{p, counted(p)})
+			}
 		}
+		done <- read
 	}()
 	for i := range 20 {
 		a.c.Reset(hk, now.Add(time.Duration(i)))
@@ -393,5 +412,17 @@ func TestResetConcurrently(t *testing.T) {
 			a.s.Write(bg, now)
 		}
 	}
-	<-done
+	for _, r := range append(<-done, first) {
+		if got := counted(r.sum); got != r.counted {
+			t.Fatalf("a peers' sum that decisions read changed under them: counted %d of k, then %d", r.counted, got)
+		}
+	}
+	if got := a.c.resets.seq; got != 20 {
+		t.Fatalf("recorded %d resets, want 20", got)
+	}
+	later := now.Add(time.Millisecond)
+	a.c.Reset(hk, later)
+	if !a.passes(10, later) {
+		t.Fatalf("after the last reset k does not have its whole limit: %+v", a.c.PeekHash(hk, 10, later))
+	}
 }

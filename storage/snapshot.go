@@ -18,7 +18,12 @@
 // and replaces the sum with a new one built from them, so a snapshot is
 // never counted twice and a dead instance's counts age out with its
 // windows. A key reset (Cluster.Reset, resets.go) spreads through the
-// snapshots' lists of resets.
+// snapshots' lists of resets. A peer is trusted no further than a valid
+// peer could go (trust.go): entries are size-checked before they are
+// loaded, snapshots dated too far ahead are purged, and a peer's blocks are
+// capped at a window and go with its snapshot. Two processes with one
+// instance id notice each other and stop overwriting each other's
+// snapshot (identity.go).
 package storage
 
 import (

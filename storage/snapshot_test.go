@@ -133,22 +133,22 @@ func FuzzDecodeSnapshot(f *testing.F) {
 func TestMitigation(t *testing.T) {
 	var m mitigation
 	const now = 1000
-	m.add(5, now+10, now, true)
+	m.add(5, now+10, now)
 	if u, ok := m.blocked(5, now); !ok || u != now+10 {
 		t.Fatalf("blocked(5) = %d, %v", u, ok)
 	}
 	if _, ok := m.blocked(5, now+10); ok {
 		t.Fatal("a block still holds at its end")
 	}
-	m.add(5, now+5, now, false) // shorter: ignored
+	m.addPeer(5, now+5, now, 1) // shorter: changes nothing
 	if u, _ := m.blocked(5, now); u != now+10 {
 		t.Fatalf("a shorter block replaced a longer one: %d", u)
 	}
 	// Keys sharing a pair: two fit, a third replaces the one ending first.
 	a, b, c := uint64(8), uint64(8+MitigationSlots), uint64(9+2*MitigationSlots)
-	m.add(a, now+30, now, false)
-	m.add(b, now+20, now, true)
-	m.add(c, now+40, now, false)
+	m.addPeer(a, now+30, now, 1)
+	m.add(b, now+20, now)
+	m.addPeer(c, now+40, now, 1)
 	if _, ok := m.blocked(b, now); ok {
 		t.Fatal("the block ending first was kept")
 	}
@@ -161,7 +161,40 @@ func TestMitigation(t *testing.T) {
 	if len(own) != 1 || own[0].hash != 5 {
 		t.Fatalf("own blocks %+v, want key 5 only", own)
 	}
-	if m.add(7, now, now, true); len(m.appendOwn(nil, now)) != 1 {
+	if m.add(7, now, now); len(m.appendOwn(nil, now)) != 1 {
 		t.Fatal("a block that has already ended was added")
+	}
+	// A peer's block on a key blocked here too: the longer holds; a read
+	// that no longer sets it lifts the peer's part only.
+	m.addPeer(5, now+50, now, 2)
+	if u, _ := m.blocked(5, now); u != now+50 {
+		t.Fatalf("the peer's longer block: until %d", u)
+	}
+	m.dropStalePeers(3)
+	if u, ok := m.blocked(5, now); !ok || u != now+10 {
+		t.Fatalf("after the peer's block went: until %d, %v, want the own block's end", u, ok)
+	}
+	if _, ok := m.blocked(c, now); ok {
+		t.Fatal("a peer's block that no read set any more stands")
+	}
+}
+
+// The checksum catches any single flipped bit, also one that leaves a
+// snapshot well formed (a count, a time, a key hash): nothing in a damaged
+// snapshot is trusted.
+func TestSnapshotChecksumCatchesEveryFlippedBit(t *testing.T) {
+	c, err := newCluster(Shape{Zone: "z", Window: time.Minute, Width: 64}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.TakeHash(limiter.HashString("k"), 3, t0)
+	sk, _ := c.sketch.AppendSnapshot(nil, t0)
+	data := appendSnapshot(nil, "inst", t0, sk, []block{{hash: 1, until: t0.UnixNano()}}, []reset{{hash: 2, at: t0.UnixNano()}})
+	for i := range len(data) * 8 {
+		bad := slices.Clone(data)
+		bad[i/8] ^= 1 << (i % 8)
+		if s, err := decodeSnapshot(bad, 2, 2); err == nil {
+			t.Fatalf("bit %d of byte %d flipped: decoded as %+v", i%8, i/8, s)
+		}
 	}
 }

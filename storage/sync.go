@@ -3,8 +3,10 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"math"
+	mathbits "math/bits"
 	"net/url"
 	"path"
 	"time"
@@ -53,10 +55,14 @@ type Syncer struct {
 	c        *Cluster
 	st       certmagic.Storage
 	instance string
+	proc     *process
 	iv       Intervals
 	log      *zap.Logger
 
 	stop, done chan struct{}
+	// open gives st, which is nil until it has (NewSyncerOpening). Only
+	// the goroutine sets st; Stop reads it after the goroutine is done.
+	open func(context.Context) (certmagic.Storage, error)
 
 	// Used only by the goroutine (or by a test calling Write and Read).
 	buf, sk []byte
@@ -72,13 +78,54 @@ type Syncer struct {
 	// failure after a success is logged at WARN, then at most one line per
 	// interval until storage works again, which is logged at INFO.
 	failing map[Op]time.Time
+	// counted holds two bitmaps of the cells the own sketch counted, taken
+	// at counted[i].at, for the shares (alone).
+	counted [2]struct {
+		bits []uint64
+		at   time.Time
+	}
+	// skewLogged is when the purge of a snapshot from a clock too far ahead
+	// was last logged: at most once per purge_age.
+	skewLogged time.Time
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
 // runs it.
 func NewSyncer(c *Cluster, st certmagic.Storage, instance string, iv Intervals, log *zap.Logger) *Syncer {
+	s := newSyncer(c, instance, iv, log)
+	s.st = st
+	return s
+}
+
+// NewSyncerOpening is NewSyncer for a storage that does not answer yet
+// (a zone's own Redis down when the config loads): until open returns it,
+// the Cluster decides on this instance's counts alone and nothing is read
+// or published. Start tries open at once and then again after OpenRetry,
+// doubling up to MaxOpenRetry, until it succeeds, counting each failure as
+// a failed read; Restore and Stop do nothing before.
+func NewSyncerOpening(c *Cluster, open func(context.Context) (certmagic.Storage, error), instance string, iv Intervals, log *zap.Logger) *Syncer {
+	s := newSyncer(c, instance, iv, log)
+	s.open = open
+	return s
+}
+
+// liveWrites is how many write intervals an instance's last snapshot may
+// be old for the instance to count as live in the shares (SplitBursts): a
+// loaded instance may publish late, and one counted live while dead only
+// makes the others' shares smaller for that long.
+const liveWrites = 10
+
+// OpenRetry is how long a Syncer made by NewSyncerOpening waits before it
+// tries its storage again; the wait doubles after each failure, up to
+// MaxOpenRetry (a storage client may log every failed dial).
+const (
+	OpenRetry    = time.Second
+	MaxOpenRetry = 10 * time.Second
+)
+
+func newSyncer(c *Cluster, instance string, iv Intervals, log *zap.Logger) *Syncer {
 	return &Syncer{
-		c: c, st: st, instance: instance, iv: iv, log: log,
+		c: c, instance: instance, proc: thisProcess, iv: iv, log: log,
 		failing: make(map[Op]time.Time, int(numOps)),
 		latest:  make(map[uint64]int64),
 		listed:  make(map[uint64]int64),
@@ -101,6 +148,9 @@ func (s *Syncer) Stop() {
 	close(s.stop)
 	<-s.done
 	s.stop = nil
+	if s.st == nil {
+		return // the storage never answered: nothing to publish to
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(s.iv.Write, 5*time.Second))
 	defer cancel()
 	s.Write(ctx, time.Now())
@@ -117,6 +167,9 @@ func (s *Syncer) run() {
 		case <-s.done:
 		}
 	}()
+	if s.st == nil && !s.waitOpen(ctx) {
+		return
+	}
 	s.do(ctx, s.iv.Read, s.Read)
 	rt, wt := time.NewTicker(s.iv.Read), time.NewTicker(s.iv.Write)
 	defer rt.Stop()
@@ -130,6 +183,31 @@ func (s *Syncer) run() {
 		case <-wt.C:
 			s.do(ctx, s.iv.Write, s.Write)
 		}
+	}
+}
+
+// waitOpen tries open until it gives the storage, and reports false if the
+// Syncer was stopped first.
+func (s *Syncer) waitOpen(ctx context.Context) bool {
+	wait := OpenRetry
+	for {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := s.open(octx)
+		cancel()
+		if err == nil {
+			s.st = st
+			s.log.Info("cluster storage answers: this instance joins the cluster", zap.String("zone", s.c.shape.Zone))
+			return true
+		}
+		s.c.failed[OpRead].Add(1)
+		t := time.NewTimer(wait)
+		select {
+		case <-s.stop:
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		wait = min(2*wait, MaxOpenRetry)
 	}
 }
 
@@ -163,8 +241,11 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	c.rmu.Unlock()
 	s.sk, _ = c.sketch.AppendSnapshot(s.sk[:0], now)
 	s.blocks = c.blocks.appendOwn(s.blocks[:0], now.UnixNano())
-	s.buf = appendSnapshot(s.buf[:0], s.instance, now, s.sk, s.blocks, s.resets)
-	if err := s.st.Store(ctx, Key(c.shape.Zone, s.instance), s.buf); err != nil {
+	name := s.proc.name(s.instance)
+	key := Key(c.shape.Zone, name)
+	s.buf = appendSnapshot(s.buf[:0], name, now, s.sk, s.blocks, s.resets)
+	s.proc.noteWrite(key, now, s.buf)
+	if err := s.st.Store(ctx, key, s.buf); err != nil {
 		s.failed(OpWrite, now, err)
 		return
 	}
@@ -178,7 +259,7 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 func (s *Syncer) Restore(ctx context.Context, now time.Time) error {
 	s.c.mu.Lock()
 	defer s.c.mu.Unlock()
-	if s.c.restored {
+	if s.c.restored || s.st == nil {
 		return nil
 	}
 	return s.restoreLocked(ctx, now)
@@ -186,16 +267,19 @@ func (s *Syncer) Restore(ctx context.Context, now time.Time) error {
 
 func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	c := s.c
-	data, err := s.st.Load(ctx, Key(c.shape.Zone, s.instance))
+	data, err := s.load(ctx, Key(c.shape.Zone, s.instance))
 	if errors.Is(err, fs.ErrNotExist) {
 		c.restored = true
 		return nil
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, errTooLarge) {
 		return err
 	}
 	c.restored = true
-	snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
+	var snap *snapshot
+	if err == nil {
+		snap, err = decodeSnapshot(data, MitigationSlots, MaxResets)
+	}
 	if err == nil && snap.instance != s.instance {
 		err = errors.New("snapshot of instance " + snap.instance)
 	}
@@ -224,7 +308,7 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	}
 	for _, b := range snap.blocks {
 		if !forgotten(s.forget, b.hash) {
-			c.blocks.add(b.hash, b.until, n, true)
+			c.blocks.add(b.hash, peerBlockUntil(b.until, snap.written.UnixNano(), n, c.shape.Window), n)
 		}
 	}
 	s.log.Info("restored this instance's cluster state", zap.String("zone", c.shape.Zone),
@@ -252,27 +336,32 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	defer c.mu.Unlock()
 	defer func() { clear(s.snaps) }() // no snapshot outlives its read
 	dir := Dir(c.shape.Zone)
+	own := s.proc.name(s.instance)
 	keys, err := s.st.List(ctx, dir, false)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.failed(OpRead, now, err)
+		s.readFailed(now, err)
 		return
 	}
 	s.snaps = s.snaps[:0]
 	for _, key := range keys {
 		name := path.Base(key)
-		if name == s.instance || path.Dir(key) != dir {
+		if path.Dir(key) != dir {
 			continue
 		}
-		data, err := s.st.Load(ctx, key)
+		if name == own {
+			s.checkOwn(ctx, key)
+			continue
+		}
+		data, err := s.load(ctx, key)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // deleted since the listing
 			}
 			if ctx.Err() != nil {
-				s.failed(OpRead, now, err)
+				s.readFailed(now, err)
 				return
 			}
-			s.skipped(key, err) // a directory, an unreadable file
+			s.skipped(key, err) // a directory, an unreadable file, one too large
 			continue
 		}
 		snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
@@ -281,6 +370,18 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 		if err != nil {
 			s.skipped(key, err)
+			continue
+		}
+		if _, ours := s.proc.wrote(key, snap.written, data); ours {
+			continue // this process's state under the name it published as before its alias
+		}
+		if ahead := snap.written.Sub(now); ahead > MaxClockSkew {
+			if err := s.st.Delete(ctx, key); err == nil && now.Sub(s.skewLogged) >= s.iv.PurgeAge {
+				s.skewLogged = now
+				s.log.Warn("deleted the snapshot of an instance whose clock is ahead by more than the tolerated skew",
+					zap.String("zone", c.shape.Zone), zap.String("instance", name), zap.Duration("ahead", ahead),
+					zap.Duration("max_clock_skew", MaxClockSkew))
+			}
 			continue
 		}
 		if now.Sub(snap.written) > s.iv.PurgeAge {
@@ -320,6 +421,24 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		added = append(added, snap)
 	}
 
+	// Each key's share of what the cluster has left, over the instances
+	// live now: those that published within liveWrites write intervals.
+	// The instances are ranked by name, for the remainders of the shares.
+	shared, sole := sum, []uint64(nil)
+	if c.split.Load() {
+		live, rank := 1, 0
+		for _, snap := range added {
+			if now.Sub(snap.written) <= liveWrites*s.iv.Write {
+				live++
+				if snap.instance < own {
+					rank++
+				}
+			}
+		}
+		shared = sum.WithShares(c.sketch, live, rank, now)
+		sole = s.sole(now, sum)
+	}
+
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	// Resets asked for here while the sum was built: no snapshot lists
@@ -327,11 +446,16 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	for _, e := range c.resets.list {
 		if e.seq > seq {
 			sum.ForgetHash(e.hash, time.Unix(0, e.at))
+			if shared != sum {
+				shared.ForgetHash(e.hash, time.Unix(0, e.at))
+			}
 			s.lifted = append(s.lifted, e.hash)
 			s.latest[e.hash] = max(s.latest[e.hash], e.at)
 		}
 	}
 	c.peers.Store(sum)
+	c.shared.Store(shared)
+	c.sole.Store(&sole)
 	// The keys' blocks are lifted once neither the own counts nor the sum
 	// count them any more (see mitigate); then the peers' blocks are
 	// added, but not those of a key from a snapshot that predates its
@@ -339,15 +463,94 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	for _, h := range s.lifted {
 		c.blocks.remove(h, math.MaxInt64)
 	}
+	// A peer's block lasts at most a window, and only while its snapshot
+	// lists it: the blocks no snapshot of this read listed are lifted.
+	c.readGen++
 	for _, snap := range added {
 		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
 		for _, b := range snap.blocks {
 			if !forgotten(s.forget, b.hash) {
-				c.blocks.add(b.hash, b.until, n, false)
+				c.blocks.addPeer(b.hash, peerBlockUntil(b.until, snap.written.UnixNano(), n, c.shape.Window), n, c.readGen)
 			}
 		}
 	}
+	c.blocks.dropStalePeers(c.readGen)
 	s.ok(OpRead, now)
+}
+
+// errTooLarge is load's error for an entry larger than any snapshot of the
+// zone.
+var errTooLarge = errors.New("larger than any snapshot of the zone")
+
+// load loads the entry under key if the storage reports it no larger than
+// the largest snapshot of the zone's shape: an entry that is not a snapshot
+// (a stray file, a peer gone wrong) never costs more memory than a real one.
+func (s *Syncer) load(ctx context.Context, key string) ([]byte, error) {
+	info, err := s.st.Stat(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if max := maxSnapshotSize(s.c.shape); info.Size > max {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, info.Size, max)
+	}
+	data, err := s.st.Load(ctx, key)
+	if err == nil && int64(len(data)) > maxSnapshotSize(s.c.shape) {
+		// It grew between the two calls: refused all the same.
+		return nil, fmt.Errorf("%w: %d bytes", errTooLarge, len(data))
+	}
+	return data, err
+}
+
+// sole returns the bitmap of the cells that this instance counted at
+// least a write and a read interval ago and that sum, the peers' as read
+// now, does not count: any other instance's counts of them from then on
+// have been published and read since, so they are this instance's alone.
+// A key all of whose cells are is let off its share (Cluster.TakeHash).
+// It is nil while no bitmap of the own counts is that old yet. A new one
+// is taken once the newest is that old, so a key that only reaches this
+// instance is known as such within two write and two read intervals.
+func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum) []uint64 {
+	age := s.iv.Write + s.iv.Read
+	newest, other := &s.counted[0], &s.counted[1]
+	if other.at.After(newest.at) {
+		newest, other = other, newest
+	}
+	var bits []uint64
+	switch {
+	case newest.bits != nil && now.Sub(newest.at) >= age:
+		bits = newest.bits
+	case other.bits != nil && now.Sub(other.at) >= age:
+		bits = other.bits
+	}
+	var sole []uint64
+	if bits != nil {
+		sole = make([]uint64, len(bits))
+		for w, b := range bits {
+			for b != 0 {
+				i := w*64 + mathbits.TrailingZeros64(b)
+				b &= b - 1
+				if sum.CellZero(i) {
+					sole[w] |= 1 << (i % 64)
+				}
+			}
+		}
+	}
+	if newest.bits == nil || now.Sub(newest.at) >= age {
+		// The other bitmap, older still, is not the one read above.
+		other.bits, other.at = s.c.sketch.AppendCounted(other.bits, now), now
+	}
+	return sole
+}
+
+// readFailed counts and logs a failed read, and drops this instance's
+// shares (see SplitBursts): without a view of the others they cannot be
+// re-balanced, and the instance limits with its own counts and the peers'
+// last ones, as it would without shares.
+func (s *Syncer) readFailed(now time.Time, err error) {
+	s.failed(OpRead, now, err)
+	s.c.rmu.Lock()
+	s.c.shared.Store(s.c.peers.Load())
+	s.c.rmu.Unlock()
 }
 
 func (s *Syncer) skipped(key string, err error) {

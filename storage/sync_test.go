@@ -42,6 +42,7 @@ func newNode(t *testing.T, st certmagic.Storage, instance string) *node {
 	core, logs := observer.New(zapcore.DebugLevel)
 	n := &node{c: c, logs: logs}
 	n.s = NewSyncer(c, st, instance, testIntervals, zap.New(core))
+	n.s.proc = newProcess() // each node plays a process of its own
 	return n
 }
 

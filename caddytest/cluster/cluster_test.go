@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // epsilon is the over-admission the tests accept for three instances
@@ -42,6 +43,13 @@ func zoneBody(window, purgeAge string) string {
 		}
 	}
 	respond "ok"`, limit, window, purgeAge)
+}
+
+// freeBursts sets bursts free in a zoneBody: for the tests that exhaust a
+// key on one node at once, which with bursts split gets its share there at
+// first and the rest only once a sync shows that no other node counts it.
+func freeBursts(body string) string {
+	return strings.Replace(body, "\t\t\tpurge_age", "\t\t\tbursts free\n\t\t\tpurge_age", 1)
 }
 
 func fileStorage(dir string) string { return "storage file_system " + dir }
@@ -115,6 +123,13 @@ func (n *node) waitRead(store string, since time.Time) {
 	n.waitWritten(store, fi.ModTime())
 }
 
+// exhaustWindow is the window of the tests that exhaust a key on one node
+// and expect its next request denied: long enough that no token returns
+// while the requests are sent (one per 30 s), however loaded the machine.
+// With a window of 1m one returned every 3 s, and a slow run let request
+// 21 through.
+const exhaustWindow = "10m"
+
 func exhaust(t *testing.T, n *node, key string) {
 	t.Helper()
 	for i := range limit {
@@ -130,7 +145,7 @@ func exhaust(t *testing.T, n *node, key string) {
 func TestKilledInstanceCountsUntilItsWindowAgesOut(t *testing.T) {
 	store := t.TempDir()
 	const window = 10 * time.Second
-	nodes := startCluster(t, 3, fileStorage(store), zoneBody("10s", "12s"))
+	nodes := startCluster(t, 3, fileStorage(store), freeBursts(zoneBody("10s", "12s")))
 	dead, b, c := nodes[0], nodes[1], nodes[2]
 	// Start at the beginning of a window (windows are aligned to Unix
 	// time), so that the key's count is all in one window.
@@ -221,7 +236,7 @@ func TestJunkUnderTheStorage(t *testing.T) {
 
 func TestRestartKeepsExhaustedKeys(t *testing.T) {
 	store := t.TempDir()
-	nodes := startCluster(t, 1, fileStorage(store), zoneBody("1m", "1m"))
+	nodes := startCluster(t, 1, fileStorage(store), zoneBody(exhaustWindow, "20m"))
 	a := nodes[0]
 	exhaust(t, a, "graceful")
 	a.stop()
@@ -258,20 +273,36 @@ func (n *node) rateLimitWarnings() int {
 	return k
 }
 
-// redis is a redis-server on loopback.
+// redis is a redis-server on loopback, on a port and in a directory of its
+// own.
 type redis struct {
-	t   *testing.T
-	cmd *exec.Cmd
+	t    *testing.T
+	port int
+	dir  string
+	cmd  *exec.Cmd
 }
 
+// startRedis starts a redis-server on a free port.
 func startRedis(t *testing.T) *redis {
+	t.Helper()
+	ports, err := testcaddy.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &redis{t: t, port: ports[0], dir: t.TempDir()}
+	r.start()
+	return r
+}
+
+// start starts (or starts again) the server on its port.
+func (r *redis) start() {
+	t := r.t
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Skip("redis-server is not installed (apt-get install redis-server; .ci/run installs it): skipping the Redis cluster test")
 	}
-	r := &redis{t: t}
-	r.cmd = exec.Command(bin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	r.cmd = exec.Command(bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r.dir)
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +311,15 @@ func startRedis(t *testing.T) *redis {
 		_, err := r.keys("*")
 		return err == nil
 	})
-	return r
+}
+
+// storage is the Caddyfile storage option of a Redis storage on r.
+func (r *redis) storage() string {
+	return fmt.Sprintf(`storage redis {
+		address 127.0.0.1:%d
+		key_prefix floodgate-test
+		timeout 1
+	}`, r.port)
 }
 
 func (r *redis) stop() {
@@ -294,7 +333,7 @@ func (r *redis) stop() {
 // keys returns the number of keys matching pattern (RESP, no client
 // library needed).
 func (r *redis) keys(pattern string) (int, error) {
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", redisPort), time.Second)
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", r.port), time.Second)
 	if err != nil {
 		return 0, err
 	}
@@ -313,12 +352,7 @@ func (r *redis) keys(pattern string) (int, error) {
 
 func TestRedisClusterSharesTheLimitAndSurvivesAnOutage(t *testing.T) {
 	r := startRedis(t)
-	storage := fmt.Sprintf(`storage redis {
-		address 127.0.0.1:%d
-		key_prefix floodgate-test
-		timeout 1
-	}`, redisPort)
-	nodes := startCluster(t, 3, storage, zoneBody("1m", "1m"))
+	nodes := startCluster(t, 3, r.storage(), zoneBody("1m", "1m"))
 	const snapshots = "floodgate-test/rate_limit/shared/*"
 	waitFor(t, 10*time.Second, "three snapshots in Redis", func() bool {
 		n, err := r.keys(snapshots)
@@ -365,7 +399,7 @@ func TestRedisClusterSharesTheLimitAndSurvivesAnOutage(t *testing.T) {
 	}
 
 	// Redis returns (empty): the cluster is whole again.
-	r = startRedis(t)
+	r.start()
 	down := time.Since(outage)
 	waitFor(t, 20*time.Second, "three snapshots back in Redis", func() bool {
 		n, err := r.keys(snapshots)
@@ -389,7 +423,7 @@ func TestRedisClusterSharesTheLimitAndSurvivesAnOutage(t *testing.T) {
 // returns its output.
 func (n *node) rateLimit(args ...string) string {
 	n.t.Helper()
-	cmd := exec.Command(caddyBin, append(append([]string{"rate-limit"}, args...), "--address", fmt.Sprintf("localhost:%d", adminBase+n.i))...)
+	cmd := exec.Command(caddyBin, append(append([]string{"rate-limit"}, args...), "--address", fmt.Sprintf("localhost:%d", n.admin))...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		n.t.Fatalf("caddy rate-limit %v: %v\n%s", args, err, out)
@@ -401,7 +435,7 @@ func (n *node) rateLimit(args ...string) string {
 // answer.
 func (n *node) adminDelete(zone, key string) floodgate.KeyInfo {
 	n.t.Helper()
-	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s/keys/%s", adminBase+n.i, zone, key), nil)
+	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s/keys/%s", n.admin, zone, key), nil)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -424,7 +458,7 @@ func (n *node) adminDelete(zone, key string) floodgate.KeyInfo {
 // cluster-wide.
 func TestResetReachesTheCluster(t *testing.T) {
 	store := t.TempDir()
-	nodes := startCluster(t, 3, fileStorage(store), zoneBody("1m", "1m"))
+	nodes := startCluster(t, 3, fileStorage(store), freeBursts(zoneBody(exhaustWindow, "20m")))
 	a, b, dead := nodes[0], nodes[1], nodes[2]
 	// One key's requests all go to node 1, draining its token bucket too.
 	exhaust(t, b, "sticky")

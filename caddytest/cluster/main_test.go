@@ -3,8 +3,12 @@
 // one storage on loopback: a file_system directory, or a redis-server the
 // tests start.
 //
-// Ports: admin localhost:2450-2452, HTTP 9500-9502, Redis 9529. Each process
-// gets its own XDG_DATA_HOME, hence its own Caddy instance id.
+// Ports are picked free at run time (testcaddy.FreePorts): each process its
+// admin and HTTP port, each redis-server its own port and directory, so two
+// copies of the suite on one machine never meet. Every answer carries the
+// answering process's X-Node token, and a request answered by any other
+// process fails the test. Each process gets its own XDG_DATA_HOME, hence
+// its own Caddy instance id, unless a test shares one on purpose.
 //
 // The tests wait for real processes' background sync (intervals of 100ms
 // set in their configs) by watching what it writes, with every loop bounded
@@ -18,7 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
+
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +32,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 var caddyBin string
@@ -54,31 +60,54 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-const (
-	adminBase = 2450
-	httpBase  = 9500
-	redisPort = 9529
-)
-
 // node is one Caddy process.
 type node struct {
-	t     *testing.T
-	i     int
-	home  string // its XDG_DATA_HOME / XDG_CONFIG_HOME
-	cfg   string
-	cmd   *exec.Cmd
-	mu    sync.Mutex
-	log   bytes.Buffer
-	done  chan struct{}
-	alive bool
+	t    *testing.T
+	i    int
+	home string // its XDG_DATA_HOME / XDG_CONFIG_HOME
+	cfg  string
+	// storage and body make its config with its ports.
+	storage, body string
+	env           []string // extra environment
+	admin         int      // admin port
+	http          int      // HTTP port
+	token         string   // its X-Node header
+	cmd           *exec.Cmd
+	mu            sync.Mutex
+	log           bytes.Buffer
+	done          chan struct{}
+	alive         bool
 }
 
-// startNode starts Caddy number i (ports adminBase+i, httpBase+i) with
-// the Caddyfile body (global options are added) and waits until it
-// serves. home keeps its instance id across restarts.
+// startNode starts Caddy number i, on free admin and HTTP ports, with the
+// Caddyfile body (global options are added) and waits until it serves.
+// home keeps its instance id across restarts.
 func startNode(t *testing.T, i int, home, storage, body string) *node {
 	t.Helper()
-	n := &node{t: t, i: i, home: home}
+	n := newNode(t, i, home, storage, body)
+	n.start()
+	return n
+}
+
+// newNode prepares Caddy number i as startNode does, without starting it.
+func newNode(t *testing.T, i int, home, storage, body string) *node {
+	t.Helper()
+	n := &node{t: t, i: i, home: home, storage: storage, body: body}
+	n.pickPorts()
+	t.Cleanup(n.kill)
+	return n
+}
+
+// pickPorts gives the node free admin and HTTP ports, and the config and
+// X-Node token that go with them.
+func (n *node) pickPorts() {
+	n.t.Helper()
+	ports, err := testcaddy.FreePorts(2)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.admin, n.http = ports[0], ports[1]
+	n.token = fmt.Sprintf("%d-%d-%d", os.Getpid(), n.i, n.http)
 	n.cfg = fmt.Sprintf(`{
 	admin localhost:%d
 	http_port %d
@@ -88,15 +117,32 @@ func startNode(t *testing.T, i int, home, storage, body string) *node {
 	%s
 }
 :%d {
+	header X-Node %s
 	%s
 }
-`, adminBase+i, httpBase+i, storage, httpBase+i, body)
-	n.start()
-	t.Cleanup(n.kill)
-	return n
+`, n.admin, n.http, n.storage, n.http, n.token, n.body)
 }
 
+// portAttempts bounds how often a node starts again on new ports when one
+// of its ports was taken between FreePorts and Caddy's bind: the kernel
+// may hand a port that was just free to any outgoing connection.
+const portAttempts = 5
+
+// start starts the process and waits until it serves, on new ports if one
+// of its own was taken meanwhile.
 func (n *node) start() {
+	n.t.Helper()
+	for attempt := 1; ; attempt++ {
+		if n.startOnce(attempt == portAttempts) {
+			return
+		}
+		n.pickPorts()
+	}
+}
+
+// startOnce starts the process and waits until it serves; it reports false
+// if the process exited because a port was taken, unless last.
+func (n *node) startOnce(last bool) bool {
 	t := n.t
 	t.Helper()
 	cfgFile := filepath.Join(n.home, "Caddyfile")
@@ -107,7 +153,7 @@ func (n *node) start() {
 		t.Fatal(err)
 	}
 	n.cmd = exec.Command(caddyBin, "run", "--config", cfgFile, "--adapter", "caddyfile")
-	n.cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+n.home, "XDG_CONFIG_HOME="+n.home, "HOME="+n.home)
+	n.cmd.Env = append(append(os.Environ(), "XDG_DATA_HOME="+n.home, "XDG_CONFIG_HOME="+n.home, "HOME="+n.home), n.env...)
 	stderr, err := n.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -132,13 +178,19 @@ func (n *node) start() {
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return
+		if n.serves() {
+			return true
 		}
 		select {
 		case <-n.done:
+			n.alive = false
+			if !last && strings.Contains(n.logs(), "address already in use") {
+				t.Logf("node %d: a port was taken before Caddy bound it; starting again on others", n.i)
+				n.mu.Lock()
+				n.log.Reset()
+				n.mu.Unlock()
+				return false
+			}
 			t.Fatalf("node %d exited while starting:\n%s", n.i, n.logs())
 		case <-time.After(50 * time.Millisecond):
 		}
@@ -148,7 +200,23 @@ func (n *node) start() {
 	}
 }
 
-func (n *node) addr() string { return fmt.Sprintf("127.0.0.1:%d", httpBase+n.i) }
+// serves reports whether the node's own process answers on its HTTP port:
+// an answer from another process (one that took the port) does not count.
+func (n *node) serves() bool {
+	req, err := http.NewRequest(http.MethodOptions, "http://"+n.addr()+"/", nil)
+	if err != nil {
+		return false
+	}
+	req.Close = true
+	resp, err := (&http.Client{Timeout: time.Second}).Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.Header.Get("X-Node") == n.token
+}
+
+func (n *node) addr() string { return fmt.Sprintf("127.0.0.1:%d", n.http) }
 
 func (n *node) logs() string {
 	n.mu.Lock()
@@ -207,6 +275,9 @@ func (n *node) get(key string) (int, time.Duration) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
+	if got := resp.Header.Get("X-Node"); got != n.token {
+		n.t.Fatalf("node %d: answered by another process (X-Node %q, want %q): its port was taken", n.i, got, n.token)
+	}
 	return resp.StatusCode, time.Since(start)
 }
 
@@ -214,7 +285,7 @@ func (n *node) get(key string) (int, time.Duration) {
 // admin /metrics.
 func (n *node) metric(name string) float64 {
 	n.t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", adminBase+n.i))
+	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", n.admin))
 	if err != nil {
 		n.t.Fatal(err)
 	}

@@ -1,0 +1,95 @@
+package cluster
+
+import (
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+)
+
+// burst sends perNode requests for key to every node at once and returns
+// how many were allowed.
+func burst(t *testing.T, nodes []*node, key string, perNode int) int {
+	t.Helper()
+	var mu sync.Mutex
+	allowed := 0
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, n := range nodes {
+		for range perNode {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if code, _ := n.get(key); code == http.StatusOK {
+					mu.Lock()
+					allowed++
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	return allowed
+}
+
+// waitSynced waits until every node has read every other's snapshot.
+func waitSynced(t *testing.T, store string, nodes []*node) {
+	t.Helper()
+	now := time.Now()
+	for _, n := range nodes {
+		n.waitWritten(store, now)
+	}
+	for _, n := range nodes {
+		n.waitRead(store, now)
+	}
+}
+
+// A fresh key hit on three instances at the same instant gets at most 1.1×
+// its limit (+1) with bursts split (the default), where with bursts free
+// each instance grants it a whole limit. A key that only reaches one
+// instance still gets its whole limit, after a sync or two.
+func TestSimultaneousBurstOnThreeInstances(t *testing.T) {
+	for _, mode := range []string{"split", "free"} {
+		t.Run(mode, func(t *testing.T) {
+			store := t.TempDir()
+			body := zoneBody("1m", "1m")
+			if mode == "free" {
+				body = freeBursts(body)
+			}
+			nodes := startCluster(t, 3, fileStorage(store), body)
+			waitSynced(t, store, nodes)
+			allowed := burst(t, nodes, "simultaneous", limit)
+			t.Logf("bursts %s: a fresh key, %d requests on each of 3 instances at once: %d allowed for a limit of %d (ratio %.2f)",
+				mode, limit, allowed, limit, float64(allowed)/limit)
+			if mode == "free" {
+				if allowed < 2*limit {
+					t.Fatalf("bursts free: %d allowed, want each instance's whole limit", allowed)
+				}
+				return
+			}
+			if max := limit*11/10 + 1; allowed > max {
+				t.Fatalf("bursts split: %d allowed, want at most %d", allowed, max)
+			}
+			// One instance alone: a burst there gets its share at once, the
+			// rest after a sync or two.
+			start := time.Now()
+			first := burst(t, nodes[:1], "alone", limit)
+			got, sent := first, limit
+			waitFor(t, 10*time.Second, "a single-instance key reaching its whole limit", func() bool {
+				sent++
+				if code, _ := nodes[0].get("alone"); code == http.StatusOK {
+					got++
+				}
+				return got == limit
+			})
+			took := time.Since(start)
+			t.Logf("bursts split: a key on one instance: %d of a burst of %d at once, its whole %d after %v (%d requests; read_interval 100ms)",
+				first, limit, limit, took.Round(time.Millisecond), sent)
+			if code, _ := nodes[0].get("alone"); code != http.StatusTooManyRequests {
+				t.Fatalf("request %d for a key on one instance: %d, want 429", got+1, code)
+			}
+		})
+	}
+}

@@ -1,0 +1,90 @@
+package cluster
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
+)
+
+// zoneBodyWithStorage is zoneBody with the zone's own storage in the
+// handler's rate_limit block.
+func zoneBodyWithStorage(storage string) string {
+	return strings.Replace(zoneBody("1m", "1m"), "\t\tdistributed {", "\t\t"+storage+"\n\t\tdistributed {", 1)
+}
+
+// reload loads the node's config again through its admin API, forcing a
+// reload although it has not changed.
+func (n *node) reload() {
+	n.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://localhost:%d/load", n.admin), strings.NewReader(n.cfg))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "text/caddyfile")
+	req.Header.Set("Cache-Control", "must-revalidate")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		n.t.Fatalf("node %d: reload: %d", n.i, resp.StatusCode)
+	}
+}
+
+// A zone whose own storage (Redis) is down when Caddy starts and when it
+// reloads: Caddy starts and reloads all the same, the zone limits locally
+// and says so once per load, and it joins the cluster once Redis answers.
+func TestZoneStorageDownAtStartAndReload(t *testing.T) {
+	ports, err := testcaddy.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &redis{t: t, port: ports[0], dir: t.TempDir()} // not started
+	body := zoneBodyWithStorage(r.storage())
+	nodes := startCluster(t, 2, "", body)
+	const warning = "the zones' storage is not available"
+	for _, n := range nodes {
+		waitFor(t, 5*time.Second, fmt.Sprintf("node %d logging the storage being down", n.i), func() bool {
+			return strings.Count(n.logs(), warning) >= 1
+		})
+		if got := strings.Count(n.logs(), warning); got != 1 {
+			t.Fatalf("node %d logged the storage being down %d times, want once:\n%s", n.i, got, n.logs())
+		}
+	}
+	// Local limits hold meanwhile, on each instance alone.
+	exhaust(t, nodes[0], "down")
+	if code, _ := nodes[1].get("down"); code != http.StatusOK {
+		t.Fatalf("node 1, which never saw the key, while storage is down: %d", code)
+	}
+	for _, n := range nodes {
+		n.reload()
+		// Its log reaches the test through a pipe, a moment later.
+		waitFor(t, 5*time.Second, fmt.Sprintf("node %d logging the storage being down again", n.i), func() bool {
+			return strings.Count(n.logs(), warning) >= 2
+		})
+		if got := strings.Count(n.logs(), warning); got != 2 {
+			t.Fatalf("node %d after a reload logged the storage being down %d times, want once per load", n.i, got)
+		}
+	}
+	r.start()
+	for _, n := range nodes {
+		waitFor(t, 20*time.Second, fmt.Sprintf("node %d joining the cluster", n.i), func() bool {
+			return strings.Contains(n.logs(), "cluster storage answers: this instance joins the cluster")
+		})
+	}
+	waitFor(t, 10*time.Second, "two snapshots in Redis", func() bool {
+		k, err := r.keys("floodgate-test/rate_limit/shared/*")
+		return err == nil && k >= 2
+	})
+	checkShared(t, nodes, "joined", "redis that was down at start")
+	for _, n := range nodes {
+		if n.exited() {
+			t.Fatalf("node %d exited:\n%s", n.i, n.logs())
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package storage
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Two processes with one Caddy instance id.
+//
+// Caddy keeps its instance id in its data directory, so two processes that
+// share one (the natural way to share the default file storage on one host
+// or volume) publish under one key and overwrite each other's snapshot:
+// each then counts only what the other published last, not what it has
+// granted, and the cluster grants a key once per process.
+//
+// This process remembers the snapshots it stored under each key, by time
+// and checksum (process.writes). At each read it also loads its own key: a snapshot there
+// that it did not store was stored by another process under its id. It
+// then logs an error once, counts it (Cluster.Conflicts), and from then on
+// publishes every zone as <instance id>-<process nonce>, a name no other
+// process uses, so the two share the limit again. The other process keeps the
+// instance id. A snapshot this process stored, found under a name it no
+// longer publishes as, is its own past state and is not counted again.
+
+// A process is what this process knows of its own publishing: a test
+// makes several to play several processes.
+type process struct {
+	// nonce tells this process apart from every other with the same Caddy
+	// instance id.
+	nonce string
+
+	mu sync.Mutex
+	// writes holds, per storage key, the last few snapshots this process
+	// stored (or tried to) under it: syncers of two configs overlap during
+	// a reload, and a store that timed out may still have landed. One entry
+	// per zone and name published under.
+	writes map[string]*[4]written
+	// aliased is set once another process was found publishing under the
+	// instance id: the id is the process's, so every zone then publishes
+	// under the alias.
+	aliased bool
+}
+
+// written identifies a stored snapshot: its time and checksum. Two
+// processes' snapshots that agree on both are the same bytes.
+type written struct {
+	at  int64
+	sum uint32
+}
+
+func writtenOf(at time.Time, data []byte) written {
+	return written{at: at.UnixNano(), sum: binary.LittleEndian.Uint32(data[len(data)-4:])}
+}
+
+func newProcess() *process {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return &process{nonce: hex.EncodeToString(b[:]), writes: make(map[string]*[4]written)}
+}
+
+// thisProcess is the process the Syncers of a running Caddy belong to.
+var thisProcess = newProcess()
+
+// noteWrite notes that the process stores data, a snapshot written at at,
+// under key.
+func (p *process) noteWrite(key string, at time.Time, data []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.writes[key]
+	if r == nil {
+		r = new([4]written)
+		p.writes[key] = r
+	}
+	copy(r[1:], r[:3])
+	r[0] = writtenOf(at, data)
+}
+
+// wrote reports whether this process has stored a snapshot under key, and
+// whether data, a snapshot written at at, is among the last it stored
+// there (data is nil to ask only the first).
+func (p *process) wrote(key string, at time.Time, data []byte) (any, ours bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.writes[key]
+	if r == nil || data == nil {
+		return r != nil, false
+	}
+	w := writtenOf(at, data)
+	for _, e := range r {
+		if e == w {
+			return true, true
+		}
+	}
+	return true, false
+}
+
+// name is what the process publishes as, given its instance id: the id, or
+// id-nonce once another process was found publishing under the id.
+func (p *process) name(instance string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.aliased {
+		return instance + "-" + p.nonce
+	}
+	return instance
+}
+
+// alias switches the process to its alias; it reports whether it did now.
+func (p *process) alias() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	was := p.aliased
+	p.aliased = true
+	return !was
+}
+
+// checkOwn loads what is stored under this process's own key and, if
+// another process stored it, switches the process to its alias (see
+// above), logging an error the first time. The caller holds c.mu.
+func (s *Syncer) checkOwn(ctx context.Context, key string) {
+	if any, _ := s.proc.wrote(key, time.Time{}, nil); !any {
+		return // nothing stored here yet: a restart finds its predecessor's
+	}
+	data, err := s.load(ctx, key)
+	if err != nil {
+		return
+	}
+	snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
+	if err != nil {
+		return
+	}
+	if _, ours := s.proc.wrote(key, snap.written, data); ours {
+		return
+	}
+	c := s.c
+	c.conflicts.Add(1)
+	if !s.proc.alias() {
+		return
+	}
+	s.log.Error("another process publishes cluster state under this instance's id: the two share a data directory "+
+		"(XDG_DATA_HOME), hence one Caddy instance id, and were overwriting each other's counts; this process now publishes "+
+		"under a name of its own. Give each process its own data directory.",
+		zap.String("zone", c.shape.Zone), zap.String("instance", s.instance), zap.String("now_publishing_as", s.proc.name(s.instance)),
+		zap.Time("their_snapshot_written", snap.written))
+}

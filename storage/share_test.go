@@ -1,0 +1,125 @@
+package storage
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// newSplitNodes returns n nodes of one storage, bursts split, that have
+// published and read each other once: each knows n − 1 live peers.
+func newSplitNodes(t *testing.T, n int, now time.Time) []*node {
+	st, _ := fileStorage(t)
+	nodes := make([]*node, n)
+	for i := range nodes {
+		nodes[i] = newNode(t, st, string(rune('a'+i)))
+		nodes[i].c.SplitBursts(true, testIntervals.Read)
+	}
+	syncAll(now, nodes...)
+	return nodes
+}
+
+// A key hit on every instance at the same instant gets at most its limit
+// (10) cluster-wide, not one limit per instance; the instances' syncs then
+// keep it there.
+func TestSimultaneousBurstIsSplit(t *testing.T) {
+	now := t0.Add(time.Second)
+	nodes := newSplitNodes(t, 3, now)
+	granted := 0
+	for _, n := range nodes {
+		granted += n.take("burst", 10, now)
+	}
+	// a syncs before the others publish: the key looks like a's alone,
+	// but a counted it too recently to know.
+	early := now.Add(testIntervals.Read / 2)
+	a := nodes[0]
+	a.s.Write(bg, early)
+	a.s.Read(bg, early)
+	granted += a.take("burst", 10, early)
+	for round := 1; round <= 5; round++ {
+		at := now.Add(time.Duration(round) * testIntervals.Read)
+		syncAll(at, nodes...)
+		for _, n := range nodes {
+			granted += n.take("burst", 10, at)
+		}
+	}
+	t.Logf("a key hit on 3 instances at once, then at every sync: %d granted of a limit of 10", granted)
+	if granted > 10*11/10+1 {
+		t.Fatalf("granted %d of a limit of 10 to a key hit on 3 instances at once", granted)
+	}
+	// Denied by its share only, a key is not blocked: the others may
+	// still grant it, and its wait is until the next read.
+	fresh := nodes[0]
+	fresh.take("other", 10, now)
+	d := fresh.c.PeekHash(hk, 1, now)
+	if _, blocked := fresh.c.blocks.blocked(hk, now.UnixNano()); blocked || !d.Allowed {
+		t.Fatalf("a key never requested: %+v, blocked %v", d, blocked)
+	}
+	if d, _ := fresh.c.TakeHash(limiter.HashString("other"), 1, now); d.Allowed || d.RetryAfter > testIntervals.Read {
+		t.Fatalf("past its share: %+v, want denied with a wait of at most the read interval", d)
+	}
+	if _, blocked := fresh.c.blocks.blocked(limiter.HashString("other"), now.UnixNano()); blocked {
+		t.Fatal("a key denied by this instance's share alone was blocked cluster-wide")
+	}
+}
+
+// A key that only ever reaches one instance gets its whole limit within
+// two write and two read intervals: its first requests are held to the
+// instance's share, and a read that finds it counted here long enough ago
+// and nowhere else leaves it all.
+func TestSingleInstanceKeyGetsItsWholeLimitAfterTwoSyncs(t *testing.T) {
+	now := t0.Add(time.Second)
+	nodes := newSplitNodes(t, 3, now)
+	a := nodes[0]
+	first := a.take("sticky", 10, now)
+	got, rounds := first, 0
+	for got < 10 && rounds < 4 {
+		rounds++
+		at := now.Add(time.Duration(rounds) * testIntervals.Read)
+		syncAll(at, nodes...)
+		got += a.take("sticky", 10, at)
+	}
+	t.Logf("one instance: %d granted at once, all 10 after %d syncs", first, rounds)
+	if first < 1 || got != 10 || rounds > 4 {
+		t.Fatalf("granted %d at once and %d after %d syncs, want the whole limit of 10", first, got, rounds)
+	}
+	if a.take("sticky", 1, now.Add(time.Duration(rounds)*testIntervals.Read)) != 0 {
+		t.Fatal("granted more than the limit")
+	}
+}
+
+// A fresh key is held to its share even where some of its cells are used
+// by this instance's other keys alone: a key is let off its share only
+// when all of its cells are this instance's alone, since a decision passes
+// on any row that fits. (A fresh key whose every cell is used by this
+// instance's keys alone is still let off: with 30 keys per instance in 4
+// rows of 256 cells, about one key in 10,000.)
+func TestFreshKeyBesideOwnKeysIsSplit(t *testing.T) {
+	now := t0.Add(time.Second)
+	nodes := newSplitNodes(t, 2, now)
+	for i, n := range nodes {
+		for k := range 30 {
+			n.take(fmt.Sprintf("own-%d-%d", i, k), 1, now)
+		}
+	}
+	at := now
+	for range 4 {
+		at = at.Add(testIntervals.Read)
+		syncAll(at, nodes...)
+	}
+	worst := 0
+	for k := range 30 {
+		key := fmt.Sprint("fresh-", k)
+		granted := 0
+		for _, n := range nodes {
+			granted += n.take(key, 10, at)
+		}
+		worst = max(worst, granted)
+	}
+	t.Logf("30 fresh keys, 10 requests each on 2 instances at once: at most %d granted of a limit of 10", worst)
+	if worst > 10*11/10+1 {
+		t.Fatalf("a fresh key hit on 2 instances at once got %d of a limit of 10", worst)
+	}
+}
