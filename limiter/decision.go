@@ -40,9 +40,14 @@ type Reservation struct {
 	units int64  // how much was charged, in the policy's internal units; 0 means nothing
 	// short[i] is how much less than units the i-th counter of a bucket
 	// key was charged, because the charge reached the ceiling of two
-	// bursts short of full (see chargeLane); a refund gives back units −
-	// short[i]. units and short are in ticks for buckets.
+	// bursts short of full (see chargeLane); a refund gives back at most
+	// units − short[i]. units and short are in ticks for buckets.
 	short [8]uint32
+	// end[i] is the TAT the i-th counter of a bucket key had just after
+	// the charge: the tick the charge ends at. A refund gives back only
+	// what of the charge is still ahead of its own time (see
+	// Reservation.outstanding).
+	end [8]uint32
 }
 
 // Charged reports whether the reservation holds a charge that Refund would

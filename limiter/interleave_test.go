@@ -11,30 +11,42 @@ import (
 
 // A stepper runs goroutines one atomic step at a time. Each goroutine runs
 // only when released, up to its next pause (the point before its next atomic
-// load or CAS) or its end, so a schedule (which goroutine takes each step)
-// fixes the interleaving of every memory operation.
+// load, CAS or swap of a word, or load or store of a table's parameters) or
+// its end, so a schedule (which goroutine takes each step) fixes the
+// interleaving of every memory operation.
 type stepper struct {
 	release []chan struct{}
-	back    chan bool // true when the released goroutine finished
+	back    chan int // what the released goroutine did: paused, waiting or finished
 	cur     int
 }
 
+const (
+	stepPaused = iota
+	stepWaiting
+	stepFinished
+)
+
 // runSchedule starts fs, follows prefix (goroutine ids, one per step), then
 // lets the lowest runnable goroutine take each further step. Only
-// operations on the words of watch are steps; others run through. It
+// operations on the addresses watch accepts are steps; others run through.
+// A goroutine that waits for SetLimit (Buckets.moved) is not runnable
+// again until another one has taken a step, so a schedule never spins. It
 // returns the path taken: the goroutine of each step and the runnable
-// goroutines at it.
-func runSchedule(watch *line, fs []func(), prefix []int) (path []int, runnable [][]int) {
-	s := &stepper{back: make(chan bool)}
+// goroutines at it; stuck is true if every goroutine left was waiting.
+func runSchedule(watch func(unsafe.Pointer) bool, fs []func(), prefix []int) (path []int, runnable [][]int, stuck bool) {
+	s := &stepper{back: make(chan int)}
 	for range fs {
 		s.release = append(s.release, make(chan struct{}))
 	}
-	testPause = func(w *uint64) {
-		if uintptr(unsafe.Pointer(w))-uintptr(unsafe.Pointer(watch)) >= 64 {
+	testPause = func(addr unsafe.Pointer) {
+		what := stepPaused
+		if addr == unsafe.Pointer(&waitAddr) {
+			what = stepWaiting
+		} else if !watch(addr) {
 			return
 		}
 		id := s.cur
-		s.back <- false
+		s.back <- what
 		<-s.release[id]
 	}
 	defer func() { testPause = nil }()
@@ -42,47 +54,76 @@ func runSchedule(watch *line, fs []func(), prefix []int) (path []int, runnable [
 		go func() {
 			<-s.release[i]
 			f()
-			s.back <- true
+			s.back <- stepFinished
 		}()
 	}
 	live := make([]bool, len(fs))
+	waiting := make([]bool, len(fs))
 	for i := range live {
 		live[i] = true
 	}
 	for step := 0; ; step++ {
 		var ids []int
+		alive := false
 		for i, ok := range live {
-			if ok {
+			alive = alive || ok
+			if ok && !waiting[i] {
 				ids = append(ids, i)
 			}
 		}
+		if !alive {
+			return path, runnable, false
+		}
 		if len(ids) == 0 {
-			return path, runnable
+			return path, runnable, true
 		}
 		g := ids[0]
 		if step < len(prefix) {
 			g = prefix[step]
 		}
 		path, runnable = append(path, g), append(runnable, ids)
+		for i := range waiting {
+			if i != g {
+				waiting[i] = false
+			}
+		}
 		s.cur = g
 		s.release[g] <- struct{}{}
-		if <-s.back {
+		switch <-s.back {
+		case stepFinished:
 			live[g] = false
+		case stepWaiting:
+			waiting[g] = true
 		}
+	}
+}
+
+// watchLines accepts the words of the given lines.
+func watchLines(ls ...*line) func(unsafe.Pointer) bool {
+	return func(a unsafe.Pointer) bool {
+		for _, l := range ls {
+			if uintptr(a)-uintptr(unsafe.Pointer(l)) < 64 {
+				return true
+			}
+		}
+		return false
 	}
 }
 
 // everySchedule calls setup for a fresh world, runs its goroutines through
 // every interleaving of their steps, and calls check after each, with the
 // schedule taken. It returns the number of schedules.
-func everySchedule(t *testing.T, setup func() (watch *line, fs []func(), check func(schedule string))) int {
+func everySchedule(t *testing.T, setup func() (watch func(unsafe.Pointer) bool, fs []func(), check func(schedule string))) int {
 	t.Helper()
 	var prefix []int
 	n := 0
 	for {
 		watch, fs, check := setup()
-		path, runnable := runSchedule(watch, fs, prefix)
+		path, runnable, stuck := runSchedule(watch, fs, prefix)
 		n++
+		if stuck {
+			t.Fatalf("schedule %s: every goroutine left waits for a SetLimit that never comes", scheduleString(path))
+		}
 		check(scheduleString(path))
 		if t.Failed() {
 			return n
@@ -149,7 +190,7 @@ func (rc race) run(t *testing.T) {
 	tb := newTextbook(rc.limit)
 	want := rc.limit.burst() + floorRat(new(big.Rat).Mul(tb.rate, big.NewRat(int64(rc.end), 1)))
 	const h = 0x1234_5678_9abc_def0
-	schedules := everySchedule(t, func() (*line, []func(), func(string)) {
+	schedules := everySchedule(t, func() (func(unsafe.Pointer) bool, []func(), func(string)) {
 		b, err := newBuckets(BucketsConfig{Limit: rc.limit, Bytes: 64, K: rc.k}, clockEpoch)
 		if err != nil {
 			t.Fatal(err)
@@ -172,7 +213,7 @@ func (rc race) run(t *testing.T) {
 				}
 			})
 		}
-		return &b.p.Load().lines[0], fs, func(schedule string) {
+		return watchLines(&b.p.Load().lines[0]), fs, func(schedule string) {
 			var reqs int64
 			for _, g := range got {
 				reqs += g
