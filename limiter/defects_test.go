@@ -48,7 +48,7 @@ func TestRefillDuringAStalledDecisionIsExact(t *testing.T) {
 	const h = 42
 	var b *Buckets
 	var granted int
-	schedules := everySchedule(t, func() (func(unsafe.Pointer) bool, []func(), func(string)) {
+	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
 		b = newTable(t, Limit{Events: 10, Window: time.Second}, 64)
 		granted = drain(b, h, tm(0))
 		var x, y bool

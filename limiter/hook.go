@@ -11,7 +11,7 @@ import (
 // line's words, every load and store of a table's parameters, and every
 // wait for a SetLimit goes through the functions below, which call it
 // first, so a test can stop an operation there, run another, and resume
-// it, through every interleaving. In production it costs one predictable
+// it, through every interleaving (and testWait, below, for the waits). In production it costs one predictable
 // branch.
 var testPause func(addr unsafe.Pointer)
 
@@ -49,10 +49,10 @@ func (b *Buckets) setParams(p *bucketParams) {
 	b.p.Store(p)
 }
 
-// waitAddr is where an operation that met a frozen word pauses while it
-// waits for SetLimit to put the new parameters in force: a test's stepper
-// lets it run again only after another operation took a step.
-var waitAddr byte
+// testWait is nil except in tests, which set it with testPause: an
+// operation that waits for SetLimit calls it with the condition it waits
+// for, and a test's stepper runs it again only once that holds.
+var testWait func(ready func() bool)
 
 // moved waits until the parameters in force are no longer p (SetLimit froze
 // p's lines and is converting them) and returns the new ones. SetLimit only
@@ -63,9 +63,10 @@ func (b *Buckets) moved(p *bucketParams) *bucketParams {
 		if q := b.params(); q != p {
 			return q
 		}
-		pause(unsafe.Pointer(&waitAddr))
-		if testPause == nil {
-			runtime.Gosched()
+		if testWait != nil {
+			testWait(func() bool { return b.p.Load() != p })
+			continue
 		}
+		runtime.Gosched()
 	}
 }

@@ -30,26 +30,30 @@ const (
 // lets the lowest runnable goroutine take each further step. Only
 // operations on the addresses watch accepts are steps; others run through.
 // A goroutine that waits for SetLimit (Buckets.moved) is not runnable
-// again until another one has taken a step, so a schedule never spins. It
+// until what it waits for has happened, so a schedule never spins. It
 // returns the path taken: the goroutine of each step and the runnable
 // goroutines at it; stuck is true if every goroutine left was waiting.
-func runSchedule(watch func(unsafe.Pointer) bool, fs []func(), prefix []int) (path []int, runnable [][]int, stuck bool) {
+func runSchedule(watch func(g int, addr unsafe.Pointer) bool, fs []func(), prefix []int) (path []int, runnable [][]int, stuck bool) {
 	s := &stepper{back: make(chan int)}
 	for range fs {
 		s.release = append(s.release, make(chan struct{}))
 	}
+	ready := make([]func() bool, len(fs))
 	testPause = func(addr unsafe.Pointer) {
-		what := stepPaused
-		if addr == unsafe.Pointer(&waitAddr) {
-			what = stepWaiting
-		} else if !watch(addr) {
+		id := s.cur
+		if !watch(id, addr) {
 			return
 		}
-		id := s.cur
-		s.back <- what
+		s.back <- stepPaused
 		<-s.release[id]
 	}
-	defer func() { testPause = nil }()
+	testWait = func(cond func() bool) {
+		id := s.cur
+		ready[id] = cond
+		s.back <- stepWaiting
+		<-s.release[id]
+	}
+	defer func() { testPause, testWait = nil, nil }()
 	for i, f := range fs {
 		go func() {
 			<-s.release[i]
@@ -58,7 +62,6 @@ func runSchedule(watch func(unsafe.Pointer) bool, fs []func(), prefix []int) (pa
 		}()
 	}
 	live := make([]bool, len(fs))
-	waiting := make([]bool, len(fs))
 	for i := range live {
 		live[i] = true
 	}
@@ -67,7 +70,7 @@ func runSchedule(watch func(unsafe.Pointer) bool, fs []func(), prefix []int) (pa
 		alive := false
 		for i, ok := range live {
 			alive = alive || ok
-			if ok && !waiting[i] {
+			if ok && (ready[i] == nil || ready[i]()) {
 				ids = append(ids, i)
 			}
 		}
@@ -82,25 +85,17 @@ func runSchedule(watch func(unsafe.Pointer) bool, fs []func(), prefix []int) (pa
 			g = prefix[step]
 		}
 		path, runnable = append(path, g), append(runnable, ids)
-		for i := range waiting {
-			if i != g {
-				waiting[i] = false
-			}
-		}
-		s.cur = g
+		s.cur, ready[g] = g, nil
 		s.release[g] <- struct{}{}
-		switch <-s.back {
-		case stepFinished:
+		if <-s.back == stepFinished {
 			live[g] = false
-		case stepWaiting:
-			waiting[g] = true
 		}
 	}
 }
 
 // watchLines accepts the words of the given lines.
-func watchLines(ls ...*line) func(unsafe.Pointer) bool {
-	return func(a unsafe.Pointer) bool {
+func watchLines(ls ...*line) func(int, unsafe.Pointer) bool {
+	return func(_ int, a unsafe.Pointer) bool {
 		for _, l := range ls {
 			if uintptr(a)-uintptr(unsafe.Pointer(l)) < 64 {
 				return true
@@ -113,7 +108,7 @@ func watchLines(ls ...*line) func(unsafe.Pointer) bool {
 // everySchedule calls setup for a fresh world, runs its goroutines through
 // every interleaving of their steps, and calls check after each, with the
 // schedule taken. It returns the number of schedules.
-func everySchedule(t *testing.T, setup func() (watch func(unsafe.Pointer) bool, fs []func(), check func(schedule string))) int {
+func everySchedule(t *testing.T, setup func() (watch func(int, unsafe.Pointer) bool, fs []func(), check func(schedule string))) int {
 	t.Helper()
 	var prefix []int
 	n := 0
@@ -190,7 +185,7 @@ func (rc race) run(t *testing.T) {
 	tb := newTextbook(rc.limit)
 	want := rc.limit.burst() + floorRat(new(big.Rat).Mul(tb.rate, big.NewRat(int64(rc.end), 1)))
 	const h = 0x1234_5678_9abc_def0
-	schedules := everySchedule(t, func() (func(unsafe.Pointer) bool, []func(), func(string)) {
+	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
 		b, err := newBuckets(BucketsConfig{Limit: rc.limit, Bytes: 64, K: rc.k}, clockEpoch)
 		if err != nil {
 			t.Fatal(err)
