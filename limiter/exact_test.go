@@ -235,7 +235,7 @@ func TestSetLimitRacesAreExact(t *testing.T) {
 
 // Two keys that share a counter: A's fullest counter (c0) has one token, its
 // others are c2 and c4; B's fullest is c2 (its others, c6 and c8, are a
-// burst in debt). Two requests of A race for its last token: the loser
+// burst in debt, as far as a counter goes). Two requests of A race for its last token: the loser
 // charges c2 and c4, finds c0 taken, and must give them back, or B, which
 // never raced, pays for it. At 1 s B has refilled exactly one token.
 func TestALostRaceGivesBackWhatAnotherKeyWouldPay(t *testing.T) {
@@ -246,8 +246,8 @@ func TestALostRaceGivesBackWhatAnotherKeyWouldPay(t *testing.T) {
 		setAhead(b, 0, 1)
 		setAhead(b, 2, 1.25)
 		setAhead(b, 4, 2)
-		setAhead(b, 6, 3)
-		setAhead(b, 8, 3)
+		setAhead(b, 6, 4)
+		setAhead(b, 8, 4)
 		var granted [2]bool
 		take := func(i int) func() {
 			return func() { d, _ := b.TakeHash(ha, 1, tm(0)); granted[i] = d.Allowed }
