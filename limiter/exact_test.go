@@ -210,14 +210,15 @@ func (rc setRace) run(t *testing.T) {
 
 // SetLimit beside decisions: charges made to the lines it is converting,
 // and decisions that loaded the old limit before it, are neither dropped nor
-// granted twice. On the old code (copy, then swap) the racing requests'
-// charges to copied lines were lost: "at t=0" granted 12 of a burst of 10.
+// granted twice. On the old code (copy, then swap) charges to lines already
+// copied were lost: burst 10 drained at 0, 5 refilled by 0.5 s, and the
+// takes of 3 at 0.5 s during the copy were both granted, and then 5 more.
 func TestSetLimitRacesAreExact(t *testing.T) {
 	ms := time.Millisecond
 	ten := Limit{Events: 10, Window: time.Second, Burst: 10}
 	for _, rc := range []setRace{
-		{"at t=0, burst 10 kept", ten, Limit{Events: 20, Window: time.Second, Burst: 10}, 1, 0,
-			[]raceReq{{0, 3, false}, {0, 3, false}}, 0},
+		{"burst 10, 5 refilled, two takes of 3 during the copy", ten, Limit{Events: 20, Window: time.Second, Burst: 10}, 1, 500 * ms,
+			[]raceReq{{500 * ms, 3, false}, {500 * ms, 3, false}}, 500 * ms},
 		{"raised, a late request", Limit{Events: 2, Window: time.Second}, Limit{Events: 4, Window: time.Second}, 1, 500 * ms,
 			[]raceReq{{400 * ms, 1, false}}, 900 * ms},
 		{"raised, three counters", Limit{Events: 2, Window: time.Second}, Limit{Events: 4, Window: time.Second}, 3, 500 * ms,
