@@ -329,3 +329,28 @@ func TestChargeFillAndLateRefundRacesAreExact(t *testing.T) {
 		t.Logf("%s: %d schedules", tc.name, schedules)
 	}
 }
+
+// A limit raised from 10 a minute to a million a second: its sweep interval
+// falls from days to a second, and sweeps at the new interval (what the
+// Caddy module's sweep loop runs once SetLimit wakes it) keep every idle
+// key full across many wraps of the 32-bit time (4.3 s at that rate).
+func TestSweepsAtTheRaisedLimitsIntervalKeepIdleKeysFull(t *testing.T) {
+	b := newTable(t, Limit{Events: 10, Window: time.Minute, Burst: 10}, 1<<12)
+	slow := b.SweepInterval()
+	b.TakeHash(1, 1, tm(0))
+	noErr(t, b.SetLimit(Limit{Events: MaxRate, Window: time.Second, Burst: MaxRate}, tm(time.Second)))
+	b.TakeHash(2, 1000, tm(time.Second))
+	fast := b.SweepInterval()
+	if fast > time.Second+time.Second/10 || slow < 24*time.Hour {
+		t.Fatalf("sweep interval %v at 10 a minute, %v at a million a second", slow, fast)
+	}
+	idle := time.Minute
+	for now := time.Second; now <= idle; now += fast / 2 {
+		b.Sweep(tm(now))
+	}
+	for _, h := range []uint64{1, 2} {
+		if d := b.PeekHash(h, MaxRate, tm(idle)); !d.Allowed {
+			t.Errorf("key %d after %v idle at a million a second: %+v, want full", h, idle, d)
+		}
+	}
+}
