@@ -55,7 +55,7 @@ type bucketParams struct {
 // old ticks.
 type conversion struct {
 	per              uint64
-	oldTick, newTick uint32
+	oldTick, newTick uint64
 }
 
 // BucketsConfig configures a Buckets table.
@@ -306,7 +306,7 @@ table:
 			// grants. Two requests of one key therefore meet on the same
 			// counter, and every grant is checked against a counter that
 			// already holds every earlier grant's charge.
-			*r = Reservation{index: index, units: int64(cost), epoch: p.gen}
+			*r = Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
 			var paid uint8 // the words charged so far
 			for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
 				w := bits.TrailingZeros8(m) & 7
@@ -454,19 +454,25 @@ func refundLane(v, amount, now uint32) uint32 {
 // (a later request charged from a counter that had refilled). A
 // Reservation from the table SetLimit last replaced is converted as
 // SetLimit converted the counters; one from before that is owed nothing.
-func (r *Reservation) outstanding(p *bucketParams, i int, now uint32) uint32 {
+func (r *Reservation) outstanding(p *bucketParams, i int, now uint64) uint32 {
 	paid := uint32(r.units) - r.short[i]
 	switch p.gen - r.epoch {
 	case 0:
-		return min(paid, aheadOf(r.end[i], now))
+		if now-r.tick >= sweepTicks {
+			return 0 // ended: a charge ends at most 2³⁰ ticks after it was made
+		}
+		return min(paid, aheadOf(r.end[i], uint32(now)))
 	case 1:
 		f := &p.from
-		a := aheadOf(r.end[i], f.oldTick) // the charge's end, from the conversion
+		if f.oldTick-r.tick >= sweepTicks || now-f.newTick >= sweepTicks {
+			return 0 // ended before the conversion, or since
+		}
+		a := aheadOf(r.end[i], uint32(f.oldTick)) // the charge's end, from the conversion
 		owed := uint32(uint64(min(paid, a)) * p.per / f.per)
 		if owed == 0 {
 			return 0
 		}
-		return min(owed, aheadOf(store(f.newTick, convertAhead(uint64(a), f.per, p.clock)), now))
+		return min(owed, aheadOf(store(uint32(f.newTick), convertAhead(uint64(a), f.per, p.clock)), uint32(now)))
 	}
 	return 0
 }
@@ -485,7 +491,7 @@ func (b *Buckets) refundWords(p *bucketParams, r *Reservation, mask uint8, ns in
 			return p
 		}
 		w := bits.TrailingZeros8(m) & 7
-		if !refundWord(&p.lines[r.index>>16][w], p, sub, w, r, uint32(p.ticks(ns))) {
+		if !refundWord(&p.lines[r.index>>16][w], p, sub, w, r, p.ticks(ns)) {
 			p = b.moved(p)
 			continue
 		}
@@ -496,11 +502,12 @@ func (b *Buckets) refundWords(p *bucketParams, r *Reservation, mask uint8, ns in
 
 // refundWord is refundWords for word w: false, and nothing refunded, if the
 // word is frozen.
-func refundWord(q *uint64, p *bucketParams, sub subset, w int, r *Reservation, now uint32) bool {
+func refundWord(q *uint64, p *bucketParams, sub subset, w int, r *Reservation, tick uint64) bool {
+	now := uint32(tick)
 	var owed [2]uint32
 	for l := range 2 {
 		if sub.lanes(w)>>l&1 != 0 {
-			owed[l] = r.outstanding(p, sub.pos(2*w+l), now)
+			owed[l] = r.outstanding(p, sub.pos(2*w+l), tick)
 		}
 	}
 	if owed == [2]uint32{} {
@@ -566,7 +573,7 @@ table:
 		t := at{now: uint32(tick)}
 		cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
 		ln, sub, index := b.place(p, h)
-		r := Reservation{index: index, units: int64(cost), epoch: p.gen}
+		r := Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
 		best := uint32(math.MaxUint32)
 		var paid uint8
 		for m := sub.words; m != 0; m &= m - 1 {

@@ -48,6 +48,10 @@ type Reservation struct {
 	// what of the charge is still ahead of its own time (see
 	// Reservation.outstanding).
 	end [8]uint32
+	// tick is when the charge was made, in the table's ticks, whole: a
+	// charge ends at most 2³⁰ ticks after it was made, and a refund
+	// later than that owes nothing, however end (mod 2³²) reads then.
+	tick uint64
 }
 
 // Charged reports whether the reservation holds a charge that Refund would

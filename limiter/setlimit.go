@@ -36,7 +36,7 @@ func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 	old := b.params()
 	np := &bucketParams{clock: clockFor(l), limit: l, lines: newLines(len(old.lines)), gen: old.gen + 1}
 	ns := b.nowNanos(now)
-	np.from = conversion{per: old.per, oldTick: uint32(old.ticks(ns)), newTick: uint32(np.ticks(ns))}
+	np.from = conversion{per: old.per, oldTick: old.ticks(ns), newTick: np.ticks(ns)}
 	for i := range old.lines {
 		for j := range old.lines[i] {
 			v := swapWord(&old.lines[i][j], frozen)
@@ -63,14 +63,15 @@ func (f *conversion) convert(v uint32, per uint64, c clock) uint32 {
 	if v == 0 {
 		return 0
 	}
-	if a := aheadOf(v, f.oldTick); a != 0 {
-		return store(f.newTick, convertAhead(uint64(a), per, c))
+	oldT, newT := uint32(f.oldTick), uint32(f.newTick)
+	if a := aheadOf(v, oldT); a != 0 {
+		return store(newT, convertAhead(uint64(a), per, c))
 	}
-	past := uint64(f.oldTick-v) * c.per / per
-	if uint64(f.oldTick-v) >= sweepMargin || past >= sweepMargin {
+	past := uint64(oldT-v) * c.per / per
+	if uint64(oldT-v) >= sweepMargin || past >= sweepMargin {
 		return 0
 	}
-	return valid(f.newTick - uint32(past))
+	return valid(newT - uint32(past))
 }
 
 // convertAhead converts a ticks ahead at per ticks a token to the ticks of
