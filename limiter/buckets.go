@@ -491,7 +491,11 @@ func (b *Buckets) refundWords(p *bucketParams, r *Reservation, mask uint8, ns in
 			return p
 		}
 		w := bits.TrailingZeros8(m) & 7
-		if !refundWord(&p.lines[r.index>>16][w], p, sub, w, r, p.ticks(ns)) {
+		tick := p.ticks(ns)
+		if p.gen == r.epoch {
+			tick = max(tick, r.tick) // a refund never comes before its charge
+		}
+		if !refundWord(&p.lines[r.index>>16][w], p, sub, w, r, tick) {
 			p = b.moved(p)
 			continue
 		}
@@ -526,7 +530,8 @@ func refundWord(q *uint64, p *bucketParams, sub subset, w int, r *Reservation, t
 }
 
 // Refund is RefundAt(r, time.Now()): for a caller that holds a Reservation
-// in real time.
+// in real time. (A time before the charge's counts as the charge's: a
+// refund never comes before its charge.)
 func (b *Buckets) Refund(r Reservation) { b.RefundAt(r, time.Now()) }
 
 // RefundAt gives back what of r's charge each counter still owes at time
