@@ -179,26 +179,10 @@ func (rc setRace) run(t *testing.T) {
 			}
 			return false
 		}
-		got := make([]int64, len(rc.reqs))
-		fs := []func(){func() { noErr(t, b.SetLimit(rc.to, tm(rc.at))) }}
-		for i, r := range rc.reqs {
-			fs = append(fs, func() {
-				if r.rollback {
-					var txn Txn
-					txn.Take(b, h, r.w, tm(r.at))
-					txn.Take(denier, h, 1, tm(r.at))
-					return
-				}
-				if d, _ := b.TakeHash(h, r.w, tm(r.at)); d.Allowed {
-					got[i] = r.w
-				}
-			})
-		}
+		reqs, granted := racers(b, denier, h, rc.reqs)
+		fs := append([]func(){func() { noErr(t, b.SetLimit(rc.to, tm(rc.at))) }}, reqs...)
 		return watch, fs, func(schedule string) {
-			var reqs int64
-			for _, g := range got {
-				reqs += g
-			}
+			got, reqs := granted()
 			total := setup + reqs + int64(drain(b, h, tm(rc.end)))
 			if total != want {
 				t.Errorf("%s, schedule %s (X is SetLimit): %d granted (%d by the racing requests: %v), want %d", rc.name, schedule, total, reqs, got, want)

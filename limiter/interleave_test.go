@@ -181,6 +181,32 @@ type raceReq struct {
 	rollback bool
 }
 
+// racers returns a function for each of reqs, taking from b (as a Txn that
+// denier denies, for a rollback), and what they were granted once run.
+func racers(b, denier *Buckets, h uint64, reqs []raceReq) (fs []func(), granted func() (got []int64, sum int64)) {
+	got := make([]int64, len(reqs))
+	for i, r := range reqs {
+		fs = append(fs, func() {
+			if r.rollback {
+				var txn Txn
+				txn.Take(b, h, r.w, tm(r.at))
+				txn.Take(denier, h, 1, tm(r.at))
+				return
+			}
+			if d, _ := b.TakeHash(h, r.w, tm(r.at)); d.Allowed {
+				got[i] = r.w
+			}
+		})
+	}
+	return fs, func() ([]int64, int64) {
+		var sum int64
+		for _, g := range got {
+			sum += g
+		}
+		return got, sum
+	}
+}
+
 func (rc race) run(t *testing.T) {
 	tb := newTextbook(rc.limit)
 	want := rc.limit.burst() + floorRat(new(big.Rat).Mul(tb.rate, big.NewRat(int64(rc.end), 1)))
@@ -193,26 +219,9 @@ func (rc race) run(t *testing.T) {
 		denier := newTable(t, Limit{Events: 1, Window: time.Hour}, 64)
 		denier.Charge(h, 2, tm(0)) // denies everything
 		setup := int64(drain(b, h, tm(0)))
-		got := make([]int64, len(rc.reqs))
-		var fs []func()
-		for i, r := range rc.reqs {
-			fs = append(fs, func() {
-				if r.rollback {
-					var txn Txn
-					txn.Take(b, h, r.w, tm(r.at))
-					txn.Take(denier, h, 1, tm(r.at))
-					return
-				}
-				if d, _ := b.TakeHash(h, r.w, tm(r.at)); d.Allowed {
-					got[i] = r.w
-				}
-			})
-		}
+		fs, granted := racers(b, denier, h, rc.reqs)
 		return watchLines(&b.p.Load().lines[0]), fs, func(schedule string) {
-			var reqs int64
-			for _, g := range got {
-				reqs += g
-			}
+			got, reqs := granted()
 			total := setup + reqs + int64(drain(b, h, tm(rc.end)))
 			if total != want {
 				t.Errorf("%s, schedule %s: %d granted (%d by the racing requests: %v), want %d", rc.name, schedule, total, reqs, got, want)
