@@ -306,7 +306,9 @@ table:
 			// grants. Two requests of one key therefore meet on the same
 			// counter, and every grant is checked against a counter that
 			// already holds every earlier grant's charge.
-			*r = Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
+			// Only the header: record writes end and short for every
+			// counter the key charges, and nothing reads the others.
+			r.index, r.units, r.epoch, r.tick = index, int64(cost), p.gen, tick
 			var paid uint8 // the words charged so far
 			for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
 				w := bits.TrailingZeros8(m) & 7
