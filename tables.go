@@ -47,6 +47,11 @@ type table struct {
 	buckets limiter.Table // token buckets or windows
 	stop    chan struct{} // closed by Destruct: ends sweepLoop
 	xdp     *xdpTable     // the XDP side, if the zone has one
+	// limitChanged wakes sweepLoop after SetLimit: the sweep interval
+	// follows the limit in force, and a faster limit must not wait out
+	// a timer set for the slower one (days at 10 a minute, while a
+	// million a second needs a sweep every second).
+	limitChanged chan struct{}
 
 	// The limit in force is the one of the config (App) that last started
 	// with this table. A config whose start fails after its rate_limit app
@@ -67,7 +72,7 @@ func (t *table) putInForce(app *App, limit limiter.Limit) error {
 	}
 	prev := t.buckets.Limit()
 	if prev != limit {
-		if err := t.buckets.SetLimit(limit, time.Now()); err != nil {
+		if err := t.setLimit(limit); err != nil {
 			return err
 		}
 	}
@@ -88,7 +93,7 @@ func (t *table) giveBack(app *App) {
 	}
 	if t.buckets.Limit() != t.prevLimit {
 		// prevLimit was in force before, so it is valid.
-		_ = t.buckets.SetLimit(t.prevLimit, time.Now())
+		_ = t.setLimit(t.prevLimit)
 	}
 	t.owner, t.prevOwner = t.prevOwner, nil
 }
@@ -101,9 +106,23 @@ func (t *table) Destruct() error {
 	return nil
 }
 
-// sweepLoop runs the table's Sweep twice per SweepInterval (read again
-// each time, since a reload may change the limit and so the interval) until
-// the table is released. Sweeps never run in a request.
+// setLimit puts l in force and reschedules the sweeps for it.
+func (t *table) setLimit(l limiter.Limit) error {
+	if err := t.buckets.SetLimit(l, time.Now()); err != nil {
+		return err
+	}
+	select {
+	case t.limitChanged <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+	return nil
+}
+
+// sweepLoop runs the table's Sweep twice per SweepInterval until the table
+// is released. SetLimit wakes it (limitChanged): it then sweeps at once and
+// starts over with the interval of the new limit, so a raised limit never
+// waits out a timer chosen by the one it replaced. Sweeps never run in a
+// request.
 func (t *table) sweepLoop() {
 	for {
 		timer := time.NewTimer(t.buckets.SweepInterval() / 2)
@@ -111,9 +130,11 @@ func (t *table) sweepLoop() {
 		case <-t.stop:
 			timer.Stop()
 			return
+		case <-t.limitChanged:
+			timer.Stop()
 		case <-timer.C:
-			t.buckets.Sweep(time.Now())
 		}
+		t.buckets.Sweep(time.Now())
 	}
 }
 
@@ -123,7 +144,7 @@ func (t *table) sweepLoop() {
 // applied by App.Start, when the config that asked for them goes live.
 func acquireTable(key tableKey, newTable func() (limiter.Table, *xdpTable, error)) (*table, error) {
 	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		t := &table{stop: make(chan struct{})}
+		t := &table{stop: make(chan struct{}), limitChanged: make(chan struct{}, 1)}
 		var err error
 		t.buckets, t.xdp, err = newTable()
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -37,6 +38,7 @@ type Buckets struct {
 	// external is set by NewBucketsOver: the lines are not Go memory and
 	// SetLimit must not replace them.
 	external bool
+	setMu sync.Mutex // serialises SetLimit
 }
 
 // bucketParams is everything a decision reads besides the lines' words. It
@@ -46,6 +48,17 @@ type bucketParams struct {
 	limit Limit
 	lines []line
 	gen   int64 // how many SetLimits made this; a Reservation remembers it
+	// from is how SetLimit converted the previous table into this one,
+	// for the Reservations taken from it.
+	from conversion
+}
+
+// A conversion is SetLimit's change of clock: at the moment it converted,
+// the old clock read oldTick and the new one newTick, and a token was per
+// old ticks.
+type conversion struct {
+	per              uint64
+	oldTick, newTick uint64
 }
 
 // BucketsConfig configures a Buckets table.
@@ -220,93 +233,128 @@ type at struct{ now uint32 }
 // passes it zeroed) and PeekHash when it is. It returns the Decision in
 // registers and writes the Reservation in place, so a caller that holds
 // the charge (Txn) copies nothing.
+//
+// A decision that meets a frozen word (SetLimit replaced the lines it
+// loaded) waits for the new table, gives back there what it had charged,
+// and decides again under the new limit: every charge lands in the table
+// in force, converted with the rest by SetLimit, or is given back.
 func (b *Buckets) decide(h uint64, weight int64, now time.Time, r *Reservation) Decision {
-	p := b.p.Load()
 	ns := b.nowNanos(now)
-	tick := p.ticks(ns)
-	t := at{now: uint32(tick)}
-	ln, sub, index := b.place(p, h)
-	d := Decision{Limit: p.limit.burst()}
-	capT := uint32(p.capT)
-	cost := uint32(p.per) // weight·per ≤ capT ≤ 2²⁹ for a weight that can be granted
-	commit := r != nil
-	if weight > d.Limit {
-		d.RetryAfter = Never
-		commit = false // still report what the key holds
-	} else if weight > 1 {
-		cost = uint32(weight) << p.log
-	}
-	var vals [8]uint64
+	p := b.params()
+table:
 	for {
-		// The fullest counter (the one least ahead; the first of equals)
-		// decides.
-		best, fw, fl := uint32(math.MaxUint32), 0, uint8(0)
-		for m := sub.words; m != 0; m &= m - 1 {
-			w := bits.TrailingZeros8(m) & 7
-			v := loadWord(&ln[w])
-			vals[w] = v
-			lanes := sub.lanes(w)
-			if lanes&1 != 0 {
-				if a := aheadOf(uint32(v), t.now); a < best {
-					best, fw, fl = a, w, 0
+		tick := p.ticks(ns)
+		t := at{now: uint32(tick)}
+		ln, sub, index := b.place(p, h)
+		d := Decision{Limit: p.limit.burst()}
+		capT := uint32(p.capT)
+		cost := uint32(p.per) // weight·per ≤ capT ≤ 2²⁹ for a weight that can be granted
+		commit := r != nil
+		if weight > d.Limit {
+			d.RetryAfter = Never
+			commit = false // still report what the key holds
+		} else if weight > 1 {
+			cost = uint32(weight) << p.log
+		}
+		var vals [8]uint64
+		for {
+			// The fullest counter (the one least ahead; the first of
+			// equals) decides.
+			best, fw, fl := uint32(math.MaxUint32), 0, uint8(0)
+			for m := sub.words; m != 0; m &= m - 1 {
+				w := bits.TrailingZeros8(m) & 7
+				v := loadWord(&ln[w])
+				if v == frozen {
+					p = b.moved(p)
+					continue table
+				}
+				vals[w] = v
+				lanes := sub.lanes(w)
+				if lanes&1 != 0 {
+					if a := aheadOf(uint32(v), t.now); a < best {
+						best, fw, fl = a, w, 0
+					}
+				}
+				if lanes&2 != 0 {
+					if a := aheadOf(uint32(v>>32), t.now); a < best {
+						best, fw, fl = a, w, 1
+					}
 				}
 			}
-			if lanes&2 != 0 {
-				if a := aheadOf(uint32(v>>32), t.now); a < best {
-					best, fw, fl = a, w, 1
+			if !commit || best+cost > capT {
+				d.Allowed = d.RetryAfter != Never && best+cost <= capT
+				d.Remaining = int64(capT-min(best, capT)) >> p.log
+				d.Reset = p.about(uint64(best))
+				if !d.Allowed && d.RetryAfter != Never {
+					d.RetryAfter = p.until(ns, tick, uint64(best+cost-capT))
 				}
+				return d
+			}
+			// Every counter of the key pays, so that a key alone on its
+			// counters sees exactly one token bucket; the others pay
+			// first, and the fullest pays last with the one CAS that
+			// grants. Two requests of one key therefore meet on the same
+			// counter, and every grant is checked against a counter that
+			// already holds every earlier grant's charge.
+			// Only the header: record writes end and short for every
+			// counter the key charges, and nothing reads the others.
+			r.index, r.units, r.epoch, r.tick = index, int64(cost), p.gen, tick
+			var paid uint8 // the words charged so far
+			for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
+				w := bits.TrailingZeros8(m) & 7
+				nw, short, ok := chargeWord(&ln[w], vals[w], sub.lanes(w), cost, uint32(p.ceil), t)
+				if !ok {
+					p = b.giveBack(b.moved(p), r, paid, ns)
+					continue table
+				}
+				r.record(sub, w, nw, short)
+				paid |= 1 << w
+			}
+			nw, after, short, res := chargeFullest(&ln[fw], vals[fw], fl, sub.lanes(fw), cost, capT, uint32(p.ceil), t)
+			switch res {
+			case chargeGranted:
+				r.record(sub, fw, nw, short)
+				d.Allowed = true
+				d.Remaining = int64(capT-min(after, capT)) >> p.log
+				d.Reset = p.about(uint64(after))
+				return d
+			case chargeFrozen:
+				p = b.giveBack(b.moved(p), r, paid, ns)
+				continue table
+			}
+			// The fullest counter no longer has room: take back the
+			// others' payments and decide again.
+			if q := b.giveBack(p, r, paid, ns); q != p {
+				p = q
+				continue table
 			}
 		}
-		if !commit || best+cost > capT {
-			d.Allowed = d.RetryAfter != Never && best+cost <= capT
-			d.Remaining = int64(capT-min(best, capT)) >> p.log
-			d.Reset = p.about(uint64(best))
-			if !d.Allowed && d.RetryAfter != Never {
-				d.RetryAfter = p.until(ns, tick, uint64(best+cost-capT))
-			}
-			return d
-		}
-		// Every counter of the key pays, so that a key alone on its
-		// counters sees exactly one token bucket; the others pay first,
-		// and the fullest pays last with the one CAS that grants. Two
-		// requests of one key therefore meet on the same counter, and
-		// every grant is checked against a counter that already holds
-		// every earlier grant's charge.
-		*r = Reservation{index: index, units: int64(cost), epoch: p.gen}
-		for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
-			w := bits.TrailingZeros8(m) & 7
-			r.setShort(sub, w, chargeWord(&ln[w], vals[w], sub.lanes(w), cost, uint32(p.ceil), t))
-		}
-		after, short, ok := chargeFullest(&ln[fw], vals[fw], fl, sub.lanes(fw), cost, capT, uint32(p.ceil), t)
-		if ok {
-			r.setShort(sub, fw, short)
-			d.Allowed = true
-			d.Remaining = int64(capT-min(after, capT)) >> p.log
-			d.Reset = p.about(uint64(after))
-			return d
-		}
-		// The fullest counter no longer has room: take back the others'
-		// payments and decide again.
-		refundExcept(ln, sub, fw, *r)
-		*r = Reservation{}
 	}
 }
 
-// setShort records in r how much less than cost the key's counters in word
-// w were charged: short holds lane l's shortfall in bits 32l (see
-// chargeWord). It is rare: only a counter more than a burst in debt falls
-// short.
-func (r *Reservation) setShort(sub subset, w int, short uint64) {
-	if short != 0 {
-		r.setShortSlow(sub, w, short)
-	}
+// giveBack refunds what r charged to the words in mask and clears r: the
+// rollback of a decision that did not grant. It returns the parameters in
+// force afterwards.
+func (b *Buckets) giveBack(p *bucketParams, r *Reservation, mask uint8, ns int64) *bucketParams {
+	p = b.refundWords(p, r, mask, ns)
+	*r = Reservation{}
+	return p
 }
 
-func (r *Reservation) setShortSlow(sub subset, w int, short uint64) {
-	for l := range 2 {
-		if sub.lanes(w)>>l&1 != 0 {
-			r.short[sub.pos(2*w+l)] = uint32(short >> (32 * l))
-		}
+// record notes in r what word w's charge left: the TAT each of the key's
+// counters there now ends at, and how much less than the cost each took
+// (short holds lane l's shortfall in bits 32l; see chargeWord).
+func (r *Reservation) record(sub subset, w int, nw, short uint64) {
+	lanes := sub.lanes(w)
+	i := sub.pos(2 * w)
+	if lanes&1 != 0 {
+		r.end[i] = uint32(nw)
+		r.short[i] = uint32(short)
+		i++
+	}
+	if lanes&2 != 0 {
+		r.end[i] = uint32(nw >> 32)
+		r.short[i] = uint32(short >> 32)
 	}
 }
 
@@ -325,11 +373,12 @@ func chargeLane(v, cost, ceil uint32, t at) (nv, short uint32) {
 }
 
 // chargeWord charges cost to the given lanes of the word at p (whose value
-// was last seen as w) and returns how much less than cost each lane was
-// charged, lane l's in bits 32l: 0 when every lane took the whole cost.
-func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) uint64 {
+// was last seen as w) and returns the word it left and how much less than
+// cost each lane was charged, lane l's in bits 32l: 0 when every lane took
+// the whole cost. ok is false, and nothing charged, if the word is frozen.
+func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) (nw, short uint64, ok bool) {
 	for {
-		nw, short := w, uint64(0)
+		nw, short = w, 0
 		if lanes&1 != 0 {
 			v, s := chargeLane(uint32(w), cost, ceil, t)
 			nw, short = nw&^0xffffffff|uint64(v), uint64(s)
@@ -339,89 +388,158 @@ func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) uint6
 			nw, short = nw&0xffffffff|uint64(v)<<32, short|uint64(s)<<32
 		}
 		if nw == w || casWord(p, w, nw) {
-			return short
+			return nw, short, true
 		}
-		w = loadWord(p)
+		if w = loadWord(p); w == frozen {
+			return 0, 0, false
+		}
 	}
 }
 
+// Outcomes of chargeFullest.
+const (
+	chargeLost    = iota // the counter no longer has room
+	chargeGranted        // charged: the request is granted
+	chargeFrozen         // the word is frozen: SetLimit replaced the lines
+)
+
 // chargeFullest charges cost to lane fl of the word at p (last seen as w) if
 // that counter still has room, together with the key's other lane of the
-// word, in one CAS. It returns how far ahead the counter is then, and the
-// shortfalls as chargeWord does (lane fl's is always 0).
-func chargeFullest(p *uint64, w uint64, fl, lanes uint8, cost, capT, ceil uint32, t at) (after uint32, short uint64, ok bool) {
+// word, in one CAS. It returns the word it left, how far ahead the counter
+// is then, and the shortfalls as chargeWord does (lane fl's is always 0).
+func chargeFullest(p *uint64, w uint64, fl, lanes uint8, cost, capT, ceil uint32, t at) (nw uint64, after uint32, short uint64, res int) {
 	for {
 		a := aheadOf(lane(w, fl), t.now)
 		if a+cost > capT {
-			return a + cost, 0, false
+			return w, a + cost, 0, chargeLost
 		}
 		after = a + cost
-		nw := withLane(w, fl, store(t.now, after))
+		nw = withLane(w, fl, store(t.now, after))
 		short = 0
 		if o := fl ^ 1; lanes>>o&1 != 0 {
 			v, s := chargeLane(lane(w, o), cost, ceil, t)
 			nw, short = withLane(nw, o, v), uint64(s)<<laneShift(o)
 		}
 		if casWord(p, w, nw) {
-			return after, short, true
+			return nw, after, short, chargeGranted
 		}
-		w = loadWord(p)
+		if w = loadWord(p); w == frozen {
+			return w, 0, 0, chargeFrozen
+		}
 	}
 }
 
-// refundLane takes paid ticks back from counter value v. A counter that has
-// since come back to full stays full: the result is then in the past.
-func refundLane(v, paid uint32) uint32 {
-	if v == 0 || paid == 0 {
+// refundLane takes amount ticks back from counter value v at tick now, no
+// more than the counter is ahead: a counter is never more than full.
+func refundLane(v, amount, now uint32) uint32 {
+	a := aheadOf(v, now)
+	if a == 0 || amount == 0 {
 		return v
 	}
-	if v -= paid; v == 0 {
-		v = 1
-	}
-	return v
+	return store(now, a-min(amount, a))
 }
 
-// refundExcept gives back what r charged to the key's counters in every
-// word but skip (-1 for none). Refunds subtract what the charges added, so a
-// rollback undoes exactly what it did.
-func refundExcept(ln *line, sub subset, skip int, r Reservation) {
-	for m := sub.words; m != 0; m &= m - 1 {
+// outstanding is how many ticks of r's charge to its i-th counter are still
+// owed at tick now of p's clock: what a refund gives back. A charge is a
+// stretch of time that ends at r.end[i]; whatever of it has passed was
+// refilled away, and giving it back would give back someone else's charge
+// (a later request charged from a counter that had refilled). A
+// Reservation from the table SetLimit last replaced is converted as
+// SetLimit converted the counters; one from before that is owed nothing.
+func (r *Reservation) outstanding(p *bucketParams, i int, now uint64) uint32 {
+	paid := uint32(r.units) - r.short[i]
+	switch p.gen - r.epoch {
+	case 0:
+		if now-r.tick >= sweepTicks {
+			return 0 // ended: a charge ends at most 2³⁰ ticks after it was made
+		}
+		return min(paid, aheadOf(r.end[i], uint32(now)))
+	case 1:
+		f := &p.from
+		if f.oldTick-r.tick >= sweepTicks || now-f.newTick >= sweepTicks {
+			return 0 // ended before the conversion, or since
+		}
+		a := aheadOf(r.end[i], uint32(f.oldTick)) // the charge's end, from the conversion
+		owed := uint32(uint64(min(paid, a)) * p.per / f.per)
+		if owed == 0 {
+			return 0
+		}
+		return min(owed, aheadOf(store(uint32(f.newTick), convertAhead(uint64(a), f.per, p.clock)), uint32(now)))
+	}
+	return 0
+}
+
+// refundWords gives back what r charged to its counters in the words of
+// mask, as much of it as is still owed at ns, in the table of p or, if
+// SetLimit replaces it meanwhile, in the new one. It returns the
+// parameters in force when it is done.
+func (b *Buckets) refundWords(p *bucketParams, r *Reservation, mask uint8, ns int64) *bucketParams {
+	ln, sub := b.counterAt(p, r.index)
+	if ln == nil {
+		return p
+	}
+	for m := mask; m != 0; {
+		if d := p.gen - r.epoch; d < 0 || d > 1 {
+			return p
+		}
 		w := bits.TrailingZeros8(m) & 7
-		if w == skip {
+		tick := p.ticks(ns)
+		if p.gen == r.epoch {
+			tick = max(tick, r.tick) // a refund never comes before its charge
+		}
+		if !refundWord(&p.lines[r.index>>16][w], p, sub, w, r, tick) {
+			p = b.moved(p)
 			continue
 		}
-		p := &ln[w]
-		for {
-			v := loadWord(p)
-			nv := v
-			for l := uint8(0); l < 2; l++ {
-				if sub.lanes(w)>>l&1 != 0 {
-					paid := uint32(r.units) - r.short[sub.pos(2*w+int(l))]
-					nv = withLane(nv, l, refundLane(lane(v, l), paid))
-				}
-			}
-			if nv == v || casWord(p, v, nv) {
-				break
-			}
+		m &= m - 1
+	}
+	return p
+}
+
+// refundWord is refundWords for word w: false, and nothing refunded, if the
+// word is frozen.
+func refundWord(q *uint64, p *bucketParams, sub subset, w int, r *Reservation, tick uint64) bool {
+	now := uint32(tick)
+	var owed [2]uint32
+	for l := range 2 {
+		if sub.lanes(w)>>l&1 != 0 {
+			owed[l] = r.outstanding(p, sub.pos(2*w+l), tick)
+		}
+	}
+	if owed == [2]uint32{} {
+		return true
+	}
+	for {
+		v := loadWord(q)
+		if v == frozen {
+			return false
+		}
+		nv := withLane(withLane(v, 0, refundLane(lane(v, 0), owed[0], now)), 1, refundLane(lane(v, 1), owed[1], now))
+		if nv == v || casWord(q, v, nv) {
+			return true
 		}
 	}
 }
 
-// Refund returns what r charged to its counters. A charge that has since
-// been refilled away returns nothing more than the counter lacks: a
-// counter is never more than full. A Reservation taken before a SetLimit
-// refunds nothing (it is in another table's ticks): the error is a grant
-// too few, never one too many.
-func (b *Buckets) Refund(r Reservation) {
+// Refund is RefundAt(r, time.Now()): for a caller that holds a Reservation
+// in real time. (A time before the charge's counts as the charge's: a
+// refund never comes before its charge.)
+func (b *Buckets) Refund(r Reservation) { b.RefundAt(r, time.Now()) }
+
+// RefundAt gives back what of r's charge each counter still owes at time
+// now: all of it just after the charge, less whatever time has refilled
+// since, nothing once the charge has been refilled away. It never gives
+// back another request's charge, however late it comes. A Reservation
+// taken before the latest SetLimit is converted with the counters; one
+// taken before two SetLimits gives back nothing (the error is a grant too
+// few, never one too many).
+func (b *Buckets) RefundAt(r Reservation, now time.Time) {
 	if r.units <= 0 {
 		return
 	}
-	p := b.p.Load()
-	if r.epoch != p.gen {
-		return
-	}
+	p := b.params()
 	if ln, sub := b.counterAt(p, r.index); ln != nil {
-		refundExcept(ln, sub, -1, r)
+		b.refundWords(p, &r, sub.words, b.nowNanos(now))
 	}
 }
 
@@ -437,63 +555,83 @@ func (b *Buckets) Refund(r Reservation) {
 // only way the key's fullest counter holds it; false means the key is at
 // the ceiling and part of the charge was dropped. RetryAfter is the time
 // until the key is out of debt (its fullest counter back to empty, no other
-// traffic assumed): when a request that reserved its tokens may go. Refund
-// gives back exactly what was charged.
+// traffic assumed): when a request that reserved its tokens may go.
+// RefundAt gives back what of the charge is still owed.
 func (b *Buckets) Charge(h uint64, weight int64, now time.Time) (Decision, Reservation) {
-	p := b.p.Load()
-	d := Decision{Limit: p.limit.burst()}
-	if weight < 1 {
-		return d, Reservation{}
-	}
 	ns := b.nowNanos(now)
-	tick := p.ticks(ns)
-	t := at{now: uint32(tick)}
-	cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
-	ln, sub, index := b.place(p, h)
-	r := Reservation{index: index, units: int64(cost), epoch: p.gen}
-	best := uint32(math.MaxUint32)
-	for m := sub.words; m != 0; m &= m - 1 {
-		w := bits.TrailingZeros8(m) & 7
-		lanes := sub.lanes(w)
-		short := chargeWord(&ln[w], loadWord(&ln[w]), lanes, cost, uint32(p.ceil), t)
-		r.setShort(sub, w, short)
-		v := loadWord(&ln[w])
-		for l := uint8(0); l < 2; l++ {
-			if lanes>>l&1 != 0 {
-				d.Allowed = d.Allowed || uint32(short>>laneShift(l)) == 0
-				best = min(best, aheadOf(lane(v, l), t.now))
+	p := b.params()
+table:
+	for {
+		d := Decision{Limit: p.limit.burst()}
+		if weight < 1 {
+			return d, Reservation{}
+		}
+		tick := p.ticks(ns)
+		t := at{now: uint32(tick)}
+		cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
+		ln, sub, index := b.place(p, h)
+		r := Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
+		best := uint32(math.MaxUint32)
+		var paid uint8
+		for m := sub.words; m != 0; m &= m - 1 {
+			w := bits.TrailingZeros8(m) & 7
+			lanes := sub.lanes(w)
+			v := loadWord(&ln[w])
+			nw, short, ok := v, uint64(0), v != frozen
+			if ok {
+				nw, short, ok = chargeWord(&ln[w], v, lanes, cost, uint32(p.ceil), t)
+			}
+			if !ok {
+				p = b.giveBack(b.moved(p), &r, paid, ns)
+				continue table
+			}
+			r.record(sub, w, nw, short)
+			paid |= 1 << w
+			for l := uint8(0); l < 2; l++ {
+				if lanes>>l&1 != 0 {
+					d.Allowed = d.Allowed || uint32(short>>laneShift(l)) == 0
+					best = min(best, aheadOf(lane(nw, l), t.now))
+				}
 			}
 		}
+		capT := uint32(p.capT)
+		d.Remaining = int64(capT-min(best, capT)) >> p.log
+		d.Reset = p.about(uint64(best))
+		if best > capT {
+			d.RetryAfter = p.until(ns, tick, uint64(best-capT))
+		}
+		return d, r
 	}
-	capT := uint32(p.capT)
-	d.Remaining = int64(capT-min(best, capT)) >> p.log
-	d.Reset = p.about(uint64(best))
-	if best > capT {
-		d.RetryAfter = p.until(ns, tick, uint64(best-capT))
-	}
-	return d, r
 }
 
 // Fill makes the counters of the key with hash h full again. Keys that
 // share those counters gain too.
 func (b *Buckets) Fill(h uint64) {
-	p := b.p.Load()
-	ln, sub, _ := b.place(p, h)
-	for m := sub.words; m != 0; m &= m - 1 {
-		w := bits.TrailingZeros8(m) & 7
-		q := &ln[w]
-		for {
-			v := loadWord(q)
-			nv := v
-			for l := uint8(0); l < 2; l++ {
-				if sub.lanes(w)>>l&1 != 0 {
-					nv = withLane(nv, l, 0)
+	p := b.params()
+table:
+	for {
+		ln, sub, _ := b.place(p, h)
+		for m := sub.words; m != 0; m &= m - 1 {
+			w := bits.TrailingZeros8(m) & 7
+			q := &ln[w]
+			for {
+				v := loadWord(q)
+				if v == frozen {
+					p = b.moved(p)
+					continue table
+				}
+				nv := v
+				for l := uint8(0); l < 2; l++ {
+					if sub.lanes(w)>>l&1 != 0 {
+						nv = withLane(nv, l, 0)
+					}
+				}
+				if nv == v || casWord(q, v, nv) {
+					break
 				}
 			}
-			if nv == v || casWord(q, v, nv) {
-				break
-			}
 		}
+		return
 	}
 }
 

@@ -126,7 +126,8 @@ func TestIdlePastWrapReadsFull(t *testing.T) {
 }
 
 // TestSweepZeroesOnlyPastCounters: a sweep leaves a counter that is still
-// short of full as it is, and zeroes one that has refilled.
+// short of full as it is, and one that refilled less than sweepMargin ago
+// (a late request may still read it), and zeroes one that refilled before.
 func TestSweepZeroesOnlyPastCounters(t *testing.T) {
 	b := newTable(t, Limit{Events: 5, Window: time.Second}, 64)
 	drain(b, 1, tm(0))
@@ -135,8 +136,13 @@ func TestSweepZeroesOnlyPastCounters(t *testing.T) {
 		t.Fatalf("swept half-way through the refill: %+v, want 2 left", d)
 	}
 	b.Sweep(tm(2 * time.Second))
+	if n := nonZero(rawWords(b)); n == 0 {
+		t.Fatalf("a sweep a second after the refill zeroed the key: a late request would see it full")
+	}
+	margin := time.Duration(b.p.Load().nanos(sweepMargin))
+	b.Sweep(tm(time.Second + margin + time.Millisecond))
 	if n := nonZero(rawWords(b)); n != 0 {
-		t.Fatalf("%d words still set after every counter refilled and a sweep ran", n)
+		t.Fatalf("%d words still set after every counter refilled %v ago and a sweep ran", n, margin)
 	}
 }
 
@@ -214,7 +220,7 @@ func TestRefundRestoresExactly(t *testing.T) {
 	if !r.Charged() {
 		t.Fatal("a granted take must hold a charge")
 	}
-	b.Refund(r)
+	b.RefundAt(r, clk.Now())
 	if d := b.PeekHash(h, 1, clk.Now()); d.Remaining != 6 {
 		t.Fatalf("after refunding 5 of 9: %d remaining, want 6", d.Remaining)
 	}
@@ -222,7 +228,7 @@ func TestRefundRestoresExactly(t *testing.T) {
 	if none.Charged() {
 		t.Fatal("a denied take must hold no charge")
 	}
-	b.Refund(none)
+	b.RefundAt(none, clk.Now())
 	if d := b.PeekHash(h, 1, clk.Now()); d.Remaining != 6 {
 		t.Fatalf("refunding a denial changed the bucket: %d remaining", d.Remaining)
 	}

@@ -24,7 +24,7 @@ func TestChargeDrivesAKeyIntoDebtThatRefillRepays(t *testing.T) {
 	if d := b.PeekHash(h, 1, clk.Now()); !d.Allowed {
 		t.Fatalf("after the debt and one token are repaid: %+v, want allowed", d)
 	}
-	b.Refund(r)
+	b.RefundAt(r, clk.Now())
 	if d := b.PeekHash(h, 1, clk.Now()); d.Remaining != 7 {
 		t.Fatalf("after refunding the charge: %d remaining, want 7", d.Remaining)
 	}
@@ -41,7 +41,7 @@ func TestChargeDebtIsBoundedByOneBurst(t *testing.T) {
 	if d.Allowed || d.RetryAfter != 10*time.Second {
 		t.Fatalf("a charge past the ceiling: %+v, want not recorded, debt still 10s", d)
 	}
-	b.Refund(r) // gives back nothing, as nothing was charged
+	b.RefundAt(r, clk.Now()) // gives back nothing, as nothing was charged
 	if d := b.PeekHash(h, 1, clk.Now()); d.RetryAfter != 11*time.Second {
 		t.Fatalf("after refunding the dropped charge: retry %v, want 11s", d.RetryAfter)
 	}

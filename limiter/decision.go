@@ -33,16 +33,26 @@ type Decision struct {
 }
 
 // A Reservation records what a granted Take charged, so that Refund can give
-// exactly that back. The zero Reservation refunds nothing.
+// back what of it is still owed (for a token-bucket table, the part not yet
+// refilled; see Buckets.RefundAt). The zero Reservation refunds nothing.
 type Reservation struct {
 	index uint64 // where the charge went: a counter (buckets) or a key hash (sketch)
 	epoch int64  // the window the charge was counted in (sketch), the table's SetLimit generation (buckets)
 	units int64  // how much was charged, in the policy's internal units; 0 means nothing
 	// short[i] is how much less than units the i-th counter of a bucket
 	// key was charged, because the charge reached the ceiling of two
-	// bursts short of full (see chargeLane); a refund gives back units −
-	// short[i]. units and short are in ticks for buckets.
+	// bursts short of full (see chargeLane); a refund gives back at most
+	// units − short[i]. units and short are in ticks for buckets.
 	short [8]uint32
+	// end[i] is the TAT the i-th counter of a bucket key had just after
+	// the charge: the tick the charge ends at. A refund gives back only
+	// what of the charge is still ahead of its own time (see
+	// Reservation.outstanding).
+	end [8]uint32
+	// tick is when the charge was made, in the table's ticks, whole: a
+	// charge ends at most 2³⁰ ticks after it was made, and a refund
+	// later than that owes nothing, however end (mod 2³²) reads then.
+	tick uint64
 }
 
 // Charged reports whether the reservation holds a charge that Refund would

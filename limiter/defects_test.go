@@ -4,6 +4,7 @@ import (
 	"math/big"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // tm is clockEpoch + d: tables made by newBuckets(…, clockEpoch) count ticks
@@ -47,11 +48,11 @@ func TestRefillDuringAStalledDecisionIsExact(t *testing.T) {
 	const h = 42
 	var b *Buckets
 	var granted int
-	schedules := everySchedule(t, func() (*line, []func(), func(string)) {
+	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
 		b = newTable(t, Limit{Events: 10, Window: time.Second}, 64)
 		granted = drain(b, h, tm(0))
 		var x, y bool
-		return &b.p.Load().lines[0], []func(){
+		return watchLines(&b.p.Load().lines[0]), []func(){
 				func() { d, _ := b.TakeHash(h, 1, tm(990*time.Millisecond)); x = d.Allowed },
 				func() { d, _ := b.TakeHash(h, 1, tm(1050*time.Millisecond)); y = d.Allowed },
 			}, func(schedule string) {

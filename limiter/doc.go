@@ -35,15 +35,18 @@
 // short of full; charging cost ticks moves its TAT to max(TAT, now) + cost.
 // Refill is the passing of time: nothing is written to refill. 0 is reserved
 // for "full" (so a zeroed table is full and untouched pages stay
-// untouched), and a computed TAT of 0 is stored as 1, a tick less granted.
+// untouched), and a computed TAT of 0 is stored as 1, a tick less granted
+// (as is one of 0xFFFFFFFF, two ticks less, which SetLimit reserves).
 //
 //   - A token is per ticks, per a power of two (4096 for most limits, 512
 //     at a million per second and for bursts of a million), so weights are
 //     exact and tokens a shift away. A burst is at most 2²⁹ ticks and a
 //     counter at most two bursts ahead of the latest time, and times
 //     compare as serial numbers (less than 2³¹ ticks ahead, or past), so a
-//     request whose time was read long before it runs (a stall, a GC
-//     pause) still sees a drained counter as drained. The tick is
+//     request whose time was read before it runs (a stall, a GC pause; up
+//     to 2²⁹ ticks, a second at a million per second, hours for most
+//     limits, also across a Sweep or SetLimit) still sees a drained
+//     counter as drained. The tick is
 //     Window/(Events·per), more than a nanosecond, and time converts to
 //     ticks exactly (multiplications and one comparison, no division),
 //     rounded down, so the rate is exact.
@@ -60,13 +63,18 @@
 //     whose counter is full is charged from its own time: at most Δ of
 //     refill early, as with any token bucket fed times out of order.
 //   - A past TAT must be cleared before it is 2³¹ ticks old and would
-//     read as ahead (two seconds at a million per second, hours to years
+//     read as ahead (four seconds at a million per second, hours to years
 //     for most limits): Sweep does that, run in the background at least
-//     every SweepInterval (2³⁰ ticks). It never runs
-//     in a decision, writes only with CAS, and skips zero words, so it
-//     never writes a line no key touched.
+//     every SweepInterval (2³⁰ ticks; the Caddy module sweeps again at
+//     once after SetLimit, whose new limit may need it sooner). It clears
+//     only TATs at least 2²⁹ ticks past (sweepMargin), which every request
+//     less late than that reads as full anyway, so a request whose time
+//     was read before the sweep's still sees a drained counter as drained.
+//     It never runs in a decision, writes only with CAS, and skips zero
+//     words, so it never writes a line no key touched.
 //   - SetLimit keeps what each key used, in tokens: it converts every
-//     counter into a table with the new tick, rounding against the key.
+//     counter into a table with the new tick, rounding against the key,
+//     and keeps recently-past TATs as long past in the new ticks.
 //     A table over memory another program shares (NewBucketsOver, for
 //     package xdp) refuses it: the counters would move where the other
 //     side never looks.
@@ -91,13 +99,38 @@
 // returns exactly what was paid. Charge applies a cost without the room
 // check, within the same ceiling: a key in debt is denied until it repays.
 //
-// Tests force this rather than hope for it: every atomic load and CAS goes
-// through loadWord and casWord, where a test hook (nil in production) stops
-// the goroutine, so TestEveryInterleavingIsExact runs two or three requests
-// of one key (takes, weights, Txn rollbacks, across a token's arrival)
-// through every interleaving of their steps and checks each against a
-// textbook token bucket in exact rationals: never a grant beyond the burst
-// plus the refill, never a token lost.
+// A refund that comes later (a Txn rolled back after a held client went
+// away, the reservation of a request that never ran) gives back only what
+// of its own charge is still ahead of the refund's time: a Reservation
+// records the TAT each counter had after its charge, the tick its charge
+// ends at, and the refund returns at most end − now, clamped, in a CAS.
+// Once the charge has refilled away, the TAT belongs to later charges, and
+// subtracting from it would hand their tokens back.
+//
+// SetLimit is exact too. It swaps every word of the table it replaces for
+// a frozen marker (a value no counter holds) as it reads it, converts what
+// it read into new lines, and then puts them in force. A charge made to
+// the old lines before the swap is converted with the rest; one after it
+// fails its CAS, and the decision waits for the new table, gives back
+// there what it had already charged (converted: charges are whole tokens),
+// and decides again under the new limit. A decision that loaded the old
+// limit and finished before the swap is one made under the old limit:
+// its charge is converted as if made at SetLimit's time, exact when its
+// own time is not later than that (a later one can only make the key pay
+// the difference of rates between the two times).
+//
+// Tests force this rather than hope for it: every atomic load, CAS and
+// swap of a word, and every load and store of the table's parameters, goes
+// through hook.go, where a test hook (nil in production) stops the
+// goroutine, so TestEveryInterleavingIsExact runs two or three requests of
+// one key (takes, weights, Txn rollbacks, across a token's arrival), and
+// exact_test.go requests beside SetLimit, Sweep, Charge, Fill, late
+// refunds and a second key sharing counters, through every interleaving of
+// their steps and checks each against a token bucket in exact rationals:
+// never a grant beyond the burst plus the refill, never a token lost.
+// TestTableMatchesReference replays random operations of every kind (any
+// limit up to MaxRate and MaxBurst, reloads, slow charges, refunds, sweeps,
+// jumps of days) against an exact GCRA; its benchmark form runs it long.
 //
 // # Windows: caddy-ratelimit's meaning
 //

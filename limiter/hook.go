@@ -1,28 +1,72 @@
 package limiter
 
-import "sync/atomic"
+import (
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+)
 
 // testPause is nil except in tests (interleave_test.go), which set it to run
-// concurrent decisions step by step: every atomic load and CAS of a line
-// goes through loadWord and casWord, which call it first, so a test can stop
-// a decision there, run another request, and resume it, through every
-// interleaving. In production it costs one predictable branch.
-var testPause func(word *uint64)
+// concurrent operations step by step: every atomic load, CAS and swap of a
+// line's words, every load and store of a table's parameters, and every
+// wait for a SetLimit goes through the functions below, which call it
+// first, so a test can stop an operation there, run another, and resume
+// it, through every interleaving (and testWait, below, for the waits). In production it costs one predictable
+// branch.
+var testPause func(addr unsafe.Pointer)
 
-func pause(word *uint64) {
+func pause(addr unsafe.Pointer) {
 	if testPause != nil {
-		testPause(word)
+		testPause(addr)
 	}
 }
 
-// loadWord and casWord are the only ways a table's words are read and
-// written once it is in use.
+// loadWord, casWord and swapWord are the only ways a table's words are read
+// and written once it is in use.
 func loadWord(p *uint64) uint64 {
-	pause(p)
+	pause(unsafe.Pointer(p))
 	return atomic.LoadUint64(p)
 }
 
 func casWord(p *uint64, old, new uint64) bool {
-	pause(p)
+	pause(unsafe.Pointer(p))
 	return atomic.CompareAndSwapUint64(p, old, new)
+}
+
+func swapWord(p *uint64, new uint64) uint64 {
+	pause(unsafe.Pointer(p))
+	return atomic.SwapUint64(p, new)
+}
+
+// params and setParams load and replace the parameters in force.
+func (b *Buckets) params() *bucketParams {
+	pause(unsafe.Pointer(&b.p))
+	return b.p.Load()
+}
+
+func (b *Buckets) setParams(p *bucketParams) {
+	pause(unsafe.Pointer(&b.p))
+	b.p.Store(p)
+}
+
+// testWait is nil except in tests, which set it with testPause: an
+// operation that waits for SetLimit calls it with the condition it waits
+// for, and a test's stepper runs it again only once that holds.
+var testWait func(ready func() bool)
+
+// moved waits until the parameters in force are no longer p (SetLimit froze
+// p's lines and is converting them) and returns the new ones. SetLimit only
+// converts, never waits on anything, so the wait is bounded by its copy of
+// the table (about 10 ns a line).
+func (b *Buckets) moved(p *bucketParams) *bucketParams {
+	for {
+		if q := b.params(); q != p {
+			return q
+		}
+		if testWait != nil {
+			testWait(func() bool { return b.p.Load() != p })
+			continue
+		}
+		runtime.Gosched()
+	}
 }

@@ -11,38 +11,54 @@ import (
 
 // A stepper runs goroutines one atomic step at a time. Each goroutine runs
 // only when released, up to its next pause (the point before its next atomic
-// load or CAS) or its end, so a schedule (which goroutine takes each step)
-// fixes the interleaving of every memory operation.
+// load, CAS or swap of a word, or load or store of a table's parameters) or
+// its end, so a schedule (which goroutine takes each step) fixes the
+// interleaving of every memory operation.
 type stepper struct {
 	release []chan struct{}
-	back    chan bool // true when the released goroutine finished
+	back    chan int // what the released goroutine did: paused, waiting or finished
 	cur     int
 }
 
+const (
+	stepPaused = iota
+	stepWaiting
+	stepFinished
+)
+
 // runSchedule starts fs, follows prefix (goroutine ids, one per step), then
 // lets the lowest runnable goroutine take each further step. Only
-// operations on the words of watch are steps; others run through. It
+// operations on the addresses watch accepts are steps; others run through.
+// A goroutine that waits for SetLimit (Buckets.moved) is not runnable
+// until what it waits for has happened, so a schedule never spins. It
 // returns the path taken: the goroutine of each step and the runnable
-// goroutines at it.
-func runSchedule(watch *line, fs []func(), prefix []int) (path []int, runnable [][]int) {
-	s := &stepper{back: make(chan bool)}
+// goroutines at it; stuck is true if every goroutine left was waiting.
+func runSchedule(watch func(g int, addr unsafe.Pointer) bool, fs []func(), prefix []int) (path []int, runnable [][]int, stuck bool) {
+	s := &stepper{back: make(chan int)}
 	for range fs {
 		s.release = append(s.release, make(chan struct{}))
 	}
-	testPause = func(w *uint64) {
-		if uintptr(unsafe.Pointer(w))-uintptr(unsafe.Pointer(watch)) >= 64 {
+	ready := make([]func() bool, len(fs))
+	testPause = func(addr unsafe.Pointer) {
+		id := s.cur
+		if !watch(id, addr) {
 			return
 		}
-		id := s.cur
-		s.back <- false
+		s.back <- stepPaused
 		<-s.release[id]
 	}
-	defer func() { testPause = nil }()
+	testWait = func(cond func() bool) {
+		id := s.cur
+		ready[id] = cond
+		s.back <- stepWaiting
+		<-s.release[id]
+	}
+	defer func() { testPause, testWait = nil, nil }()
 	for i, f := range fs {
 		go func() {
 			<-s.release[i]
 			f()
-			s.back <- true
+			s.back <- stepFinished
 		}()
 	}
 	live := make([]bool, len(fs))
@@ -51,38 +67,58 @@ func runSchedule(watch *line, fs []func(), prefix []int) (path []int, runnable [
 	}
 	for step := 0; ; step++ {
 		var ids []int
+		alive := false
 		for i, ok := range live {
-			if ok {
+			alive = alive || ok
+			if ok && (ready[i] == nil || ready[i]()) {
 				ids = append(ids, i)
 			}
 		}
+		if !alive {
+			return path, runnable, false
+		}
 		if len(ids) == 0 {
-			return path, runnable
+			return path, runnable, true
 		}
 		g := ids[0]
 		if step < len(prefix) {
 			g = prefix[step]
 		}
 		path, runnable = append(path, g), append(runnable, ids)
-		s.cur = g
+		s.cur, ready[g] = g, nil
 		s.release[g] <- struct{}{}
-		if <-s.back {
+		if <-s.back == stepFinished {
 			live[g] = false
 		}
+	}
+}
+
+// watchLines accepts the words of the given lines.
+func watchLines(ls ...*line) func(int, unsafe.Pointer) bool {
+	return func(_ int, a unsafe.Pointer) bool {
+		for _, l := range ls {
+			if uintptr(a)-uintptr(unsafe.Pointer(l)) < 64 {
+				return true
+			}
+		}
+		return false
 	}
 }
 
 // everySchedule calls setup for a fresh world, runs its goroutines through
 // every interleaving of their steps, and calls check after each, with the
 // schedule taken. It returns the number of schedules.
-func everySchedule(t *testing.T, setup func() (watch *line, fs []func(), check func(schedule string))) int {
+func everySchedule(t *testing.T, setup func() (watch func(int, unsafe.Pointer) bool, fs []func(), check func(schedule string))) int {
 	t.Helper()
 	var prefix []int
 	n := 0
 	for {
 		watch, fs, check := setup()
-		path, runnable := runSchedule(watch, fs, prefix)
+		path, runnable, stuck := runSchedule(watch, fs, prefix)
 		n++
+		if stuck {
+			t.Fatalf("schedule %s: every goroutine left waits for a SetLimit that never comes", scheduleString(path))
+		}
 		check(scheduleString(path))
 		if t.Failed() {
 			return n
@@ -145,11 +181,37 @@ type raceReq struct {
 	rollback bool
 }
 
+// racers returns a function for each of reqs, taking from b (as a Txn that
+// denier denies, for a rollback), and what they were granted once run.
+func racers(b, denier *Buckets, h uint64, reqs []raceReq) (fs []func(), granted func() (got []int64, sum int64)) {
+	got := make([]int64, len(reqs))
+	for i, r := range reqs {
+		fs = append(fs, func() {
+			if r.rollback {
+				var txn Txn
+				txn.Take(b, h, r.w, tm(r.at))
+				txn.Take(denier, h, 1, tm(r.at))
+				return
+			}
+			if d, _ := b.TakeHash(h, r.w, tm(r.at)); d.Allowed {
+				got[i] = r.w
+			}
+		})
+	}
+	return fs, func() ([]int64, int64) {
+		var sum int64
+		for _, g := range got {
+			sum += g
+		}
+		return got, sum
+	}
+}
+
 func (rc race) run(t *testing.T) {
 	tb := newTextbook(rc.limit)
 	want := rc.limit.burst() + floorRat(new(big.Rat).Mul(tb.rate, big.NewRat(int64(rc.end), 1)))
 	const h = 0x1234_5678_9abc_def0
-	schedules := everySchedule(t, func() (*line, []func(), func(string)) {
+	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
 		b, err := newBuckets(BucketsConfig{Limit: rc.limit, Bytes: 64, K: rc.k}, clockEpoch)
 		if err != nil {
 			t.Fatal(err)
@@ -157,26 +219,9 @@ func (rc race) run(t *testing.T) {
 		denier := newTable(t, Limit{Events: 1, Window: time.Hour}, 64)
 		denier.Charge(h, 2, tm(0)) // denies everything
 		setup := int64(drain(b, h, tm(0)))
-		got := make([]int64, len(rc.reqs))
-		var fs []func()
-		for i, r := range rc.reqs {
-			fs = append(fs, func() {
-				if r.rollback {
-					var txn Txn
-					txn.Take(b, h, r.w, tm(r.at))
-					txn.Take(denier, h, 1, tm(r.at))
-					return
-				}
-				if d, _ := b.TakeHash(h, r.w, tm(r.at)); d.Allowed {
-					got[i] = r.w
-				}
-			})
-		}
-		return &b.p.Load().lines[0], fs, func(schedule string) {
-			var reqs int64
-			for _, g := range got {
-				reqs += g
-			}
+		fs, granted := racers(b, denier, h, rc.reqs)
+		return watchLines(&b.p.Load().lines[0]), fs, func(schedule string) {
+			got, reqs := granted()
 			total := setup + reqs + int64(drain(b, h, tm(rc.end)))
 			if total != want {
 				t.Errorf("%s, schedule %s: %d granted (%d by the racing requests: %v), want %d", rc.name, schedule, total, reqs, got, want)

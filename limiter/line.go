@@ -15,7 +15,9 @@ package limiter
 //
 // The value 0 means full (never charged, or swept: see Sweep), so a zeroed
 // table is a table of full buckets and a page of untouched lines is never
-// written. A charge that would store 0 stores 1: one tick less granted.
+// written. 0xFFFFFFFF is never stored either, so that a word of two of
+// them (frozen) can mark the lines SetLimit has replaced. A charge that
+// would store either stores 1: one or two ticks less granted.
 // Times compare as serial numbers: a value less than 2³¹ ticks ahead of now
 // is ahead, any other is past. A counter is never more than two bursts
 // (2³⁰ ticks) ahead of the latest time, so a request whose time is late
@@ -43,14 +45,23 @@ func aheadOf(v, now uint32) uint32 {
 }
 
 // store is the value of a counter ahead ticks ahead of now (0 < ahead <
-// 2³¹). 0 is reserved for "full", so a TAT of 0 is stored as 1.
-func store(now, ahead uint32) uint32 {
-	v := now + ahead
-	if v == 0 {
-		v = 1
+// 2³¹).
+func store(now, ahead uint32) uint32 { return valid(now + ahead) }
+
+// valid maps a TAT to one a counter may hold: 0 is reserved for "full" and
+// 0xFFFFFFFF for frozen words, so both are stored as 1, a tick or two
+// later, against the key.
+func valid(v uint32) uint32 {
+	if v+1 < 2 {
+		return 1
 	}
 	return v
 }
+
+// frozen is the value SetLimit swaps into every word of the lines it
+// replaces (see SetLimit). No counter holds 0xFFFFFFFF, so no live word is
+// frozen, and a CAS computed from a live word fails on a frozen one.
+const frozen = ^uint64(0)
 
 // lane and withLane read and replace counter c in word w.
 func lane(w uint64, c uint8) uint32 { return uint32(w >> laneShift(c)) }
@@ -61,11 +72,15 @@ func withLane(w uint64, c uint8, v uint32) uint64 {
 }
 
 // aheads reads the 16 counters of ln as they stand at tick now, without
-// writing.
-func aheads(ln *line, now uint32, out *[countersPerLine]uint32) {
+// writing. It reports false if a word is frozen: the line was replaced.
+func aheads(ln *line, now uint32, out *[countersPerLine]uint32) bool {
 	for i := range ln {
 		w := loadWord(&ln[i])
+		if w == frozen {
+			return false
+		}
 		out[2*i] = aheadOf(uint32(w), now)
 		out[2*i+1] = aheadOf(uint32(w>>32), now)
 	}
+	return true
 }

@@ -24,7 +24,9 @@ type Policy interface {
 	// charging anything; Remaining and Reset are what the key holds now,
 	// before any charge (a denied request's headers, an admin inspection).
 	PeekHash(h uint64, weight int64, now time.Time) Decision
-	// Refund returns what a Reservation from TakeHash charged.
+	// Refund returns what a Reservation from TakeHash charged (for a
+	// token-bucket table, what of it is still owed now: see
+	// Buckets.RefundAt).
 	Refund(Reservation)
 }
 
@@ -49,6 +51,8 @@ type heldCharge struct {
 type Txn struct {
 	denied bool
 	n      int
+	// now is the time of the latest Take: a denial rolls back as of then.
+	now    time.Time
 	inline [MaxInlinePolicies]heldCharge
 	more   []heldCharge
 }
@@ -61,6 +65,7 @@ func (t *Txn) Take(p Policy, h uint64, weight int64, now time.Time) Decision {
 	if t.denied {
 		return p.PeekHash(h, weight, now)
 	}
+	t.now = now
 	if t.n >= MaxInlinePolicies {
 		d, r := p.TakeHash(h, weight, now)
 		if !d.Allowed {
@@ -93,24 +98,39 @@ func (t *Txn) Take(p Policy, h uint64, weight int64, now time.Time) Decision {
 // every charge held.
 func (t *Txn) deny(d Decision) Decision {
 	t.denied = true
-	t.Rollback()
+	t.RollbackAt(t.now)
 	return d
 }
 
 // Denied reports whether any Take in t was denied.
 func (t *Txn) Denied() bool { return t.denied }
 
-// Rollback refunds every charge t holds. A Txn that was denied has already
-// rolled back; Rollback is for callers that decide to abandon a granted
-// request (for example because a later, non-limiter check failed).
-func (t *Txn) Rollback() {
+// Rollback is RollbackAt(time.Now()).
+func (t *Txn) Rollback() { t.RollbackAt(time.Now()) }
+
+// RollbackAt refunds every charge t holds, as of time now: a token-bucket
+// table gives back what of each charge is still owed then (all of it
+// right after the Take, less what has refilled since; see
+// Buckets.RefundAt). A Txn that was denied has already rolled back;
+// RollbackAt is for callers that abandon a granted request, at once (a
+// later, non-limiter check failed) or later (a held client went away).
+func (t *Txn) RollbackAt(now time.Time) {
 	for i := 0; i < t.n && i < MaxInlinePolicies; i++ {
-		t.inline[i].p.Refund(t.inline[i].r)
+		t.refund(t.inline[i], now)
 		t.inline[i] = heldCharge{}
 	}
 	for i := range t.more {
-		t.more[i].p.Refund(t.more[i].r)
+		t.refund(t.more[i], now)
 	}
 	t.more = t.more[:0]
 	t.n = 0
+}
+
+// refund gives c back as of now.
+func (t *Txn) refund(c heldCharge, now time.Time) {
+	if b, ok := c.p.(*Buckets); ok {
+		b.RefundAt(c.r, now)
+		return
+	}
+	c.p.Refund(c.r)
 }

@@ -66,7 +66,7 @@ func TestTxnRollbackRefundsMoreThanInline(t *testing.T) {
 		ps = append(ps, b)
 		txn.Take(b, h, 3, clk.Now())
 	}
-	txn.Rollback()
+	txn.RollbackAt(clk.Now())
 	// A charge to a full counter counts from the next tick (line.go; here
 	// 0.22 s), so the refunded counters are full from then on.
 	clk.Advance(time.Second)

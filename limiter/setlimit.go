@@ -12,12 +12,21 @@ import (
 // therefore gives back what the key had refilled meanwhile.
 //
 // A counter holds a time in the table's ticks, and the tick depends on the
-// limit, so SetLimit copies the counters, converted, into new lines (about
-// 10 ns a line; lines no key touched are skipped and stay unallocated) and
-// then swaps them in. Charges made to the old lines during the copy are
-// lost, and Reservations taken before it refund nothing. Concurrent
-// SetLimit calls are serialised by the caller's config loading; two racing
-// calls leave one of the two limits in force.
+// limit, so SetLimit converts the counters as they stand at now into new
+// lines (rounding against the key; lines no key touched stay unallocated)
+// and then puts them in force. It is exact under concurrency: it swaps each
+// old word for a frozen marker as it reads it, so a charge made to the old
+// lines is either read (and converted) or fails, and the decision that
+// made it waits for the new table, gives back there what it had charged,
+// and decides again under the new limit. No request is granted beyond the
+// burst and refill of the limits in force, and no charge is dropped. The
+// price: decisions that meet a frozen word wait for the copy (about 10 ns a
+// line), and the copy writes every word of the old table once, so its
+// untouched pages are faulted in until it is collected.
+//
+// A Reservation taken before SetLimit refunds into the new table, converted
+// (see RefundAt). Concurrent SetLimit calls are serialised; the last one
+// leaves its limit in force.
 func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 	if err := l.Validate(); err != nil {
 		return err
@@ -25,22 +34,47 @@ func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 	if b.external {
 		return ErrExternalLimit
 	}
-	old := b.p.Load()
+	b.setMu.Lock()
+	defer b.setMu.Unlock()
+	old := b.params()
 	np := &bucketParams{clock: clockFor(l), limit: l, lines: newLines(len(old.lines)), gen: old.gen + 1}
 	ns := b.nowNanos(now)
-	oldTick := old.ticks(ns)
-	newTick := np.ticks(ns)
-	var a [countersPerLine]uint32
+	np.from = conversion{per: old.per, oldTick: old.ticks(ns), newTick: np.ticks(ns)}
 	for i := range old.lines {
-		aheads(&old.lines[i], uint32(oldTick), &a)
-		for c := range a {
-			if a[c] != 0 {
-				setCounter(&np.lines[i], uint8(c), uint32(newTick), convertAhead(uint64(a[c]), old.per, np.clock))
+		for j := range old.lines[i] {
+			v := swapWord(&old.lines[i][j], frozen)
+			if v == 0 {
+				continue
+			}
+			for c := uint8(0); c < 2; c++ {
+				if nv := np.from.convert(lane(v, c), old.per, np.clock); nv != 0 {
+					setCounterValue(&np.lines[i], uint8(2*j)+c, nv)
+				}
 			}
 		}
 	}
-	b.p.Store(np)
+	b.setParams(np)
 	return nil
+}
+
+// convert is counter value v of the old table as a value of the new one,
+// whose clock is c: a counter ahead keeps what it used, in tokens (rounded
+// up); one that came back to full less than sweepMargin ago stays as long
+// past, in the new ticks (rounded down), so that a late request still sees
+// it as it stood (see Sweep); any other is full.
+func (f *conversion) convert(v uint32, per uint64, c clock) uint32 {
+	if v == 0 {
+		return 0
+	}
+	oldT, newT := uint32(f.oldTick), uint32(f.newTick)
+	if a := aheadOf(v, oldT); a != 0 {
+		return store(newT, convertAhead(uint64(a), per, c))
+	}
+	past := uint64(oldT-v) * c.per / per
+	if uint64(oldT-v) >= sweepMargin || past >= sweepMargin {
+		return 0
+	}
+	return valid(newT - uint32(past))
 }
 
 // convertAhead converts a ticks ahead at per ticks a token to the ticks of
@@ -58,6 +92,12 @@ func setCounter(ln *line, c uint8, now, ahead uint32) {
 	if ahead != 0 {
 		v = store(now, ahead)
 	}
+	setCounterValue(ln, c, v)
+}
+
+// setCounterValue stores value v in counter c of ln, a line no other
+// goroutine uses yet.
+func setCounterValue(ln *line, c uint8, v uint32) {
 	w := &ln[c>>1]
 	atomic.StoreUint64(w, withLane(atomic.LoadUint64(w), c, v))
 }

@@ -16,7 +16,10 @@ var snapshotMagic = []byte("FGB\x02")
 // lines take no space, so the size grows with the number of lines in use,
 // at most about 70 bytes a line.
 func (b *Buckets) AppendSnapshot(dst []byte, now time.Time) []byte {
-	p := b.p.Load()
+	p := b.params()
+	start := len(dst)
+again:
+	dst = dst[:start]
 	tick := p.ticks(b.nowNanos(now))
 	dst = append(dst, snapshotMagic...)
 	dst = binary.AppendUvarint(dst, uint64(len(p.lines)))
@@ -26,7 +29,10 @@ func (b *Buckets) AppendSnapshot(dst []byte, now time.Time) []byte {
 	var a [countersPerLine]uint32
 	prev := -1
 	for i := range p.lines {
-		aheads(&p.lines[i], uint32(tick), &a)
+		if !aheads(&p.lines[i], uint32(tick), &a) {
+			p = b.moved(p) // SetLimit replaced the table: start over
+			goto again
+		}
 		if a == [countersPerLine]uint32{} {
 			continue
 		}
@@ -51,7 +57,7 @@ func (b *Buckets) Restore(data []byte, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	p := b.p.Load()
+	p := b.params()
 	tick := p.ticks(b.nowNanos(now))
 	var elapsed uint64
 	if d := now.UnixNano() - s.wall; d > 0 && s.wall <= now.UnixNano() {

@@ -29,7 +29,8 @@ const maxStatLines = 1 << 16
 // locking them, so under traffic its figures are a consistent-enough sample,
 // not a snapshot.
 func (b *Buckets) Stats(now time.Time) BucketStats {
-	p := b.p.Load()
+	p := b.params()
+again:
 	tick := p.ticks(b.nowNanos(now))
 	n := len(p.lines)
 	step := 1
@@ -43,7 +44,11 @@ func (b *Buckets) Stats(now time.Time) BucketStats {
 	var fd float64
 	var a [countersPerLine]uint32
 	for i := 0; i < n; i += step {
-		aheads(&p.lines[i], uint32(tick), &a)
+		if !aheads(&p.lines[i], uint32(tick), &a) {
+			p = b.moved(p) // SetLimit replaced the table: start over
+			empty, busy, sampled, fd = 0, 0, 0, 0
+			goto again
+		}
 		lineEmpty := 0
 		for _, v := range a {
 			if v > 0 {

@@ -2,19 +2,28 @@ package limiter
 
 import "time"
 
-// Sweep zeroes (marks full) every counter whose time has passed at now, so
-// that no counter's 32-bit tick is ever old enough to wrap round and read
-// as ahead again. It must run at least every SweepInterval of table time;
-// the Caddy module runs it from one background goroutine per table.
+// Sweep zeroes (marks full) every counter that came back to full at least
+// sweepMargin ticks before now, so that no counter's 32-bit tick is ever
+// old enough to wrap round and read as ahead again. It must run at least
+// every SweepInterval of table time; the Caddy module runs it from one
+// background goroutine per table, and again at once after SetLimit.
+//
+// A counter that came back to full more recently is left as it is: a
+// request whose time was read before the sweep's (a stall; a sweep run at
+// a later clock) still sees it as it stood at its own time, drained if it
+// was, as long as it is less than sweepMargin late. Zeroing only what
+// every such request would read as full anyway makes a sweep invisible
+// to decisions.
 //
 // Sweep is never part of a decision. It reads every line but writes only
-// the words that hold a past time, with a CAS, so a concurrent charge is
-// never overwritten, and a page of lines no key has touched is never
-// written (it stays unallocated). It costs a few nanoseconds a line.
+// the words that hold such a past time, with a CAS, so a concurrent charge
+// is never overwritten, and a page of lines no key has touched is never
+// written (it stays unallocated). It costs a few nanoseconds a line. A
+// sweep that meets a table SetLimit is replacing stops: the conversion
+// drops what it would have zeroed.
 func (b *Buckets) Sweep(now time.Time) {
-	p := b.p.Load()
-	tick := p.ticks(b.nowNanos(now))
-	nowT := uint32(tick)
+	p := b.params()
+	nowT := uint32(p.ticks(b.nowNanos(now)))
 	for i := range p.lines {
 		ln := &p.lines[i]
 		for j := range ln {
@@ -23,9 +32,12 @@ func (b *Buckets) Sweep(now time.Time) {
 				if w == 0 {
 					break
 				}
+				if w == frozen {
+					return
+				}
 				nw := w
 				for l := uint8(0); l < 2; l++ {
-					if v := lane(w, l); v != 0 && aheadOf(v, nowT) == 0 {
+					if v := lane(w, l); v != 0 && aheadOf(v, nowT) == 0 && nowT-v >= sweepMargin {
 						nw = withLane(nw, l, 0)
 					}
 				}
@@ -37,10 +49,15 @@ func (b *Buckets) Sweep(now time.Time) {
 	}
 }
 
-// sweepTicks is how often, in ticks, Sweep must run. A past value that a
-// sweep left (it was still ahead then) is then never more than sweepTicks
-// behind the clock, far from the 2³¹ ticks at which it would read as ahead.
-const sweepTicks = 1 << 30
+// sweepTicks is how often, in ticks, Sweep must run, and sweepMargin how
+// long a past value is kept. A past value that a sweep left (it was less
+// than sweepMargin past, or still ahead) is then never more than
+// sweepMargin + sweepTicks = 1.5·2³⁰ ticks behind the clock, far from the
+// 2³¹ ticks at which it would read as ahead.
+const (
+	sweepTicks  = 1 << 30
+	sweepMargin = 1 << 29
+)
 
 // SweepInterval is how often Sweep must run under the limit in force: 2³⁰
 // ticks, at least a second (at MaxRate) and minutes to years for most

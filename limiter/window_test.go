@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 func newWindowTable(t testing.TB, l Limit, bytes, k int) *Windows {
@@ -417,7 +418,7 @@ func TestWindowsEveryInterleavingIsExact(t *testing.T) {
 		}
 		want := 2 * l.Events
 		const h = 0x1234_5678_9abc_def0
-		schedules := everySchedule(t, func() (*line, []func(), func(string)) {
+		schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
 			w := newWindowTable(t, l, 64, rc.k)
 			denier := newTable(t, Limit{Events: 1, Window: time.Hour}, 64)
 			denier.Charge(h, 2, tm(0))
@@ -438,7 +439,7 @@ func TestWindowsEveryInterleavingIsExact(t *testing.T) {
 					}
 				})
 			}
-			return &w.p.Load().lines[0], fs, func(schedule string) {
+			return watchLines(&w.p.Load().lines[0]), fs, func(schedule string) {
 				var reqs int64
 				for _, g := range got {
 					reqs += g

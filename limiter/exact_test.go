@@ -1,0 +1,340 @@
+package limiter
+
+import (
+	"math/big"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// The paths of issue 16 on which the table must stay exact: a refund that
+// comes late, a SetLimit beside decisions, a sweep at a later clock than a
+// request's, and two keys that share counters. Each is run through every
+// interleaving of its atomic steps (runSchedule) where concurrency is the
+// point.
+
+// hashFor returns a hash whose key, on a one-line table, draws on exactly
+// the given counters.
+func hashFor(t *testing.T, b *Buckets, counters ...int) uint64 {
+	t.Helper()
+	var mask uint16
+	for _, c := range counters {
+		mask |= 1 << c
+	}
+	for i, s := range b.subs {
+		if s.counters == mask {
+			// place picks subset ⌊low·nSubs / 2³²⌋: the smallest low
+			// that gives i.
+			low := (uint64(i)<<32 + b.nSubs - 1) / b.nSubs
+			h := low
+			if _, got, _ := b.place(b.p.Load(), h); got != s {
+				t.Fatalf("hashFor: subset %d not reached", i)
+			}
+			return h
+		}
+	}
+	t.Fatalf("no subset of %d counters is %v", b.k, counters)
+	return 0
+}
+
+// setAhead makes counter c of line 0 tokens·per ticks short of full at tick
+// 0 (tm(0)), for a table no goroutine uses yet.
+func setAhead(b *Buckets, c int, tokens float64) {
+	p := b.p.Load()
+	setCounter(&p.lines[0], uint8(c), 0, uint32(tokens*float64(p.per)))
+}
+
+// A refund that comes after its charge was refilled away gives back
+// nothing: burst 1, X at 0, Y at 1.5 s (the counter had refilled), X
+// refunded at 1.6 s, and Z at 1.6 s must be denied. On the old code
+// (subtracting X's charge from the counter) Z was granted: three grants in
+// 1.6 s from a bucket of one that refills one a second.
+func TestALateRefundGivesBackOnlyItsOwnCharge(t *testing.T) {
+	b := newTable(t, Limit{Events: 1, Window: time.Second, Burst: 1}, 1<<12)
+	const h = 99
+	x, rx := b.TakeHash(h, 1, tm(0))
+	y, _ := b.TakeHash(h, 1, tm(1500*time.Millisecond))
+	b.RefundAt(rx, tm(1600*time.Millisecond))
+	z, _ := b.TakeHash(h, 1, tm(1600*time.Millisecond))
+	if !x.Allowed || !y.Allowed || z.Allowed {
+		t.Errorf("burst 1: X %v, Y %v, and after X's late refund Z %v: want X and Y granted, Z denied", x.Allowed, y.Allowed, z.Allowed)
+	}
+	// A refund of a charge still partly owed gives back that part, and
+	// leaves the charge queued behind it: burst 2, W at 3 s (due back at
+	// 4 s), V at 3.5 s (queued: due back at 5 s), W refunded at 3.6 s
+	// gives back 0.4 of a token, and the key is full again at 4.6 s.
+	b = newTable(t, Limit{Events: 1, Window: time.Second, Burst: 2}, 1<<12)
+	_, rw := b.TakeHash(h, 1, tm(3*time.Second))
+	b.TakeHash(h, 1, tm(3500*time.Millisecond))
+	b.RefundAt(rw, tm(3600*time.Millisecond))
+	if d := b.PeekHash(h, 2, tm(3600*time.Millisecond)); d.Allowed || !within(d.RetryAfter, time.Second, lagOf(b.Limit())) {
+		t.Errorf("W refunded at 3.6 s: %+v, want 2 tokens back in 1 s", d)
+	}
+}
+
+// A client held by `action delay` goes away seconds later: the zone that
+// had granted its request (a Txn take) and the zone that held it (a Charge)
+// are given back what they still owe, no more. Burst 2 at 1/s: H takes at
+// 0 and is held; A takes at 0; the key refills; B and C take at 2.5 s;
+// H's client leaves at 2.6 s; D at 2.6 s must be denied. On the old code
+// H's rollback gave back a token already refilled away, and D was granted:
+// three grants at one instant from a bucket of two.
+func TestAHeldClientThatLeavesGivesBackOnlyWhatIsOwed(t *testing.T) {
+	l := Limit{Events: 1, Window: time.Second, Burst: 2}
+	zone := newTable(t, l, 1<<12)
+	held := newTable(t, l, 1<<12)
+	const h = 7
+	var txn Txn
+	if d := txn.Take(zone, h, 1, tm(0)); !d.Allowed {
+		t.Fatalf("H: %+v", d)
+	}
+	_, debt := held.Charge(h, 1, tm(0))
+	if d, _ := zone.TakeHash(h, 1, tm(0)); !d.Allowed {
+		t.Fatalf("A: %+v", d)
+	}
+	for _, name := range []string{"B", "C"} {
+		if d, _ := zone.TakeHash(h, 1, tm(2500*time.Millisecond)); !d.Allowed {
+			t.Fatalf("%s at 2.5 s: %+v, want granted (the key refilled)", name, d)
+		}
+	}
+	leave := tm(2600 * time.Millisecond)
+	txn.RollbackAt(leave)
+	held.RefundAt(debt, leave)
+	if d, _ := zone.TakeHash(h, 1, leave); d.Allowed {
+		t.Errorf("D at 2.6 s after H left: granted, a third grant at one instant with burst 2")
+	}
+	if d := held.PeekHash(h, 2, leave); !d.Allowed {
+		t.Errorf("the holding zone after H left: %+v, want full (H's charge was refilled away)", d)
+	}
+}
+
+// A sweep run at a later clock than a request's is invisible to it: 10
+// granted at 1 s drain the key, Sweep(2 s), and a request whose time is
+// still 1 s must be denied. On the old code the sweep zeroed the drained
+// counters, and 10 more were granted at 1 s.
+func TestASweepAtALaterClockRefillsNoLateRequest(t *testing.T) {
+	b := newTable(t, Limit{Events: 10, Window: time.Second, Burst: 10}, 1<<12)
+	const h = 5
+	before := drain(b, h, tm(time.Second))
+	b.Sweep(tm(2 * time.Second))
+	if after := drain(b, h, tm(time.Second)); before != 10 || after != 0 {
+		t.Errorf("%d granted at 1 s, Sweep(2 s), then %d more at 1 s: want 10 and 0", before, after)
+	}
+	// The same across a SetLimit: the conversion keeps the recently-past
+	// counters as long past.
+	noErr(t, b.SetLimit(Limit{Events: 20, Window: time.Second, Burst: 10}, tm(2*time.Second)))
+	if after := drain(b, h, tm(time.Second)); after != 0 {
+		t.Errorf("after SetLimit at 2 s, a request at 1 s: %d granted, want 0", after)
+	}
+	if got := drain(b, h, tm(2*time.Second)); got != 10 {
+		t.Errorf("at 2 s: %d granted, want the full 10", got)
+	}
+}
+
+// A setRace is requests of one key racing a SetLimit, through every
+// interleaving, on a one-line table drained at 0 under from. SetLimit runs
+// at at, no request's time is later, and the key is never full, so a
+// token bucket whose limit changes at at, keeping what the key used, holds
+// at end: burst(to) + ⌊rate(from)·at + rate(to)·(end − at)⌋ − what was
+// granted after 0. Every schedule must grant exactly that in all.
+type setRace struct {
+	name     string
+	from, to Limit
+	k        int
+	at       time.Duration
+	reqs     []raceReq
+	end      time.Duration
+}
+
+func (rc setRace) run(t *testing.T) {
+	r1 := big.NewRat(rc.from.Events, int64(rc.from.Window))
+	r2 := big.NewRat(rc.to.Events, int64(rc.to.Window))
+	refill := new(big.Rat).Mul(r1, big.NewRat(int64(rc.at), 1))
+	refill.Add(refill, new(big.Rat).Mul(r2, big.NewRat(int64(rc.end-rc.at), 1)))
+	want := rc.to.burst() + floorRat(refill)
+	const h = 0x1234_5678_9abc_def0
+	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
+		b, err := newBuckets(BucketsConfig{Limit: rc.from, Bytes: 64, K: rc.k}, clockEpoch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		denier := newTable(t, Limit{Events: 1, Window: time.Hour}, 64)
+		denier.Charge(h, 2, tm(0))
+		setup := int64(drain(b, h, tm(0)))
+		// Steps: SetLimit's load and store of the parameters (a
+		// request's load runs with its next step: where it falls
+		// between SetLimit's steps is what matters), and the key's
+		// words in the old and the new lines (SetLimit's swaps of the
+		// others touch nothing the requests read).
+		_, sub, _ := b.place(b.p.Load(), h)
+		old := &b.p.Load().lines[0]
+		watch := func(g int, a unsafe.Pointer) bool {
+			if a == unsafe.Pointer(&b.p) {
+				return g == 0
+			}
+			for _, ln := range []*line{old, &b.p.Load().lines[0]} {
+				if off := uintptr(a) - uintptr(unsafe.Pointer(ln)); off < 64 && sub.words>>(off/8)&1 != 0 {
+					return true
+				}
+			}
+			return false
+		}
+		reqs, granted := racers(b, denier, h, rc.reqs)
+		fs := append([]func(){func() { noErr(t, b.SetLimit(rc.to, tm(rc.at))) }}, reqs...)
+		return watch, fs, func(schedule string) {
+			got, reqs := granted()
+			total := setup + reqs + int64(drain(b, h, tm(rc.end)))
+			if total != want {
+				t.Errorf("%s, schedule %s (X is SetLimit): %d granted (%d by the racing requests: %v), want %d", rc.name, schedule, total, reqs, got, want)
+			}
+		}
+	})
+	t.Logf("%s: %d schedules", rc.name, schedules)
+}
+
+// SetLimit beside decisions: charges made to the lines it is converting,
+// and decisions that loaded the old limit before it, are neither dropped nor
+// granted twice. On the old code (copy, then swap) charges to lines already
+// copied were lost: burst 10 drained at 0, 5 refilled by 0.5 s, and the
+// takes of 3 at 0.5 s during the copy were both granted, and then 5 more.
+func TestSetLimitRacesAreExact(t *testing.T) {
+	ms := time.Millisecond
+	ten := Limit{Events: 10, Window: time.Second, Burst: 10}
+	for _, rc := range []setRace{
+		{"burst 10, 5 refilled, two takes of 3 during the copy", ten, Limit{Events: 20, Window: time.Second, Burst: 10}, 1, 500 * ms,
+			[]raceReq{{500 * ms, 3, false}, {500 * ms, 3, false}}, 500 * ms},
+		{"raised, a late request", Limit{Events: 2, Window: time.Second}, Limit{Events: 4, Window: time.Second}, 1, 500 * ms,
+			[]raceReq{{400 * ms, 1, false}}, 900 * ms},
+		{"raised, three counters", Limit{Events: 2, Window: time.Second}, Limit{Events: 4, Window: time.Second}, 3, 500 * ms,
+			[]raceReq{{500 * ms, 1, false}}, 900 * ms},
+		// The rate halves and the burst stays: a key never goes into a
+		// debt that the final drain could not show.
+		{"lowered", Limit{Events: 4, Window: time.Second}, Limit{Events: 2, Window: time.Second, Burst: 4}, 1, 500 * ms,
+			[]raceReq{{400 * ms, 2, false}}, 1200 * ms},
+		{"a rollback across it", Limit{Events: 2, Window: time.Second}, Limit{Events: 4, Window: time.Second}, 1, 500 * ms,
+			[]raceReq{{500 * ms, 1, true}}, 900 * ms},
+	} {
+		rc.run(t)
+	}
+}
+
+// Two keys that share a counter: A's fullest counter (c0) has one token, its
+// others are c2 and c4; B's fullest is c2 (its others, c6 and c8, are a
+// burst in debt, as far as a counter goes). Two requests of A race for its last token: the loser
+// charges c2 and c4, finds c0 taken, and must give them back, or B, which
+// never raced, pays for it. At 1 s B has refilled exactly one token.
+func TestALostRaceGivesBackWhatAnotherKeyWouldPay(t *testing.T) {
+	l := Limit{Events: 2, Window: time.Second}
+	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
+		b := newTable(t, l, 64)
+		ha, hb := hashFor(t, b, 0, 2, 4), hashFor(t, b, 2, 6, 8)
+		setAhead(b, 0, 1)
+		setAhead(b, 2, 1.25)
+		setAhead(b, 4, 2)
+		setAhead(b, 6, 4)
+		setAhead(b, 8, 4)
+		var granted [2]bool
+		take := func(i int) func() {
+			return func() { d, _ := b.TakeHash(ha, 1, tm(0)); granted[i] = d.Allowed }
+		}
+		return watchLines(&b.p.Load().lines[0]), []func(){take(0), take(1)}, func(schedule string) {
+			a, bGot := count(granted[0])+count(granted[1]), drain(b, hb, tm(time.Second))
+			if a != 1 || bGot != 1 {
+				t.Errorf("schedule %s: A granted %d (want 1), then B at 1 s %d (want 1: c2 is 0.25 token short)", schedule, a, bGot)
+			}
+		}
+	})
+	t.Logf("%d schedules", schedules)
+}
+
+// A sweep that zeroes a long-past counter races a take of the other
+// counter of the same word: the take's charge must survive (Sweep writes
+// with a CAS computed from what it read). The key then holds exactly its
+// burst less the take.
+func TestASweepNeverOverwritesACharge(t *testing.T) {
+	l := Limit{Events: 2, Window: time.Second}
+	var schedules int
+	schedules = everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
+		b, err := newBuckets(BucketsConfig{Limit: l, Bytes: 64, K: 1}, clockEpoch)
+		noErr(t, err)
+		h := hashFor(t, b, 0)
+		setAhead(b, 1, 1) // full since 0.5 s, long past at the sweep
+		at := tm(time.Duration(b.p.Load().nanos(sweepMargin)) + time.Hour)
+		var took bool
+		word := &b.p.Load().lines[0][0]
+		return func(_ int, a unsafe.Pointer) bool { return a == unsafe.Pointer(word) }, []func(){
+				func() { b.Sweep(at) },
+				func() { d, _ := b.TakeHash(h, 1, at); took = d.Allowed },
+			}, func(schedule string) {
+				if got := drain(b, h, at); !took || got != 1 {
+					t.Errorf("schedule %s: take granted %v, then %d more, want true and 1", schedule, took, got)
+				}
+			}
+	})
+	t.Logf("%d schedules", schedules)
+}
+
+// Charge, Fill and a refund after refill, each racing a take of the same
+// key (one counter, 2/s, drained at 0).
+func TestChargeFillAndLateRefundRacesAreExact(t *testing.T) {
+	l := Limit{Events: 2, Window: time.Second}
+	ms := time.Millisecond
+	const h = 0x0fed_cba9_8765_4321
+	for _, tc := range []struct {
+		name  string
+		other func(b *Buckets, r Reservation)
+		end   time.Duration
+		want  int // granted to the take and the final drain together
+	}{
+		// 1.5 tokens at 750 ms, one charged: 0.5 + 1 by 1.25 s, whichever
+		// goes first.
+		{"charge", func(b *Buckets, _ Reservation) { b.Charge(h, 1, tm(750*ms)) }, 1250 * ms, 1},
+		// Full at 750 ms before or after the take: 2 by 1.3 s.
+		{"fill", func(b *Buckets, _ Reservation) { b.Fill(h) }, 1300 * ms, 3},
+		// The reservation of 0 s was refilled by 1 s: its refund at
+		// 750 ms gives back the 0.25 token still owed at most.
+		{"late refund", func(b *Buckets, r Reservation) { b.RefundAt(r, tm(750*ms)) }, 1250 * ms, 2},
+	} {
+		schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
+			b, err := newBuckets(BucketsConfig{Limit: l, Bytes: 64, K: 1}, clockEpoch)
+			noErr(t, err)
+			_, r := b.TakeHash(h, 1, tm(-time.Second)) // before the table: counts as 0
+			drain(b, h, tm(0))
+			var took bool
+			return watchLines(&b.p.Load().lines[0]), []func(){
+					func() { tc.other(b, r) },
+					func() { d, _ := b.TakeHash(h, 1, tm(750*ms)); took = d.Allowed },
+				}, func(schedule string) {
+					if got := count(took) + drain(b, h, tm(tc.end)); got != tc.want {
+						t.Errorf("%s, schedule %s: take %v, %d granted in all, want %d", tc.name, schedule, took, got, tc.want)
+					}
+				}
+		})
+		t.Logf("%s: %d schedules", tc.name, schedules)
+	}
+}
+
+// A limit raised from 10 a minute to a million a second: its sweep interval
+// falls from days to a second, and sweeps at the new interval (what the
+// Caddy module's sweep loop runs once SetLimit wakes it) keep every idle
+// key full across many wraps of the 32-bit time (4.3 s at that rate).
+func TestSweepsAtTheRaisedLimitsIntervalKeepIdleKeysFull(t *testing.T) {
+	b := newTable(t, Limit{Events: 10, Window: time.Minute, Burst: 10}, 1<<12)
+	slow := b.SweepInterval()
+	b.TakeHash(1, 1, tm(0))
+	noErr(t, b.SetLimit(Limit{Events: MaxRate, Window: time.Second, Burst: MaxRate}, tm(time.Second)))
+	b.TakeHash(2, 1000, tm(time.Second))
+	fast := b.SweepInterval()
+	if fast > 3*time.Second || slow < 24*time.Hour {
+		t.Fatalf("sweep interval %v at 10 a minute, %v at a million a second", slow, fast)
+	}
+	idle := time.Minute
+	for now := time.Second; now <= idle; now += fast / 2 {
+		b.Sweep(tm(now))
+	}
+	for _, h := range []uint64{1, 2} {
+		if d := b.PeekHash(h, MaxRate, tm(idle)); !d.Allowed {
+			t.Errorf("key %d after %v idle at a million a second: %+v, want full", h, idle, d)
+		}
+	}
+}
