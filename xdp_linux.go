@@ -4,6 +4,8 @@ package floodgate
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -16,8 +18,9 @@ import (
 // xdpTable is a table's XDP side: the program and its maps, and its
 // attachment to the interface.
 type xdpTable struct {
-	t   *xdp.Table
-	att *xdp.Attachment
+	t    *xdp.Table
+	att  *xdp.Attachment
+	path *synPath
 }
 
 // newXDPBuckets makes a table whose buckets live in an XDP program's map,
@@ -27,11 +30,15 @@ func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, 
 	xt, err := xdp.NewTable(xdp.Config{Buckets: cfg, IPv4Prefix: v4, IPv6Prefix: v6, Zone: zone})
 	if err == nil {
 		var att *xdp.Attachment
-		if att, err = xt.Attach(x.Interface, x.Ports); err == nil {
+		var path *synPath
+		if path, err = readSYNPath(x); err == nil {
+			att, err = xt.Attach(x.Interface, x.Ports)
+		}
+		if err == nil {
 			caddy.Log().Named("rate_limit").Info(fmt.Sprintf("zone %q: SYNs limited by XDP on %s (%s mode)", zone, att.Interface, att.Mode),
 				zap.String("zone", zone), zap.String("interface", att.Interface), zap.String("mode", att.Mode),
 				zap.Uint16s("ports", x.Ports))
-			return xt.Buckets, &xdpTable{t: xt, att: att}, nil
+			return xt.Buckets, &xdpTable{t: xt, att: att, path: path}, nil
 		}
 		xt.Close()
 	}
@@ -42,6 +49,33 @@ func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, 
 		zap.String("zone", zone))
 	b, err := limiter.NewBuckets(cfg)
 	return b, nil, err
+}
+
+// readSYNPath reads the addresses the program will see SYNs to, in this
+// thread's network namespace (the one the program is attached in).
+func readSYNPath(x *zoneconf.XDP) (*synPath, error) {
+	ifc, err := net.InterfaceByName(x.Interface)
+	if err != nil {
+		return nil, fmt.Errorf("xdp: interface %q: %w", x.Interface, err)
+	}
+	ia, err := ifc.Addrs()
+	if err != nil {
+		return nil, fmt.Errorf("xdp: interface %q: %w", x.Interface, err)
+	}
+	ha, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("xdp: the host's addresses: %w", err)
+	}
+	return newSYNPath(ia, ha, x.Ports), nil
+}
+
+// synCharged is what the layer4 matchers ask whether the program charged a
+// connection's SYN; nil if the table has no XDP side.
+func (x *xdpTable) synCharged() func(local, remote netip.AddrPort) bool {
+	if x == nil {
+		return nil
+	}
+	return x.path.charged
 }
 
 // close detaches the program and releases its maps; the buckets stay

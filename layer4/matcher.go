@@ -121,6 +121,13 @@ type Zone struct {
 	// Count, if not nil, is told the outcome of every connection the zone
 	// decided, for the zone's metrics.
 	Count func(Outcome)
+	// SYNCharged, if not nil, reports whether the zone's XDP program
+	// charged a connection between these addresses on its SYN: the
+	// connection arrived on the program's interface, to one of its ports.
+	// Match then counts it as allowed (its SYN passed) and charges nothing
+	// more, so that it costs one token, not two. It must be cheap: it runs
+	// once per connection, flood included.
+	SYNCharged func(local, remote netip.AddrPort) bool
 }
 
 // Outcome is what a zone did with a connection.
@@ -271,6 +278,13 @@ func (m *Matcher) Match(cx *layer4.Connection) (bool, error) {
 				zap.String("zone", m.zone.Name), zap.Stringer("remote", cx.RemoteAddr()))
 		}
 	}
+	if m.zone.SYNCharged != nil && synCharged(cx, m.zone.SYNCharged) {
+		Charged(cx, m.zone.Name, false)
+		if m.zone.Count != nil {
+			m.zone.Count(Allowed)
+		}
+		return false, nil
+	}
 	over := m.zone.decide(ip, time.Now(), m.logger) // one clock reading per connection
 	Charged(cx, m.zone.Name, over)
 	return over, nil
@@ -295,6 +309,50 @@ func (z *Zone) decide(ip netip.Addr, now time.Time, logger *zap.Logger) bool {
 		z.Count(o)
 	}
 	return o == Denied
+}
+
+// synCharged reports whether charged says the connection's SYN was charged.
+// The SYN's addresses are those of the accepted socket, under any PROXY
+// protocol wrapping: a connection whose source a PROXY header replaced is
+// charged to the client, whose network the SYN (the proxy's) never paid
+// for, so it is not covered.
+func synCharged(cx *layer4.Connection, charged func(local, remote netip.AddrPort) bool) bool {
+	raw := socket(cx.Conn)
+	if raw.RemoteAddr().String() != cx.RemoteAddr().String() {
+		return false
+	}
+	local, ok1 := addrPort(raw.LocalAddr())
+	remote, ok2 := addrPort(raw.RemoteAddr())
+	return ok1 && ok2 && charged(local, remote)
+}
+
+// socket unwraps c to the accepted socket: through caddy-l4's Connection
+// and PROXY protocol's Conn (Raw), a bounded number of layers.
+func socket(c net.Conn) net.Conn {
+	for range 8 {
+		switch w := c.(type) {
+		case *layer4.Connection:
+			c = w.Conn
+		case interface{ Raw() net.Conn }:
+			c = w.Raw()
+		default:
+			return c
+		}
+	}
+	return c
+}
+
+// addrPort is a TCP address's IP (unmapped, without zone) and port.
+func addrPort(a net.Addr) (netip.AddrPort, bool) {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(ip.Unmap().WithZone(""), uint16(ta.Port)), true
 }
 
 // Charged records that cx has been charged to the zone named zone, and

@@ -185,20 +185,7 @@ func flood(t *testing.T, v *netnstest.VethPair, first byte, networks, perNet int
 // echoes reports whether a client in the client namespace connects and gets
 // its bytes echoed.
 func echoes(v *netnstest.VethPair) error {
-	return netnstest.In(v.Client, func() error {
-		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(v.ServerAddr, port).String(), 5*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := c.Write([]byte("ping")); err != nil {
-			return err
-		}
-		buf := make([]byte, 4)
-		_, err = io.ReadFull(c, buf)
-		return err
-	})
+	return echoesWithin(v, 5*time.Second)
 }
 
 func attached(t *testing.T, v *netnstest.VethPair) bool {
@@ -290,4 +277,66 @@ func TestXDPZoneErrors(t *testing.T) {
 	if err := echoes(v); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestXDPChargesAConnectionOnce: a connection whose SYN the zone's program
+// charged is not charged again by the zone's layer4 matcher, so a fair
+// source gets exactly its burst of connections through the whole path
+// (XDP, then the matcher), not half of it; the rest have their SYNs
+// dropped. The matcher counts the connections it let through as allowed.
+func TestXDPChargesAConnectionOnce(t *testing.T) {
+	const burst = 4
+	v := netnstest.NewVethPair(t)
+	if err := load(v, config(v, burst, fmt.Sprintf("xdp %s %d", v.ServerIf, port))); err != nil {
+		if strings.Contains(err.Error(), "not permitted") {
+			t.Skipf("BPF is not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+
+	var outcomes []string
+	echoed := 0
+	for range burst + 2 {
+		// A SYN the program drops is retransmitted after a second: a
+		// shorter timeout sends each connection one SYN.
+		err := echoesWithin(v, 500*time.Millisecond)
+		if err == nil {
+			echoed++
+			outcomes = append(outcomes, "echoed")
+		} else {
+			outcomes = append(outcomes, err.Error())
+		}
+	}
+	if echoed != burst {
+		t.Errorf("%d of %d connections were echoed, want the burst, %d: %q", echoed, burst+2, burst, outcomes)
+	}
+	for i, o := range outcomes[:burst] {
+		if o != "echoed" {
+			t.Errorf("connection %d: %s, want echoed", i+1, o)
+		}
+	}
+	c := zone(t, v).Connections
+	if c == nil || c.Allowed != burst || c.Denied != 0 {
+		t.Errorf("the zone counted connections %+v, want %d allowed, none denied", c, burst)
+	}
+	waitSYNs(t, v, burst, 2)
+}
+
+// echoesWithin is echoes with a dial timeout of d.
+func echoesWithin(v *netnstest.VethPair, d time.Duration) error {
+	return netnstest.In(v.Client, func() error {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(v.ServerAddr, port).String(), d)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 4)
+		_, err = io.ReadFull(c, buf)
+		return err
+	})
 }
