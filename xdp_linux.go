@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -18,9 +19,13 @@ import (
 // xdpTable is a table's XDP side: the program and its maps, and its
 // attachment to the interface.
 type xdpTable struct {
-	t    *xdp.Table
-	att  *xdp.Attachment
-	path *synPath
+	t   *xdp.Table
+	att *xdp.Attachment
+	x   *zoneconf.XDP
+	// path is where the program charges SYNs, read at attach and again
+	// whenever a config with this table is loaded (refreshPath), so that
+	// an address the interface gained since is known after a reload.
+	path atomic.Pointer[synPath]
 }
 
 // newXDPBuckets makes a table whose buckets live in an XDP program's map,
@@ -38,7 +43,9 @@ func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, 
 			caddy.Log().Named("rate_limit").Info(fmt.Sprintf("zone %q: SYNs limited by XDP on %s (%s mode)", zone, att.Interface, att.Mode),
 				zap.String("zone", zone), zap.String("interface", att.Interface), zap.String("mode", att.Mode),
 				zap.Uint16s("ports", x.Ports))
-			return xt.Buckets, &xdpTable{t: xt, att: att, path: path}, nil
+			xdt := &xdpTable{t: xt, att: att, x: x}
+			xdt.path.Store(path)
+			return xt.Buckets, xdt, nil
 		}
 		xt.Close()
 	}
@@ -70,12 +77,18 @@ func readSYNPath(x *zoneconf.XDP) (*synPath, error) {
 }
 
 // synCharged is what the layer4 matchers ask whether the program charged a
-// connection's SYN; nil if the table has no XDP side.
+// connection's SYN; nil if the table has no XDP side. It reads the
+// addresses again first (a config using the table is being loaded, in the
+// namespace the program was attached in); if that fails it keeps those it
+// had.
 func (x *xdpTable) synCharged() func(local, remote netip.AddrPort) bool {
 	if x == nil {
 		return nil
 	}
-	return x.path.charged
+	if p, err := readSYNPath(x.x); err == nil {
+		x.path.Store(p)
+	}
+	return func(local, remote netip.AddrPort) bool { return x.path.Load().charged(local, remote) }
 }
 
 // close detaches the program and releases its maps; the buckets stay
