@@ -15,8 +15,9 @@
 // A connection is charged at most once per zone: the zone's verdict is kept
 // in the connection's variables (see Charged), and every matcher of the zone,
 // in any route or matcher set, takes it from there. A stage that charges a
-// connection earlier (an XDP program, on its SYN) records its verdict with
-// Charged, and the matchers then charge nothing more.
+// connection earlier records its verdict with Charged, and the matchers then
+// charge nothing more; so does Match for a connection whose SYN the zone's
+// XDP program charged (Zone.SYNCharged).
 package layer4
 
 import (
@@ -358,8 +359,9 @@ func addrPort(a net.Addr) (netip.AddrPort, bool) {
 // Charged records that cx has been charged to the zone named zone, and
 // whether it is to be matched (over). Every rate_limit matcher of that zone
 // then answers over for cx without charging it again. Match records its own
-// decisions so; an earlier stage that charged the connection itself (an XDP
-// program, on the SYN) records its verdict here before routing begins.
+// decisions so, and a connection the zone's XDP program charged on its SYN
+// as allowed; an earlier stage that charged the connection itself records
+// its verdict here before routing begins.
 func Charged(cx *layer4.Connection, zone string, over bool) {
 	cx.SetVar(verdictVar(zone), over)
 }
