@@ -325,8 +325,13 @@ func TestXDPChargesAConnectionOnce(t *testing.T) {
 
 // echoesWithin is echoes with a dial timeout of d.
 func echoesWithin(v *netnstest.VethPair, d time.Duration) error {
+	return echoesTo(v, v.ServerAddr, d)
+}
+
+// echoesTo is echoes to the server's address addr, with a dial timeout of d.
+func echoesTo(v *netnstest.VethPair, addr netip.Addr, d time.Duration) error {
 	return netnstest.In(v.Client, func() error {
-		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(v.ServerAddr, port).String(), d)
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, port).String(), d)
 		if err != nil {
 			return err
 		}
@@ -339,4 +344,46 @@ func echoesWithin(v *netnstest.VethPair, d time.Duration) error {
 		_, err = io.ReadFull(c, buf)
 		return err
 	})
+}
+
+// TestXDPLearnsAddressesOnReload: the matcher knows the interface's
+// addresses as they were when a config with the zone last loaded. A
+// connection to an address added after the load is taken for another
+// interface's and charged again by the matcher (two tokens); after a reload
+// that keeps the table, it costs one.
+func TestXDPLearnsAddressesOnReload(t *testing.T) {
+	const burst = 4
+	v := netnstest.NewVethPair(t)
+	anyAddr := func(extra string) string {
+		return strings.Replace(config(v, burst, fmt.Sprintf("xdp %s %d%s", v.ServerIf, port, extra)),
+			fmt.Sprintf("%s:%d {", v.ServerAddr, port), fmt.Sprintf(":%d {", port), 1)
+	}
+	if err := load(v, anyAddr("")); err != nil {
+		if strings.Contains(err.Error(), "not permitted") {
+			t.Skipf("BPF is not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	added := netip.MustParseAddr("10.99.0.3")
+	if out, err := exec.Command("ip", "-n", v.Server, "addr", "add", added.String()+"/24", "dev", v.ServerIf).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	to := func() string {
+		if err := echoesTo(v, added, 500*time.Millisecond); err != nil {
+			return err.Error()
+		}
+		return "echoed"
+	}
+	if got := to(); got != "echoed" { // XDP and the matcher: 2 of 4 tokens
+		t.Fatalf("first connection to the added address: %s", got)
+	}
+	if err := load(v, anyAddr(" ")); err != nil { // the same settings: the same table
+		t.Fatal(err)
+	}
+	got := []string{to(), to(), to()} // one token each now, then none
+	if got[0] != "echoed" || got[1] != "echoed" || got[2] == "echoed" {
+		t.Fatalf("after the reload, three connections to the added address: %q; want two echoed, then none", got)
+	}
+	waitSYNs(t, v, 3, 1)
 }
