@@ -4,6 +4,7 @@ package floodgate
 
 import (
 	"errors"
+	"net/netip"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -30,3 +31,5 @@ func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, 
 func (x *xdpTable) close() {}
 
 func (x *xdpTable) info() *XDPInfo { return nil }
+
+func (x *xdpTable) synCharged() func(local, remote netip.AddrPort) bool { return nil }

@@ -15,8 +15,9 @@
 // A connection is charged at most once per zone: the zone's verdict is kept
 // in the connection's variables (see Charged), and every matcher of the zone,
 // in any route or matcher set, takes it from there. A stage that charges a
-// connection earlier (an XDP program, on its SYN) records its verdict with
-// Charged, and the matchers then charge nothing more.
+// connection earlier records its verdict with Charged, and the matchers then
+// charge nothing more; so does Match for a connection whose SYN the zone's
+// XDP program charged (Zone.SYNCharged).
 package layer4
 
 import (
@@ -121,6 +122,13 @@ type Zone struct {
 	// Count, if not nil, is told the outcome of every connection the zone
 	// decided, for the zone's metrics.
 	Count func(Outcome)
+	// SYNCharged, if not nil, reports whether the zone's XDP program
+	// charged a connection between these addresses on its SYN: the
+	// connection arrived on the program's interface, to one of its ports.
+	// Match then counts it as allowed (its SYN passed) and charges nothing
+	// more, so that it costs one token, not two. It must be cheap: it runs
+	// once per connection, flood included.
+	SYNCharged func(local, remote netip.AddrPort) bool
 }
 
 // Outcome is what a zone did with a connection.
@@ -271,6 +279,13 @@ func (m *Matcher) Match(cx *layer4.Connection) (bool, error) {
 				zap.String("zone", m.zone.Name), zap.Stringer("remote", cx.RemoteAddr()))
 		}
 	}
+	if m.zone.SYNCharged != nil && synCharged(cx, m.zone.SYNCharged) {
+		Charged(cx, m.zone.Name, false)
+		if m.zone.Count != nil {
+			m.zone.Count(Allowed)
+		}
+		return false, nil
+	}
 	over := m.zone.decide(ip, time.Now(), m.logger) // one clock reading per connection
 	Charged(cx, m.zone.Name, over)
 	return over, nil
@@ -297,11 +312,56 @@ func (z *Zone) decide(ip netip.Addr, now time.Time, logger *zap.Logger) bool {
 	return o == Denied
 }
 
+// synCharged reports whether charged says the connection's SYN was charged.
+// The SYN's addresses are those of the accepted socket, under any PROXY
+// protocol wrapping: a connection whose source a PROXY header replaced is
+// charged to the client, whose network the SYN (the proxy's) never paid
+// for, so it is not covered.
+func synCharged(cx *layer4.Connection, charged func(local, remote netip.AddrPort) bool) bool {
+	raw := socket(cx.Conn)
+	if raw.RemoteAddr().String() != cx.RemoteAddr().String() {
+		return false
+	}
+	local, ok1 := addrPort(raw.LocalAddr())
+	remote, ok2 := addrPort(raw.RemoteAddr())
+	return ok1 && ok2 && charged(local, remote)
+}
+
+// socket unwraps c to the accepted socket: through caddy-l4's Connection
+// and PROXY protocol's Conn (Raw), a bounded number of layers.
+func socket(c net.Conn) net.Conn {
+	for range 8 {
+		switch w := c.(type) {
+		case *layer4.Connection:
+			c = w.Conn
+		case interface{ Raw() net.Conn }:
+			c = w.Raw()
+		default:
+			return c
+		}
+	}
+	return c
+}
+
+// addrPort is a TCP address's IP (unmapped, without zone) and port.
+func addrPort(a net.Addr) (netip.AddrPort, bool) {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	ip, ok := netip.AddrFromSlice(ta.IP)
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(ip.Unmap().WithZone(""), uint16(ta.Port)), true
+}
+
 // Charged records that cx has been charged to the zone named zone, and
 // whether it is to be matched (over). Every rate_limit matcher of that zone
 // then answers over for cx without charging it again. Match records its own
-// decisions so; an earlier stage that charged the connection itself (an XDP
-// program, on the SYN) records its verdict here before routing begins.
+// decisions so, and a connection the zone's XDP program charged on its SYN
+// as allowed; an earlier stage that charged the connection itself records
+// its verdict here before routing begins.
 func Charged(cx *layer4.Connection, zone string, over bool) {
 	cx.SetVar(verdictVar(zone), over)
 }

@@ -24,11 +24,14 @@ import (
 // so any read or write panics: the matcher must read nothing.
 type fakeConn struct {
 	net.Conn
-	remote net.Addr
+	remote, local net.Addr // local: 127.0.0.1:9580 if nil
 }
 
 func (f *fakeConn) RemoteAddr() net.Addr { return f.remote }
 func (f *fakeConn) LocalAddr() net.Addr {
+	if f.local != nil {
+		return f.local
+	}
 	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 9580}
 }
 
@@ -537,5 +540,70 @@ func TestMatchWaitsForAPartialProxyHeader(t *testing.T) {
 	}
 	if counts[Allowed] != 2 || logs.FilterMessageSnippet("PROXY protocol header").Len() != 1 {
 		t.Fatalf("whole unread headers: counted %v, %d warnings; want 2 allowed and 1 warning", counts, logs.Len())
+	}
+}
+
+// proxiedConn is a connection whose source a PROXY protocol header replaced,
+// as go-proxyproto's Conn presents it: Raw is the accepted socket.
+type proxiedConn struct {
+	*fakeConn
+	raw net.Conn
+}
+
+func (p *proxiedConn) Raw() net.Conn { return p.raw }
+
+// A connection whose SYN the zone's XDP program charged (SYNCharged says so
+// for its socket's addresses) is counted as allowed and charges the zone
+// nothing more; one it did not charge, or whose source a PROXY header
+// replaced (the SYN was the proxy's), is charged by the matcher.
+func TestConnectionChargedOnItsSYNIsNotChargedAgain(t *testing.T) {
+	counts := make(map[Outcome]int)
+	zones, _ := counted(t, limiter.Limit{Events: 1, Burst: 1, Window: time.Hour}, counts)
+	server := &net.TCPAddr{IP: net.ParseIP("::ffff:10.99.0.1"), Port: 443}
+	var asked []string
+	z := zones.global["edge"]
+	z.SYNCharged = func(local, remote netip.AddrPort) bool {
+		asked = append(asked, local.String()+" <- "+remote.String())
+		return local.Port() == 443
+	}
+	zones.global["edge"] = z
+	m := provisioned(t, &Matcher{Zone: "edge"}, zones)
+	conn := func(local *net.TCPAddr) *fakeConn {
+		return &fakeConn{remote: &net.TCPAddr{IP: net.ParseIP("192.0.2.7"), Port: 40000}, local: local}
+	}
+
+	for i := range 3 {
+		cx := layer4.WrapConnection(conn(server), nil, zap.NewNop())
+		if match(t, m, cx) || match(t, m, cx) {
+			t.Fatalf("connection %d, charged on its SYN, is over a limit of 1", i+1)
+		}
+	}
+	if counts[Allowed] != 3 || len(counts) != 1 {
+		t.Fatalf("counted %v, want 3 allowed", counts)
+	}
+	if want := "10.99.0.1:443 <- 192.0.2.7:40000"; len(asked) != 3 || asked[0] != want {
+		t.Fatalf("SYNCharged was asked %q, want %q once per connection", asked, want)
+	}
+
+	// Behind PROXY protocol the client is charged: its network's one token
+	// is still there, so the first such connection passes and the next is
+	// over.
+	proxy := conn(server)
+	for i, want := range []bool{false, true} {
+		client := &fakeConn{remote: &net.TCPAddr{IP: net.ParseIP("198.51.100.9"), Port: 5000}, local: server}
+		cx := layer4.WrapConnection(&proxiedConn{fakeConn: client, raw: proxy}, nil, zap.NewNop())
+		if got := match(t, m, cx); got != want {
+			t.Fatalf("client behind PROXY protocol, connection %d: over = %v, want %v", i+1, got, want)
+		}
+	}
+	// Another port: the program did not see the SYN.
+	other := &net.TCPAddr{IP: net.ParseIP("10.99.0.1"), Port: 8080}
+	for i, want := range []bool{false, true} {
+		if got := match(t, m, layer4.WrapConnection(conn(other), nil, zap.NewNop())); got != want {
+			t.Fatalf("connection %d to a port the program does not limit: over = %v, want %v", i+1, got, want)
+		}
+	}
+	if counts[Allowed] != 5 || counts[Denied] != 2 {
+		t.Fatalf("counted %v, want 5 allowed and 2 denied", counts)
 	}
 }

@@ -185,20 +185,7 @@ func flood(t *testing.T, v *netnstest.VethPair, first byte, networks, perNet int
 // echoes reports whether a client in the client namespace connects and gets
 // its bytes echoed.
 func echoes(v *netnstest.VethPair) error {
-	return netnstest.In(v.Client, func() error {
-		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(v.ServerAddr, port).String(), 5*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := c.Write([]byte("ping")); err != nil {
-			return err
-		}
-		buf := make([]byte, 4)
-		_, err = io.ReadFull(c, buf)
-		return err
-	})
+	return echoesWithin(v, 5*time.Second)
 }
 
 func attached(t *testing.T, v *netnstest.VethPair) bool {
@@ -290,4 +277,113 @@ func TestXDPZoneErrors(t *testing.T) {
 	if err := echoes(v); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestXDPChargesAConnectionOnce: a connection whose SYN the zone's program
+// charged is not charged again by the zone's layer4 matcher, so a fair
+// source gets exactly its burst of connections through the whole path
+// (XDP, then the matcher), not half of it; the rest have their SYNs
+// dropped. The matcher counts the connections it let through as allowed.
+func TestXDPChargesAConnectionOnce(t *testing.T) {
+	const burst = 4
+	v := netnstest.NewVethPair(t)
+	if err := load(v, config(v, burst, fmt.Sprintf("xdp %s %d", v.ServerIf, port))); err != nil {
+		if strings.Contains(err.Error(), "not permitted") {
+			t.Skipf("BPF is not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+
+	var outcomes []string
+	echoed := 0
+	for range burst + 2 {
+		// A SYN the program drops is retransmitted after a second: a
+		// shorter timeout sends each connection one SYN.
+		err := echoesWithin(v, 500*time.Millisecond)
+		if err == nil {
+			echoed++
+			outcomes = append(outcomes, "echoed")
+		} else {
+			outcomes = append(outcomes, err.Error())
+		}
+	}
+	if echoed != burst {
+		t.Errorf("%d of %d connections were echoed, want the burst, %d: %q", echoed, burst+2, burst, outcomes)
+	}
+	for i, o := range outcomes[:burst] {
+		if o != "echoed" {
+			t.Errorf("connection %d: %s, want echoed", i+1, o)
+		}
+	}
+	c := zone(t, v).Connections
+	if c == nil || c.Allowed != burst || c.Denied != 0 {
+		t.Errorf("the zone counted connections %+v, want %d allowed, none denied", c, burst)
+	}
+	waitSYNs(t, v, burst, 2)
+}
+
+// echoesWithin is echoes with a dial timeout of d.
+func echoesWithin(v *netnstest.VethPair, d time.Duration) error {
+	return echoesTo(v, v.ServerAddr, d)
+}
+
+// echoesTo is echoes to the server's address addr, with a dial timeout of d.
+func echoesTo(v *netnstest.VethPair, addr netip.Addr, d time.Duration) error {
+	return netnstest.In(v.Client, func() error {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, port).String(), d)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 4)
+		_, err = io.ReadFull(c, buf)
+		return err
+	})
+}
+
+// TestXDPLearnsAddressesOnReload: the matcher knows the interface's
+// addresses as they were when a config with the zone last loaded. A
+// connection to an address added after the load is taken for another
+// interface's and charged again by the matcher (two tokens); after a reload
+// that keeps the table, it costs one.
+func TestXDPLearnsAddressesOnReload(t *testing.T) {
+	const burst = 4
+	v := netnstest.NewVethPair(t)
+	anyAddr := func(extra string) string {
+		return strings.Replace(config(v, burst, fmt.Sprintf("xdp %s %d%s", v.ServerIf, port, extra)),
+			fmt.Sprintf("%s:%d {", v.ServerAddr, port), fmt.Sprintf(":%d {", port), 1)
+	}
+	if err := load(v, anyAddr("")); err != nil {
+		if strings.Contains(err.Error(), "not permitted") {
+			t.Skipf("BPF is not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	added := netip.MustParseAddr("10.99.0.3")
+	if out, err := exec.Command("ip", "-n", v.Server, "addr", "add", added.String()+"/24", "dev", v.ServerIf).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	to := func() string {
+		if err := echoesTo(v, added, 500*time.Millisecond); err != nil {
+			return err.Error()
+		}
+		return "echoed"
+	}
+	if got := to(); got != "echoed" { // XDP and the matcher: 2 of 4 tokens
+		t.Fatalf("first connection to the added address: %s", got)
+	}
+	if err := load(v, anyAddr(" ")); err != nil { // the same settings: the same table
+		t.Fatal(err)
+	}
+	got := []string{to(), to(), to()} // one token each now, then none
+	if got[0] != "echoed" || got[1] != "echoed" || got[2] == "echoed" {
+		t.Fatalf("after the reload, three connections to the added address: %q; want two echoed, then none", got)
+	}
+	waitSYNs(t, v, 3, 1)
 }
