@@ -35,8 +35,10 @@ type event struct {
 // contract of SetLimit) in the new rate and burst, at most a burst of debt.
 // A charge replays what it took at its own time, not its weight: what went
 // past the ceiling of a burst of debt was dropped then (Buckets.Charge) and
-// stays dropped when an earlier charge is refunded. A late refund gives
-// back at most what this bucket does, so it bounds the table from above.
+// stays dropped when an earlier charge is refunded; so does the debt a
+// change of limit drops beyond a burst, from the charges that made it last
+// (setLimit). A late refund gives back at most what this bucket does, so
+// it bounds the table from above.
 type exactBucket struct {
 	first  Limit
 	events []event
@@ -76,6 +78,42 @@ func (x *exactBucket) at(ns int64) *big.Rat {
 	return tokens
 }
 
+// setLimit changes the limit at ns. The debt beyond a burst of the new
+// limit is dropped, and it is the latest charges' tokens that are dropped,
+// as the table caps each counter's time ahead and with it the ends of the
+// charges on top (Reservation.outstanding).
+func (x *exactBucket) setLimit(ns int64, nl Limit) {
+	have := x.at(ns)
+	drop := have.Sub(big.NewRat(-2*nl.burst()+x.limitAt(ns).burst(), 1), have) // tokens below a burst of debt
+	for i := len(x.events) - 1; i >= 0 && drop.Sign() > 0; i-- {
+		e := &x.events[i]
+		if e.applied == nil || e.refunded {
+			continue
+		}
+		if e.applied.Sign() < 0 {
+			break // a fill: nothing before it is owed
+		}
+		d := new(big.Rat).Set(drop)
+		if d.Cmp(e.applied) > 0 {
+			d.Set(e.applied)
+		}
+		e.applied = new(big.Rat).Sub(e.applied, d)
+		drop.Sub(drop, d)
+	}
+	x.events = append(x.events, event{ns: ns, limit: nl})
+}
+
+// limitAt is the limit in force at ns.
+func (x *exactBucket) limitAt(ns int64) Limit {
+	l := x.first
+	for _, e := range x.events {
+		if e.applied == nil && e.ns <= ns {
+			l = e.limit
+		}
+	}
+	return l
+}
+
 // owedBucket is the least a key may hold under the refund rule of
 // Buckets.RefundAt: a token bucket run forward, where a refund gives back
 // only what of its charge is still owed, min(paid, end − now), the charge's
@@ -92,25 +130,6 @@ type owedBucket struct {
 
 func newOwedBucket(l Limit) *owedBucket {
 	return &owedBucket{l: l, tokens: big.NewRat(l.burst(), 1)}
-}
-
-// refilled is the refill of a key from ns to the present, under the
-// limits in force meanwhile, in tokens.
-func (y *owedBucket) refilled(ns int64, l Limit, to int64) *big.Rat {
-	sum := new(big.Rat)
-	add := func(l Limit, from, to int64) {
-		r := big.NewRat(l.Events, int64(l.Window))
-		sum.Add(sum, r.Mul(r, big.NewRat(to-from, 1)))
-	}
-	for _, c := range y.changes {
-		if c.ns < ns {
-			continue
-		}
-		add(l, ns, c.ns)
-		ns, l = c.ns, c.limit
-	}
-	add(l, ns, to)
-	return sum
 }
 
 // at brings the bucket to ns and returns what it holds.
@@ -149,13 +168,28 @@ func (y *owedBucket) setLimit(ns int64, l Limit) {
 
 // refund gives back at ns what of a charge of paid tokens, made at from
 // under limit l with changes changes of limit before it and leaving its
-// key short of full by deficit, is still owed.
+// key short of full by deficit, is still owed: what of the deficit has not
+// refilled since, capped at each change of limit at the new burst of debt
+// as the table caps the charge's end, and nothing across two changes.
 func (y *owedBucket) refund(ns int64, paid, deficit *big.Rat, from int64, l Limit, changes int) {
 	y.at(ns)
 	if len(y.changes)-changes > 1 {
 		return
 	}
-	owed := new(big.Rat).Sub(deficit, y.refilled(from, l, ns))
+	owed := new(big.Rat).Set(deficit)
+	refill := func(to int64) {
+		r := big.NewRat(l.Events, int64(l.Window))
+		owed.Sub(owed, r.Mul(r, big.NewRat(to-from, 1)))
+		from = to
+	}
+	for _, c := range y.changes[changes:] {
+		refill(c.ns)
+		l = c.limit
+		if ceil := big.NewRat(2*l.burst(), 1); owed.Cmp(ceil) > 0 {
+			owed.Set(ceil)
+		}
+	}
+	refill(ns)
 	if owed.Cmp(paid) > 0 {
 		owed.Set(paid)
 	}
@@ -286,7 +320,7 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 				if err := b.SetLimit(nl, tm(time.Duration(ns))); err != nil {
 					t.Fatal(err)
 				}
-				x.events = append(x.events, event{ns: ns, limit: nl})
+				x.setLimit(ns, nl)
 				y.setLimit(ns, nl)
 				l = nl
 				addTol(l)
