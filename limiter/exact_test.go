@@ -338,3 +338,30 @@ func TestSweepsAtTheRaisedLimitsIntervalKeepIdleKeysFull(t *testing.T) {
 		}
 	}
 }
+
+// A SetLimit that caps a key's debt at a burst drops the charges on top,
+// and a refund of one of those gives back nothing: under a burst of a
+// million, X and Y charge 2305 each; SetLimit to 5 per 10 s, burst 5, keeps
+// a burst of debt (X's first 10 tokens); Y refunded must leave the key in
+// debt. On the old code Y's end, capped with the counter, made Y owe the 10
+// tokens that were X's, and the key was full again (found by
+// FuzzBucketsAgainstExactReference, seed setlimit-refund-of-a-dropped-charge)..
+func TestARefundAfterSetLimitGivesBackNothingTheCapDropped(t *testing.T) {
+	b := newTable(t, Limit{Events: 10_000, Window: time.Second, Burst: MaxBurst}, 1<<12)
+	const h = 77
+	_, rx := b.Charge(h, 2305, tm(0))
+	_, ry := b.Charge(h, 2305, tm(0))
+	if err := b.SetLimit(Limit{Events: 5, Window: 10 * time.Second, Burst: 5}, tm(0)); err != nil {
+		t.Fatal(err)
+	}
+	b.RefundAt(ry, tm(0))
+	if d := b.PeekHash(h, 1, tm(0)); d.Allowed {
+		t.Errorf("Y, dropped by SetLimit's cap, refunded: %+v, want the key still a burst in debt", d)
+	}
+	// X's 10 tokens are all that is left of the debt: its refund makes
+	// the key full, but for a tick of rounding against the key.
+	b.RefundAt(rx, tm(0))
+	if d := b.PeekHash(h, 5, tm(time.Millisecond)); !d.Allowed {
+		t.Errorf("X refunded too: %+v, want the key full", d)
+	}
+}
