@@ -345,7 +345,7 @@ func TestSweepsAtTheRaisedLimitsIntervalKeepIdleKeysFull(t *testing.T) {
 // a burst of debt (X's first 10 tokens); Y refunded must leave the key in
 // debt. On the old code Y's end, capped with the counter, made Y owe the 10
 // tokens that were X's, and the key was full again (found by
-// FuzzBucketsAgainstExactReference, seed setlimit-refund-of-a-dropped-charge)..
+// FuzzBucketsAgainstExactReference, seed setlimit-refund-of-a-dropped-charge).
 func TestARefundAfterSetLimitGivesBackNothingTheCapDropped(t *testing.T) {
 	b := newTable(t, Limit{Events: 10_000, Window: time.Second, Burst: MaxBurst}, 1<<12)
 	const h = 77
