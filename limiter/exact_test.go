@@ -365,3 +365,29 @@ func TestARefundAfterSetLimitGivesBackNothingTheCapDropped(t *testing.T) {
 		t.Errorf("X refunded too: %+v, want the key full", d)
 	}
 }
+
+// The refund of an earlier charge moves the charges on top of it down, and
+// their Reservations must not give back more than what is left of them:
+// burst 2 at one a second, X and Y at 0, X refunded at 0 (Y now ends at
+// 1 s), Z at 0.9 s, Y refunded at 0.9 s. Had X and Y never been made the
+// key would hold 1 token (Z's charge from full); it must not hold more.
+// Known defect: Y's Reservation records its end as 2 s, so its refund gives
+// back a whole token, 0.9 of it Z's, and the key holds 1.9. The counter and
+// the Reservation are the same as when X was never refunded and Z never
+// made (where Y does owe a token), so no rule on them alone can tell.
+func TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge(t *testing.T) {
+	t.Skip("known defect: a Reservation's end is stale once an earlier charge under it is refunded")
+	b := newTable(t, Limit{Events: 1, Window: time.Second, Burst: 2}, 1<<12)
+	const h = 9
+	_, rx := b.TakeHash(h, 1, tm(0))
+	_, ry := b.TakeHash(h, 1, tm(0))
+	b.RefundAt(rx, tm(0))
+	at := tm(900 * time.Millisecond)
+	if z, _ := b.TakeHash(h, 1, at); !z.Allowed {
+		t.Fatalf("Z: %+v", z)
+	}
+	b.RefundAt(ry, at)
+	if d := b.PeekHash(h, 2, at); d.RetryAfter < 900*time.Millisecond {
+		t.Errorf("X and Y refunded, Z charged at 0.9 s: %+v, want at most 1 token left (2 in a second)", d)
+	}
+}
