@@ -460,11 +460,16 @@ func (r *Reservation) outstanding(p *bucketParams, i int, now uint64) uint32 {
 			return 0 // ended before the conversion, or since
 		}
 		a := aheadOf(r.end[i], uint32(f.oldTick)) // the charge's end, from the conversion
-		owed := uint32(uint64(min(paid, a)) * p.per / f.per)
+		owed := uint64(min(paid, a)) * p.per / f.per
+		// The conversion caps the counter at a burst of debt: what of the
+		// charge lay beyond was dropped, and the cap is another charge's.
+		if end := (uint64(a)*p.per + f.per - 1) / f.per; end > p.ceil {
+			owed -= min(owed, end-p.ceil)
+		}
 		if owed == 0 {
 			return 0
 		}
-		return min(owed, aheadOf(store(uint32(f.newTick), convertAhead(uint64(a), f.per, p.clock)), uint32(now)))
+		return min(uint32(owed), aheadOf(store(uint32(f.newTick), convertAhead(uint64(a), f.per, p.clock)), uint32(now)))
 	}
 	return 0
 }
@@ -530,9 +535,10 @@ func (b *Buckets) Refund(r Reservation) { b.RefundAt(r, time.Now()) }
 // now: all of it just after the charge, less whatever time has refilled
 // since, nothing once the charge has been refilled away. It never gives
 // back another request's charge, however late it comes. A Reservation
-// taken before the latest SetLimit is converted with the counters; one
-// taken before two SetLimits gives back nothing (the error is a grant too
-// few, never one too many).
+// taken before the latest SetLimit is converted with the counters, less
+// what of it the conversion's cap at a burst of debt dropped; one taken
+// before two SetLimits gives back nothing (the error is a grant too few,
+// never one too many).
 func (b *Buckets) RefundAt(r Reservation, now time.Time) {
 	if r.units <= 0 {
 		return

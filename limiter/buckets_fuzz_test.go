@@ -20,11 +20,12 @@ var fuzzLimits = []Limit{
 }
 
 // An event is what the exact reference replays: a charge the table made
-// (a grant, or a cost charged after the fact) or a change of limit.
+// (a grant, or a cost charged after the fact), with the tokens it took at
+// its time, or a change of limit.
 type event struct {
 	ns       int64
-	w        int64 // tokens charged; 0 for a change of limit
-	limit    Limit // the limit from ns on, for a change of limit
+	applied  *big.Rat // tokens the charge took; nil for a change of limit
+	limit    Limit    // the limit from ns on, for a change of limit
 	refunded bool
 }
 
@@ -32,6 +33,12 @@ type event struct {
 // replays every event from the start, so a refunded charge is as if it had
 // never been made, and a change of limit keeps what the key has used (the
 // contract of SetLimit) in the new rate and burst, at most a burst of debt.
+// A charge replays what it took at its own time, not its weight: what went
+// past the ceiling of a burst of debt was dropped then (Buckets.Charge) and
+// stays dropped when an earlier charge is refunded; so does the debt a
+// change of limit drops beyond a burst, from the charges that made it last
+// (setLimit). A late refund gives back at most what this bucket does, so
+// it bounds the table from above.
 type exactBucket struct {
 	first  Limit
 	events []event
@@ -56,12 +63,12 @@ func (x *exactBucket) at(ns int64) *big.Rat {
 		}
 		refill(e.ns)
 		switch {
-		case e.w == 0:
+		case e.applied == nil:
 			used := new(big.Rat).Sub(big.NewRat(l.burst(), 1), tokens)
 			l = e.limit
 			tokens.Sub(big.NewRat(l.burst(), 1), used)
 		case !e.refunded:
-			tokens.Sub(tokens, big.NewRat(e.w, 1))
+			tokens.Sub(tokens, e.applied)
 		}
 		if floor := big.NewRat(-l.burst(), 1); tokens.Cmp(floor) < 0 {
 			tokens.Set(floor)
@@ -71,20 +78,139 @@ func (x *exactBucket) at(ns int64) *big.Rat {
 	return tokens
 }
 
-// skipKnownDefects keeps the fuzz target off inputs that reach defects
-// already reported to the owners of buckets.go and setlimit.go (issue 16),
-// so that CI stays green until they are fixed. Set it to false to see them
-// fail; each has a named seed under testdata/fuzz.
-const skipKnownDefects = true
+// setLimit changes the limit at ns. The debt beyond a burst of the new
+// limit is dropped, and it is the latest charges' tokens that are dropped,
+// as the table caps each counter's time ahead and with it the ends of the
+// charges on top (Reservation.outstanding).
+func (x *exactBucket) setLimit(ns int64, nl Limit) {
+	have := x.at(ns)
+	drop := have.Sub(big.NewRat(-2*nl.burst()+x.limitAt(ns).burst(), 1), have) // tokens below a burst of debt
+	for i := len(x.events) - 1; i >= 0 && drop.Sign() > 0; i-- {
+		e := &x.events[i]
+		if e.applied == nil || e.refunded {
+			continue
+		}
+		if e.applied.Sign() < 0 {
+			break // a fill: nothing before it is owed
+		}
+		d := new(big.Rat).Set(drop)
+		if d.Cmp(e.applied) > 0 {
+			d.Set(e.applied)
+		}
+		e.applied = new(big.Rat).Sub(e.applied, d)
+		drop.Sub(drop, d)
+	}
+	x.events = append(x.events, event{ns: ns, limit: nl})
+}
+
+// limitAt is the limit in force at ns.
+func (x *exactBucket) limitAt(ns int64) Limit {
+	l := x.first
+	for _, e := range x.events {
+		if e.applied == nil && e.ns <= ns {
+			l = e.limit
+		}
+	}
+	return l
+}
+
+// owedBucket is the least a key may hold under the refund rule of
+// Buckets.RefundAt: a token bucket run forward, where a refund gives back
+// only what of its charge is still owed, min(paid, end − now), the charge's
+// end taken from exactBucket (which holds at least what the table holds,
+// so ends no later than the table's counter) and nothing across two
+// changes of limit. Charges take their whole weight, down to a burst of
+// debt, so the table holds at least this much.
+type owedBucket struct {
+	l       Limit
+	tokens  *big.Rat
+	last    int64
+	changes []event // the changes of limit so far
+}
+
+func newOwedBucket(l Limit) *owedBucket {
+	return &owedBucket{l: l, tokens: big.NewRat(l.burst(), 1)}
+}
+
+// at brings the bucket to ns and returns what it holds.
+func (y *owedBucket) at(ns int64) *big.Rat {
+	r := big.NewRat(y.l.Events, int64(y.l.Window))
+	y.tokens.Add(y.tokens, r.Mul(r, big.NewRat(ns-y.last, 1)))
+	if b := big.NewRat(y.l.burst(), 1); y.tokens.Cmp(b) > 0 {
+		y.tokens.Set(b)
+	}
+	y.last = ns
+	return new(big.Rat).Set(y.tokens)
+}
+
+// charge takes w tokens at ns, down to a burst of debt, and returns what
+// it took.
+func (y *owedBucket) charge(ns, w int64) *big.Rat {
+	have := y.at(ns)
+	room := have.Add(have, big.NewRat(y.l.burst(), 1))
+	a := big.NewRat(w, 1)
+	if a.Cmp(room) > 0 {
+		a.Set(room)
+	}
+	y.tokens.Sub(y.tokens, a)
+	return a
+}
+
+func (y *owedBucket) setLimit(ns int64, l Limit) {
+	used := new(big.Rat).Sub(big.NewRat(y.l.burst(), 1), y.at(ns))
+	y.l = l
+	y.tokens.Sub(big.NewRat(l.burst(), 1), used)
+	if floor := big.NewRat(-l.burst(), 1); y.tokens.Cmp(floor) < 0 {
+		y.tokens.Set(floor)
+	}
+	y.changes = append(y.changes, event{ns: ns, limit: l})
+}
+
+// refund gives back at ns what of a charge of paid tokens, made at from
+// under limit l with changes changes of limit before it and leaving its
+// key short of full by deficit, is still owed: what of the deficit has not
+// refilled since, capped at each change of limit at the new burst of debt
+// as the table caps the charge's end, and nothing across two changes.
+func (y *owedBucket) refund(ns int64, paid, deficit *big.Rat, from int64, l Limit, changes int) {
+	y.at(ns)
+	if len(y.changes)-changes > 1 {
+		return
+	}
+	owed := new(big.Rat).Set(deficit)
+	refill := func(to int64) {
+		r := big.NewRat(l.Events, int64(l.Window))
+		owed.Sub(owed, r.Mul(r, big.NewRat(to-from, 1)))
+		from = to
+	}
+	for _, c := range y.changes[changes:] {
+		refill(c.ns)
+		l = c.limit
+		if ceil := big.NewRat(2*l.burst(), 1); owed.Cmp(ceil) > 0 {
+			owed.Set(ceil)
+		}
+	}
+	refill(ns)
+	if owed.Cmp(paid) > 0 {
+		owed.Set(paid)
+	}
+	if owed.Sign() <= 0 {
+		return
+	}
+	y.tokens.Add(y.tokens, owed)
+	if b := big.NewRat(y.l.burst(), 1); y.tokens.Cmp(b) > 0 {
+		y.tokens.Set(b)
+	}
+}
 
 // FuzzBucketsAgainstExactReference drives one key of a table with a
 // sequence of operations decoded from the input: time moving by slivers of
 // a token up to days (with the sweeps the table requires), takes and peeks
-// of any weight, costs charged after the fact, refunds, sweeps and changes
-// of limit. Every grant must be one the exact reference makes (never more
-// than burst + refill), and every denial of a weight the burst can hold one
-// it makes too (no token lost), each within the table's rounding of a few
-// ticks a token.
+// of any weight, costs charged after the fact, refunds at any later time,
+// sweeps and changes of limit. Every grant must be one the exact reference
+// makes (never more than burst + refill, a refunded charge as if never
+// made), and every denial of a weight the burst can hold one the least a
+// late refund gives back makes too (no token lost), each within the
+// table's rounding of a few ticks a token.
 func FuzzBucketsAgainstExactReference(f *testing.F) {
 	f.Add(uint8(0), []byte{1, 1, 1, 1, 1, 1, 0, 40, 1, 1})
 	f.Add(uint8(1), []byte{1, 3, 1, 3, 3, 0, 0, 200, 1, 0, 5, 2, 1, 1})
@@ -100,18 +226,27 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 		l := fuzzLimits[int(start)%len(fuzzLimits)]
 		b := newTable(t, l, 1<<16)
 		x := &exactBucket{first: l}
+		y := newOwedBucket(l)
 		const h = 77
 		var ns, swept int64
 		// held are the charges that may still be refunded, oldest first,
 		// as a held request or a response cost holds its Reservation.
 		type charge struct {
-			r     Reservation
-			gen   int64 // the table's SetLimit generation when taken
-			event int   // in x.events
+			r       Reservation
+			event   int      // in x.events
+			deficit *big.Rat // what x lacked of full after it
+			limit   Limit    // in force when it was made
+			changes int      // of limit before it
+			moved   bool     // an earlier charge was refunded since
 		}
 		var held []charge
-		hold := func(r Reservation) {
-			held = append(held, charge{r: r, gen: b.p.Load().gen, event: len(x.events) - 1})
+		// record charges w tokens at ns to both references.
+		record := func(r Reservation, w int64) {
+			have := x.at(ns)
+			a := y.charge(ns, w)
+			x.events = append(x.events, event{ns: ns, applied: a})
+			deficit := new(big.Rat).Sub(big.NewRat(l.burst(), 1), have.Sub(have, a))
+			held = append(held, charge{r: r, event: len(x.events) - 1, deficit: deficit, limit: l, changes: len(y.changes)})
 			if len(held) > 4 {
 				held = held[1:]
 			}
@@ -151,7 +286,7 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 					w = l.burst() + int64(a-253)
 				}
 				now := tm(time.Duration(ns))
-				have := x.at(ns)
+				have, least := x.at(ns), y.at(ns)
 				var d Decision
 				if ops[i]%8 == 2 {
 					d = b.PeekHash(h, w, now)
@@ -159,15 +294,14 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 					var r Reservation
 					d, r = b.TakeHash(h, w, now)
 					if d.Allowed {
-						x.events = append(x.events, event{ns: ns, w: w})
-						hold(r)
+						record(r, w)
 					}
 				}
 				if d.Allowed && have.Cmp(new(big.Rat).Sub(big.NewRat(w, 1), tol)) < 0 {
 					t.Fatalf("op %d: %s granted weight %d at %v; the exact bucket holds %s", i/2, l, w, time.Duration(ns), have.FloatString(4))
 				}
-				if !d.Allowed && w <= l.burst() && have.Cmp(new(big.Rat).Add(big.NewRat(w, 1), tol)) >= 0 {
-					t.Fatalf("op %d: %s denied weight %d at %v; the exact bucket holds %s (a token lost)", i/2, l, w, time.Duration(ns), have.FloatString(4))
+				if !d.Allowed && w <= l.burst() && least.Cmp(new(big.Rat).Add(big.NewRat(w, 1), tol)) >= 0 {
+					t.Fatalf("op %d: %s denied weight %d at %v; the key holds at least %s (a token lost)", i/2, l, w, time.Duration(ns), least.FloatString(4))
 				}
 			case 3: // a held take or charge is refunded
 				if len(held) == 0 {
@@ -175,17 +309,20 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 				}
 				k := int(a) % len(held)
 				c := held[k]
-				if skipKnownDefects && (c.gen != b.p.Load().gen || k != len(held)-1) {
-					// Known defects: a Reservation from before a
-					// SetLimit refunds nothing, so its charge stays, up
-					// to two bursts of debt (seed refund-across-setlimit);
-					// a refund after the key has been charged again may
-					// erase that later charge (issue 16, item 4; seed
-					// late-refund-erases-a-later-charge).
+				if c.moved {
+					// Known defect: the refund of an earlier charge
+					// moved this one's end down, but its Reservation
+					// still records the old end, and its refund may
+					// give back a later charge's tokens
+					// (TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge).
 					break
 				}
-				b.Refund(c.r)
+				for j := k + 1; j < len(held); j++ {
+					held[j].moved = true
+				}
+				b.RefundAt(c.r, tm(time.Duration(ns)))
 				x.events[c.event].refunded = true
+				y.refund(ns, x.events[c.event].applied, c.deficit, x.events[c.event].ns, c.limit, c.changes)
 				held = append(held[:k], held[k+1:]...)
 			case 4: // a sweep
 				b.Sweep(tm(time.Duration(ns)))
@@ -195,21 +332,23 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 				if err := b.SetLimit(nl, tm(time.Duration(ns))); err != nil {
 					t.Fatal(err)
 				}
-				x.events = append(x.events, event{ns: ns, limit: nl})
+				x.setLimit(ns, nl)
+				y.setLimit(ns, nl)
 				l = nl
 				addTol(l)
 				swept = ns
 			case 6: // a cost charged after the response
 				w := 1 + int64(a)*int64(a)
 				_, r := b.Charge(h, w, tm(time.Duration(ns)))
-				x.events = append(x.events, event{ns: ns, w: min(w, 2*l.burst())})
-				hold(r)
+				record(r, min(w, 2*l.burst()))
 			case 7: // a fill (the admin API's reset) makes the key full
 				b.Fill(h)
 				have := x.at(ns)
 				if full := big.NewRat(l.burst(), 1); have.Cmp(full) < 0 {
-					x.events = append(x.events, event{ns: ns, w: -floorRat(new(big.Rat).Sub(full, have)) - 1})
+					x.events = append(x.events, event{ns: ns, applied: big.NewRat(-floorRat(new(big.Rat).Sub(full, have))-1, 1)})
 				}
+				y.at(ns)
+				y.tokens.SetInt64(l.burst())
 				held = nil
 			}
 		}

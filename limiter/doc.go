@@ -105,7 +105,16 @@
 // records the TAT each counter had after its charge, the tick its charge
 // ends at, and the refund returns at most end − now, clamped, in a CAS.
 // Once the charge has refilled away, the TAT belongs to later charges, and
-// subtracting from it would hand their tokens back.
+// subtracting from it would hand their tokens back. So after a refund a key
+// holds never more than if the charge had never been made (what went past
+// the ceiling, at the charge or at a SetLimit's cap, staying dropped) and
+// never less than with min(paid, end − now) given back: with later charges
+// stacked on top it may hold less than as-if-never-made (burst 2 at one a
+// second, X and Y at 0, X refunded at 0.5 s: 1 token, not 1.5), a grant
+// too few, never one too many. Known defect: once an earlier charge under
+// it is refunded, a charge's Reservation still records its old end, and
+// its refund may give back tokens of a charge made since
+// (TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge, skipped).
 //
 // SetLimit is exact too. It swaps every word of the table it replaces for
 // a frozen marker (a value no counter holds) as it reads it, converts what
@@ -117,7 +126,9 @@
 // limit and finished before the swap is one made under the old limit:
 // its charge is converted as if made at SetLimit's time, exact when its
 // own time is not later than that (a later one can only make the key pay
-// the difference of rates between the two times).
+// the difference of rates between the two times). The debt a conversion
+// drops beyond a burst is the latest charges' (the top of the counter),
+// and a Reservation refunds nothing of what was dropped.
 //
 // Tests force this rather than hope for it: every atomic load, CAS and
 // swap of a word, and every load and store of the table's parameters, goes

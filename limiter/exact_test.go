@@ -338,3 +338,56 @@ func TestSweepsAtTheRaisedLimitsIntervalKeepIdleKeysFull(t *testing.T) {
 		}
 	}
 }
+
+// A SetLimit that caps a key's debt at a burst drops the charges on top,
+// and a refund of one of those gives back nothing: under a burst of a
+// million, X and Y charge 2305 each; SetLimit to 5 per 10 s, burst 5, keeps
+// a burst of debt (X's first 10 tokens); Y refunded must leave the key in
+// debt. On the old code Y's end, capped with the counter, made Y owe the 10
+// tokens that were X's, and the key was full again (found by
+// FuzzBucketsAgainstExactReference, seed setlimit-refund-of-a-dropped-charge).
+func TestARefundAfterSetLimitGivesBackNothingTheCapDropped(t *testing.T) {
+	b := newTable(t, Limit{Events: 10_000, Window: time.Second, Burst: MaxBurst}, 1<<12)
+	const h = 77
+	_, rx := b.Charge(h, 2305, tm(0))
+	_, ry := b.Charge(h, 2305, tm(0))
+	if err := b.SetLimit(Limit{Events: 5, Window: 10 * time.Second, Burst: 5}, tm(0)); err != nil {
+		t.Fatal(err)
+	}
+	b.RefundAt(ry, tm(0))
+	if d := b.PeekHash(h, 1, tm(0)); d.Allowed {
+		t.Errorf("Y, dropped by SetLimit's cap, refunded: %+v, want the key still a burst in debt", d)
+	}
+	// X's 10 tokens are all that is left of the debt: its refund makes
+	// the key full, but for a tick of rounding against the key.
+	b.RefundAt(rx, tm(0))
+	if d := b.PeekHash(h, 5, tm(time.Millisecond)); !d.Allowed {
+		t.Errorf("X refunded too: %+v, want the key full", d)
+	}
+}
+
+// The refund of an earlier charge moves the charges on top of it down, and
+// their Reservations must not give back more than what is left of them:
+// burst 2 at one a second, X and Y at 0, X refunded at 0 (Y now ends at
+// 1 s), Z at 0.9 s, Y refunded at 0.9 s. Had X and Y never been made the
+// key would hold 1 token (Z's charge from full); it must not hold more.
+// Known defect: Y's Reservation records its end as 2 s, so its refund gives
+// back a whole token, 0.9 of it Z's, and the key holds 1.9. The counter and
+// the Reservation are the same as when X was never refunded and Z never
+// made (where Y does owe a token), so no rule on them alone can tell.
+func TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge(t *testing.T) {
+	t.Skip("known defect: a Reservation's end is stale once an earlier charge under it is refunded")
+	b := newTable(t, Limit{Events: 1, Window: time.Second, Burst: 2}, 1<<12)
+	const h = 9
+	_, rx := b.TakeHash(h, 1, tm(0))
+	_, ry := b.TakeHash(h, 1, tm(0))
+	b.RefundAt(rx, tm(0))
+	at := tm(900 * time.Millisecond)
+	if z, _ := b.TakeHash(h, 1, at); !z.Allowed {
+		t.Fatalf("Z: %+v", z)
+	}
+	b.RefundAt(ry, at)
+	if d := b.PeekHash(h, 2, at); d.RetryAfter < 900*time.Millisecond {
+		t.Errorf("X and Y refunded, Z charged at 0.9 s: %+v, want at most 1 token left (2 in a second)", d)
+	}
+}
