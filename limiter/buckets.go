@@ -38,7 +38,7 @@ type Buckets struct {
 	// external is set by NewBucketsOver: the lines are not Go memory and
 	// SetLimit must not replace them.
 	external bool
-	setMu sync.Mutex // serialises SetLimit
+	setMu    sync.Mutex // serialises SetLimit
 }
 
 // bucketParams is everything a decision reads besides the lines' words. It
