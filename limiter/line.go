@@ -59,8 +59,11 @@ func valid(v uint32) uint32 {
 }
 
 // frozen is the value SetLimit swaps into every word of the lines it
-// replaces (see SetLimit). No counter holds 0xFFFFFFFF, so no live word is
-// frozen, and a CAS computed from a live word fails on a frozen one.
+// replaces (see SetLimit; Windows.SetLimit too). No counter holds
+// 0xFFFFFFFF (a TAT is stored as 1 instead, see valid; a window's count is
+// at most ceil, below its field's all-ones: see windowParamsFor), so no
+// live word is frozen, and a CAS computed from a live word fails on a
+// frozen one.
 const frozen = ^uint64(0)
 
 // lane and withLane read and replace counter c in word w.

@@ -49,21 +49,26 @@ import (
 // A counter is start<<countBits | count, where count holds up to two
 // Events (Charge's debt, below) and start the rest of the 32 bits, in ticks
 // of Window/2^16 at most (coarser only for the largest Events). 0 is an
-// unused counter, and a count that returns to 0 stores 0. A window starts
+// unused counter, and a count that returns to 0 stores 0. The count is at
+// most 2·Events, even, so it never fills its field (all ones), and no
+// counter is 0xFFFFFFFF: a word of two of them is SetLimit's frozen marker. A window starts
 // at the start of its first request's tick, so it ends up to a tick
 // (Window/65,536) before a Window has passed since that request: that is
 // what makes Retry-After of a request denied at once Window exactly, as
 // caddy-ratelimit's. Starts compare as serial numbers, so a request whose
 // time was read before a stall sees a window started after it as running. A start must
-// be cleared before it is half the start field old: Sweep clears ended
-// windows and must run every SweepInterval, as for Buckets.
+// be cleared before it is half the start field old: Sweep clears windows
+// that ended more than a margin ago and must run every SweepInterval, as
+// for Buckets.
 //
 // Windows is safe for concurrent use, takes no lock and allocates nothing
 // per decision; decisions follow the Buckets protocol (every counter of the
 // key but the emptiest is charged first, the emptiest last with the CAS
 // that grants), so every grant is checked against a counter that holds
 // every earlier grant of its window. A refund takes back exactly what its
-// charge added, and only from the window it was added to.
+// charge added, and only from the window it was added to if that window
+// has not ended by the refund's time. SetLimit is exact beside decisions,
+// as Buckets' is (see SetLimit).
 type Windows struct {
 	base  time.Time
 	k     int

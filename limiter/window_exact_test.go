@@ -139,3 +139,19 @@ func TestWindowsASweepAtALaterClockReopensNoWindow(t *testing.T) {
 		t.Errorf("at 1.5 s: %d granted, want a new window of 10", got)
 	}
 }
+
+// No window counter is all ones, whatever Events (the frozen marker is a
+// word of two of them): the count never reaches its field's all-ones.
+func TestWindowsNoCounterIsFrozen(t *testing.T) {
+	for e := int64(1); e <= MaxBurst; e = e*2 + e%2 {
+		for _, ev := range []int64{e - 1, e, e + 1} {
+			if ev < 1 || ev > MaxBurst {
+				continue
+			}
+			p := windowParamsFor(Limit{Events: ev, Window: time.Second}, 1)
+			if v, _ := p.chargeLane(p.smask<<p.cb|(p.ceil-1), p.ceil, p.smask); p.ceil >= p.cmask || v == ^uint32(0) {
+				t.Fatalf("events %d: ceil %d, count field %#x, a full counter at the last start is %#x", ev, p.ceil, p.cmask, v)
+			}
+		}
+	}
+}
