@@ -616,31 +616,11 @@ table:
 // Fill clears the counters of the key with hash h: its window is over, and
 // so is that of every key sharing them.
 func (w *Windows) Fill(h uint64) {
-	p := w.params()
-table:
-	for {
-		ln, sub, _ := placeIn(p.lines, w.subs, h)
-		for m := sub.words; m != 0; m &= m - 1 {
-			wi := bits.TrailingZeros8(m) & 7
-			q := &ln[wi]
-			for {
-				v := loadWord(q)
-				if v == frozen {
-					p = w.moved(p)
-					continue table
-				}
-				nv := v
-				for l := uint8(0); l < 2; l++ {
-					if sub.lanes(wi)>>l&1 != 0 {
-						nv = withLane(nv, l, 0)
-					}
-				}
-				if nv == v || casWord(q, v, nv) {
-					break
-				}
-			}
+	for p := w.params(); ; {
+		if ln, sub, _ := placeIn(p.lines, w.subs, h); clearKey(ln, sub) {
+			return
 		}
-		return
+		p = w.moved(p)
 	}
 }
 

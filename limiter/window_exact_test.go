@@ -40,18 +40,7 @@ func (rc windowSetRace) run(t *testing.T) {
 		// Steps: SetLimit's load and store of the parameters, and the
 		// key's words in the old and the new lines.
 		_, sub, _ := placeIn(w.p.Load().lines, w.subs, h)
-		old := &w.p.Load().lines[0]
-		watch := func(g int, a unsafe.Pointer) bool {
-			if a == unsafe.Pointer(&w.p) {
-				return g == 0
-			}
-			for _, ln := range []*line{old, &w.p.Load().lines[0]} {
-				if off := uintptr(a) - uintptr(unsafe.Pointer(ln)); off < 64 && sub.words>>(off/8)&1 != 0 {
-					return true
-				}
-			}
-			return false
-		}
+		watch := watchSetLimit(unsafe.Pointer(&w.p), sub, &w.p.Load().lines[0], func() *line { return &w.p.Load().lines[0] })
 		reqs, granted := racers(w, denier, h, rc.reqs)
 		fs := append([]func(){func() { noErr(t, w.SetLimit(rc.to, tm(rc.at))) }}, reqs...)
 		return watch, fs, func(schedule string) {
