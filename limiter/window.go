@@ -628,6 +628,9 @@ func (w *Windows) Fill(h uint64) {
 // window's start and what it counted: a key that used 3 of "events 3" has 2
 // left under "events 5", and a window started 30 s ago ends in 9 m 30 s
 // under "window 10m". A window already longer than the new Window is over.
+// A window that had ended less than Sweep's margin before is kept as ended
+// as long ago (at least a new Window ago), so that a request whose time was
+// read before SetLimit's sees its window as it stood then.
 //
 // As for Buckets, the counters are converted into new lines, and it is
 // exact under concurrency the same way: each old word is swapped for the
@@ -660,11 +663,15 @@ func (w *Windows) SetLimit(l Limit, now time.Time) error {
 			}
 			for c := uint8(0); c < 2; c++ {
 				used, left := old.read(lane(v, c), uint32(prev.tick))
-				if used == 0 {
-					continue
+				nv := np.convertEnded(lane(v, c))
+				if used != 0 {
+					nv = 0
+					if start, ok := np.convertStart(left); ok {
+						nv = start<<np.cb | min(used, np.ceil)
+					}
 				}
-				if start, ok := np.convertStart(left); ok {
-					setCounterValue(&np.lines[i], uint8(2*j)+c, start<<np.cb|min(used, np.ceil))
+				if nv != 0 {
+					setCounterValue(&np.lines[i], uint8(2*j)+c, nv)
 				}
 			}
 		}
@@ -687,6 +694,32 @@ func (p *windowParams) convertStart(left uint32) (uint32, bool) {
 		return 0, false
 	}
 	return (uint32(p.tick) - uint32(age)) & p.smask, true
+}
+
+// convertEnded is counter value v of the table p was converted from, whose
+// window (with the window a debt carries into) had ended at the
+// conversion, as a window of p that ended as long ago (in p's ticks, and
+// at least p's Window: an ended window stays ended), so that a request
+// whose time was read before SetLimit's still sees it as it stood. 0 if
+// it ended a margin ago or more, as Sweep would have cleared it.
+func (p *windowParams) convertEnded(v uint32) uint32 {
+	old := p.from
+	if v == 0 {
+		return 0
+	}
+	d := (uint32(old.tick) - v>>old.cb) & old.smask
+	if d >= 2*old.wt+old.margin {
+		return 0
+	}
+	c := min(v&old.cmask, p.ceil)
+	age := max(p.ticks(int64(old.nanos(uint64(d)))), uint64(p.wt))
+	if c > p.events {
+		age = max(age, 2*uint64(p.wt))
+	}
+	if age >= uint64(2*p.wt+p.margin) {
+		return 0
+	}
+	return ((uint32(p.tick)-uint32(age))&p.smask)<<p.cb | c
 }
 
 // Sweep clears every counter whose window (with the window a debt carries

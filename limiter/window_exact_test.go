@@ -144,3 +144,22 @@ func TestWindowsNoCounterIsFrozen(t *testing.T) {
 		}
 	}
 }
+
+// The same across a SetLimit: its conversion keeps a window that had just
+// ended as ended (as long ago, and at least a new window ago), so a
+// request whose time is before SetLimit's still sees it used up. On the
+// old code the conversion dropped it, and 10 more were granted at 0.5 s.
+func TestWindowsASetLimitAtALaterClockReopensNoWindow(t *testing.T) {
+	for _, to := range []Limit{{Events: 10, Window: time.Second}, {Events: 10, Window: 2 * time.Second}} {
+		w := newWindowTable(t, Limit{Events: 10, Window: time.Second}, 1<<12, 0)
+		const h = 5
+		before := drain(w, h, tm(0))
+		noErr(t, w.SetLimit(to, tm(1500*time.Millisecond)))
+		if after := drain(w, h, tm(500*time.Millisecond)); before != 10 || after != 0 {
+			t.Errorf("to 10 in %v: %d granted at 0, SetLimit at 1.5 s, then %d more at 0.5 s: want 10 and 0", to.Window, before, after)
+		}
+		if got := drain(w, h, tm(1500*time.Millisecond)); got != 10 {
+			t.Errorf("to 10 in %v, at 1.5 s: %d granted, want a new window of 10", to.Window, got)
+		}
+	}
+}
