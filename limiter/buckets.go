@@ -613,31 +613,11 @@ table:
 // Fill makes the counters of the key with hash h full again. Keys that
 // share those counters gain too.
 func (b *Buckets) Fill(h uint64) {
-	p := b.params()
-table:
-	for {
-		ln, sub, _ := b.place(p, h)
-		for m := sub.words; m != 0; m &= m - 1 {
-			w := bits.TrailingZeros8(m) & 7
-			q := &ln[w]
-			for {
-				v := loadWord(q)
-				if v == frozen {
-					p = b.moved(p)
-					continue table
-				}
-				nv := v
-				for l := uint8(0); l < 2; l++ {
-					if sub.lanes(w)>>l&1 != 0 {
-						nv = withLane(nv, l, 0)
-					}
-				}
-				if nv == v || casWord(q, v, nv) {
-					break
-				}
-			}
+	for p := b.params(); ; {
+		if ln, sub, _ := b.place(p, h); clearKey(ln, sub) {
+			return
 		}
-		return
+		p = b.moved(p)
 	}
 }
 

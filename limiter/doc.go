@@ -153,6 +153,18 @@
 // window's end), measured by TestWindowsWorstCaseAgainstSlidingLog. Table is
 // what the two kinds of table share.
 //
+// Windows is exact on the same paths as Buckets, by the same means (shared
+// in hook.go and line.go): SetLimit freezes each old word as it reads it
+// (no window counter is 0xFFFFFFFF: a count never fills its field), and a
+// decision, Charge, Fill or refund that meets a frozen word waits for the
+// new table, takes back there what it had counted and starts again; a
+// refund takes back nothing from a window that has ended by its time (the
+// window's start comes round again as the start field wraps); and Sweep
+// keeps windows that ended less than a margin ago, so a request whose time
+// was read before the sweep's still sees its window running.
+// window_exact_test.go runs takes beside SetLimit through every
+// interleaving.
+//
 // # Sizing and false denies
 //
 // A table is sized in bytes, or from the number of sources expected to flood

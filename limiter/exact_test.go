@@ -167,18 +167,7 @@ func (rc setRace) run(t *testing.T) {
 		// words in the old and the new lines (SetLimit's swaps of the
 		// others touch nothing the requests read).
 		_, sub, _ := b.place(b.p.Load(), h)
-		old := &b.p.Load().lines[0]
-		watch := func(g int, a unsafe.Pointer) bool {
-			if a == unsafe.Pointer(&b.p) {
-				return g == 0
-			}
-			for _, ln := range []*line{old, &b.p.Load().lines[0]} {
-				if off := uintptr(a) - uintptr(unsafe.Pointer(ln)); off < 64 && sub.words>>(off/8)&1 != 0 {
-					return true
-				}
-			}
-			return false
-		}
+		watch := watchSetLimit(unsafe.Pointer(&b.p), sub, &b.p.Load().lines[0], func() *line { return &b.p.Load().lines[0] })
 		reqs, granted := racers(b, denier, h, rc.reqs)
 		fs := append([]func(){func() { noErr(t, b.SetLimit(rc.to, tm(rc.at))) }}, reqs...)
 		return watch, fs, func(schedule string) {
@@ -190,6 +179,24 @@ func (rc setRace) run(t *testing.T) {
 		}
 	})
 	t.Logf("%s: %d schedules", rc.name, schedules)
+}
+
+// watchSetLimit accepts SetLimit's loads and stores of the parameters at
+// params (SetLimit is goroutine 0), and the words of the key's counters
+// (sub) in old and in the line cur returns (the new table's once it is in
+// force).
+func watchSetLimit(params unsafe.Pointer, sub subset, old *line, cur func() *line) func(int, unsafe.Pointer) bool {
+	return func(g int, a unsafe.Pointer) bool {
+		if a == params {
+			return g == 0
+		}
+		for _, ln := range []*line{old, cur()} {
+			if off := uintptr(a) - uintptr(unsafe.Pointer(ln)); off < 64 && sub.words>>(off/8)&1 != 0 {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // SetLimit beside decisions: charges made to the lines it is converting,

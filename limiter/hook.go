@@ -39,14 +39,20 @@ func swapWord(p *uint64, new uint64) uint64 {
 }
 
 // params and setParams load and replace the parameters in force.
-func (b *Buckets) params() *bucketParams {
-	pause(unsafe.Pointer(&b.p))
-	return b.p.Load()
+func (b *Buckets) params() *bucketParams { return loadParams(&b.p) }
+
+func (b *Buckets) setParams(p *bucketParams) { storeParams(&b.p, p) }
+
+// loadParams and storeParams are the only ways a table's parameters are
+// read and replaced by a decision or a SetLimit (Buckets and Windows alike).
+func loadParams[P any](a *atomic.Pointer[P]) *P {
+	pause(unsafe.Pointer(a))
+	return a.Load()
 }
 
-func (b *Buckets) setParams(p *bucketParams) {
-	pause(unsafe.Pointer(&b.p))
-	b.p.Store(p)
+func storeParams[P any](a *atomic.Pointer[P], p *P) {
+	pause(unsafe.Pointer(a))
+	a.Store(p)
 }
 
 // testWait is nil except in tests, which set it with testPause: an
@@ -55,16 +61,19 @@ func (b *Buckets) setParams(p *bucketParams) {
 var testWait func(ready func() bool)
 
 // moved waits until the parameters in force are no longer p (SetLimit froze
-// p's lines and is converting them) and returns the new ones. SetLimit only
-// converts, never waits on anything, so the wait is bounded by its copy of
-// the table (about 10 ns a line).
-func (b *Buckets) moved(p *bucketParams) *bucketParams {
+// p's lines and is converting them) and returns the new ones.
+func (b *Buckets) moved(p *bucketParams) *bucketParams { return movedFrom(&b.p, p) }
+
+// movedFrom waits until a no longer holds p and returns what it holds.
+// SetLimit only converts, never waits on anything, so the wait is bounded
+// by its copy of the table (about 10 ns a line).
+func movedFrom[P any](a *atomic.Pointer[P], p *P) *P {
 	for {
-		if q := b.params(); q != p {
+		if q := loadParams(a); q != p {
 			return q
 		}
 		if testWait != nil {
-			testWait(func() bool { return b.p.Load() != p })
+			testWait(func() bool { return a.Load() != p })
 			continue
 		}
 		runtime.Gosched()

@@ -183,7 +183,7 @@ type raceReq struct {
 
 // racers returns a function for each of reqs, taking from b (as a Txn that
 // denier denies, for a rollback), and what they were granted once run.
-func racers(b, denier *Buckets, h uint64, reqs []raceReq) (fs []func(), granted func() (got []int64, sum int64)) {
+func racers(b Policy, denier *Buckets, h uint64, reqs []raceReq) (fs []func(), granted func() (got []int64, sum int64)) {
 	got := make([]int64, len(reqs))
 	for i, r := range reqs {
 		fs = append(fs, func() {

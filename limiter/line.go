@@ -1,5 +1,7 @@
 package limiter
 
+import "math/bits"
+
 // A line is one 64-byte cache line of a token-bucket table: eight words of
 // two 32-bit counters each, 16 counters in all. Counter c is lane c&1 of
 // word c>>1.
@@ -59,8 +61,11 @@ func valid(v uint32) uint32 {
 }
 
 // frozen is the value SetLimit swaps into every word of the lines it
-// replaces (see SetLimit). No counter holds 0xFFFFFFFF, so no live word is
-// frozen, and a CAS computed from a live word fails on a frozen one.
+// replaces (see SetLimit; Windows.SetLimit too). No counter holds
+// 0xFFFFFFFF (a TAT is stored as 1 instead, see valid; a window's count is
+// at most ceil, below its field's all-ones: see windowParamsFor), so no
+// live word is frozen, and a CAS computed from a live word fails on a
+// frozen one.
 const frozen = ^uint64(0)
 
 // lane and withLane read and replace counter c in word w.
@@ -81,6 +86,33 @@ func aheads(ln *line, now uint32, out *[countersPerLine]uint32) bool {
 		}
 		out[2*i] = aheadOf(uint32(w), now)
 		out[2*i+1] = aheadOf(uint32(w>>32), now)
+	}
+	return true
+}
+
+// clearKey zeroes the key's counters (sub) in ln, one CAS per word: Fill
+// of both kinds of table. It returns false if it meets a frozen word
+// (SetLimit replaced the line); the words before it are cleared, and the
+// caller clears the key again in the new table.
+func clearKey(ln *line, sub subset) bool {
+	for m := sub.words; m != 0; m &= m - 1 {
+		w := bits.TrailingZeros8(m) & 7
+		q := &ln[w]
+		for {
+			v := loadWord(q)
+			if v == frozen {
+				return false
+			}
+			nv := v
+			for l := uint8(0); l < 2; l++ {
+				if sub.lanes(w)>>l&1 != 0 {
+					nv = withLane(nv, l, 0)
+				}
+			}
+			if nv == v || casWord(q, v, nv) {
+				break
+			}
+		}
 	}
 	return true
 }

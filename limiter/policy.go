@@ -128,9 +128,12 @@ func (t *Txn) RollbackAt(now time.Time) {
 
 // refund gives c back as of now.
 func (t *Txn) refund(c heldCharge, now time.Time) {
-	if b, ok := c.p.(*Buckets); ok {
-		b.RefundAt(c.r, now)
-		return
+	switch p := c.p.(type) {
+	case *Buckets:
+		p.RefundAt(c.r, now)
+	case *Windows:
+		p.RefundAt(c.r, now)
+	default:
+		c.p.Refund(c.r)
 	}
-	c.p.Refund(c.r)
 }

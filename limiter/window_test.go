@@ -240,7 +240,7 @@ func TestWindowsRefundTakesBackFromItsWindowOnly(t *testing.T) {
 	const h = 5
 	_, r1 := w.TakeHash(h, 1, tm(0))
 	w.TakeHash(h, 1, tm(0))
-	w.Refund(r1)
+	w.RefundAt(r1, tm(0))
 	if d := w.PeekHash(h, 1, tm(0)); !d.Allowed || d.Remaining != 1 {
 		t.Fatalf("after a refund: %+v, want 1 left", d)
 	}
@@ -249,14 +249,14 @@ func TestWindowsRefundTakesBackFromItsWindowOnly(t *testing.T) {
 	if got := drain(w, h, tm(1500*time.Millisecond)); got != 2 {
 		t.Fatalf("new window: %d, want 2", got)
 	}
-	w.Refund(r2)
+	w.RefundAt(r2, tm(1500*time.Millisecond))
 	if d := w.PeekHash(h, 1, tm(1500*time.Millisecond)); d.Allowed {
 		t.Fatalf("a refund of the previous window's charge gave the new window a token: %+v", d)
 	}
 	// Refunding the only charge of a window empties the counter.
 	w2 := newWindowTable(t, Limit{Events: 2, Window: time.Second}, 1<<12, 0)
 	_, r := w2.TakeHash(h, 1, tm(0))
-	w2.Refund(r)
+	w2.RefundAt(r, tm(0))
 	for _, ln := range w2.p.Load().lines {
 		if ln != (line{}) {
 			t.Fatalf("a window whose only charge was refunded is still stored: %x", ln)
@@ -374,7 +374,7 @@ func TestWindowsConcurrentGrantsAreExact(t *testing.T) {
 				var txn Txn
 				if txn.Take(w, 77, 1, tm(time.Duration(g*400+i))).Allowed {
 					if i%3 == 0 {
-						txn.Rollback()
+						txn.RollbackAt(tm(time.Duration(g*400 + i)))
 						continue
 					}
 					granted.Add(1)
