@@ -78,7 +78,8 @@ type Table struct {
 
 // NewTable creates the table's maps and loads the program (not yet
 // attached). It needs CAP_BPF (and CAP_PERFMON for the program's pointer
-// arithmetic) or root, and Linux 5.12 or later (compare-and-swap in BPF).
+// arithmetic) or root, and Linux 5.17 or later (bpf_loop; compare-and-swap
+// in BPF needs 5.12).
 func NewTable(cfg Config) (*Table, error) {
 	lines, err := cfg.Buckets.TableLines()
 	if err != nil {
@@ -139,7 +140,7 @@ func explain(what string, err error) error {
 	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
 		return fmt.Errorf("xdp: %s: not permitted: it needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (or root), and kernel.unprivileged_bpf_disabled does not help: %w", what, err)
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
-		return fmt.Errorf("xdp: %s: the kernel refused it; XDP with BPF compare-and-swap needs Linux 5.12 or later built with BPF and XDP: %w", what, err)
+		return fmt.Errorf("xdp: %s: the kernel refused it; the program needs Linux 5.17 or later (bpf_loop; compare-and-swap needs 5.12) built with BPF and XDP: %w", what, err)
 	}
 	return fmt.Errorf("xdp: %s: %w", what, err)
 }
