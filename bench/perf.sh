@@ -127,6 +127,7 @@ col() { awk -F, -v k="$2" -v c="$3" 'NR > 1 { gsub(/"/, "", $1); if ($1 == k) pr
 ratio() { awk -F, -v k="$1" '{ gsub(/"/, "", $1); if ($1 == k) printf "%.2f (rounds %.2f–%.2f)", $2, $3, $4 }' "$data/throughput-ratios.csv"; }
 mem_fg=$(awk -F, 'NR == 2 { a = $2 } END { printf "%.1f → %.1f", a, $2 }' "$data/memory.csv")
 mem_rl=$(awk -F, 'NR == 2 { a = $3 } END { printf "%.1f → %.1f", a, $3 }' "$data/memory.csv")
+fleet_max=$(awk -F, 'NR > 1 { for (i = 2; i <= 3; i++) if ($i > m) m = $i } END { printf "%.2f", m }' "$data/fleet.csv" 2>/dev/null || true)
 fair_attack=$(awk -F, 'NR > 1 && $1 >= 15 && $1 < 45 { s += $2; n++ } END { printf "%.2f%%", 100 * s / n }' "$data/timeline.csv")
 flood=$(awk -F, 'NR > 1 && $1 >= 16 && $1 < 45 { a += $4; s += $3; n++ } END { printf "%.0f of %.0f", a / n, s / n }' "$data/timeline.csv")
 {
@@ -196,8 +197,9 @@ sync-interval parameter (its interval is a constant 1 s against a window of an h
 against instances only: over-admission against the sync interval is not measured here.
 
 Spread: one request per instance per interval for one key; burst: the limit sent to every instance at
-once, then again after each of 5 syncs. Allowed ÷ limit above 1 would be over-admission. Reset: the
-intervals until a reset on one instance had taken the key's counts out of every instance's view.
+once, then again after each of 5 syncs. Allowed ÷ limit above 1 would be over-admission; the highest
+here is $fleet_max. Reset: the intervals until a reset on one instance had taken the key's counts out of
+every instance's view.
 Traffic and CPU are per instance per interval: each instance reads every peer's snapshot, so what it
 reads grows with the fleet, and what it writes does not. Output: [docs/perf/fleet.txt](perf/fleet.txt).
 
