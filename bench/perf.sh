@@ -200,8 +200,8 @@ Spread: one request per instance per interval for one key; burst: the limit sent
 once, then again after each of 5 syncs. Allowed ÷ limit above 1 would be over-admission; the highest
 here is $fleet_max. Reset: the intervals until a reset on one instance had taken the key's counts out of
 every instance's view.
-Traffic and CPU are per instance per interval: each instance reads every peer's snapshot, so what it
-reads grows with the fleet, and what it writes does not. Output: [docs/perf/fleet.txt](perf/fleet.txt).
+Traffic and CPU are per instance per interval: what an instance writes does not grow with the fleet;
+what it reads does (about what one instance writes, times the number of instances). Output: [docs/perf/fleet.txt](perf/fleet.txt).
 
 | instances | spread: allowed ÷ limit | burst: allowed ÷ limit | read per instance (kB) | written per instance (kB) | CPU per sync (ms) | reset (intervals) |
 |---|---|---|---|---|---|---|
