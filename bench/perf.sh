@@ -8,19 +8,22 @@
 # with mholt/caddy-ratelimit v0.1.0 (bench/caddies.sh, xcaddy at v2.11.9),
 # runs bench/perf's measurements (memory against distinct keys, allowed and
 # denied requests/s with wrk, an attack timeline, false denials as a table
-# fills) and the soak (bench/soak: three instances on one redis-server,
+# fills), the fleet benchmark (storage's BenchmarkFleet: 2 to 128 instances
+# of one distributed zone over an in-memory storage) and the soak (bench/soak: three instances on one redis-server,
 # floods, reloads, SIGKILLs; SOAK=10m by default, SOAK=0 keeps the committed
 # soak data), then plots with gnuplot and writes the page.
 #
 # Needs: Go, wrk, gnuplot (apt-get install -y wrk gnuplot-nox), redis-server
 # for the soak. Servers listen on free loopback ports. Knobs: ROUNDS (3),
-# DURATION (5s per wrk run), KEYS (200000), SOAK (10m), OUT (binaries);
+# DURATION (5s per wrk run), KEYS (200000), FLEET (5x, the fleet
+# benchmark's -benchtime), SOAK (10m), OUT (binaries);
 # PAGE=1 only plots and writes the page from the data already in docs/perf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5s}
 KEYS=${KEYS:-200000}
+FLEET=${FLEET:-5x}
 SOAK=${SOAK:-10m}
 command -v gnuplot >/dev/null || { echo "gnuplot is needed: apt-get install -y gnuplot-nox" >&2; exit 1; }
 data=docs/perf
@@ -35,6 +38,7 @@ if [ -z "${PAGE:-}" ]; then
 	printf 'date=%s\ncommit=%s\ncores=%s\narch=%s\n' "$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)" "$(nproc)" "$(uname -m)" >"$data/run.txt"
 	"$OUT/perf" -bins "$OUT" -out "$data" -rounds "$ROUNDS" -duration "$DURATION" -keys "$KEYS" \
 		falsedeny memory throughput timeline | tee "$data/perf.log"
+	go test -run - -bench Fleet -benchtime "$FLEET" ./storage | tee "$data/fleet.txt"
 	if [ "$SOAK" != 0 ]; then
 		go build -o "$OUT/caddy-cmd" ./cmd/caddy
 		(cd bench/soak && go run . -caddy "$OUT/caddy-cmd" -duration "$SOAK" -out "../../$data/soak.csv") |
@@ -86,6 +90,27 @@ plot falsedeny "set title 'False denials as a 1 MiB table fills with flooding so
 	set xlabel 'flooding sources per line'; set ylabel 'fresh keys denied'; set logscale y; set format y '%g';
 	plot '$data/falsedeny.csv' every ::1 using 1:2 with points pt 7 ps 1.2 title 'measured',
 	     '' every ::1 using 1:3 with lines lw 2 title 'estimated (EstimateFalseDeny)'"
+# The fleet benchmark's metrics, by unit (go test prints them in any order),
+# one line per fleet size.
+if [ -s "$data/fleet.txt" ]; then
+	awk 'BEGIN { print "instances,spread_allowed_per_limit,burst_allowed_per_limit,read_B_per_inst_interval,written_B_per_inst_interval,ns_per_inst_sync,heap_B_per_inst,reset_intervals" }
+		/^BenchmarkFleet\/N=/ {
+			n = $1; sub(/^BenchmarkFleet\/N=/, "", n); sub(/-[0-9]+$/, "", n)
+			delete m; for (i = 3; i < NF; i += 2) m[$(i + 1)] = $i
+			printf "%s,%s,%s,%s,%s,%s,%s,%s\n", n, m["spread-allowed/limit"], m["burst-allowed/limit"], m["read-B/inst/interval"],
+				m["written-B/inst/interval"], m["ns/inst/sync"], m["heap-B/inst"], m["reset-intervals"]
+		}' "$data/fleet.txt" >"$data/fleet.csv"
+	plot fleet "set terminal pngcairo size 1000,450 font 'sans,10'; set output 'docs/perf-fleet.png'; set multiplot layout 1,2;
+		set logscale x 2; set xrange [1.5:170]; set xlabel 'instances'; set key bottom left;
+		set title 'Granted ÷ limit for one key (events 100 per hour)'; set ylabel 'allowed ÷ limit'; set yrange [0:1.3];
+		plot '$data/fleet.csv' every ::1 using 1:2 with linespoints lw 2 pt 7 title 'spread: 1 request per instance per interval',
+		     '' every ::1 using 1:3 with linespoints lw 2 pt 5 title 'burst: the limit to every instance, 6 times',
+		     1 with lines dt 2 lc black title 'the limit';
+		set title 'Storage traffic per instance per sync interval'; set ylabel 'bytes'; set logscale y; set yrange [1000:*]; set format y '%.0s %cB'; set key top left;
+		plot '$data/fleet.csv' every ::1 using 1:4 with linespoints lw 2 pt 7 title 'read',
+		     '' every ::1 using 1:5 with linespoints lw 2 pt 5 title 'written';
+		unset multiplot"
+fi
 if [ -s "$data/soak.csv" ]; then
 	plot soak "set title 'Soak: three instances, floods, reloads every 2-5 s, instance 2 SIGKILLed every minute';
 		set xlabel 'time (s)'; set ylabel 'RSS (MiB)'; set y2label 'goroutines, descriptors'; set y2tics; set ytics nomirror;
@@ -102,6 +127,7 @@ col() { awk -F, -v k="$2" -v c="$3" 'NR > 1 { gsub(/"/, "", $1); if ($1 == k) pr
 ratio() { awk -F, -v k="$1" '{ gsub(/"/, "", $1); if ($1 == k) printf "%.2f (rounds %.2f–%.2f)", $2, $3, $4 }' "$data/throughput-ratios.csv"; }
 mem_fg=$(awk -F, 'NR == 2 { a = $2 } END { printf "%.1f → %.1f", a, $2 }' "$data/memory.csv")
 mem_rl=$(awk -F, 'NR == 2 { a = $3 } END { printf "%.1f → %.1f", a, $3 }' "$data/memory.csv")
+fleet_max=$(awk -F, 'NR > 1 { for (i = 2; i <= 3; i++) if ($i > m) m = $i } END { printf "%.2f", m }' "$data/fleet.csv" 2>/dev/null || true)
 fair_attack=$(awk -F, 'NR > 1 && $1 >= 15 && $1 < 45 { s += $2; n++ } END { printf "%.2f%%", 100 * s / n }' "$data/timeline.csv")
 flood=$(awk -F, 'NR > 1 && $1 >= 16 && $1 < 45 { a += $4; s += $3; n++ } END { printf "%.0f of %.0f", a / n, s / n }' "$data/timeline.csv")
 {
@@ -156,12 +182,33 @@ sizing (\`sources\`, \`false_deny\`) uses.
 |---|---|---|
 $(awk -F, 'NR > 1 { printf "| %s | %.4f%% | %.4f%% |\n", $1, 100 * $2, 100 * $3 }' "$data/falsedeny.csv")
 
-## Cluster over-admission against instances and sync interval
+EOF
+	if [ -s "$data/fleet.csv" ]; then
+		cat <<EOF
+## Cluster over-admission against instances
 
-Not plotted yet: it awaits the fleet benchmark (instances × sync interval, issue 17), which does not
-exist in this tree. No figure here is invented.
+![Fleet: allowed ÷ limit and storage traffic against instances](perf-fleet.png)
+
+From the fleet benchmark (\`go test -run - -bench Fleet -benchtime $FLEET ./storage\`, storage's
+\`BenchmarkFleet\`): 2 to 128 instances of one distributed zone (events 100 per hour, sketch 4 × 4096,
+1,000 active keys per instance, bursts split across the instances) in one process over an in-memory
+storage, every instance writing and then reading once per sync interval. The benchmark has no
+sync-interval parameter (its interval is a constant 1 s against a window of an hour), so this plots
+against instances only: over-admission against the sync interval is not measured here.
+
+Spread: one request per instance per interval for one key; burst: the limit sent to every instance at
+once, then again after each of 5 syncs. Allowed ÷ limit above 1 would be over-admission; the highest
+here is $fleet_max. Reset: the intervals until a reset on one instance had taken the key's counts out of
+every instance's view.
+Traffic and CPU are per instance per interval: what an instance writes does not grow with the fleet;
+what it reads does (about what one instance writes, times the number of instances). Output: [docs/perf/fleet.txt](perf/fleet.txt).
+
+| instances | spread: allowed ÷ limit | burst: allowed ÷ limit | read per instance (kB) | written per instance (kB) | CPU per sync (ms) | reset (intervals) |
+|---|---|---|---|---|---|---|
+$(awk -F, 'NR > 1 { printf "| %s | %.2f | %.2f | %.1f | %.1f | %.2f | %g |\n", $1, $2, $3, $4 / 1000, $5 / 1000, $6 / 1e6, $8 }' "$data/fleet.csv")
 
 EOF
+	fi
 	if [ -s "$data/soak.csv" ]; then
 		cat <<EOF
 ## Soak
