@@ -131,10 +131,12 @@ type Distributed struct {
 	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
 	// How a key's burst is shared between instances: "split" (default)
 	// or "free". With split, each instance grants a key at most its share
-	// of what the cluster has left for it, re-balanced at every read, so a
-	// key hit on every instance at once gets about its limit; a key that
-	// only reaches one instance gets its share at first and the rest
-	// after one read. With free, each instance grants whatever the
+	// of what the cluster has left for it, re-balanced at every read
+	// (what it left the others stays theirs until they are seen to use
+	// it, or for two write and two read intervals), so a key hit on every
+	// instance at once gets about its limit; a key that only reaches one
+	// instance gets its share at first and the rest once two syncs show
+	// no other instance counts it. With free, each instance grants whatever the
 	// cluster's counts leave, so a key hit on N instances at once can get
 	// up to N times its limit before the syncs catch up.
 	Bursts string `json:"bursts,omitempty"`

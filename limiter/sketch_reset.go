@@ -95,6 +95,9 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 	c := *t
 	c.counts = slices.Clone(t.counts)
 	c.ForgetHash(h, at)
+	// The reservations WithShares carries are measured against the counts
+	// as they were: the next re-balance starts afresh.
+	c.keep, c.since = nil, nil
 	return &c
 }
 

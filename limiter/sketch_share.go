@@ -22,10 +22,24 @@ import (
 //
 // The shares are fixed when the copy is made, from the counts of then: an
 // instance makes a new one at each read of its peers, so the shares follow
-// where a key's requests go. The sum itself, which deciders may be
-// reading, is unchanged. It allocates as much as NewSketchSum, and walks
-// every cell once. A nil sum, or n < 2, gives the sum itself.
-func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time) *SketchSum {
+// where a key's requests go. But a read may come before the others have
+// published what they granted of the shares they were left: re-balanced
+// on those counts, an instance would take back the others' shares, and a
+// burst that outlasts a sync would get up to a quota per instance again.
+// So prev, the copy this instance made at its previous read (nil for
+// none), is carried: what prev left the others in a cell and they have
+// not been seen to use since (the sum's count of the cell grew by less)
+// stays theirs, if more than their shares now, until hold has passed
+// without the sum growing in the cell (by then an instance that granted
+// it has published that and been read). Only then is it shared afresh: a
+// key that only reaches this instance, but shares a cell with the others'
+// keys, gets the rest of its quota a share per hold.
+//
+// The sum itself, which deciders may be reading, is unchanged. The copy
+// allocates 16 bytes per cell (8 of NewSketchSum's and 8 for the
+// reservations), and walks every cell once. A nil sum, or n < 2, gives
+// the sum itself.
+func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
 	if t == nil || n < 2 {
 		return t
 	}
@@ -35,14 +49,31 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time) *SketchSum
 	if e != t.epoch {
 		return &c // a sum of another window: nothing to share on
 	}
+	cells := s.rows * int(s.width)
+	c.keep, c.since = make([]uint32, cells), make([]uint32, cells)
+	carried := prev != nil && prev.epoch == e && len(prev.keep) == cells
+	unit := max(int64(time.Millisecond), s.window>>32) // so that any time in the window fits 32 bits
+	at, holdUnits := uint32(el/unit), uint32(min(int64(hold)/unit, 1<<32-1))
 	q := uint64(s.quota.Load())
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
 	cp, pp := uint64(e&1), uint64((e-1)&1)
 	ct, pt := sketchTag(e), sketchTag(e-1)
-	for i := range s.rows * int(s.width) {
+	for i := range cells {
 		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
 		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
 		peerPrev, peerCurr := uint64(c.counts[2*i]), uint64(c.counts[2*i+1])
+		// What the previous copy left the others, less what the sum has
+		// counted of theirs since; gone once unused for hold.
+		var held uint64
+		since := at
+		if carried && prev.keep[i] != 0 {
+			then := uint64(prev.counts[2*i+1]) - min(uint64(prev.keep[i]), uint64(prev.counts[2*i+1]))
+			if used := peerCurr - min(peerCurr, then); used != 0 {
+				held = uint64(prev.keep[i]) - min(used, uint64(prev.keep[i]))
+			} else if at-min(at, prev.since[i]) < holdUnits {
+				held, since = uint64(prev.keep[i]), prev.since[i]
+			}
+		}
 		// The cell's estimate, rounded up, as sketchView.remaining takes it.
 		hi, lo := bits.Mul64(ownPrev+peerPrev, rest)
 		h2, l2 := bits.Mul64(ownCurr+peerCurr, w)
@@ -52,18 +83,27 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time) *SketchSum
 		if rem != 0 {
 			est++
 		}
-		if est >= q {
-			continue
-		}
 		// The n shares add up to what is left: the remainder of the
 		// division goes one each to the instances ranked first, so the
 		// last requests of a key spread over the instances still pass.
-		left := q - est
+		left := q - min(est, q)
 		share := left / uint64(n)
 		if uint64(rank) < left%uint64(n) {
 			share++
 		}
+		// The others keep what they were left before, if more than their
+		// shares now: what they may still grant unseen is not shared
+		// again, nor left them twice.
 		keep := left - share
+		if held >= keep {
+			keep = held
+		} else {
+			since = at
+		}
+		if keep = min(keep, MaxSketchQuota); keep == 0 {
+			continue
+		}
+		c.keep[i], c.since[i] = uint32(keep), since
 		p := &c.counts[2*i+1]
 		*p = uint32(min(uint64(*p)+keep, MaxSketchQuota))
 	}

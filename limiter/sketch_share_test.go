@@ -19,16 +19,87 @@ func TestWithSharesAddUpToWhatIsLeft(t *testing.T) {
 	for n := 1; n <= 9; n++ {
 		total := int64(0)
 		for rank := range n {
-			total += s.PeekHashWith(h, 1, now, sum.WithShares(s, n, rank, now)).Remaining
+			total += s.PeekHashWith(h, 1, now, sum.WithShares(s, n, rank, now, nil, 0)).Remaining
 		}
 		if total != 7 {
 			t.Errorf("%d instances: shares add up to %d, want the 7 left", n, total)
 		}
 	}
-	if got := sum.WithShares(s, 1, 0, now); got != sum {
+	if got := sum.WithShares(s, 1, 0, now, nil, 0); got != sum {
 		t.Error("one instance: the sum was copied")
 	}
 	if !sum.CellZero(0) {
 		t.Error("the sum itself was changed")
+	}
+}
+
+// What an instance left the others stays theirs across its re-balances
+// until they are seen to use it or hold passes without that: a re-balance
+// on counts that predate the others' grants takes back nothing, and a
+// share they never use comes back after hold. A reset starts afresh.
+func TestWithSharesCarriesTheOthersSharesForHold(t *testing.T) {
+	now := time.Unix(1_700_000_040, 0).Add(10 * time.Second)
+	cfg := SketchConfig{Quota: 10, Window: time.Minute, Rows: 4, Width: 64}
+	own, err := NewSketch(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := NewSketch(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := HashString("k")
+	peerSum := func(at time.Time) *SketchSum {
+		sum := own.NewSketchSum(at)
+		snap, _ := peer.AppendSnapshot(nil, at)
+		if _, err := sum.AddBinary(snap); err != nil {
+			t.Fatal(err)
+		}
+		return sum
+	}
+	const hold = 2 * time.Second
+	take := func(at time.Time, shared *SketchSum) int {
+		n := 0
+		for {
+			if d, _ := own.TakeHashWith(h, 1, at, shared); !d.Allowed {
+				return n
+			}
+			n++
+		}
+	}
+	// Two instances, nothing counted: this one's share is 5, and it
+	// takes it; the peer takes 2 of its 5 but has not published them.
+	shared := peerSum(now).WithShares(own, 2, 0, now, nil, hold)
+	// Re-balanced again and again on nothing counted, the shares stay
+	// halves: what is carried is not left the others twice.
+	for range 5 {
+		shared = peerSum(now).WithShares(own, 2, 0, now, shared, hold)
+	}
+	if got := take(now, shared); got != 5 {
+		t.Fatalf("first share: %d, want 5", got)
+	}
+	peer.TakeHashWith(h, 2, now, nil)
+	at := now.Add(hold / 2)
+	shared = peerSum(now).WithShares(own, 2, 0, at, shared, hold)
+	if got := take(at, shared); got != 0 {
+		t.Fatalf("re-balanced on counts that predate the peer's grants: %d granted, want 0", got)
+	}
+	// The peer's 2 are seen: 3 of its share are still held for it.
+	at = at.Add(hold / 2)
+	shared = peerSum(at).WithShares(own, 2, 0, at, shared, hold)
+	if got := take(at, shared); got != 0 {
+		t.Fatalf("the peer's grants seen, 3 of its share unused: %d granted, want 0", got)
+	}
+	// A hold later, unused: the 3 are shared afresh, 2 of them (the
+	// remainder goes to rank 0) this instance's.
+	at = at.Add(hold)
+	shared = peerSum(at).WithShares(own, 2, 0, at, shared, hold)
+	if got := take(at, shared); got != 2 {
+		t.Fatalf("a hold after the peer last used its share: %d granted, want 2", got)
+	}
+	// A reset drops what is carried: the next copy shares what is left.
+	shared = shared.WithoutHash(HashString("other"), at)
+	if shared.keep != nil {
+		t.Fatal("a copy less a key's counts kept the reservations")
 	}
 }

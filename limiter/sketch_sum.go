@@ -28,6 +28,12 @@ type SketchSum struct {
 	// counts holds cell c's count of window epoch − 1 at 2c and of window
 	// epoch at 2c + 1, so that a decision finds both in one cache line.
 	counts []uint32
+	// keep and since are set on a copy made by WithShares: what it left
+	// the other instances in each cell (counted in counts' current
+	// window), and when the reservation was made or last seen used, in
+	// milliseconds (or window/2³², if longer) into window epoch. The next
+	// WithShares carries what they have not been seen to use (see there).
+	keep, since []uint32
 }
 
 // NewSketchSum returns an empty sum for snapshots of s, of the window of

@@ -136,7 +136,8 @@ func (c *Cluster) TakeHash(h uint64, weight int64, now time.Time) (limiter.Decis
 // SplitBursts sets whether each instance grants a key at most its share of
 // what the cluster has left for it (see limiter.SketchSum.WithShares), so
 // that a key hit on every instance at once gets about its quota: from the
-// next read on, which re-balances the shares every reread.
+// next read on, which re-balances the shares every reread (keeping what it
+// left the others while they may still be granting it; see shareHold).
 func (c *Cluster) SplitBursts(on bool, reread time.Duration) {
 	c.split.Store(on)
 	c.shareWait.Store(int64(reread))

@@ -123,3 +123,46 @@ func TestFreshKeyBesideOwnKeysIsSplit(t *testing.T) {
 		t.Fatalf("a fresh key hit on 2 instances at once got %d of a limit of 10", worst)
 	}
 }
+
+// A burst that outlasts a sync: every instance reads (re-balancing its
+// share) while the others have granted the key but not yet published it,
+// in every order of the three, and the key is hit again after each read.
+// A re-balance must not hand an instance the shares it left to the others
+// and cannot yet see them use: the key still gets at most 1.1× its limit
+// (+1) over the rounds, and then the whole cluster denies it.
+func TestReadsDuringABurstKeepTheOthersShares(t *testing.T) {
+	orders := [][3]int{{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}}
+	for _, order := range orders {
+		t.Run(fmt.Sprint(order), func(t *testing.T) {
+			now := t0.Add(time.Second)
+			nodes := newSplitNodes(t, 3, now)
+			granted := 0
+			for _, i := range order {
+				granted += nodes[i].take("burst", 10, now)
+			}
+			// Each instance reads before any other writes: the peers'
+			// snapshots it finds predate the burst.
+			at := now
+			for round := range 3 {
+				for _, i := range order {
+					at = at.Add(testIntervals.Read / 4)
+					nodes[i].s.Read(bg, at)
+					granted += nodes[i].take("burst", 10, at)
+				}
+				// Then one instance publishes, the others not yet.
+				nodes[order[round]].s.Write(bg, at)
+			}
+			for range 3 {
+				at = at.Add(testIntervals.Read)
+				syncAll(at, nodes...)
+				for _, n := range nodes {
+					granted += n.take("burst", 10, at)
+				}
+			}
+			t.Logf("order %v: %d granted of a limit of 10", order, granted)
+			if granted < 10 || granted > 10*11/10+1 {
+				t.Fatalf("order %v: granted %d to a key of limit 10 hit on 3 instances through reads that predate the others' grants, want 10 to %d", order, granted, 10*11/10+1)
+			}
+		})
+	}
+}

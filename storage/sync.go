@@ -109,6 +109,12 @@ func NewSyncerOpening(c *Cluster, open func(context.Context) (certmagic.Storage,
 	return s
 }
 
+// shareHold is how long a share this instance left the others, and has
+// not seen them use, stays theirs (limiter.SketchSum.WithShares): long
+// enough for an instance that granted it to publish that and for this one
+// to read it, twice over for a write or read that runs late.
+func shareHold(iv Intervals) time.Duration { return 2 * (iv.Write + iv.Read) }
+
 // liveWrites is how many write intervals an instance's last snapshot may
 // be old for the instance to count as live in the shares (SplitBursts): a
 // loaded instance may publish late, and one counted live while dead only
@@ -435,7 +441,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 				}
 			}
 		}
-		shared = sum.WithShares(c.sketch, live, rank, now)
+		shared = sum.WithShares(c.sketch, live, rank, now, c.shared.Load(), shareHold(s.iv))
 		sole = s.sole(now, sum)
 	}
 
