@@ -59,6 +59,9 @@ type Syncer struct {
 	iv       Intervals
 	log      *zap.Logger
 
+	// cancel ends the goroutine's context (a sync op in flight) and stop
+	// its loop; Stop does both, then waits on done.
+	cancel     context.CancelFunc
 	stop, done chan struct{}
 	// open gives st, which is nil until it has (NewSyncerOpening). Only
 	// the goroutine sets st; Stop reads it after the goroutine is done.
@@ -140,8 +143,9 @@ func newSyncer(c *Cluster, instance string, iv Intervals, log *zap.Logger) *Sync
 
 // Start runs the read and write loops in a goroutine until Stop.
 func (s *Syncer) Start() {
-	s.stop, s.done = make(chan struct{}), make(chan struct{})
-	go s.run()
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel, s.stop, s.done = cancel, make(chan struct{}), make(chan struct{})
+	go s.run(ctx)
 }
 
 // Stop ends the loops, publishes a last snapshot (within one write
@@ -151,6 +155,7 @@ func (s *Syncer) Stop() {
 	if s.stop == nil {
 		return
 	}
+	s.cancel()
 	close(s.stop)
 	<-s.done
 	s.stop = nil
@@ -162,17 +167,8 @@ func (s *Syncer) Stop() {
 	s.Write(ctx, time.Now())
 }
 
-func (s *Syncer) run() {
+func (s *Syncer) run(ctx context.Context) {
 	defer close(s.done)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-s.stop:
-			cancel()
-		case <-s.done:
-		}
-	}()
 	if s.st == nil && !s.waitOpen(ctx) {
 		return
 	}
