@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,28 +17,38 @@ import (
 )
 
 // readmeExample returns the n-th (from 0) caddyfile code block of the
-// README section with the given heading.
+// section with the given heading ("### Weights": its level is ignored) in
+// README.md or one of the pages of docs/, where the README's examples moved.
 func readmeExample(t *testing.T, heading string, n int) string {
 	t.Helper()
-	raw, err := os.ReadFile("../README.md")
+	pages, err := filepath.Glob("../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme := string(raw)
-	start := strings.Index(readme, "\n"+heading+"\n")
-	if start < 0 {
-		t.Fatalf("README has no section %q", heading)
+	title := strings.TrimLeft(heading, "# ")
+	line := regexp.MustCompile(`(?m)^#+ ` + regexp.QuoteMeta(title) + `$`)
+	for _, page := range append([]string{"../README.md"}, pages...) {
+		raw, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loc := line.FindIndex(raw)
+		if loc == nil {
+			continue
+		}
+		section := string(raw[loc[1]:])
+		if end := strings.Index(section, "\n#"); end >= 0 {
+			section = section[:end]
+		}
+		blocks := strings.Split(section, "```caddyfile\n")
+		if len(blocks) <= n+1 {
+			t.Fatalf("%s: section %q has %d caddyfile blocks, want at least %d", page, title, len(blocks)-1, n+1)
+		}
+		block, _, _ := strings.Cut(blocks[n+1], "```")
+		return block
 	}
-	section := readme[start+len(heading)+2:]
-	if end := strings.Index(section, "\n#"); end >= 0 {
-		section = section[:end]
-	}
-	blocks := strings.Split(section, "```caddyfile\n")
-	if len(blocks) <= n+1 {
-		t.Fatalf("README section %q has %d caddyfile blocks, want at least %d", heading, len(blocks)-1, n+1)
-	}
-	block, _, _ := strings.Cut(blocks[n+1], "```")
-	return block
+	t.Fatalf("no section %q in README.md or docs/", title)
+	return ""
 }
 
 // readmeConfig is a README example as a config of the test Caddy: its
