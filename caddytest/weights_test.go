@@ -54,10 +54,10 @@ func readmeExample(t *testing.T, heading string, n int) string {
 // readmeConfig is a README example as a config of the test Caddy: its
 // global options (if any) merged with the tests' (and extra), and its site
 // example.com served as the test site. replace lists old, new pairs for the
-// example's other addresses (an upstream). Nothing else is changed.
+// example's other addresses (an upstream, a proxy's range). Nothing else is changed.
 func readmeConfig(t *testing.T, heading string, n int, extra string, replace ...string) string {
 	t.Helper()
-	block := readmeExample(t, heading, n)
+	block := strings.NewReplacer(replace...).Replace(readmeExample(t, heading, n))
 	if strings.HasPrefix(block, "{\n") {
 		end := strings.Index(block, "\n}\n")
 		extra += "\n" + block[2:end]
@@ -67,7 +67,7 @@ func readmeConfig(t *testing.T, heading string, n int, extra string, replace ...
 		t.Fatalf("README example %q %d has no site example.com", heading, n)
 	}
 	block = strings.Replace(block, "example.com {", fmt.Sprintf("http://localhost:%d {", httpPort), 1)
-	return globals(extra) + strings.NewReplacer(replace...).Replace(block)
+	return globals(extra) + block
 }
 
 // trustXFF makes {client_ip} the X-Forwarded-For of requests from loopback,
