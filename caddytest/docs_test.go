@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/pberkel/caddy-storage-redis"
@@ -20,15 +21,25 @@ type docExample struct {
 	text  string
 }
 
-// docExamples returns every fenced code block of README.md and docs/*.md.
-func docExamples(t *testing.T) []docExample {
+// docPages returns the manual's pages: README.md, then docs/*.md.
+func docPages(t *testing.T) []string {
 	t.Helper()
 	pages, err := filepath.Glob("../docs/*.md")
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("no pages in docs/: %v", err)
 	}
+	return append([]string{"../README.md"}, pages...)
+}
+
+// isFence reports whether a line opens or closes a fenced code block (also
+// one indented in a list item).
+func isFence(line string) bool { return strings.HasPrefix(strings.TrimLeft(line, " "), "```") }
+
+// docExamples returns every fenced code block of the manual's pages.
+func docExamples(t *testing.T) []docExample {
+	t.Helper()
 	var out []docExample
-	for _, page := range append([]string{"../README.md"}, pages...) {
+	for _, page := range docPages(t) {
 		raw, err := os.ReadFile(page)
 		if err != nil {
 			t.Fatal(err)
@@ -38,7 +49,7 @@ func docExamples(t *testing.T) []docExample {
 		for i, line := range strings.Split(string(raw), "\n") {
 			trimmed := strings.TrimLeft(line, " ")
 			switch {
-			case cur == nil && strings.HasPrefix(trimmed, "```"):
+			case cur == nil && isFence(line):
 				indent = line[:len(line)-len(trimmed)]
 				cur = &docExample{where: page[3:] + ":" + strconv.Itoa(i+1), lang: strings.TrimPrefix(trimmed, "```")}
 			case cur != nil && trimmed == "```":
@@ -124,4 +135,102 @@ func TestEveryDocsExampleLoads(t *testing.T) {
 		t.Errorf("only %d examples found in README.md and docs/", n)
 	}
 	t.Logf("%d examples loaded", n)
+}
+
+// mdLink matches an inline Markdown link's target: [text](target).
+var mdLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// mdPage is a Markdown page's text outside code, and its headings' anchors.
+type mdPage struct {
+	prose   []string // its lines, those of fenced code blocks empty, inline code removed
+	anchors map[string]bool
+}
+
+func readMarkdown(t *testing.T, path string) mdPage {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := mdPage{anchors: map[string]bool{}}
+	seen := map[string]int{}
+	fenced := false
+	inlineCode := regexp.MustCompile("`[^`]*`")
+	for _, line := range strings.Split(string(raw), "\n") {
+		if isFence(line) {
+			fenced = !fenced
+		}
+		if fenced || isFence(line) {
+			p.prose = append(p.prose, "") // keeps line numbers
+			continue
+		}
+		if title, ok := strings.CutPrefix(strings.TrimLeft(line, "#"), " "); ok && strings.HasPrefix(line, "#") {
+			a := anchor(title)
+			if n := seen[a]; n > 0 {
+				p.anchors[a+"-"+strconv.Itoa(n)] = true
+			} else {
+				p.anchors[a] = true
+			}
+			seen[a]++
+		}
+		p.prose = append(p.prose, inlineCode.ReplaceAllString(line, ""))
+	}
+	return p
+}
+
+// anchor is the id GitHub gives a heading: lower case, punctuation other
+// than - and _ dropped, spaces as -.
+func anchor(title string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(title) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// TestDocsLinksResolve checks every relative link of README.md and
+// docs/*.md: the file or directory it names exists, and a #anchor names a
+// heading of the page it points to.
+func TestDocsLinksResolve(t *testing.T) {
+	pages := docPages(t)
+	parsed := map[string]mdPage{}
+	get := func(path string) mdPage {
+		if p, ok := parsed[path]; ok {
+			return p
+		}
+		parsed[path] = readMarkdown(t, path)
+		return parsed[path]
+	}
+	links := 0
+	for _, page := range pages {
+		for i, line := range get(page).prose {
+			for _, m := range mdLink.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				links++
+				path, frag, _ := strings.Cut(target, "#")
+				file := page
+				if path != "" {
+					file = filepath.Join(filepath.Dir(page), path)
+					if _, err := os.Stat(file); err != nil {
+						t.Errorf("%s:%d: link %s: %v", page[3:], i+1, target, err)
+						continue
+					}
+				}
+				if frag != "" && strings.HasSuffix(file, ".md") && !get(file).anchors[frag] {
+					t.Errorf("%s:%d: link %s: %s has no heading #%s", page[3:], i+1, target, file[3:], frag)
+				}
+			}
+		}
+	}
+	if links < 50 {
+		t.Errorf("only %d relative links found", links)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -21,13 +20,9 @@ import (
 // README.md or one of the pages of docs/, where the README's examples moved.
 func readmeExample(t *testing.T, heading string, n int) string {
 	t.Helper()
-	pages, err := filepath.Glob("../docs/*.md")
-	if err != nil {
-		t.Fatal(err)
-	}
 	title := strings.TrimLeft(heading, "# ")
 	line := regexp.MustCompile(`(?m)^#+ ` + regexp.QuoteMeta(title) + `$`)
-	for _, page := range append([]string{"../README.md"}, pages...) {
+	for _, page := range docPages(t) {
 		raw, err := os.ReadFile(page)
 		if err != nil {
 			t.Fatal(err)
