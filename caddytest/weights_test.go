@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,37 +16,43 @@ import (
 )
 
 // readmeExample returns the n-th (from 0) caddyfile code block of the
-// README section with the given heading.
+// section with the given heading ("### Weights": its level is ignored) in
+// README.md or one of the pages of docs/, where the README's examples moved.
 func readmeExample(t *testing.T, heading string, n int) string {
 	t.Helper()
-	raw, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
+	title := strings.TrimLeft(heading, "# ")
+	line := regexp.MustCompile(`(?m)^#+ ` + regexp.QuoteMeta(title) + `$`)
+	for _, page := range docPages(t) {
+		raw, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loc := line.FindIndex(raw)
+		if loc == nil {
+			continue
+		}
+		section := string(raw[loc[1]:])
+		if end := strings.Index(section, "\n#"); end >= 0 {
+			section = section[:end]
+		}
+		blocks := strings.Split(section, "```caddyfile\n")
+		if len(blocks) <= n+1 {
+			t.Fatalf("%s: section %q has %d caddyfile blocks, want at least %d", page, title, len(blocks)-1, n+1)
+		}
+		block, _, _ := strings.Cut(blocks[n+1], "```")
+		return block
 	}
-	readme := string(raw)
-	start := strings.Index(readme, "\n"+heading+"\n")
-	if start < 0 {
-		t.Fatalf("README has no section %q", heading)
-	}
-	section := readme[start+len(heading)+2:]
-	if end := strings.Index(section, "\n#"); end >= 0 {
-		section = section[:end]
-	}
-	blocks := strings.Split(section, "```caddyfile\n")
-	if len(blocks) <= n+1 {
-		t.Fatalf("README section %q has %d caddyfile blocks, want at least %d", heading, len(blocks)-1, n+1)
-	}
-	block, _, _ := strings.Cut(blocks[n+1], "```")
-	return block
+	t.Fatalf("no section %q in README.md or docs/", title)
+	return ""
 }
 
 // readmeConfig is a README example as a config of the test Caddy: its
 // global options (if any) merged with the tests' (and extra), and its site
 // example.com served as the test site. replace lists old, new pairs for the
-// example's other addresses (an upstream). Nothing else is changed.
+// example's other addresses (an upstream, a proxy's range). Nothing else is changed.
 func readmeConfig(t *testing.T, heading string, n int, extra string, replace ...string) string {
 	t.Helper()
-	block := readmeExample(t, heading, n)
+	block := strings.NewReplacer(replace...).Replace(readmeExample(t, heading, n))
 	if strings.HasPrefix(block, "{\n") {
 		end := strings.Index(block, "\n}\n")
 		extra += "\n" + block[2:end]
@@ -55,7 +62,7 @@ func readmeConfig(t *testing.T, heading string, n int, extra string, replace ...
 		t.Fatalf("README example %q %d has no site example.com", heading, n)
 	}
 	block = strings.Replace(block, "example.com {", fmt.Sprintf("http://localhost:%d {", httpPort), 1)
-	return globals(extra) + strings.NewReplacer(replace...).Replace(block)
+	return globals(extra) + block
 }
 
 // trustXFF makes {client_ip} the X-Forwarded-For of requests from loopback,

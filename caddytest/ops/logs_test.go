@@ -251,18 +251,20 @@ statics:
 	return sources
 }
 
-func TestREADMEShowsTheFilters(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// TestOperationsPageLinksTheFilters checks that docs/operations.md points
+// to every file of contrib/ an operator installs, rather than a copy that
+// could drift from what the tests above check.
+func TestOperationsPageLinksTheFilters(t *testing.T) {
+	page, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"../../contrib/fail2ban/floodgate.conf", "../../contrib/crowdsec/floodgate-logs.yaml", "../../contrib/crowdsec/floodgate-denied.yaml"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
+	for _, f := range []string{"fail2ban/floodgate.conf", "fail2ban/floodgate.local", "crowdsec/floodgate-logs.yaml", "crowdsec/floodgate-denied.yaml", "prometheus/floodgate.rules.yml"} {
+		if _, err := os.Stat("../../contrib/" + f); err != nil {
+			t.Error(err)
 		}
-		if !strings.Contains(string(readme), string(b)) {
-			t.Errorf("README.md does not show %s as it is", f)
+		if !strings.Contains(string(page), "](../contrib/"+f+")") {
+			t.Errorf("docs/operations.md does not link contrib/%s", f)
 		}
 	}
 }
