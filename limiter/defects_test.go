@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 )
 
 // tm is clockEpoch + d: tables made by newBuckets(…, clockEpoch) count ticks
@@ -207,7 +209,7 @@ func nonZero(raw string) int {
 }
 
 // roomy is a table big enough that test keys do not share counters.
-func roomy(t testing.TB, l Limit, clk *fakeClock) *Buckets {
+func roomy(t testing.TB, l Limit, clk *testclock.Clock) *Buckets {
 	t.Helper()
 	return newTable(t, l, 1<<16)
 }
