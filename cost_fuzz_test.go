@@ -75,9 +75,7 @@ func FuzzRequestAndResponseWeights(f *testing.F) {
 
 // serveAtWith runs one request through h at time now, answered by respond.
 func serveAtWith(h *Handler, r *http.Request, now time.Time, respond func(http.ResponseWriter)) (*httptest.ResponseRecorder, error) {
-	w := httptest.NewRecorder()
-	caddyhttp.NewTestReplacer(r)
-	return w, h.serveAt(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+	return serveNextAt(h, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 		respond(w)
 		return nil
 	}), now)

@@ -74,9 +74,15 @@ func serve(h *Handler, r *http.Request) (*httptest.ResponseRecorder, error) {
 
 // serveAt runs one request through h at time now, with a fresh replacer.
 func serveAt(h *Handler, r *http.Request, now time.Time) (*httptest.ResponseRecorder, error) {
+	return serveNextAt(h, r, okHandler, now)
+}
+
+// serveNextAt runs one request through h and on to next at time now, with a
+// fresh replacer, and returns the recorder and the error.
+func serveNextAt(h *Handler, r *http.Request, next caddyhttp.Handler, now time.Time) (*httptest.ResponseRecorder, error) {
 	w := httptest.NewRecorder()
 	caddyhttp.NewTestReplacer(r)
-	return w, h.serveAt(w, r, okHandler, now)
+	return w, h.serveAt(w, r, next, now)
 }
 
 func status(err error) int {

@@ -19,9 +19,7 @@ import (
 // serveThrough runs one request through h and on to next, at the time of
 // h's clock.
 func serveThrough(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.ResponseRecorder, error) {
-	w := httptest.NewRecorder()
-	caddyhttp.NewTestReplacer(r)
-	return w, h.serveAt(w, r, next, h.now())
+	return serveNextAt(h, r, next, h.now())
 }
 
 // pass moves h's clock on by d as time passes on a server: in steps of half
