@@ -89,14 +89,6 @@ func TestLongWindowsDoNotOverflow(t *testing.T) {
 		if d.Allowed || d.Reset != Never || !within(d.RetryAfter, l.Window/time.Duration(l.Events), lagOf(l)) {
 			t.Errorf("%v drained: %+v, want Reset Never and RetryAfter %v", l, d, l.Window/time.Duration(l.Events))
 		}
-		// A snapshot restored a minute later brings the table back drained.
-		c := newTable(t, l, 64)
-		if err := c.Restore(b.AppendSnapshot(nil, tm(0)), tm(time.Minute)); err != nil {
-			t.Fatal(err)
-		}
-		if d := c.PeekHash(7, 1, tm(time.Minute)); d.Allowed || d.Remaining != 0 {
-			t.Errorf("%v restored: %+v, want still drained", l, d)
-		}
 	}
 }
 
