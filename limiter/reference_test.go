@@ -71,9 +71,6 @@ func tickOf(l Limit) time.Duration {
 // two ticks.
 func lagOf(l Limit) time.Duration { return 2 * tickOf(l) }
 
-// perSecond is l's sustained rate in tokens per second.
-func perSecond(l Limit) float64 { return float64(l.Events) / l.Window.Seconds() }
-
 func floorRat(r *big.Rat) int64 {
 	q := new(big.Int).Quo(r.Num(), r.Denom())
 	if r.Sign() < 0 && !r.IsInt() {
@@ -174,7 +171,7 @@ func TestAnyRateIsEnforcedWithin01Percent(t *testing.T) {
 		t.Run(l.String(), func(t *testing.T) {
 			b := roomy(t, l, nil)
 			w := max(1, l.burst()/1000)
-			fill := time.Duration(float64(l.burst()) / perSecond(l) * float64(time.Second))
+			fill := time.Duration(float64(l.burst()) / l.PerSecond() * float64(time.Second))
 			step := fill / 200
 			granted := int64(0)
 			now := time.Duration(0)
@@ -185,7 +182,7 @@ func TestAnyRateIsEnforcedWithin01Percent(t *testing.T) {
 				now += step
 			}
 			now -= step
-			want := float64(l.burst()) + perSecond(l)*now.Seconds()
+			want := float64(l.burst()) + l.PerSecond()*now.Seconds()
 			if float64(granted) > want {
 				t.Fatalf("granted %d tokens, more than the textbook's %.1f", granted, want)
 			}
