@@ -168,8 +168,3 @@ func DecodeSketchSnapshot(data []byte, maxCells int) (*SketchSnapshot, error) {
 	}
 	return o, nil
 }
-
-// MergeBinary is MergeBinaryForgetting with nothing to forget.
-func (s *Sketch) MergeBinary(data []byte, now time.Time) error {
-	return s.MergeBinaryForgetting(data, now, nil)
-}

@@ -159,8 +159,8 @@ func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *Sket
 // AppendSnapshot appends the binary form of the sketch's snapshot at time
 // now straight from its counters, without a dense copy (the tests keep one,
 // SketchSnapshot, as the reference this must match), and returns it with
-// the snapshot's window number. Its size grows with the nonzero counters, at most 9 bytes per
-// counter (typically 2 to 4).
+// the snapshot's window number. Its size grows with the nonzero counters,
+// at most 9 bytes per counter (typically 2 to 4).
 func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 	e, _ := s.clock(now)
 	cells := s.rows * int(s.width)
@@ -172,4 +172,14 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 		})
 	}
 	return dst, e
+}
+
+// MergeBinary adds a snapshot in binary form (untrusted input) into the
+// sketch's own counters, its windows aligned to now as in a SketchSum: for
+// an instance restoring what it published before a restart. It is an
+// error, and adds nothing, if the snapshot is not well formed or not of
+// the sketch's shape and window. Merging the same snapshot twice counts it
+// twice.
+func (s *Sketch) MergeBinary(data []byte, now time.Time) error {
+	return s.MergeBinaryForgetting(data, now, nil)
 }
