@@ -107,6 +107,12 @@ func remaining(t *testing.T, zone, ip string) int64 {
 func httpGetFrom(src, url string) (int, error) {
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: ioDeadline}
 	client := &http.Client{Timeout: ioDeadline, Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}
+	return statusOf(client, url)
+}
+
+// statusOf makes one GET to url with client, reads the body, and returns the
+// status code.
+func statusOf(client *http.Client, url string) (int, error) {
 	resp, err := client.Get(url)
 	if err != nil {
 		return 0, err
