@@ -2,7 +2,12 @@ package limiter
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 )
 
 // The dense snapshot below is the plain reference for the sparse binary form
@@ -167,4 +172,49 @@ func DecodeSketchSnapshot(data []byte, maxCells int) (*SketchSnapshot, error) {
 		return nil, err
 	}
 	return o, nil
+}
+
+// MergeBinary, which instances use to restore what they published, adds
+// what the reference Merge adds: the same counts into the same windows,
+// whether the snapshot is of the merging sketch's window, one or two
+// windows old, or one window ahead (a peer whose clock leads).
+func TestMergeBinaryMatchesTheReferenceMerge(t *testing.T) {
+	const window = 10 * time.Second
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, tc := range []struct {
+		name    string
+		mergeAt time.Duration // after the snapshot's window starts
+	}{
+		{"same window", 3 * time.Second},
+		{"one window old", window + 3*time.Second},
+		{"two windows old", 2*window + 3*time.Second},
+		{"one window ahead", -window + 3*time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := testclock.New(sketchEpoch0.Add(2 * window))
+			peer := newTestSketch(t, 1000, window, clk)
+			for _, at := range []time.Time{clk.Now().Add(-window), clk.Now()} {
+				for range 2000 {
+					peer.Add(rng.Uint64()%500, 1+rng.Int64N(3), at)
+				}
+			}
+			snap := peer.Snapshot(clk.Now())
+			if !slices.ContainsFunc(snap.Prev, func(c uint32) bool { return c != 0 }) || !slices.ContainsFunc(snap.Curr, func(c uint32) bool { return c != 0 }) {
+				t.Fatal("the peer's snapshot should count both its windows")
+			}
+			enc, err := snap.AppendBinary(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := sketchEpoch0.Add(2*window + tc.mergeAt)
+			reference, restored := newTestSketch(t, 1000, window, clk), newTestSketch(t, 1000, window, clk)
+			if err := reference.Merge(snap, at); err != nil {
+				t.Fatal(err)
+			}
+			if err := restored.MergeBinary(enc, at); err != nil {
+				t.Fatal(err)
+			}
+			assertSameSketch(t, restored, reference, at)
+		})
+	}
 }
