@@ -31,8 +31,8 @@ func distributedDelayHandler(t *testing.T, name string, maxDelay time.Duration) 
 	twin, twinShape := cluster(name + "_twin")
 	t.Cleanup(func() { storage.Release(twinShape) })
 	key = keyOf(z, "192.0.2.1:1", "", nil)
-	exhaust(t, c, held.clock.now(), key)
-	exhaust(t, twin, held.clock.now(), key)
+	exhaust(t, c, held.clock.Now(), key)
+	exhaust(t, twin, held.clock.Now(), key)
 	return h, held, c, twin, key
 }
 
@@ -51,7 +51,7 @@ func exhaust(t *testing.T, c *storage.Cluster, now time.Time, k uint64) {
 // the cluster's estimate lets it through, and is counted there then.
 func TestDelayInADistributedZoneWaitsForTheCluster(t *testing.T) {
 	h, held, c, twin, key := distributedDelayHandler(t, "delay_cluster", 2*time.Second)
-	start := held.clock.now()
+	start := held.clock.Now()
 	want := c.PeekHash(key, 1, start).RetryAfter
 	if want <= 0 || want > 2*time.Second {
 		t.Fatalf("the exhausted cluster's wait is %v, want (0, 2s]", want)
@@ -64,7 +64,7 @@ func TestDelayInADistributedZoneWaitsForTheCluster(t *testing.T) {
 	}
 	// Counted in the cluster when it went: the twin with the same history
 	// has room for one now, the key no longer.
-	now := held.clock.now()
+	now := held.clock.Now()
 	if k, tw := c.PeekHash(key, 1, now), twin.PeekHash(key, 1, now); k.Allowed || !tw.Allowed {
 		t.Errorf("after the held request the cluster allows the key: %v, its twin: %v; want false, true", k.Allowed, tw.Allowed)
 	}
@@ -74,7 +74,7 @@ func TestDelayInADistributedZoneWaitsForTheCluster(t *testing.T) {
 // it at once, charging nothing.
 func TestDelayInADistributedZoneDeniesBeyondMaxDelay(t *testing.T) {
 	h, held, c, _, key := distributedDelayHandler(t, "delay_cluster_deny", 10*time.Millisecond)
-	if d := c.PeekHash(key, 1, held.clock.now()); d.RetryAfter <= 10*time.Millisecond {
+	if d := c.PeekHash(key, 1, held.clock.Now()); d.RetryAfter <= 10*time.Millisecond {
 		t.Fatalf("the exhausted cluster's wait is %v, want more than max_delay", d.RetryAfter)
 	}
 	for i := range 5 {
@@ -86,7 +86,7 @@ func TestDelayInADistributedZoneDeniesBeyondMaxDelay(t *testing.T) {
 		t.Errorf("waits %v, want none", w)
 	}
 	z := h.zones[0]
-	if d := z.buckets.PeekHash(key, 1, held.clock.now()); d.Remaining != 10 {
+	if d := z.buckets.PeekHash(key, 1, held.clock.Now()); d.Remaining != 10 {
 		t.Errorf("local bucket holds %d after denials, want 10: a denial charges nothing", d.Remaining)
 	}
 }
@@ -107,7 +107,7 @@ func TestDelayedRequestWaitsAgainIfTheClusterFilledMeanwhile(t *testing.T) {
 	if w := held.held(); len(w) != 2 || w[1] <= 0 {
 		t.Errorf("waits %v, want two: the cluster was full again after the first", w)
 	}
-	if d := c.PeekHash(key, 1, held.clock.now()); d.Allowed {
+	if d := c.PeekHash(key, 1, held.clock.Now()); d.Allowed {
 		t.Errorf("the cluster lets another request through at once (%+v): the held one was not counted", d)
 	}
 }
@@ -121,7 +121,7 @@ func TestDelayedRequestIsDeniedIfTheClusterStaysFullPastMaxDelay(t *testing.T) {
 		t.Fatalf("held request: %v, want 429 once the cluster's next wait passes max_delay", err)
 	}
 	z := h.zones[0]
-	if d := z.buckets.PeekHash(key, 1, held.clock.now()); d.Remaining != 10 {
+	if d := z.buckets.PeekHash(key, 1, held.clock.Now()); d.Remaining != 10 {
 		t.Errorf("local bucket holds %d after the denial, want 10: its debt was refunded", d.Remaining)
 	}
 	if n := z.counts.held.Load(); n != 0 {

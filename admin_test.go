@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 	"github.com/floodgate-rl/floodgate/layer4"
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/zoneconf"
@@ -78,7 +79,7 @@ func TestLayer4ZonesCountConnections(t *testing.T) {
 }
 
 func TestTableStatsAreMeasuredAtMostOncePerInterval(t *testing.T) {
-	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clock := testclock.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	h := newTestHandler(t, clock, map[string]*Zone{"statsonce": {Key: "{http.request.header.X-Key}", Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour), Memory: 64 << 10}}})
 	z := h.zones[0]
 	drain := func(key string) {
@@ -86,16 +87,16 @@ func TestTableStatsAreMeasuredAtMostOncePerInterval(t *testing.T) {
 		r.Header.Set("X-Key", key)
 		_, _ = serve(h, r)
 	}
-	if s := z.counts.tableStats(z.buckets, clock.now()); s.Busy != 0 {
+	if s := z.counts.tableStats(z.buckets, clock.Now()); s.Busy != 0 {
 		t.Fatalf("an unused table is busy: %v", s.Busy)
 	}
 	drain("a")
-	clock.advance(statsEvery - time.Nanosecond)
-	if s := z.counts.tableStats(z.buckets, clock.now()); s.Busy != 0 {
+	clock.Advance(statsEvery - time.Nanosecond)
+	if s := z.counts.tableStats(z.buckets, clock.Now()); s.Busy != 0 {
 		t.Errorf("measured again within %v: busy %v", statsEvery, s.Busy)
 	}
-	clock.advance(time.Nanosecond)
-	if s := z.counts.tableStats(z.buckets, clock.now()); s.Busy == 0 {
+	clock.Advance(time.Nanosecond)
+	if s := z.counts.tableStats(z.buckets, clock.Now()); s.Busy == 0 {
 		t.Errorf("not measured again after %v", statsEvery)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
@@ -34,7 +35,7 @@ func FuzzRequestAndResponseWeights(f *testing.F) {
 	}
 	var n atomic.Int64
 	f.Fuzz(func(t *testing.T, reqCost, respCost string) {
-		clock := &fakeClock{t: time.Unix(1e9, 0)}
+		clock := testclock.New(time.Unix(1e9, 0))
 		name := "fuzz_cost_" + strconv.FormatInt(n.Add(1), 10)
 		h := newTestHandler(t, clock, map[string]*Zone{name: {
 			Limit:                zoneconf.Limit{MaxEvents: burst, Window: caddy.Duration(time.Hour), Burst: burst, Memory: 4096},
@@ -43,12 +44,12 @@ func FuzzRequestAndResponseWeights(f *testing.F) {
 		}})
 		r := weightedRequest("/")
 		r.Header["X-Cost"] = []string{reqCost}
-		w, err := serveAtWith(h, r, clock.now(), func(w http.ResponseWriter) {
+		w, err := serveAtWith(h, r, clock.Now(), func(w http.ResponseWriter) {
 			w.Header()["X-Resp"] = []string{respCost}
 			w.WriteHeader(http.StatusOK)
 		})
 		z := h.zones[0]
-		left := z.buckets.PeekHash(limiter.Hash(nil), 1, clock.now())
+		left := z.buckets.PeekHash(limiter.Hash(nil), 1, clock.Now())
 		wt, ok := weight.Count(reqCost)
 		if !ok || wt > burst {
 			if status(err) != http.StatusBadRequest || left.Remaining != burst {
@@ -74,9 +75,7 @@ func FuzzRequestAndResponseWeights(f *testing.F) {
 
 // serveAtWith runs one request through h at time now, answered by respond.
 func serveAtWith(h *Handler, r *http.Request, now time.Time, respond func(http.ResponseWriter)) (*httptest.ResponseRecorder, error) {
-	w := httptest.NewRecorder()
-	caddyhttp.NewTestReplacer(r)
-	return w, h.serveAt(w, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+	return serveNextAt(h, r, caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
 		respond(w)
 		return nil
 	}), now)

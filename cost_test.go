@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
@@ -235,7 +236,7 @@ func TestLogActionPassesAndChargesNothing(t *testing.T) {
 // set, says so on entered and waits for the request's context, as a
 // disconnecting client makes it.
 type heldClock struct {
-	clock   *fakeClock
+	clock   *testclock.Clock
 	mu      sync.Mutex
 	waits   []time.Duration
 	block   bool
@@ -265,9 +266,9 @@ func (c *heldClock) sleep(ctx context.Context, d time.Duration) error {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	c.clock.advance(d)
+	c.clock.Advance(d)
 	if c.meanwhile != nil {
-		c.meanwhile(c.clock.now())
+		c.meanwhile(c.clock.Now())
 	}
 	return nil
 }
@@ -275,7 +276,7 @@ func (c *heldClock) sleep(ctx context.Context, d time.Duration) error {
 // delayHandler is a handler with one zone of 10 requests per second and the
 // given burst, with action delay up to maxDelay, on a clock of its own.
 func delayHandler(t *testing.T, name string, burst int64, maxDelay time.Duration) (*Handler, *heldClock) {
-	clock := &fakeClock{t: time.Now().Add(time.Hour)} // after the tables are made: their clocks start then
+	clock := testclock.New(time.Now().Add(time.Hour)) // after the tables are made: their clocks start then
 	h := newTestHandler(t, clock, map[string]*Zone{
 		name: {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Second), Burst: burst}, Action: "delay", MaxDelay: caddy.Duration(maxDelay)},
 	})
@@ -382,13 +383,13 @@ func TestDelayedClientThatLeavesGetsItsTokensBack(t *testing.T) {
 	_, _ = serve(h, weightedRequest("/"))
 	z := h.zones[0]
 	hash := keyOf(z, "192.0.2.1:1", "", nil)
-	before := z.buckets.PeekHash(hash, 1, held.clock.now()).RetryAfter
+	before := z.buckets.PeekHash(hash, 1, held.clock.Now()).RetryAfter
 	cancel, errs := heldRequests(t, h, held, 1)
 	cancel()
 	if err := <-errs; status(err) != 499 {
 		t.Errorf("client gone: %v, want 499", err)
 	}
-	if after := z.buckets.PeekHash(hash, 1, held.clock.now()).RetryAfter; after != before {
+	if after := z.buckets.PeekHash(hash, 1, held.clock.Now()).RetryAfter; after != before {
 		t.Errorf("after the held client left: wait %v, want %v as before it came", after, before)
 	}
 	if n := z.counts.held.Load(); n != 0 {

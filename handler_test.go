@@ -23,42 +23,25 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
-// fakeClock is a clock tests move by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // testClocks holds the clock of each handler made by newTestHandler with one;
 // serve passes its time to the handler.
-var testClocks sync.Map // *Handler → *fakeClock
+var testClocks sync.Map // *Handler → *testclock.Clock
 
 // newTestHandler provisions a handler with the given inline zones (without
 // matchers, which need a Caddy context) whose requests, run by serve, happen
 // at clock's time (or the real time if clock is nil). Its zones' tables are
 // released when the test ends.
-func newTestHandler(t testing.TB, clock *fakeClock, zones map[string]*Zone) *Handler {
+func newTestHandler(t testing.TB, clock *testclock.Clock, zones map[string]*Zone) *Handler {
 	t.Helper()
 	h := &Handler{RateLimits: zones, logger: zap.NewNop(), sleep: sleep, now: time.Now}
 	if clock != nil {
-		h.now = clock.now
+		h.now = clock.Now
 		testClocks.Store(h, clock)
 		t.Cleanup(func() { testClocks.Delete(h) })
 	}
@@ -84,16 +67,22 @@ var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Reques
 func serve(h *Handler, r *http.Request) (*httptest.ResponseRecorder, error) {
 	now := time.Now()
 	if c, ok := testClocks.Load(h); ok {
-		now = c.(*fakeClock).now()
+		now = c.(*testclock.Clock).Now()
 	}
 	return serveAt(h, r, now)
 }
 
 // serveAt runs one request through h at time now, with a fresh replacer.
 func serveAt(h *Handler, r *http.Request, now time.Time) (*httptest.ResponseRecorder, error) {
+	return serveNextAt(h, r, okHandler, now)
+}
+
+// serveNextAt runs one request through h and on to next at time now, with a
+// fresh replacer, and returns the recorder and the error.
+func serveNextAt(h *Handler, r *http.Request, next caddyhttp.Handler, now time.Time) (*httptest.ResponseRecorder, error) {
 	w := httptest.NewRecorder()
 	caddyhttp.NewTestReplacer(r)
-	return w, h.serveAt(w, r, okHandler, now)
+	return w, h.serveAt(w, r, next, now)
 }
 
 func status(err error) int {
@@ -107,7 +96,7 @@ func status(err error) int {
 }
 
 func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
-	clock := &fakeClock{t: time.Now().Add(time.Hour)} // after the tables are made: their clocks start then
+	clock := testclock.New(time.Now().Add(time.Hour)) // after the tables are made: their clocks start then
 	h := newTestHandler(t, clock, map[string]*Zone{
 		"retry_ceiling": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(3 * time.Second)}},
 	})
@@ -123,7 +112,7 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 		{800 * time.Millisecond, "3"},  // 2.2 s says 3
 		{1600 * time.Millisecond, "1"}, // 0.6 s says 1
 	} {
-		clock.advance(step.advance)
+		clock.Advance(step.advance)
 		w, err := serve(h, req)
 		if status(err) != http.StatusTooManyRequests {
 			t.Fatalf("after %v: status %d, want 429", step.advance, status(err))
@@ -134,14 +123,14 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 	}
 	// The table's ticks need not line up with the test's clock; the extra
 	// millisecond covers a wait that ends inside a tick.
-	clock.advance(600*time.Millisecond + time.Millisecond)
+	clock.Advance(600*time.Millisecond + time.Millisecond)
 	if _, err := serve(h, req); err != nil {
 		t.Errorf("after the full wait: %v", err)
 	}
 }
 
 func TestJitterAddsAtMostItsFractionAndIsRaceFree(t *testing.T) {
-	clock := &fakeClock{t: time.Now().Add(time.Hour)} // after the tables are made: their clocks start then
+	clock := testclock.New(time.Now().Add(time.Hour)) // after the tables are made: their clocks start then
 	h := newTestHandler(t, clock, map[string]*Zone{"jitter": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(10 * time.Second)}}})
 	h.Jitter = 0.5
 	if _, err := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)); err != nil {

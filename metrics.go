@@ -75,23 +75,6 @@ const (
 	statsEvery = time.Second
 )
 
-// countsPool holds a *zoneCounts per zone name.
-var countsPool = caddy.NewUsagePool()
-
-// Destruct implements caddy.Destructor.
-func (*zoneCounts) Destruct() error { return nil }
-
-// acquireCounts returns the counts of the zone name, shared with every other
-// config that holds it. Release them with releaseCounts.
-func acquireCounts(name string) *zoneCounts {
-	v, _, _ := countsPool.LoadOrNew(name, func() (caddy.Destructor, error) {
-		return &zoneCounts{top: limiter.NewTopK[source](topCapacity, topWindow)}, nil
-	})
-	return v.(*zoneCounts)
-}
-
-func releaseCounts(name string) { _, _ = countsPool.Delete(name) }
-
 // count records a request of the given weight.
 func (c *zoneCounts) count(o outcome, weight int64) {
 	c.requests[o].Add(1)

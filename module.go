@@ -26,8 +26,9 @@
 // shape, so they survive config reloads: a reload that keeps a zone's name
 // and memory keeps its state, and a changed rate is applied to that state when
 // the new config starts (see App.Start). A reload that fails never reaches
-// Start, so it leaves the running state untouched. tables.go holds that pool
-// and the protocol by which configs take and give back a table's limit.
+// Start, so it leaves the running state untouched. tables.go holds that pool,
+// the pools of the quotas' sketches and of the zones' counts, and the
+// protocol by which configs take and give back a table's limit.
 package floodgate
 
 import (

@@ -75,41 +75,18 @@ func (zc *Zone) sketchWidth() int {
 	return int(min(math.Ceil(w), limiter.MaxSketchWidth))
 }
 
-// sketches holds every quota's sketch across config reloads, keyed by a
-// sketchKey, as tables holds the token buckets.
-var sketches = caddy.NewUsagePool()
-
-// A sketchKey identifies a quota's state. The count is part of it: a
-// sketch's quota cannot be handed back to the running config if a reload
-// fails, so a changed quota starts afresh instead.
-type sketchKey struct {
-	zone   string
-	quota  int64
-	window time.Duration
-	width  int
-}
-
-// sketchEntry is the value held in sketches.
-type sketchEntry struct{ s *limiter.Sketch }
-
-// Destruct implements caddy.Destructor.
-func (sketchEntry) Destruct() error { return nil }
-
 // provisionQuotas acquires the zone's sketches, names them and adds their
 // RateLimit-Policy items to z.policy. The caller releases them (z.release).
 func (z *zone) provisionQuotas(zc *Zone) error {
 	width := zc.sketchWidth()
 	for _, q := range zc.Quotas {
 		key := sketchKey{zone: z.name, quota: q.MaxEvents, window: time.Duration(q.Window), width: width}
-		v, _, err := sketches.LoadOrNew(key, func() (caddy.Destructor, error) {
-			s, err := limiter.NewSketch(limiter.SketchConfig{Quota: key.quota, Window: key.window, Rows: sketchRows, Width: width})
-			return sketchEntry{s}, err
-		})
+		s, err := acquireSketch(key)
 		if err != nil {
 			return fmt.Errorf("zone %q: quota %d %v: %v", z.name, q.MaxEvents, key.window, err)
 		}
 		z.skeys = append(z.skeys, key)
-		z.quotas = append(z.quotas, v.(sketchEntry).s)
+		z.quotas = append(z.quotas, s)
 		qn := quotaName(z.name, key.window)
 		z.quotaNames = append(z.quotaNames, qn)
 		z.policy += ", " + policyItem(qn, limiter.Limit{Events: q.MaxEvents, Window: key.window, Burst: q.MaxEvents}) + z.unit
@@ -120,7 +97,7 @@ func (z *zone) provisionQuotas(zc *Zone) error {
 // releaseQuotas gives back the zone's references to its sketches.
 func (z *zone) releaseQuotas() {
 	for _, k := range z.skeys {
-		_, _ = sketches.Delete(k)
+		releaseSketch(k)
 	}
 }
 

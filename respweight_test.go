@@ -12,39 +12,38 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // serveThrough runs one request through h and on to next, at the time of
 // h's clock.
 func serveThrough(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.ResponseRecorder, error) {
-	w := httptest.NewRecorder()
-	caddyhttp.NewTestReplacer(r)
-	return w, h.serveAt(w, r, next, h.now())
+	return serveNextAt(h, r, next, h.now())
 }
 
 // pass moves h's clock on by d as time passes on a server: in steps of half
 // a sweep interval, each zone's table swept after each, as its background
 // sweep does (without it, a counter idle for 2³¹ ticks, two seconds at a
 // million a second, would read as ahead again).
-func pass(h *Handler, clock *fakeClock, d time.Duration) {
+func pass(h *Handler, clock *testclock.Clock, d time.Duration) {
 	step := d
 	for _, z := range h.zones {
 		step = min(step, z.buckets.SweepInterval()/2)
 	}
 	for d > 0 {
 		s := min(step, d)
-		clock.advance(s)
+		clock.Advance(s)
 		d -= s
 		for _, z := range h.zones {
-			z.buckets.Sweep(clock.now())
+			z.buckets.Sweep(clock.Now())
 		}
 	}
 }
 
 // slowCost is an upstream of h that answers after taking d, reporting cost
 // in X-Cost.
-func slowCost(h *Handler, clock *fakeClock, d time.Duration, cost string) caddyhttp.Handler {
+func slowCost(h *Handler, clock *testclock.Clock, d time.Duration, cost string) caddyhttp.Handler {
 	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		pass(h, clock, d)
 		w.Header().Set("X-Cost", cost)
@@ -55,7 +54,7 @@ func slowCost(h *Handler, clock *fakeClock, d time.Duration, cost string) caddyh
 
 // slowDownload is an upstream of h that sends n chunks of size bytes, one
 // per step.
-func slowDownload(h *Handler, clock *fakeClock, n, size int, step time.Duration) caddyhttp.Handler {
+func slowDownload(h *Handler, clock *testclock.Clock, n, size int, step time.Duration) caddyhttp.Handler {
 	chunk := make([]byte, size)
 	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		for range n {
@@ -71,9 +70,9 @@ func slowDownload(h *Handler, clock *fakeClock, n, size int, step time.Duration)
 // byteRateHandler is a handler with one zone of a million per second and a
 // burst of a million, charged after the response as edit makes it, on a clock
 // of its own.
-func byteRateHandler(t *testing.T, name string, edit func(*Zone)) (*Handler, *fakeClock) {
+func byteRateHandler(t *testing.T, name string, edit func(*Zone)) (*Handler, *testclock.Clock) {
 	t.Helper()
-	clock := &fakeClock{t: time.Now().Add(time.Hour)}
+	clock := testclock.New(time.Now().Add(time.Hour))
 	zc := &Zone{Limit: zoneconf.Limit{MaxEvents: 1_000_000, Window: caddy.Duration(time.Second), Burst: 1_000_000, Memory: 4096}}
 	edit(zc)
 	return newTestHandler(t, clock, map[string]*Zone{name: zc}), clock
@@ -217,7 +216,7 @@ func TestResponseCostCountsInTheQuotaWhenReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	z := h.zones[0]
-	if got := z.quotas[0].Estimate(keyOf(z, "192.0.2.1:1", "", nil), clock.now()); got < 149_999 {
+	if got := z.quotas[0].Estimate(keyOf(z, "192.0.2.1:1", "", nil), clock.Now()); got < 149_999 {
 		t.Errorf("quota estimate %v after a response costing 150000, want at least 149999", got)
 	}
 }

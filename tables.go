@@ -1,8 +1,10 @@
 package floodgate
 
-// The reload-ownership protocol: zone tables outlive the configs that use
-// them, and the limit in force on a table is the one of the config that last
-// went live with it.
+// What outlives a config: every zone's token-bucket table, its quotas'
+// sketches and its counts live in package-level pools, so that a reload
+// that keeps a zone keeps its state. And the reload-ownership protocol: the
+// limit in force on a table is the one of the config that last went live
+// with it.
 
 import (
 	"fmt"
@@ -164,5 +166,63 @@ func releaseTable(key tableKey) {
 	_, _ = tables.Delete(key)
 }
 
+// sketches holds every quota's sketch across config reloads, keyed by a
+// sketchKey, as tables holds the token buckets.
+var sketches = caddy.NewUsagePool()
+
+// A sketchKey identifies a quota's state. The count is part of it: a
+// sketch's quota cannot be handed back to the running config if a reload
+// fails, so a changed quota starts afresh instead.
+type sketchKey struct {
+	zone   string
+	quota  int64
+	window time.Duration
+	width  int
+}
+
+// sketchEntry is the value held in sketches.
+type sketchEntry struct{ s *limiter.Sketch }
+
+// Destruct implements caddy.Destructor.
+func (sketchEntry) Destruct() error { return nil }
+
+// acquireSketch returns the sketch for key, creating it if no running or
+// loading config holds one. Release it with releaseSketch.
+func acquireSketch(key sketchKey) (*limiter.Sketch, error) {
+	v, _, err := sketches.LoadOrNew(key, func() (caddy.Destructor, error) {
+		s, err := limiter.NewSketch(limiter.SketchConfig{Quota: key.quota, Window: key.window, Rows: sketchRows, Width: key.width})
+		return sketchEntry{s}, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(sketchEntry).s, nil
+}
+
+// releaseSketch gives back one reference taken by acquireSketch.
+func releaseSketch(key sketchKey) { _, _ = sketches.Delete(key) }
+
+// countsPool holds a *zoneCounts per zone name.
+var countsPool = caddy.NewUsagePool()
+
+// Destruct implements caddy.Destructor.
+func (*zoneCounts) Destruct() error { return nil }
+
+// acquireCounts returns the counts of the zone name, shared with every other
+// config that holds it. Release them with releaseCounts.
+func acquireCounts(name string) *zoneCounts {
+	v, _, _ := countsPool.LoadOrNew(name, func() (caddy.Destructor, error) {
+		return &zoneCounts{top: limiter.NewTopK[source](topCapacity, topWindow)}, nil
+	})
+	return v.(*zoneCounts)
+}
+
+// releaseCounts gives back one reference taken by acquireCounts.
+func releaseCounts(name string) { _, _ = countsPool.Delete(name) }
+
 // Interface guards
-var _ caddy.Destructor = (*table)(nil)
+var (
+	_ caddy.Destructor = (*table)(nil)
+	_ caddy.Destructor = sketchEntry{}
+	_ caddy.Destructor = (*zoneCounts)(nil)
+)

@@ -21,14 +21,11 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -67,7 +64,7 @@ func globals(extra string) string {
 // config returns a Caddyfile: the global options with extra, then one
 // http://localhost site with body.
 func config(extra, body string) string {
-	return globals(extra) + fmt.Sprintf("http://localhost:%d {\n%s\n}\n", httpPort, body)
+	return testcaddy.Site(adminPort, httpPort, httpsPort, extra, body)
 }
 
 // tester is a caddytest.Tester whose client opens a new connection for every
@@ -101,15 +98,7 @@ func (tc *tester) InitServer(cfg, adapter string) {
 // ("Name: value") and returns the status, the body and the response.
 func get(t *testing.T, tc *tester, path string, headers ...string) (int, string, *http.Response) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, baseURL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range headers {
-		name, value, _ := strings.Cut(h, ": ")
-		req.Header.Set(name, value)
-	}
-	return do(t, tc.Client, req)
+	return do(t, tc.Client, testcaddy.Request(t, http.MethodGet, baseURL+path, headers...))
 }
 
 func do(t *testing.T, c *http.Client, req *http.Request) (int, string, *http.Response) {
@@ -120,12 +109,7 @@ func do(t *testing.T, c *http.Client, req *http.Request) (int, string, *http.Res
 // codes sends n GETs and returns their status codes, e.g. "200 200 429".
 func codes(t *testing.T, tc *tester, n int, path string, headers ...string) string {
 	t.Helper()
-	var out []string
-	for range n {
-		code, _, _ := get(t, tc, path, headers...)
-		out = append(out, fmt.Sprint(code))
-	}
-	return strings.Join(out, " ")
+	return testcaddy.Codes(t, tc.Client, n, http.MethodGet, baseURL+path, headers...)
 }
 
 // load posts a config (its ports named as withPorts reads them) to the admin
@@ -157,11 +141,5 @@ func checkSeconds(t *testing.T, what, got string, full, elapsed time.Duration) i
 // clientFrom returns an HTTP client whose connections come from the local
 // address ip (any address in 127.0.0.0/8 is this host on Linux).
 func clientFrom(ip string) *http.Client {
-	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-	return &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", httpPort))
-		},
-		DisableKeepAlives: true,
-	}}
+	return testcaddy.ClientFrom(ip, fmt.Sprintf("127.0.0.1:%d", httpPort))
 }

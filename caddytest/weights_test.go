@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // readmeExample returns the n-th (from 0) caddyfile code block of the
@@ -76,27 +78,14 @@ const trustXFF = `servers {
 // connection and returns the status and response.
 func request(t *testing.T, c *http.Client, method, path string, headers ...string) (int, *http.Response) {
 	t.Helper()
-	req, err := http.NewRequest(method, baseURL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range headers {
-		name, value, _ := strings.Cut(h, ": ")
-		req.Header.Set(name, value)
-	}
-	code, _, resp := do(t, c, req)
+	code, _, resp := do(t, c, testcaddy.Request(t, method, baseURL+path, headers...))
 	return code, resp
 }
 
 // seq sends the same request n times and returns the status codes.
 func seq(t *testing.T, c *http.Client, n int, method, path string, headers ...string) string {
 	t.Helper()
-	var out []string
-	for range n {
-		code, _ := request(t, c, method, path, headers...)
-		out = append(out, strconv.Itoa(code))
-	}
-	return strings.Join(out, " ")
+	return testcaddy.Codes(t, c, n, method, baseURL+path, headers...)
 }
 
 func TestReadmeWeightsExample(t *testing.T) {

@@ -4,8 +4,8 @@
 // as one. It imports nothing from Caddy and can be used on its own.
 //
 // Start with Buckets (buckets.go), then line.go for the cache-line layout;
-// limit.go turns a Limit into ticks, sweep.go, setlimit.go and snapshot.go
-// are the table's maintenance, sizing.go and stats.go its false denies.
+// limit.go turns a Limit into ticks, sweep.go and setlimit.go are the
+// table's maintenance, sizing.go and stats.go its false denies.
 //
 // # Bloom token buckets
 //

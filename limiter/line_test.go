@@ -46,3 +46,13 @@ func TestChargeLaneStopsAtTheCeiling(t *testing.T) {
 		}
 	}
 }
+
+// setCounter stores counter c of ln as ahead ticks ahead of now. It is for
+// tests that set up a line no other goroutine uses yet.
+func setCounter(ln *line, c uint8, now, ahead uint32) {
+	var v uint32
+	if ahead != 0 {
+		v = store(now, ahead)
+	}
+	setCounterValue(ln, c, v)
+}

@@ -85,16 +85,6 @@ func convertAhead(a, per uint64, c clock) uint32 {
 	return uint32(min((a*c.per+per-1)/per, c.ceil))
 }
 
-// setCounter stores counter c of ln as ahead ticks ahead of now. It is for
-// lines no other goroutine uses yet (a table being built or restored).
-func setCounter(ln *line, c uint8, now, ahead uint32) {
-	var v uint32
-	if ahead != 0 {
-		v = store(now, ahead)
-	}
-	setCounterValue(ln, c, v)
-}
-
 // setCounterValue stores value v in counter c of ln, a line no other
 // goroutine uses yet.
 func setCounterValue(ln *line, c uint8, v uint32) {

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The binary form of a SketchSnapshot is
+// The binary form of a sketch's snapshot (Sketch.AppendSnapshot) is
 //
 //	"FGSK" version=1
 //	uvarint rows, uvarint width, uvarint window (ns), varint epoch
@@ -23,20 +23,6 @@ const (
 	sketchMagic        = "FGSK"
 	sketchCodecVersion = 1
 )
-
-// AppendBinary appends the compact binary form of o to dst: at most 39
-// bytes of header and entry counts, then at most 9 bytes per nonzero cell
-// (typically 2 to 4). It returns dst unchanged and an error if o's shape, window or
-// count slices are inconsistent, since a peer would reject them.
-func (o *SketchSnapshot) AppendBinary(dst []byte) ([]byte, error) {
-	if err := o.validate(); err != nil {
-		return dst, err
-	}
-	dst = appendSketchHeader(dst, o.Rows, o.Width, o.Window, o.Epoch)
-	dst = appendSketchCells(dst, len(o.Prev), func(i int) uint32 { return o.Prev[i] })
-	dst = appendSketchCells(dst, len(o.Curr), func(i int) uint32 { return o.Curr[i] })
-	return dst, nil
-}
 
 func appendSketchHeader(dst []byte, rows, width int, window time.Duration, epoch int64) []byte {
 	dst = append(dst, sketchMagic...)
@@ -71,45 +57,6 @@ func appendSketchCells(dst []byte, cells int, count func(int) uint32) []byte {
 	return dst[:start+k+m]
 }
 
-// DecodeSketchSnapshot decodes the binary form written by AppendBinary.
-// It treats data as untrusted: it never panics, and rejects with an error
-// saying what and where any input that AppendBinary would not have written,
-// including a shape of more than maxCells cells (rows × width), which must
-// be at least 1.
-//
-// It allocates 8 bytes per cell of the shape the header claims, at most
-// 8 × maxCells bytes, plus under 1 KiB for the snapshot and any error,
-// whatever the length of data: a few bytes can claim an empty sketch of
-// maxCells cells. Set maxCells to the cells of the sketch the snapshot
-// is for. Input rejected before the counts are reached allocates only the
-// error.
-func DecodeSketchSnapshot(data []byte, maxCells int) (*SketchSnapshot, error) {
-	var o *SketchSnapshot
-	err := walkSketchBinary(data, maxCells, func(h sketchHeader) error {
-		cells := h.rows * h.width
-		counts := make([]uint32, 2*cells)
-		o = &SketchSnapshot{
-			Window: h.window,
-			Epoch:  h.epoch,
-			Rows:   h.rows,
-			Width:  h.width,
-			Prev:   counts[:cells:cells],
-			Curr:   counts[cells:],
-		}
-		return nil
-	}, func(curr bool, i int, c uint32) {
-		if curr {
-			o.Curr[i] = c
-		} else {
-			o.Prev[i] = c
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	return o, nil
-}
-
 // sketchHeader is what the binary form says before its counts.
 type sketchHeader struct {
 	rows, width int
@@ -121,7 +68,7 @@ type sketchHeader struct {
 // it: it calls begin with the header (an error from begin stops the walk
 // and is returned), then cell for each nonzero cell of the previous window
 // (curr false) and of the current one, in index order. It returns an error
-// for any input AppendBinary would not have written, possibly after some
+// for any input AppendSnapshot would not have written, possibly after some
 // calls of cell: to act only on valid input, walk it once with a nil cell.
 func walkSketchBinary(data []byte, maxCells int, begin func(sketchHeader) error, cell func(curr bool, i int, c uint32)) error {
 	if maxCells < 1 {

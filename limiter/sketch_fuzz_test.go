@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 )
 
 // FuzzDecodeSketchSnapshot feeds the decoder arbitrary bytes. It must not
@@ -29,7 +31,7 @@ func FuzzDecodeSketchSnapshot(f *testing.F) {
 		}
 		f.Add(enc)
 	}
-	clk := new(sketchClock).at(0)
+	clk := testclock.New(sketchEpoch0)
 	s, err := NewSketch(SketchConfig{Quota: 50, Window: time.Second, Rows: 4, Width: 1024})
 	if err != nil {
 		f.Fatal(err)
@@ -37,7 +39,7 @@ func FuzzDecodeSketchSnapshot(f *testing.F) {
 	for i := range 500 {
 		s.Add(uint64(i)*0x9E3779B97F4A7C15, int64(1+i%7), clk.Now())
 	}
-	clk.advance(time.Second)
+	clk.Advance(time.Second)
 	s.Add(7, 3, clk.Now())
 	enc, err := s.Snapshot(clk.Now()).AppendBinary(nil)
 	if err != nil {

@@ -49,7 +49,7 @@ func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
 	}
 }
 
-// AddBinary adds a snapshot in the binary form of SketchSnapshot.AppendBinary
+// AddBinary adds a snapshot in the binary form of Sketch.AppendSnapshot
 // (untrusted input) and returns its window number. A snapshot of another
 // shape or window, or not well formed, is rejected with an error and adds
 // nothing.
@@ -157,10 +157,10 @@ func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *Sket
 }
 
 // AppendSnapshot appends the binary form of the sketch's snapshot at time
-// now (as Snapshot(now).AppendBinary would) straight from its counters,
-// without the dense copy, and returns it with the snapshot's window
-// number. Its size grows with the nonzero counters, at most 9 bytes per
-// counter (typically 2 to 4).
+// now straight from its counters, without a dense copy (the tests keep one,
+// SketchSnapshot, as the reference this must match), and returns it with
+// the snapshot's window number. Its size grows with the nonzero counters,
+// at most 9 bytes per counter (typically 2 to 4).
 func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 	e, _ := s.clock(now)
 	cells := s.rows * int(s.width)

@@ -14,21 +14,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 )
 
 // sketchEpoch0 starts a 10s window: 1.7e9 is a multiple of 10.
 var sketchEpoch0 = time.Unix(1_700_000_000, 0)
 
-// sketchClock is a settable clock. Tests that read it from several goroutines
-// do not change it meanwhile.
-type sketchClock struct{ t time.Time }
-
-func (c *sketchClock) Now() time.Time                  { return c.t }
-func (c *sketchClock) set(t time.Time)                 { c.t = t }
-func (c *sketchClock) advance(d time.Duration)         { c.t = c.t.Add(d) }
-func (c *sketchClock) at(d time.Duration) *sketchClock { c.t = sketchEpoch0.Add(d); return c }
-
-func newTestSketch(t testing.TB, quota int64, window time.Duration, clk *sketchClock) *Sketch {
+func newTestSketch(t testing.TB, quota int64, window time.Duration, clk *testclock.Clock) *Sketch {
 	t.Helper()
 	s, err := NewSketch(SketchConfig{Quota: quota, Window: window})
 	if err != nil {
@@ -81,7 +74,7 @@ func TestNewSketchValidates(t *testing.T) {
 }
 
 func TestSketchQuotaAndRetryAfter(t *testing.T) {
-	clk := new(sketchClock).at(0)
+	clk := testclock.New(sketchEpoch0)
 	s := newTestSketch(t, 10, 10*time.Second, clk)
 	h := Hash([]byte("lone"))
 	for i := range 10 {
@@ -106,21 +99,21 @@ func TestSketchQuotaAndRetryAfter(t *testing.T) {
 
 // assertSketchRetryExact checks that a take of weight w is denied RetryAfter−1ns
 // from now and granted at RetryAfter, and leaves the clock there.
-func assertSketchRetryExact(t *testing.T, s *Sketch, clk *sketchClock, h uint64, w int64, ra time.Duration) {
+func assertSketchRetryExact(t *testing.T, s *Sketch, clk *testclock.Clock, h uint64, w int64, ra time.Duration) {
 	t.Helper()
-	now := clk.t
-	clk.set(now.Add(ra - 1))
+	now := clk.Now()
+	clk.Set(now.Add(ra - 1))
 	if d, _ := s.TakeHash(h, w, clk.Now()); d.Allowed {
 		t.Fatalf("take at RetryAfter−1ns (%v) granted: %+v", ra-1, d)
 	}
-	clk.set(now.Add(ra))
+	clk.Set(now.Add(ra))
 	if d, _ := s.TakeHash(h, w, clk.Now()); !d.Allowed {
 		t.Fatalf("take at RetryAfter (%v) denied: %+v", ra, d)
 	}
 }
 
 func TestSketchSlidingDecay(t *testing.T) {
-	clk := new(sketchClock).at(0)
+	clk := testclock.New(sketchEpoch0)
 	s := newTestSketch(t, 10, 10*time.Second, clk)
 	h := Hash([]byte("decay"))
 	if d, _ := s.TakeHash(h, 10, clk.Now()); !d.Allowed || d.Remaining != 0 {
@@ -133,7 +126,7 @@ func TestSketchSlidingDecay(t *testing.T) {
 		{0, 10}, {9999 * time.Millisecond, 10}, {10 * time.Second, 10}, {12500 * time.Millisecond, 7.5},
 		{15 * time.Second, 5}, {19 * time.Second, 1}, {20 * time.Second, 0}, {45 * time.Second, 0},
 	} {
-		clk.at(tc.at)
+		clk.Set(sketchEpoch0.Add(tc.at))
 		if got := s.Estimate(h, clk.Now()); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("estimate at %v = %v, want %v", tc.at, got, tc.want)
 		}
@@ -142,7 +135,7 @@ func TestSketchSlidingDecay(t *testing.T) {
 	// At 12.5s the estimate is 7.5, all of it the previous window's, gone
 	// at 20s: 2 more fit (9.5), a third does not. A peek reports what the
 	// key holds, before the request it asks about.
-	clk.at(12500 * time.Millisecond)
+	clk.Set(sketchEpoch0.Add(12500 * time.Millisecond))
 	if d := s.PeekHash(h, 1, clk.Now()); !d.Allowed || d.Remaining != 2 || d.Reset != 7500*time.Millisecond {
 		t.Fatalf("peek at 12.5s: %+v", d)
 	}
@@ -158,7 +151,7 @@ func TestSketchSlidingDecay(t *testing.T) {
 }
 
 func TestSketchNeverAndWeights(t *testing.T) {
-	clk := new(sketchClock).at(time.Second)
+	clk := testclock.New(sketchEpoch0.Add(time.Second))
 	s := newTestSketch(t, 10, 10*time.Second, clk)
 	h := Hash([]byte("w"))
 	d, r := s.TakeHash(h, 11, clk.Now())
@@ -189,7 +182,7 @@ func TestSketchNeverAndWeights(t *testing.T) {
 }
 
 func TestSketchRefundAndPeek(t *testing.T) {
-	clk := new(sketchClock).at(3 * time.Second)
+	clk := testclock.New(sketchEpoch0.Add(3 * time.Second))
 	s := newTestSketch(t, 100, 10*time.Second, clk)
 	h := Hash([]byte("refund"))
 	if d, _ := s.TakeHash(h, 30, clk.Now()); !d.Allowed {
@@ -217,7 +210,7 @@ func TestSketchRefundAndPeek(t *testing.T) {
 
 	// A charge refunded in the next window comes off the previous window.
 	_, r = s.TakeHash(h, 20, clk.Now())
-	clk.at(16 * time.Second) // prev = 50, 40% left
+	clk.Set(sketchEpoch0.Add(16 * time.Second)) // prev = 50, 40% left
 	if got := s.Estimate(h, clk.Now()); math.Abs(got-20) > 1e-9 {
 		t.Fatalf("estimate in next window = %v, want 20", got)
 	}
@@ -233,7 +226,7 @@ func TestSketchRefundAndPeek(t *testing.T) {
 		t.Fatalf("estimate after over-refund = %v, want 0", got)
 	}
 	_, r = s.TakeHash(h, 5, clk.Now())
-	clk.at(36 * time.Second)
+	clk.Set(sketchEpoch0.Add(36 * time.Second))
 	s.Add(h, 4, clk.Now())
 	s.Refund(r)
 	if got := s.Estimate(h, clk.Now()); got != 4 {
@@ -242,11 +235,11 @@ func TestSketchRefundAndPeek(t *testing.T) {
 }
 
 func TestSketchRollover(t *testing.T) {
-	clk := new(sketchClock).at(0)
+	clk := testclock.New(sketchEpoch0)
 	s := newTestSketch(t, 5, time.Second, clk)
 	h := Hash([]byte("roll"))
 	s.Add(h, 5, clk.Now())
-	clk.at(2 * time.Second) // two windows on: both counters are stale
+	clk.Set(sketchEpoch0.Add(2 * time.Second)) // two windows on: both counters are stale
 	if d, _ := s.TakeHash(h, 5, clk.Now()); !d.Allowed || d.Reset != 2*time.Second {
 		t.Fatalf("take after two windows: %+v", d)
 	}
@@ -255,23 +248,23 @@ func TestSketchRollover(t *testing.T) {
 	}
 	// A charge dated to a window the counter has moved past is dropped,
 	// not allowed to reset the newer count.
-	clk.at(0)
+	clk.Set(sketchEpoch0.Add(0))
 	s.Add(h, 3, clk.Now())
-	clk.at(2 * time.Second)
+	clk.Set(sketchEpoch0.Add(2 * time.Second))
 	if got := s.Estimate(h, clk.Now()); got != 5 {
 		t.Fatalf("stale charge reset a newer window: estimate %v, want 5", got)
 	}
 	// Times before 1970 fall in the window that contains them.
-	clk.set(time.Unix(-1, 0))
+	clk.Set(time.Unix(-1, 0))
 	s.Add(h, 4, clk.Now())
-	clk.set(time.Unix(0, 250*int64(time.Millisecond)))
+	clk.Set(time.Unix(0, 250*int64(time.Millisecond)))
 	if got := s.Estimate(h, clk.Now()); math.Abs(got-3) > 1e-9 {
 		t.Fatalf("estimate across the 1970 boundary = %v, want 3", got)
 	}
 }
 
 func TestSketchAddSaturatesAndSetQuota(t *testing.T) {
-	clk := new(sketchClock).at(0)
+	clk := testclock.New(sketchEpoch0)
 	s := newTestSketch(t, MaxSketchQuota, time.Minute, clk)
 	h := Hash([]byte("sat"))
 	s.Add(h, math.MaxInt64, clk.Now())
@@ -309,16 +302,16 @@ func TestSketchRetryAfterExactRandom(t *testing.T) {
 	for i := range 2000 {
 		quota := 1 + rng.Int64N(50)
 		window := time.Duration(1+rng.Int64N(1e4)) * time.Millisecond
-		clk := new(sketchClock).at(time.Duration(rng.Int64N(int64(window))))
+		clk := testclock.New(sketchEpoch0.Add(time.Duration(rng.Int64N(int64(window)))))
 		s := newTestSketch(t, quota, window, clk)
 		h := rng.Uint64()
 		s.Add(h, rng.Int64N(2*quota), clk.Now())
-		clk.advance(window)
+		clk.Advance(window)
 		s.Add(h, rng.Int64N(2*quota), clk.Now())
-		clk.advance(time.Duration(rng.Int64N(int64(window))))
+		clk.Advance(time.Duration(rng.Int64N(int64(window))))
 		w := 1 + rng.Int64N(quota)
 		d := s.PeekHash(h, w, clk.Now())
-		now := clk.t
+		now := clk.Now()
 		if d.Allowed {
 			// The take grants what the peek did, leaves w less than the
 			// peek reported, and its Reset counts the charge.
@@ -328,22 +321,22 @@ func TestSketchRetryAfterExactRandom(t *testing.T) {
 			}
 			d = taken
 		} else {
-			clk.set(now.Add(d.RetryAfter - 1))
+			clk.Set(now.Add(d.RetryAfter - 1))
 			if s.PeekHash(h, w, clk.Now()).Allowed {
 				t.Fatalf("case %d: granted at RetryAfter−1ns, %+v", i, d)
 			}
-			clk.set(now.Add(d.RetryAfter))
+			clk.Set(now.Add(d.RetryAfter))
 			if !s.PeekHash(h, w, clk.Now()).Allowed {
 				t.Fatalf("case %d: denied at RetryAfter, %+v", i, d)
 			}
 		}
 		if d.Reset > 0 {
-			clk.set(now.Add(d.Reset - 1))
+			clk.Set(now.Add(d.Reset - 1))
 			if s.Estimate(h, clk.Now()) == 0 {
 				t.Fatalf("case %d: estimate already 0 at Reset−1ns, %+v", i, d)
 			}
 		}
-		clk.set(now.Add(d.Reset))
+		clk.Set(now.Add(d.Reset))
 		if s.Estimate(h, clk.Now()) != 0 {
 			t.Fatalf("case %d: estimate %v at Reset, %+v", i, s.Estimate(h, clk.Now()), d)
 		}
@@ -355,7 +348,7 @@ func TestSketchRetryAfterExactRandom(t *testing.T) {
 // when two takes interleave right at the quota.
 func TestSketchConcurrentNeverOvergrants(t *testing.T) {
 	const quota = 100
-	clk := new(sketchClock).at(1234 * time.Millisecond)
+	clk := testclock.New(sketchEpoch0.Add(1234 * time.Millisecond))
 	h := Hash([]byte("hot"))
 	for round := range 200 {
 		s := newTestSketch(t, quota, time.Second, clk)
@@ -390,7 +383,7 @@ func TestSketchConcurrentNeverOvergrants(t *testing.T) {
 }
 
 func TestSketchAllocs(t *testing.T) {
-	clk := new(sketchClock).at(0)
+	clk := testclock.New(sketchEpoch0)
 	s := newTestSketch(t, 3, time.Second, clk)
 	var i uint64
 	if n := testing.AllocsPerRun(1000, func() {
@@ -406,7 +399,7 @@ func TestSketchAllocs(t *testing.T) {
 }
 
 func TestSketchMerge(t *testing.T) {
-	clk := new(sketchClock).at(0)
+	clk := testclock.New(sketchEpoch0)
 	const window = 10 * time.Second
 	a := newTestSketch(t, 1000, window, clk)
 	b := newTestSketch(t, 1000, window, clk)
@@ -425,7 +418,7 @@ func TestSketchMerge(t *testing.T) {
 		}
 	}
 	traffic()
-	clk.at(13 * time.Second)
+	clk.Set(sketchEpoch0.Add(13 * time.Second))
 	traffic()
 	if err := a.Merge(b.Snapshot(clk.Now()), clk.Now()); err != nil {
 		t.Fatal(err)
@@ -459,17 +452,17 @@ func TestSketchMerge(t *testing.T) {
 }
 
 func TestSketchMergeAcrossWindows(t *testing.T) {
-	clk := new(sketchClock).at(5 * time.Second)
+	clk := testclock.New(sketchEpoch0.Add(5 * time.Second))
 	const window = 10 * time.Second
 	a := newTestSketch(t, 1000, window, clk)
 	b := newTestSketch(t, 1000, window, clk)
 	h := Hash([]byte("k"))
 	b.Add(h, 100, clk.Now()) // window 0
-	clk.at(15 * time.Second)
+	clk.Set(sketchEpoch0.Add(15 * time.Second))
 	b.Add(h, 40, clk.Now()) // window 1
 	old := b.Snapshot(clk.Now())
 
-	clk.at(22 * time.Second) // window 2: old is one window old
+	clk.Set(sketchEpoch0.Add(22 * time.Second)) // window 2: old is one window old
 	a.Add(h, 1, clk.Now())
 	if err := a.Merge(old, clk.Now()); err != nil {
 		t.Fatal(err)
@@ -479,7 +472,7 @@ func TestSketchMergeAcrossWindows(t *testing.T) {
 	if got := a.Estimate(h, clk.Now()); math.Abs(got-33) > 1e-9 {
 		t.Fatalf("estimate after merging a one-window-old snapshot = %v, want 32+1", got)
 	}
-	clk.at(35 * time.Second)
+	clk.Set(sketchEpoch0.Add(35 * time.Second))
 	before := a.Snapshot(clk.Now())
 	if err := a.Merge(old, clk.Now()); err != nil {
 		t.Fatal(err)
@@ -489,12 +482,12 @@ func TestSketchMergeAcrossWindows(t *testing.T) {
 	}
 
 	// A snapshot from a peer one window ahead contributes its previous window.
-	clk.at(45 * time.Second)
+	clk.Set(sketchEpoch0.Add(45 * time.Second))
 	b.Add(h, 7, clk.Now()) // b's window 4
-	clk.at(50 * time.Second)
+	clk.Set(sketchEpoch0.Add(50 * time.Second))
 	b.Add(h, 9, clk.Now()) // b's window 5
 	ahead := b.Snapshot(clk.Now())
-	clk.at(49 * time.Second)
+	clk.Set(sketchEpoch0.Add(49 * time.Second))
 	c := newTestSketch(t, 1000, window, clk)
 	if err := c.Merge(ahead, clk.Now()); err != nil {
 		t.Fatal(err)
@@ -564,12 +557,12 @@ func TestSketchCodecRoundTrip(t *testing.T) {
 	cases[0].Epoch = math.MinInt64
 	cases[1].Epoch, cases[1].Window, cases[1].Prev[0] = math.MaxInt64, MaxSketchWindow, math.MaxUint32
 	// A real sketch's snapshot.
-	clk := new(sketchClock).at(0)
+	clk := testclock.New(sketchEpoch0)
 	s := newTestSketch(t, 100, time.Minute, clk)
 	for i := range 3000 {
 		s.Add(uint64(i)*0x9E3779B97F4A7C15, int64(1+i%5), clk.Now())
 	}
-	clk.advance(time.Minute)
+	clk.Advance(time.Minute)
 	for i := range 1000 {
 		s.Add(uint64(i)*0x9E3779B97F4A7C15, 1, clk.Now())
 	}
@@ -918,7 +911,7 @@ func (a *sketchAccuracyTally) add(b sketchAccuracyTally) {
 // replay runs the trace against a 4×width sketch and returns the tallies
 // of all keys and of the light ones.
 func (tr *sketchAccuracyTrace) replay(t *testing.T, width int) (all, light sketchAccuracyTally) {
-	clk := &sketchClock{}
+	clk := testclock.New(time.Unix(0, 0))
 	s, err := NewSketch(SketchConfig{Quota: sketchAccuracyQuota, Window: time.Duration(sketchAccuracyWindow), Width: width})
 	if err != nil {
 		t.Fatal(err)
@@ -928,7 +921,7 @@ func (tr *sketchAccuracyTrace) replay(t *testing.T, width int) (all, light sketc
 	var byClass [4]sketchAccuracyTally
 	for i, ev := range tr.events {
 		k, w := &tr.keys[ev.key], int64(ev.weight)
-		clk.set(time.Unix(0, ev.at))
+		clk.Set(time.Unix(0, ev.at))
 		d, _ := s.TakeHash(k.hash, w, clk.Now())
 		c := &byClass[k.class]
 		c.requests++

@@ -38,7 +38,7 @@ import (
 //	"FGCL" version=2
 //	uvarint len(instance), instance
 //	varint  written (Unix nanoseconds)
-//	uvarint len(sketch), sketch (limiter.SketchSnapshot's binary form)
+//	uvarint len(sketch), sketch (limiter.Sketch.AppendSnapshot's binary form)
 //	uvarint n, then n × (8-byte little-endian key hash, varint blocked until (Unix ns))
 //	uvarint m, then m × (8-byte little-endian key hash, varint reset at (Unix ns))
 //	4-byte little-endian CRC-32C of everything before it

@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/gob"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,8 +26,7 @@ import (
 // load loads a Caddyfile of the global options extra and one site with body.
 func load(t *testing.T, extra, body string) {
 	t.Helper()
-	cfg := testcaddy.Globals(caddytest.AdminPort, caddytest.HTTPPort, caddytest.HTTPSPort, extra) +
-		fmt.Sprintf("http://localhost:%d {\n%s\n}\n", caddytest.HTTPPort, body)
+	cfg := testcaddy.Site(caddytest.AdminPort, caddytest.HTTPPort, caddytest.HTTPSPort, extra, body)
 	if err := testcaddy.Load(t, caddytest.AdminPort, cfg, "caddyfile", caddytest.AdminPort, caddytest.HTTPPort, caddytest.HTTPSPort); err != nil {
 		t.Fatal(err)
 	}
@@ -36,13 +34,8 @@ func load(t *testing.T, extra, body string) {
 
 func get(t *testing.T, url string) (int, http.Header, string) {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header, string(body)
+	code, body, resp := testcaddy.Do(t, http.DefaultClient, testcaddy.Request(t, http.MethodGet, url))
+	return code, resp.Header, body
 }
 
 func site(path string) string { return fmt.Sprintf("http://localhost:%d%s", caddytest.HTTPPort, path) }

@@ -1,7 +1,6 @@
 package layer4
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // readByServer waits until the server has read everything c sent, as the
@@ -76,18 +77,7 @@ type ZoneCounts struct {
 // adminGet gets path from the in-process Caddy's admin API into v.
 func adminGet(t *testing.T, path string, v any) {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d%s", apiPort, path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, body)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		t.Fatalf("GET %s: %v in %s", path, err, body)
-	}
+	testcaddy.JSON(t, http.DefaultClient, testcaddy.Request(t, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", apiPort, path)), v)
 }
 
 // counts returns what the admin API counts for zone.
@@ -117,6 +107,12 @@ func remaining(t *testing.T, zone, ip string) int64 {
 func httpGetFrom(src, url string) (int, error) {
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: ioDeadline}
 	client := &http.Client{Timeout: ioDeadline, Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}
+	return statusOf(client, url)
+}
+
+// statusOf makes one GET to url with client, reads the body, and returns the
+// status code.
+func statusOf(client *http.Client, url string) (int, error) {
 	resp, err := client.Get(url)
 	if err != nil {
 		return 0, err

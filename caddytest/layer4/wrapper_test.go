@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -130,13 +129,7 @@ func httpsGetDialing(dial func(ctx context.Context, network, addr string) (net.C
 			DisableKeepAlives: true,
 		},
 	}
-	resp, err := client.Get(fmt.Sprintf("https://localhost:%d/", httpsPort))
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
+	return statusOf(client, fmt.Sprintf("https://localhost:%d/", httpsPort))
 }
 
 // handshake reports whether a TLS handshake from src completes.

@@ -10,15 +10,10 @@
 package ops
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
@@ -84,58 +79,27 @@ func send(t *testing.T, c *http.Client, req *http.Request) (int, string) {
 // the local address ip (all of 127.0.0.0/8 is this host on Linux). It opens
 // a new connection per request, so none outlives a config load.
 func from(ip string) *http.Client {
-	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-	return &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", httpPort))
-		},
-		DisableKeepAlives: true,
-	}}
+	return testcaddy.ClientFrom(ip, fmt.Sprintf("127.0.0.1:%d", httpPort))
 }
 
 // codes sends n GETs to the test site from ip with the given headers
 // ("Name: value") and returns their status codes, e.g. "200 200 429".
 func codes(t *testing.T, ip string, n int, headers ...string) string {
 	t.Helper()
-	c := from(ip)
-	var out []string
-	for range n {
-		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:%d/", httpPort), nil)
-		for _, h := range headers {
-			name, value, _ := strings.Cut(h, ": ")
-			req.Header.Set(name, value)
-		}
-		code, _ := send(t, c, req)
-		out = append(out, fmt.Sprint(code))
-	}
-	return strings.Join(out, " ")
+	return testcaddy.Codes(t, from(ip), n, http.MethodGet, fmt.Sprintf("http://localhost:%d/", httpPort), headers...)
 }
 
 // adminDo sends a request to the admin API and returns its status and body.
 func adminDo(t *testing.T, method, path string, headers ...string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, adminURL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, h := range headers {
-		name, value, _ := strings.Cut(h, ": ")
-		req.Header.Set(name, value)
-	}
-	return send(t, http.DefaultClient, req)
+	return send(t, http.DefaultClient, testcaddy.Request(t, method, adminURL+path, headers...))
 }
 
 // adminJSON sends a request to the admin API, fails unless it answers 200,
 // and decodes the answer into v.
 func adminJSON(t *testing.T, method, path string, v any) {
 	t.Helper()
-	code, body := adminDo(t, method, path)
-	if code != http.StatusOK {
-		t.Fatalf("%s %s: %d %s", method, path, code, body)
-	}
-	if err := json.NewDecoder(bytes.NewReader([]byte(body))).Decode(v); err != nil {
-		t.Fatalf("%s %s: %v in %s", method, path, err, body)
-	}
+	testcaddy.JSON(t, http.DefaultClient, testcaddy.Request(t, method, adminURL+path), v)
 }
 
 // metrics returns the admin endpoint's /metrics.

@@ -1,8 +1,9 @@
 // Package testcaddy holds what floodgate's integration test packages share
 // about the in-process Caddy they load configs into: loading a config and
-// waiting until only the new config listens (Load, Settle), an events
-// handler that records what it is given (Events), and an app that fails to
-// start (StartFailure). Only tests import it.
+// waiting until only the new config listens (Load, Settle), the requests
+// the tests send it (Request, Do, Codes, JSON, ClientFrom; requests.go), an
+// events handler that records what it is given (Events), and an app that
+// fails to start (StartFailure). Only tests import it.
 package testcaddy
 
 import (
