@@ -70,6 +70,12 @@ func (t *table) putInForce(app *App, limit limiter.Limit) error {
 	if t.owner == app {
 		return nil
 	}
+	// The XDP program goes on the interface only now, when a config using
+	// it starts: one that is only validated (or fails before starting)
+	// never touches the interface.
+	if err := t.xdp.attach(); err != nil {
+		return err
+	}
 	prev := t.buckets.Limit()
 	if prev != limit {
 		if err := t.setLimit(limit); err != nil {

@@ -77,11 +77,14 @@ func newSYNPath(ifc, host []net.Addr, ports []uint16) *synPath {
 }
 
 // charged reports whether a connection from remote to local had its SYN
-// charged by the program: it was sent to an address of the interface and
+// charged by the program (never, for a nil path: not attached): it was sent to an address of the interface and
 // one of the ports, and not from the host itself. Traffic to the
 // interface's address that arrives on another interface (Linux accepts it)
 // is taken for the program's and not charged again.
 func (p *synPath) charged(local, remote netip.AddrPort) bool {
+	if p == nil { // not attached
+		return false
+	}
 	if _, ok := p.iface[local.Addr()]; !ok {
 		return false
 	}

@@ -28,6 +28,8 @@ func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, 
 	return b, nil, err
 }
 
+func (x *xdpTable) attach() error { return nil }
+
 func (x *xdpTable) close() {}
 
 func (x *xdpTable) info() *XDPInfo { return nil }

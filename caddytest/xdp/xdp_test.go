@@ -26,6 +26,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	"github.com/floodgate-rl/floodgate"
@@ -386,4 +389,79 @@ func TestXDPLearnsAddressesOnReload(t *testing.T) {
 		t.Fatalf("after the reload, three connections to the added address: %q; want two echoed, then none", got)
 	}
 	waitSYNs(t, v, 3, 1)
+}
+
+// TestValidateAttachesNothing: validating a config with xdp (what `caddy
+// validate` does: provision every module, start none) loads the program but
+// never touches the interface. The interface here runs another program, as
+// it would while the Caddy being validated for runs: attaching would fail
+// the validation, and would replace or detach that program.
+func TestValidateAttachesNothing(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		t.Skipf("BPF is not permitted here: %v", err)
+	}
+	defer prog.Close()
+	var other link.Link
+	if err := netnstest.In(v.Server, func() error {
+		ifc, err := net.InterfaceByName(v.ServerIf)
+		if err != nil {
+			return err
+		}
+		other, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	want, err := prog.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantID, _ := want.ID()
+
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(config(v, 3, fmt.Sprintf("xdp %s %d", v.ServerIf, port))), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c caddy.Config
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		t.Fatal(err)
+	}
+	if err := netnstest.In(v.Server, func() error { return caddy.Validate(&c) }); err != nil {
+		t.Fatalf("validating the config: %v", err)
+	}
+	info, err := other.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Program != wantID {
+		t.Fatalf("after validating, the interface runs program %d, not the one attached before (%d)", info.Program, wantID)
+	}
+
+	// Running the config is what attaches: it fails on the busy
+	// interface, and with optional it runs with the zone in Go only,
+	// charging every connection at accept.
+	if err := load(v, config(v, 3, fmt.Sprintf("xdp %s %d", v.ServerIf, port))); err == nil || !strings.Contains(err.Error(), "attaching to "+v.ServerIf) {
+		t.Fatalf("loading the config on an interface running another program: %v, want an error attaching to %s", err, v.ServerIf)
+	}
+	if err := load(v, config(v, 3, fmt.Sprintf("xdp %s %d optional", v.ServerIf, port))); err != nil {
+		t.Fatalf("optional xdp on a busy interface: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := echoes(v); err != nil {
+		t.Fatal(err)
+	}
+	if x := zone(t, v).XDP; x != nil {
+		t.Fatalf("optional xdp on a busy interface: the zone reports an XDP side %+v", x)
+	}
+	var k floodgate.KeyInfo
+	if err := json.Unmarshal([]byte(admin(t, v, "/rate_limit/zones/"+zoneName+"/keys/"+v.ClientIP.String())), &k); err != nil {
+		t.Fatal(err)
+	}
+	if r := k.Policies[0].Remaining; r != 2 {
+		t.Fatalf("after one connection the client's network has %d of 3 connections left, want 2: the matcher took it for one the program charged", r)
+	}
 }
