@@ -26,10 +26,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	"github.com/floodgate-rl/floodgate"
 	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
@@ -465,5 +465,89 @@ func TestValidateAttachesNothing(t *testing.T) {
 	}
 	if r := k.Policies[0].Remaining; r != 2 {
 		t.Fatalf("after one connection the client's network has %d of 3 connections left, want 2: the matcher took it for one the program charged", r)
+	}
+}
+
+// TestFailedReloadPutsTheOldProgramBack: a reload that changes the limit
+// (a new table, attached when the config starts) and then fails to start
+// leaves the old program on the interface, deciding on the old table with
+// its counters: the networks it had drained stay drained. The reload
+// fails in the rate_limit app's own Start, after attaching the new table
+// (zones start in name order, and the second one's interface runs another
+// program), so the new program has replaced the old one and must be put
+// back.
+func TestFailedReloadPutsTheOldProgramBack(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	if out, err := exec.Command("sh", "-c", fmt.Sprintf("ip -n %[1]s link add fgd0 type veth peer name fgd1 && ip -n %[1]s link set fgd0 up && ip -n %[1]s link set fgd1 up", v.Server)).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		t.Skipf("BPF is not permitted here: %v", err)
+	}
+	defer prog.Close()
+	var other link.Link
+	if err := netnstest.In(v.Server, func() error {
+		ifc, err := net.InterfaceByName("fgd0")
+		if err != nil {
+			return err
+		}
+		other, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index, Flags: link.XDPGenericMode})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+
+	cfg := func(events int, busy string) string {
+		return fmt.Sprintf(`{
+	admin %s
+	persist_config off
+	rate_limit {
+		zone %s {
+			events %[3]d
+			window 1h
+			burst %[3]d
+			ipv4_prefix 24
+			xdp %s %d
+		}
+		%s
+	}
+	layer4 {
+		%s:%d {
+			@flood rate_limit {
+				zone %[2]s
+			}
+			route @flood {
+				close
+			}
+			route {
+				echo
+			}
+		}
+	}
+}
+`, adminAddr, zoneName, events, v.ServerIf, port, busy, v.ServerAddr, port)
+	}
+	if err := load(v, cfg(3, "")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	flood(t, v, 0, 10, 5)
+	waitSYNs(t, v, 10*3, 10*2)
+
+	err = load(v, cfg(5, "zone tbusy {\n\t\t\tevents 1\n\t\t\twindow 1h\n\t\t\tburst 1\n\t\t\txdp fgd0\n\t\t}"))
+	if err == nil || !strings.Contains(err.Error(), "attaching to fgd0") {
+		t.Fatalf("the reload: %v, want an error attaching to fgd0", err)
+	}
+	if !attached(t, v) {
+		t.Fatal("no program is attached after the failed reload")
+	}
+	waitSYNs(t, v, 10*3, 10*2)
+	flood(t, v, 0, 10, 2)
+	waitSYNs(t, v, 10*3, 10*4) // still drained: the old table decides
+	if err := echoes(v); err != nil {
+		t.Fatal(err)
 	}
 }
