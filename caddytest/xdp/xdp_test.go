@@ -393,6 +393,38 @@ func TestXDPLearnsAddressesOnReload(t *testing.T) {
 	waitSYNs(t, v, 3, 1)
 }
 
+// attachOther attaches another program (one that passes every packet) to
+// the interface ifname of the server namespace, as another tool would, until
+// the test ends; it returns the link and the program's ID. It skips the
+// test where BPF is not permitted.
+func attachOther(t *testing.T, v *netnstest.VethPair, ifname string, flags link.XDPAttachFlags) (link.Link, ebpf.ProgramID) {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		t.Skipf("BPF is not permitted here: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	var l link.Link
+	if err := netnstest.In(v.Server, func() error {
+		ifc, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index, Flags: flags})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	info, err := prog.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return l, id
+}
+
 // TestValidateAttachesNothing: validating a config with xdp (what `caddy
 // validate` does: provision every module, start none) loads the program but
 // never touches the interface. The interface here runs another program, as
@@ -400,29 +432,7 @@ func TestXDPLearnsAddressesOnReload(t *testing.T) {
 // the validation, and would replace or detach that program.
 func TestValidateAttachesNothing(t *testing.T) {
 	v := netnstest.NewVethPair(t)
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "MIT",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
-	if err != nil {
-		t.Skipf("BPF is not permitted here: %v", err)
-	}
-	defer prog.Close()
-	var other link.Link
-	if err := netnstest.In(v.Server, func() error {
-		ifc, err := net.InterfaceByName(v.ServerIf)
-		if err != nil {
-			return err
-		}
-		other, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	want, err := prog.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantID, _ := want.ID()
+	other, wantID := attachOther(t, v, v.ServerIf, 0)
 
 	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(config(v, 3, fmt.Sprintf("xdp %s %d", v.ServerIf, port))), nil)
 	if err != nil {
@@ -481,24 +491,7 @@ func TestFailedReloadPutsTheOldProgramBack(t *testing.T) {
 	if out, err := exec.Command("sh", "-c", fmt.Sprintf("ip -n %[1]s link add fgd0 type veth peer name fgd1 && ip -n %[1]s link set fgd0 up && ip -n %[1]s link set fgd1 up", v.Server)).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "MIT",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
-	if err != nil {
-		t.Skipf("BPF is not permitted here: %v", err)
-	}
-	defer prog.Close()
-	var other link.Link
-	if err := netnstest.In(v.Server, func() error {
-		ifc, err := net.InterfaceByName("fgd0")
-		if err != nil {
-			return err
-		}
-		other, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index, Flags: link.XDPGenericMode})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	attachOther(t, v, "fgd0", link.XDPGenericMode)
 
 	cfg := func(events int, busy string) string {
 		return fmt.Sprintf(`{
@@ -537,7 +530,7 @@ func TestFailedReloadPutsTheOldProgramBack(t *testing.T) {
 	flood(t, v, 0, 10, 5)
 	waitSYNs(t, v, 10*3, 10*2)
 
-	err = load(v, cfg(5, "zone tbusy {\n\t\t\tevents 1\n\t\t\twindow 1h\n\t\t\tburst 1\n\t\t\txdp fgd0\n\t\t}"))
+	err := load(v, cfg(5, "zone tbusy {\n\t\t\tevents 1\n\t\t\twindow 1h\n\t\t\tburst 1\n\t\t\txdp fgd0\n\t\t}"))
 	if err == nil || !strings.Contains(err.Error(), "attaching to fgd0") {
 		t.Fatalf("the reload: %v, want an error attaching to fgd0", err)
 	}
