@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -126,6 +127,12 @@ func (x *xdpTable) synCharged() func(local, remote netip.AddrPort) bool {
 	}
 	x.mu.Unlock()
 	return func(local, remote netip.AddrPort) bool { return x.path.Load().charged(local, remote) }
+}
+
+// setLimit puts l in force on the table and its program, keeping what each
+// key used (xdp.Table.SetLimit).
+func (x *xdpTable) setLimit(l limiter.Limit, now time.Time) error {
+	return x.t.SetLimit(l, now)
 }
 
 // close detaches the program and releases its maps; the buckets stay

@@ -5,6 +5,7 @@ package floodgate
 import (
 	"errors"
 	"net/netip"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -29,6 +30,8 @@ func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, 
 }
 
 func (x *xdpTable) attach() error { return nil }
+
+func (x *xdpTable) setLimit(limiter.Limit, time.Time) error { return errNoXDP }
 
 func (x *xdpTable) close() {}
 

@@ -203,7 +203,8 @@ func attached(t *testing.T, v *netnstest.VethPair) bool {
 // TestXDPZoneInCaddy: one line in a layer4 zone drops a spoofed SYN flood at
 // XDP, per source network, while a fair client connects; the admin API and
 // /metrics count it; a reload that keeps the setting keeps the table, one
-// that changes the limit makes a new one; stopping Caddy detaches it.
+// that changes the limit keeps what each network used; stopping Caddy
+// detaches it.
 func TestXDPZoneInCaddy(t *testing.T) {
 	v := netnstest.NewVethPair(t)
 	xdpLine := fmt.Sprintf("xdp %s %d", v.ServerIf, port)
@@ -242,16 +243,15 @@ func TestXDPZoneInCaddy(t *testing.T) {
 	}
 	waitSYNs(t, v, 91, 150)
 
-	// A new limit: a new table (an XDP table's limit cannot change in
-	// place), whose program replaces the old one on the interface. Its
-	// counters start full: networks the old table had drained get the
-	// new burst whole, and the SYN counts start again.
+	// A new limit keeps what each network used, as in a plain zone: the
+	// networks that used 3 of "events 3" have 2 SYNs under "events 5",
+	// and the SYN counts go on.
 	if err := load(v, config(v, 5, xdpLine)); err != nil {
 		t.Fatal(err)
 	}
-	waitSYNs(t, v, 0, 0)
+	waitSYNs(t, v, 91, 150)
 	flood(t, v, 0, 10, 8)
-	waitSYNs(t, v, 10*5, 10*3)
+	waitSYNs(t, v, 91+10*2, 150+10*6)
 
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
@@ -479,12 +479,12 @@ func TestValidateAttachesNothing(t *testing.T) {
 }
 
 // TestFailedReloadPutsTheOldProgramBack: a reload that changes the limit
-// (a new table, attached when the config starts) and then fails to start
-// leaves the old program on the interface, deciding on the old table with
-// its counters: the networks it had drained stay drained. The reload
-// fails in the rate_limit app's own Start, after attaching the new table
-// (zones start in name order, and the second one's interface runs another
-// program), so the new program has replaced the old one and must be put
+// (the counters converted into a new map, whose program replaces the old
+// one, when the config starts) and then fails to start leaves the old
+// limit in force on the interface: the networks it had drained stay
+// drained, and the SYN counts go on. The reload fails in the rate_limit
+// app's own Start, after converting (zones start in name order, and the
+// second one's interface runs another program), so the limit must be put
 // back.
 func TestFailedReloadPutsTheOldProgramBack(t *testing.T) {
 	v := netnstest.NewVethPair(t)
