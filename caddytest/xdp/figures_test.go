@@ -86,9 +86,11 @@ func TestFigures(t *testing.T) {
 
 		nst0 := nstat(t, v)
 		rus0 := rusage(t)
-		// Fair sources dial one every 30 ms from 200 ms into the flood,
-		// each on its own, so that they meet it throughout (it lasts
-		// longer than 3.2 s at the senders' rate here); a dial gives up
+		// Fair sources dial one every 12 ms from 200 ms into the flood,
+		// each on its own, so that they meet it throughout (all of them
+		// start within 1.4 s; the flood lasts 2 s at 200,000 SYNs per
+		// second, more than the senders reach here, and the table
+		// prints how many started before it ended); a dial gives up
 		// after 5 s, three SYNs (at 0, 1 and 3 s).
 		floodEnd := make(chan struct{})
 		done := make(chan int)
@@ -98,7 +100,7 @@ func TestFigures(t *testing.T) {
 			res := make(chan int, fair)
 			time.Sleep(170 * time.Millisecond)
 			for i := range fair {
-				time.Sleep(30 * time.Millisecond)
+				time.Sleep(12 * time.Millisecond)
 				select {
 				case <-floodEnd:
 				default:
