@@ -15,6 +15,22 @@ func alignedMem(n int) []byte {
 	return raw[off : off+64*n]
 }
 
+// overAndOwn returns a table of limit l over 4 lines of memory, the memory,
+// and a table of its own of the same size.
+func overAndOwn(t *testing.T, l Limit, base time.Time) (ext, own *Buckets, mem []byte) {
+	t.Helper()
+	mem = alignedMem(4)
+	ext, err := NewBucketsOver(BucketsConfig{Limit: l}, mem, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err = newBuckets(BucketsConfig{Limit: l, Bytes: len(mem)}, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ext, own, mem
+}
+
 // TestBucketsOverDecideOnTheGivenMemory: a table over external memory
 // charges that memory, exactly as a table of its own would, and refuses a
 // limit change, which would move its counters to memory the other side
@@ -22,15 +38,7 @@ func alignedMem(n int) []byte {
 func TestBucketsOverDecideOnTheGivenMemory(t *testing.T) {
 	l := Limit{Events: 3, Window: time.Second}
 	base := time.Now()
-	mem := alignedMem(4)
-	ext, err := NewBucketsOver(BucketsConfig{Limit: l}, mem, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := newBuckets(BucketsConfig{Limit: l, Bytes: len(mem)}, base)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ext, own, mem := overAndOwn(t, l, base)
 	for i := range 10 {
 		now := base.Add(time.Duration(i) * 50 * time.Millisecond)
 		key := []byte{4, 192, 0, 2, byte(i % 3)}
@@ -66,15 +74,7 @@ func TestBucketsOverDecideOnTheGivenMemory(t *testing.T) {
 func TestSetLimitOverConvertsIntoTheGivenMemory(t *testing.T) {
 	l, next := Limit{Events: 3, Window: time.Second}, Limit{Events: 5, Window: time.Second}
 	base := time.Now()
-	mem := alignedMem(4)
-	ext, err := NewBucketsOver(BucketsConfig{Limit: l}, mem, base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := newBuckets(BucketsConfig{Limit: l, Bytes: len(mem)}, base)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ext, own, mem := overAndOwn(t, l, base)
 	for i := range 10 {
 		key := []byte{4, 192, 0, 2, byte(i % 3)}
 		ext.Allow(key, 1, base)
