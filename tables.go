@@ -29,10 +29,9 @@ type tableKey struct {
 	// window: the table holds windows (no burst), not token buckets; a
 	// zone that gains or loses its burst starts a new table.
 	window bool
-	// xdp is the zone's xdp setting with everything the program was
-	// loaded with (limit, prefixes), or empty. A table shared with an XDP
-	// program cannot change its limit in place (limiter.ErrExternalLimit),
-	// so a reload that changes any of these makes a new table.
+	// xdp is the zone's xdp setting with the prefixes the program masks
+	// sources with, or empty: a reload that changes any of these makes a
+	// new table. (One that changes the limit keeps it: setLimit.)
 	xdp string
 }
 
@@ -72,6 +71,12 @@ func (t *table) putInForce(app *App, limit limiter.Limit) error {
 	if t.owner == app {
 		return nil
 	}
+	// The XDP program goes on the interface only now, when a config using
+	// it starts: one that is only validated (or fails before starting)
+	// never touches the interface.
+	if err := t.xdp.attach(); err != nil {
+		return err
+	}
 	prev := t.buckets.Limit()
 	if prev != limit {
 		if err := t.setLimit(limit); err != nil {
@@ -110,7 +115,11 @@ func (t *table) Destruct() error {
 
 // setLimit puts l in force and reschedules the sweeps for it.
 func (t *table) setLimit(l limiter.Limit) error {
-	if err := t.buckets.SetLimit(l, time.Now()); err != nil {
+	set := t.buckets.SetLimit
+	if t.xdp != nil { // the program's map: converted into a new one
+		set = t.xdp.setLimit
+	}
+	if err := set(l, time.Now()); err != nil {
 		return err
 	}
 	select {

@@ -14,7 +14,6 @@ import (
 type xdpSpec struct {
 	*zoneconf.XDP
 	v4, v6 int
-	rate   string
 }
 
 // xdpSpec returns z's xdp setting, nil if it has none; z's prefixes are set.
@@ -22,21 +21,23 @@ func (z *zone) xdpSpec(zc *Zone) *xdpSpec {
 	if zc.XDP == nil {
 		return nil
 	}
-	return &xdpSpec{XDP: zc.XDP, v4: z.v4, v6: z.v6, rate: z.limit.String()}
+	return &xdpSpec{XDP: zc.XDP, v4: z.v4, v6: z.v6}
 }
 
-// key is the spec as part of a tableKey: "" for none.
+// key is the spec as part of a tableKey: "" for none. The limit is not
+// part of it: a table shared with the program changes its limit keeping
+// its counters (xdpTable.setLimit), as any table does.
 func (x *xdpSpec) key() string {
 	if x == nil {
 		return ""
 	}
-	return fmt.Sprintf("%s, %s, ipv4_prefix %d, ipv6_prefix %d", x.XDP, x.rate, x.v4, x.v6)
+	return fmt.Sprintf("%s, ipv4_prefix %d, ipv6_prefix %d", x.XDP, x.v4, x.v6)
 }
 
 // XDPInfo is a zone's XDP side as GET /rate_limit/zones reports it: where
 // the program runs and the SYNs it decided, since its table was made (a
-// reload that changes the zone's limit, prefixes or xdp setting makes a new
-// one).
+// reload that changes the zone's prefixes or xdp setting makes a new one;
+// one that changes its limit keeps it).
 type XDPInfo struct {
 	Interface string `json:"interface"`
 	// Mode is native (in the driver) or generic.
@@ -77,11 +78,14 @@ func newSYNPath(ifc, host []net.Addr, ports []uint16) *synPath {
 }
 
 // charged reports whether a connection from remote to local had its SYN
-// charged by the program: it was sent to an address of the interface and
+// charged by the program (never, for a nil path: not attached): it was sent to an address of the interface and
 // one of the ports, and not from the host itself. Traffic to the
 // interface's address that arrives on another interface (Linux accepts it)
 // is taken for the program's and not charged again.
 func (p *synPath) charged(local, remote netip.AddrPort) bool {
+	if p == nil { // not attached
+		return false
+	}
 	if _, ok := p.iface[local.Addr()]; !ok {
 		return false
 	}

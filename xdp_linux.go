@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -17,35 +19,33 @@ import (
 )
 
 // xdpTable is a table's XDP side: the program and its maps, and its
-// attachment to the interface.
+// attachment to the interface once a config using it has started.
 type xdpTable struct {
-	t   *xdp.Table
+	t    *xdp.Table
+	x    *zoneconf.XDP
+	zone string
+
+	mu  sync.Mutex // serialises attach and close
 	att *xdp.Attachment
-	x   *zoneconf.XDP
-	// path is where the program charges SYNs, read at attach and again
-	// whenever a config with this table is loaded (refreshPath), so that
-	// an address the interface gained since is known after a reload.
+	// path is where the program charges SYNs: nil until the program is
+	// attached (a connection accepted before that was not charged by it),
+	// then read at attach and again whenever a config with this table is
+	// loaded (synCharged), so that an address the interface gained since
+	// is known after a reload.
 	path atomic.Pointer[synPath]
 }
 
 // newXDPBuckets makes a table whose buckets live in an XDP program's map,
-// attached to x.Interface. If the host cannot run the program and x is
-// optional, it logs why and returns plain buckets instead.
+// for the program to be attached to x.Interface when a config using it
+// starts (attach): provisioning alone, as `caddy validate` does, loads the
+// program and checks the interface but attaches nothing. If the host
+// cannot load the program and x is optional, it logs why and returns plain
+// buckets instead.
 func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, v6 int) (*limiter.Buckets, *xdpTable, error) {
 	xt, err := xdp.NewTable(xdp.Config{Buckets: cfg, IPv4Prefix: v4, IPv6Prefix: v6, Zone: zone})
 	if err == nil {
-		var att *xdp.Attachment
-		var path *synPath
-		if path, err = readSYNPath(x); err == nil {
-			att, err = xt.Attach(x.Interface, x.Ports)
-		}
-		if err == nil {
-			caddy.Log().Named("rate_limit").Info(fmt.Sprintf("zone %q: SYNs limited by XDP on %s (%s mode)", zone, att.Interface, att.Mode),
-				zap.String("zone", zone), zap.String("interface", att.Interface), zap.String("mode", att.Mode),
-				zap.Uint16s("ports", x.Ports))
-			xdt := &xdpTable{t: xt, att: att, x: x}
-			xdt.path.Store(path)
-			return xt.Buckets, xdt, nil
+		if _, err = readSYNPath(x); err == nil {
+			return xt.Buckets, &xdpTable{t: xt, x: x, zone: zone}, nil
 		}
 		xt.Close()
 	}
@@ -56,6 +56,39 @@ func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, 
 		zap.String("zone", zone))
 	b, err := limiter.NewBuckets(cfg)
 	return b, nil, err
+}
+
+// attach attaches the program to the interface, unless it already is: a
+// config using the table is starting. If that fails and the setting is
+// optional, it logs why and the zone limits in Go only, on the same table.
+func (x *xdpTable) attach() error {
+	if x == nil {
+		return nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.att != nil {
+		return nil
+	}
+	path, err := readSYNPath(x.x)
+	var att *xdp.Attachment
+	if err == nil {
+		att, err = x.t.Attach(x.x.Interface, x.x.Ports)
+	}
+	if err != nil {
+		if !x.x.Optional {
+			return err
+		}
+		caddy.Log().Named("rate_limit").Warn(fmt.Sprintf("zone %q: xdp is optional and not available, limiting in Go only: %v", x.zone, err),
+			zap.String("zone", x.zone))
+		return nil
+	}
+	caddy.Log().Named("rate_limit").Info(fmt.Sprintf("zone %q: SYNs limited by XDP on %s (%s mode)", x.zone, att.Interface, att.Mode),
+		zap.String("zone", x.zone), zap.String("interface", att.Interface), zap.String("mode", att.Mode),
+		zap.Uint16s("ports", x.x.Ports))
+	x.att = att
+	x.path.Store(path)
+	return nil
 }
 
 // readSYNPath reads the addresses the program will see SYNs to, in this
@@ -78,17 +111,28 @@ func readSYNPath(x *zoneconf.XDP) (*synPath, error) {
 
 // synCharged is what the layer4 matchers ask whether the program charged a
 // connection's SYN; nil if the table has no XDP side. It reads the
-// addresses again first (a config using the table is being loaded, in the
-// namespace the program was attached in); if that fails it keeps those it
-// had.
+// addresses again first if the program is attached (a config using the
+// table is being loaded, in the namespace the program was attached in); if
+// that fails it keeps those it had. Until the program is attached, no
+// connection is taken for one it charged.
 func (x *xdpTable) synCharged() func(local, remote netip.AddrPort) bool {
 	if x == nil {
 		return nil
 	}
-	if p, err := readSYNPath(x.x); err == nil {
-		x.path.Store(p)
+	x.mu.Lock()
+	if x.att != nil {
+		if p, err := readSYNPath(x.x); err == nil {
+			x.path.Store(p)
+		}
 	}
+	x.mu.Unlock()
 	return func(local, remote netip.AddrPort) bool { return x.path.Load().charged(local, remote) }
+}
+
+// setLimit puts l in force on the table and its program, keeping what each
+// key used (xdp.Table.SetLimit).
+func (x *xdpTable) setLimit(l limiter.Limit, now time.Time) error {
+	return x.t.SetLimit(l, now)
 }
 
 // close detaches the program and releases its maps; the buckets stay
@@ -97,7 +141,11 @@ func (x *xdpTable) close() {
 	if x == nil {
 		return
 	}
-	_ = x.att.Close()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.att != nil {
+		_ = x.att.Close()
+	}
 	_ = x.t.Close()
 }
 
@@ -107,9 +155,15 @@ func (x *xdpTable) info() *XDPInfo {
 	if x == nil {
 		return nil
 	}
+	x.mu.Lock()
+	att := x.att
+	x.mu.Unlock()
+	if att == nil {
+		return nil
+	}
 	c, err := x.t.Counts()
 	if err != nil {
 		return nil
 	}
-	return &XDPInfo{Interface: x.att.Interface, Mode: x.att.Mode, Passed: c.Passed, Dropped: c.Dropped}
+	return &XDPInfo{Interface: att.Interface, Mode: att.Mode, Passed: c.Passed, Dropped: c.Dropped}
 }

@@ -5,6 +5,7 @@ package floodgate
 import (
 	"errors"
 	"net/netip"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -27,6 +28,10 @@ func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, 
 	b, err := limiter.NewBuckets(cfg)
 	return b, nil, err
 }
+
+func (x *xdpTable) attach() error { return nil }
+
+func (x *xdpTable) setLimit(limiter.Limit, time.Time) error { return errNoXDP }
 
 func (x *xdpTable) close() {}
 

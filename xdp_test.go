@@ -27,8 +27,8 @@ func TestPrintZonesShowsXDP(t *testing.T) {
 }
 
 // TestXDPSettingIsPartOfTheTable: a zone keeps its table across a reload
-// only while its xdp setting, limit and prefixes stay the same, since a
-// table shared with the program cannot change its limit in place.
+// only while its xdp setting and prefixes stay the same; a new limit keeps
+// it (converted, as any table's).
 func TestXDPSettingIsPartOfTheTable(t *testing.T) {
 	key := func(x *zoneconf.XDP, events int64, v4 int) string {
 		z := &zone{v4: v4, v6: 48}
@@ -41,7 +41,6 @@ func TestXDPSettingIsPartOfTheTable(t *testing.T) {
 	}
 	base := key(eth0, 3, 24)
 	for name, other := range map[string]string{
-		"limit":     key(eth0, 4, 24),
 		"prefix":    key(eth0, 3, 16),
 		"interface": key(&zoneconf.XDP{Interface: "eth1", Ports: []uint16{443}}, 3, 24),
 		"ports":     key(&zoneconf.XDP{Interface: "eth0"}, 3, 24),
@@ -52,6 +51,9 @@ func TestXDPSettingIsPartOfTheTable(t *testing.T) {
 	}
 	if key(&zoneconf.XDP{Interface: "eth0", Ports: []uint16{443}}, 3, 24) != base {
 		t.Error("the same setting gives another table key")
+	}
+	if key(eth0, 4, 24) != base {
+		t.Error("a new limit gives another table key: the counters would restart")
 	}
 }
 

@@ -3,6 +3,7 @@ package limiter
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 	"unsafe"
 )
@@ -18,7 +19,9 @@ import (
 // cfg.Sources and cfg.FalseDeny are ignored: the table is as large as mem.
 //
 // SetLimit refuses to run on such a table: it would copy the counters into
-// new lines the other side never sees (see ErrExternalLimit).
+// new lines the other side never sees (see ErrExternalLimit); SetLimitOver
+// converts them into memory the caller gives, which the other side then
+// decides on.
 func NewBucketsOver(cfg BucketsConfig, mem []byte, base time.Time) (*Buckets, error) {
 	if len(mem) < 64 || len(mem)%64 != 0 || len(mem) > MaxBytes {
 		return nil, fmt.Errorf("table memory must be a whole number of 64-byte lines, at most %d bytes, got %d bytes", MaxBytes, len(mem))
@@ -38,7 +41,39 @@ func NewBucketsOver(cfg BucketsConfig, mem []byte, base time.Time) (*Buckets, er
 }
 
 // ErrExternalLimit is SetLimit's error on a table made by NewBucketsOver.
-var ErrExternalLimit = errors.New("the limit of a table shared with an XDP program cannot change in place; make a new table")
+var ErrExternalLimit = errors.New("the limit of a table shared with an XDP program cannot change in place; use SetLimitOver")
+
+// SetLimitOver is SetLimit for a table made by NewBucketsOver: it converts
+// the counters into mem, memory of the same size that is all zero, as
+// SetLimit does into new lines, and decides on mem from then on. The other
+// side must meanwhile treat a word of the old memory that holds the frozen
+// marker (all ones) as one it may neither grant from nor write, and move
+// to mem with the new limit's Geometry when the conversion is over (SetLimitOver
+// returns then). release is called once nothing in this process reads the
+// old memory any more (a decision that met a frozen word has moved on), so
+// the caller may unmap it then, not before.
+func (b *Buckets) SetLimitOver(l Limit, now time.Time, mem []byte, release func()) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if !b.external {
+		return errors.New("SetLimitOver is for a table made by NewBucketsOver")
+	}
+	b.setMu.Lock()
+	defer b.setMu.Unlock()
+	n := len(b.params().lines)
+	if len(mem) != 64*n || uintptr(unsafe.Pointer(&mem[0]))&63 != 0 {
+		return fmt.Errorf("the new memory must be %d bytes (the table's), aligned to 64 bytes, got %d bytes", 64*n, len(mem))
+	}
+	for _, c := range mem {
+		if c != 0 {
+			return errors.New("the new memory must be zero")
+		}
+	}
+	old := b.convertInto(l, now, unsafe.Slice((*line)(unsafe.Pointer(&mem[0])), n))
+	runtime.AddCleanup(old, func(f func()) { f() }, release)
+	return nil
+}
 
 // Geometry is everything a decision reads besides a table's words, as plain
 // numbers, for a program outside Go that decides on the same memory (the
@@ -63,8 +98,17 @@ type Geometry struct {
 }
 
 // Geometry returns the table's geometry under the limit in force.
-func (b *Buckets) Geometry() Geometry {
-	p := b.p.Load()
+func (b *Buckets) Geometry() Geometry { return b.geometry(b.p.Load()) }
+
+// GeometryFor returns the geometry the table will have once l is in force
+// (SetLimitOver): for the other side, to be ready before the conversion.
+func (b *Buckets) GeometryFor(l Limit) Geometry {
+	p := *b.p.Load()
+	p.clock, p.limit = clockFor(l), l
+	return b.geometry(&p)
+}
+
+func (b *Buckets) geometry(p *bucketParams) Geometry {
 	g := Geometry{Lines: uint32(len(p.lines)), Cost: uint32(p.per), Cap: uint32(p.capT), Ceil: uint32(p.ceil),
 		Mult: p.mult, PE: p.pe, W: p.w}
 	for _, s := range b.subs {

@@ -36,8 +36,16 @@ func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 	}
 	b.setMu.Lock()
 	defer b.setMu.Unlock()
+	b.convertInto(l, now, newLines(len(b.params().lines)))
+	return nil
+}
+
+// convertInto is SetLimit converting the table into lines, which are zero
+// and as many as the table's; b.setMu is held. It returns the parameters
+// it replaced: nothing reads their lines once those are garbage.
+func (b *Buckets) convertInto(l Limit, now time.Time, lines []line) *bucketParams {
 	old := b.params()
-	np := &bucketParams{clock: clockFor(l), limit: l, lines: newLines(len(old.lines)), gen: old.gen + 1}
+	np := &bucketParams{clock: clockFor(l), limit: l, lines: lines, gen: old.gen + 1}
 	ns := b.nowNanos(now)
 	np.from = conversion{per: old.per, oldTick: old.ticks(ns), newTick: np.ticks(ns)}
 	for i := range old.lines {
@@ -54,7 +62,7 @@ func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 		}
 	}
 	b.setParams(np)
-	return nil
+	return old
 }
 
 // convert is counter value v of the old table as a value of the new one,

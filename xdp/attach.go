@@ -140,3 +140,14 @@ func (a *Attachment) Close() error {
 	}
 	return nil
 }
+
+// runningOn returns the link whose running program is t's, or nil; linksMu
+// is held.
+func runningOn(t *Table) *ifaceLink {
+	for _, il := range links {
+		if il.tables[len(il.tables)-1] == t {
+			return il
+		}
+	}
+	return nil
+}

@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -359,5 +360,76 @@ func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
 	if total := int64(c.Passed) + goGranted.Load(); total != burst {
 		t.Fatalf("together the two sides granted %d, want exactly the burst of %d (program %d, Go %d)",
 			total, burst, c.Passed, goGranted.Load())
+	}
+}
+
+// TestSetLimitKeepsWhatKeysUsed: a new limit keeps what each key used, on
+// both sides, as limiter's SetLimit does on a plain table: a network the
+// program drained under "events 3" has 2 SYNs under "events 5", a key Go
+// charged twice has 3 requests; the new program decides on the converted
+// counters, and the SYN counts go on.
+func TestSetLimitKeepsWhatKeysUsed(t *testing.T) {
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
+	if err := tb.enable([]uint16{443}); err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("198.51.100.7")
+	syn := packet(src, 443, flagSYN)
+	other := limiter.NetworkKey(netip.MustParseAddr("192.0.2.1"), 24, 48)
+	at := func(s int) time.Time { return tb.Buckets.Base().Add(time.Duration(s) * time.Second) }
+	verdicts := func(ns int64, n int) []uint32 {
+		var vs []uint32
+		for range n {
+			vs = append(vs, runAt(t, tb, syn, ns))
+		}
+		return vs
+	}
+	if got := verdicts(1e9, 4); !slices.Equal(got, []uint32{xdpPass, xdpPass, xdpPass, xdpDrop}) {
+		t.Fatalf("under events 3: verdicts %v", got)
+	}
+	for range 2 {
+		if !tb.Buckets.Allow(other.Bytes(), 1, at(1)).Allowed {
+			t.Fatal("Go denied a key with tokens")
+		}
+	}
+	if err := tb.SetLimit(limiter.Limit{Events: 5, Window: time.Hour}, at(1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := verdicts(1e9+1, 3); !slices.Equal(got, []uint32{xdpPass, xdpPass, xdpDrop}) {
+		t.Fatalf("under events 5, after using 3: verdicts %v, want 2 passed", got)
+	}
+	granted := 0
+	for range 4 {
+		if tb.Buckets.Allow(other.Bytes(), 1, at(1)).Allowed {
+			granted++
+		}
+	}
+	if granted != 3 {
+		t.Fatalf("under events 5, after using 2: Go granted %d, want 3", granted)
+	}
+	if c, err := tb.Counts(); err != nil || c.Passed != 5 || c.Dropped != 2 {
+		t.Fatalf("counts %+v, %v: want 5 passed, 2 dropped across the change", c, err)
+	}
+}
+
+// TestProgramNeitherGrantsFromNorWritesAFrozenWord: while SetLimit
+// converts the table, a word it has read holds the frozen marker; the
+// program drops a SYN that meets one and leaves the word as it is (a grant
+// there would be lost from the conversion; a write would unfreeze it).
+func TestProgramNeitherGrantsFromNorWritesAFrozenWord(t *testing.T) {
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
+	if err := tb.enable([]uint16{443}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range tb.mem {
+		tb.mem[i] = 0xff
+	}
+	if v := runAt(t, tb, packet(netip.MustParseAddr("198.51.100.7"), 443, flagSYN), 1e9); v != xdpDrop {
+		t.Fatalf("verdict %d on frozen words, want drop", v)
+	}
+	for i, b := range tb.mem {
+		if b != 0xff {
+			t.Fatalf("byte %d of the table is %#x after the program met frozen words", i, b)
+		}
 	}
 }

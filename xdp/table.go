@@ -37,6 +37,7 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -67,13 +68,18 @@ type Table struct {
 	// may be (see the package documentation).
 	Slack time.Duration
 
-	objs synlimitObjects
-	mem  []byte
 	zone string
+	// mapped holds the mapping the Buckets decides on, for the cleanup
+	// that unmaps it when the Buckets is garbage.
+	mapped *atomic.Pointer[[]byte]
 
-	mu     sync.Mutex // serialises writes of params
-	params synlimitParams
-	closed bool
+	setMu   sync.Mutex // serialises SetLimit
+	mu      sync.Mutex // serialises writes of params, and SetLimit's swap
+	objs    synlimitObjects
+	mem     []byte
+	params  synlimitParams
+	counted Counts // by the programs SetLimit replaced
+	closed  bool
 }
 
 // NewTable creates the table's maps and loads the program (not yet
@@ -88,20 +94,11 @@ func NewTable(cfg Config) (*Table, error) {
 	if err := cfg.Buckets.Limit.Validate(); err != nil {
 		return nil, err
 	}
-	spec, err := loadSynlimit()
+	objs, mem, err := loadObjects(lines)
 	if err != nil {
-		return nil, fmt.Errorf("xdp: reading the embedded program: %w", err)
+		return nil, err
 	}
-	spec.Maps["table"].MaxEntries = uint32(lines)
-	t := &Table{zone: cfg.Zone}
-	if err := spec.LoadAndAssign(&t.objs, nil); err != nil {
-		return nil, explain("loading the XDP program", err)
-	}
-	t.mem, err = unix.Mmap(t.objs.Table.FD(), 0, lines*64, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.objs.Close()
-		return nil, explain("mapping the table's BPF map (BPF_F_MMAPABLE, Linux 5.5+)", err)
-	}
+	t := &Table{zone: cfg.Zone, objs: objs, mem: mem}
 	base := time.Now()
 	epoch, slack := monoEpoch(base)
 	t.Slack = slack
@@ -112,26 +109,112 @@ func NewTable(cfg Config) (*Table, error) {
 		return nil, err
 	}
 	// The mapping lives as long as the Buckets over it (and keeps the map
-	// alive in the kernel after Close).
-	runtime.AddCleanup(t.Buckets, func(mem []byte) { _ = unix.Munmap(mem) }, t.mem)
-	g := t.Buckets.Geometry()
-	for i, s := range g.Subsets {
-		if err := t.objs.Subsets.Put(uint32(i), s); err != nil {
-			t.Close()
-			return nil, fmt.Errorf("xdp: writing the subsets map: %w", err)
-		}
-	}
-	t.params = synlimitParams{Epoch: uint64(epoch), Mult: g.Mult, Pe: g.PE, W: g.W,
-		Cost: g.Cost, Cap: g.Cap, Ceil: g.Ceil, Lines: g.Lines, Nsubs: uint32(len(g.Subsets))}
+	// alive in the kernel after Close); after a SetLimit, the mapping it
+	// made instead (mapped), while the old one is unmapped once nothing
+	// reads it any more (SetLimitOver's release).
+	t.mapped = new(atomic.Pointer[[]byte])
+	t.mapped.Store(&t.mem)
+	runtime.AddCleanup(t.Buckets, func(m *atomic.Pointer[[]byte]) { _ = unix.Munmap(*m.Load()) }, t.mapped)
+	t.params = synlimitParams{Epoch: uint64(epoch)}
 	v4 := limiter.NetworkKey(netip.AddrFrom4([4]byte{255, 255, 255, 255}), cfg.IPv4Prefix, cfg.IPv6Prefix)
 	copy(t.params.Mask4[:], v4.Bytes()[1:])
 	v6 := limiter.NetworkKey(netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), cfg.IPv4Prefix, cfg.IPv6Prefix)
 	copy(t.params.Mask6[:], v6.Bytes()[1:])
-	if err := t.writeParams(); err != nil {
+	if err := writeGeometry(&t.objs, &t.params, t.Buckets.Geometry()); err != nil {
 		t.Close()
 		return nil, err
 	}
 	return t, nil
+}
+
+// loadObjects loads the program with a table of lines lines, and maps the
+// table into this process.
+func loadObjects(lines int) (synlimitObjects, []byte, error) {
+	var objs synlimitObjects
+	spec, err := loadSynlimit()
+	if err != nil {
+		return objs, nil, fmt.Errorf("xdp: reading the embedded program: %w", err)
+	}
+	spec.Maps["table"].MaxEntries = uint32(lines)
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return objs, nil, explain("loading the XDP program", err)
+	}
+	mem, err := unix.Mmap(objs.Table.FD(), 0, lines*64, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		objs.Close()
+		return objs, nil, explain("mapping the table's BPF map (BPF_F_MMAPABLE, Linux 5.5+)", err)
+	}
+	return objs, mem, nil
+}
+
+// writeGeometry puts g in params (which hold the epoch, masks and ports
+// already) and writes them and the subsets into objs' maps.
+func writeGeometry(objs *synlimitObjects, params *synlimitParams, g limiter.Geometry) error {
+	for i, s := range g.Subsets {
+		if err := objs.Subsets.Put(uint32(i), s); err != nil {
+			return fmt.Errorf("xdp: writing the subsets map: %w", err)
+		}
+	}
+	params.Mult, params.Pe, params.W = g.Mult, g.PE, g.W
+	params.Cost, params.Cap, params.Ceil = g.Cost, g.Cap, g.Ceil
+	params.Lines, params.Nsubs = g.Lines, uint32(len(g.Subsets))
+	if err := objs.Config.Put(uint32(0), params); err != nil {
+		return fmt.Errorf("xdp: writing the program's parameters: %w", err)
+	}
+	return nil
+}
+
+// SetLimit changes the table's limit keeping what each key used, as
+// limiter's SetLimit does: it loads the program again with a new map,
+// converts the counters into it (limiter.Buckets.SetLimitOver: each old
+// word frozen as it is read, so a charge either side makes meanwhile is
+// converted or fails), and then puts the new program on the interface in
+// place of the old (BPF_LINK_UPDATE). A SYN that meets a frozen word
+// before the swap is dropped (and sent again by its client a second
+// later): for about 10 ns a line of the table. The SYN counts go on from
+// the old program's.
+func (t *Table) SetLimit(l limiter.Limit, now time.Time) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	t.setMu.Lock()
+	defer t.setMu.Unlock()
+	t.mu.Lock()
+	closed, params, oldMem := t.closed, t.params, t.mem
+	t.mu.Unlock()
+	if closed {
+		return errors.New("xdp: the table is closed")
+	}
+	objs, mem, err := loadObjects(len(oldMem) / 64)
+	if err != nil {
+		return err
+	}
+	// The new program decides on the new map only once it replaces the
+	// old one on the interface, so its parameters are written first,
+	// from the geometry the limit will have.
+	err = writeGeometry(&objs, &params, t.Buckets.GeometryFor(l))
+	if err == nil {
+		err = t.Buckets.SetLimitOver(l, now, mem, func() { _ = unix.Munmap(oldMem) })
+	}
+	if err != nil {
+		objs.Close()
+		unix.Munmap(mem)
+		return err
+	}
+	counts, _ := t.Counts()
+	linksMu.Lock()
+	defer linksMu.Unlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	prev := t.objs
+	t.objs, t.params, t.mem, t.counted = objs, params, mem, counts
+	t.mapped.Store(&mem)
+	if il := runningOn(t); il != nil {
+		if err := il.link.Update(objs.Synlimit); err != nil {
+			return explain("replacing the program after a limit change", err)
+		}
+	}
+	return prev.Close()
 }
 
 // explain wraps a kernel error with what it most likely means.
@@ -167,7 +250,9 @@ type Counts struct {
 
 // Counts reads the program's counters.
 func (t *Table) Counts() (Counts, error) {
-	var c Counts
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := t.counted
 	for i, dst := range []*uint64{&c.Passed, &c.Dropped, &c.Contended} {
 		var per []uint64
 		if err := t.objs.Stats.Lookup(uint32(i), &per); err != nil {

@@ -27,6 +27,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/floodgate-rl/floodgate"
 	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
@@ -200,7 +203,8 @@ func attached(t *testing.T, v *netnstest.VethPair) bool {
 // TestXDPZoneInCaddy: one line in a layer4 zone drops a spoofed SYN flood at
 // XDP, per source network, while a fair client connects; the admin API and
 // /metrics count it; a reload that keeps the setting keeps the table, one
-// that changes the limit makes a new one; stopping Caddy detaches it.
+// that changes the limit keeps what each network used; stopping Caddy
+// detaches it.
 func TestXDPZoneInCaddy(t *testing.T) {
 	v := netnstest.NewVethPair(t)
 	xdpLine := fmt.Sprintf("xdp %s %d", v.ServerIf, port)
@@ -239,14 +243,15 @@ func TestXDPZoneInCaddy(t *testing.T) {
 	}
 	waitSYNs(t, v, 91, 150)
 
-	// A new limit: a new table (an XDP table's limit cannot change in
-	// place), whose program replaces the old one on the interface.
+	// A new limit keeps what each network used, as in a plain zone: the
+	// networks that used 3 of "events 3" have 2 SYNs under "events 5",
+	// and the SYN counts go on.
 	if err := load(v, config(v, 5, xdpLine)); err != nil {
 		t.Fatal(err)
 	}
-	waitSYNs(t, v, 0, 0)
-	flood(t, v, 1, 10, 8)
-	waitSYNs(t, v, 10*5, 10*3)
+	waitSYNs(t, v, 91, 150)
+	flood(t, v, 0, 10, 8)
+	waitSYNs(t, v, 91+10*2, 150+10*6)
 
 	if err := caddy.Stop(); err != nil {
 		t.Fatal(err)
@@ -386,4 +391,156 @@ func TestXDPLearnsAddressesOnReload(t *testing.T) {
 		t.Fatalf("after the reload, three connections to the added address: %q; want two echoed, then none", got)
 	}
 	waitSYNs(t, v, 3, 1)
+}
+
+// attachOther attaches another program (one that passes every packet) to
+// the interface ifname of the server namespace, as another tool would, until
+// the test ends; it returns the link and the program's ID. It skips the
+// test where BPF is not permitted.
+func attachOther(t *testing.T, v *netnstest.VethPair, ifname string, flags link.XDPAttachFlags) (link.Link, ebpf.ProgramID) {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		t.Skipf("BPF is not permitted here: %v", err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	var l link.Link
+	if err := netnstest.In(v.Server, func() error {
+		ifc, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return err
+		}
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index, Flags: flags})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	info, err := prog.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return l, id
+}
+
+// TestValidateAttachesNothing: validating a config with xdp (what `caddy
+// validate` does: provision every module, start none) loads the program but
+// never touches the interface. The interface here runs another program, as
+// it would while the Caddy being validated for runs: attaching would fail
+// the validation, and would replace or detach that program.
+func TestValidateAttachesNothing(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	other, wantID := attachOther(t, v, v.ServerIf, 0)
+
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(config(v, 3, fmt.Sprintf("xdp %s %d", v.ServerIf, port))), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c caddy.Config
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		t.Fatal(err)
+	}
+	if err := netnstest.In(v.Server, func() error { return caddy.Validate(&c) }); err != nil {
+		t.Fatalf("validating the config: %v", err)
+	}
+	info, err := other.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Program != wantID {
+		t.Fatalf("after validating, the interface runs program %d, not the one attached before (%d)", info.Program, wantID)
+	}
+
+	// Running the config is what attaches: it fails on the busy
+	// interface, and with optional it runs with the zone in Go only,
+	// charging every connection at accept.
+	if err := load(v, config(v, 3, fmt.Sprintf("xdp %s %d", v.ServerIf, port))); err == nil || !strings.Contains(err.Error(), "attaching to "+v.ServerIf) {
+		t.Fatalf("loading the config on an interface running another program: %v, want an error attaching to %s", err, v.ServerIf)
+	}
+	if err := load(v, config(v, 3, fmt.Sprintf("xdp %s %d optional", v.ServerIf, port))); err != nil {
+		t.Fatalf("optional xdp on a busy interface: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if err := echoes(v); err != nil {
+		t.Fatal(err)
+	}
+	if x := zone(t, v).XDP; x != nil {
+		t.Fatalf("optional xdp on a busy interface: the zone reports an XDP side %+v", x)
+	}
+	var k floodgate.KeyInfo
+	if err := json.Unmarshal([]byte(admin(t, v, "/rate_limit/zones/"+zoneName+"/keys/"+v.ClientIP.String())), &k); err != nil {
+		t.Fatal(err)
+	}
+	if r := k.Policies[0].Remaining; r != 2 {
+		t.Fatalf("after one connection the client's network has %d of 3 connections left, want 2: the matcher took it for one the program charged", r)
+	}
+}
+
+// TestFailedReloadPutsTheOldProgramBack: a reload that changes the limit
+// (the counters converted into a new map, whose program replaces the old
+// one, when the config starts) and then fails to start leaves the old
+// limit in force on the interface: the networks it had drained stay
+// drained, and the SYN counts go on. The reload fails in the rate_limit
+// app's own Start, after converting (zones start in name order, and the
+// second one's interface runs another program), so the limit must be put
+// back.
+func TestFailedReloadPutsTheOldProgramBack(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	if out, err := exec.Command("sh", "-c", fmt.Sprintf("ip -n %[1]s link add fgd0 type veth peer name fgd1 && ip -n %[1]s link set fgd0 up && ip -n %[1]s link set fgd1 up", v.Server)).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	attachOther(t, v, "fgd0", link.XDPGenericMode)
+
+	cfg := func(events int, busy string) string {
+		return fmt.Sprintf(`{
+	admin %s
+	persist_config off
+	rate_limit {
+		zone %s {
+			events %[3]d
+			window 1h
+			burst %[3]d
+			ipv4_prefix 24
+			xdp %s %d
+		}
+		%s
+	}
+	layer4 {
+		%s:%d {
+			@flood rate_limit {
+				zone %[2]s
+			}
+			route @flood {
+				close
+			}
+			route {
+				echo
+			}
+		}
+	}
+}
+`, adminAddr, zoneName, events, v.ServerIf, port, busy, v.ServerAddr, port)
+	}
+	if err := load(v, cfg(3, "")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	flood(t, v, 0, 10, 5)
+	waitSYNs(t, v, 10*3, 10*2)
+
+	err := load(v, cfg(5, "zone tbusy {\n\t\t\tevents 1\n\t\t\twindow 1h\n\t\t\tburst 1\n\t\t\txdp fgd0\n\t\t}"))
+	if err == nil || !strings.Contains(err.Error(), "attaching to fgd0") {
+		t.Fatalf("the reload: %v, want an error attaching to fgd0", err)
+	}
+	if !attached(t, v) {
+		t.Fatal("no program is attached after the failed reload")
+	}
+	waitSYNs(t, v, 10*3, 10*2)
+	flood(t, v, 0, 10, 2)
+	waitSYNs(t, v, 10*3, 10*4) // still drained: the old table decides
+	if err := echoes(v); err != nil {
+		t.Fatal(err)
+	}
 }

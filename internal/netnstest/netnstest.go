@@ -70,8 +70,13 @@ func NewVethPair(t *testing.T) *VethPair {
 		{"-n", v.Client, "link", "set", v.ClientIf, "up"},
 		{"-n", v.Server, "link", "set", "lo", "up"},
 		// Replies to spoofed sources go back over the pair, where the
-		// client namespace drops them.
-		{"-n", v.Server, "route", "add", "default", "dev", v.ServerIf},
+		// client namespace drops them. They go through the client's
+		// address as a gateway, so the server resolves one neighbour:
+		// on-link, every spoofed source would be an ARP entry that
+		// never resolves, and a flood would fill the neighbour table
+		// (shared by every namespace of the machine, 1,024 entries)
+		// until replies to fair sources could not be sent either.
+		{"-n", v.Server, "route", "add", "default", "via", v.ClientIP.String(), "dev", v.ServerIf},
 	} {
 		if err := run(args...); err != nil {
 			t.Fatal(err)

@@ -242,6 +242,15 @@ static __always_inline __u64 with_lane(__u64 w, int l, __u32 v)
 
 enum verdict { UNDECIDED, GRANT, DENY, CONTENDED };
 
+// FROZEN is limiter's frozen marker: Go's SetLimitOver swaps it into every
+// word of this table as it converts the counters into the next table, whose
+// program replaces this one when the conversion is over. A frozen word is
+// neither granted from nor written: its SYN is dropped (its client sends it
+// again a second later, to the next table), and a charge already made to
+// another word of the key stays there, converted (a token lost, never one
+// granted).
+#define FROZEN 0xffffffffffffffffULL
+
 // A decision's state. Every loop runs through bpf_loop, whose callback the
 // verifier checks on its own, and no callback retries a CAS: a decision
 // that loses one starts over. Inline loops with retries made the verifier
@@ -255,6 +264,7 @@ struct decision {
 	__u32 lost;     // a charge lost its CAS
 	__u32 pending;  // words still to refund
 	__u32 verdict;
+	__u32 frozen;   // a word held FROZEN
 	__u64 vals[8];  // the words as loaded
 	__u32 paid[16]; // ticks charged to lane l of word w, at 2w+l
 };
@@ -271,6 +281,10 @@ static long load_word(__u32 w, void *ctx)
 		return 0;
 	__u64 v = *(volatile __u64 *)&d->ln->word[w];
 	d->vals[w] = v;
+	if (v == FROZEN) {
+		d->frozen = 1;
+		return 1;
+	}
 	if (lanes & 1) {
 		__u32 a = ahead_of((__u32)v, d->now);
 		if (a < d->best) {
@@ -330,6 +344,10 @@ static long refund_word(__u32 i, void *ctx)
 		return 0;
 	__u32 lanes = lanes_of(d, w);
 	__u64 v = *(volatile __u64 *)&d->ln->word[w], nv = v;
+	if (v == FROZEN) { // converted with the charge: nothing to give back here
+		d->pending &= ~(1u << w);
+		return 0;
+	}
 	if (lanes & 1)
 		nv = with_lane(nv, 0, refund_lane(lane_of(v, 0), d->paid[2 * w]));
 	if (lanes & 2)
@@ -368,7 +386,7 @@ static long decide_once(__u32 i, void *ctx)
 	d->fw = 0;
 	d->fl = 0;
 	bpf_loop(8, load_word, d, 0);
-	if (d->best + d->cost > d->cap) {
+	if (d->frozen || d->best + d->cost > d->cap) {
 		d->verdict = DENY;
 		return 1;
 	}
