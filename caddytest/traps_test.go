@@ -241,6 +241,53 @@ http://b.localhost:HTTP_PORT {
 	rate_limit /nothing
 	respond "b"
 }
+http://c.localhost:HTTP_PORT {
+	map {header.X-API-Key} {org} {
+		default anonymous
+	}
+	rate_limit {
+		zone warn_brace {
+			key {header.X-API-Key
+			events 5
+			window 1m
+		}
+		zone warn_nginx {
+			key $http_x_api_key
+			events 5
+			window 1m
+		}
+		zone warn_map {
+			key {org}
+			events 5
+			window 1m
+		}
+		zone warn_big {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 300MiB
+		}
+		zone warn_big2 {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 300MiB
+		}
+		zone warn_big3 {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 300MiB
+		}
+		zone warn_big4 {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 300MiB
+		}
+	}
+	respond "c"
+}
 `
 	if err := load(t, cfg, "caddyfile"); err != nil {
 		t.Fatal(err)
@@ -265,6 +312,10 @@ http://b.localhost:HTTP_PORT {
 		{"warn_unknown", `zone "warn_unknown": key "{http.request.heder.X-Key}" contains {http.request.heder.X-Key}, which is not a placeholder of Caddy's HTTP server`},
 		{"warn_memory", `zone "warn_memory": memory 1000 B is a table of 15 lines`},
 		{"", "this rate_limit handler has no zone, so it limits nothing"},
+		{"warn_brace", `zone "warn_brace": key "{header.X-API-Key" has a brace without its pair, so it is no placeholder`},
+		{"warn_nginx", `zone "warn_nginx": key "$http_x_api_key" is nginx's variable syntax, which Caddy does not expand`},
+		{"warn_big", `zone "warn_big": its table is 300 MiB (from memory 300 MiB), allocated at load, more than the 256 MiB`},
+		{"", "the tables of this config's 11 rate_limit zones add up to 1.2 GiB, allocated at load, more than 1.0 GiB (largest: warn_big 300 MiB, warn_big2 300 MiB, warn_big3 300 MiB)"},
 	} {
 		n := 0
 		for k, c := range counts {
@@ -274,6 +325,12 @@ http://b.localhost:HTTP_PORT {
 		}
 		if n != 1 {
 			t.Errorf("warning %q for zone %q logged %d times, want once; warnings: %v", want.msg, want.zone, n, counts)
+		}
+	}
+	// {org} is set by the map before rate_limit.
+	for k := range counts {
+		if strings.HasPrefix(k, "warn_map | ") {
+			t.Errorf("false warning: %s", k)
 		}
 	}
 }

@@ -195,14 +195,18 @@ func (l *Limit) Validate(where string) error {
 	}
 	if l.Memory == 0 && l.Lines() > limiter.MaxBytes/64 {
 		return fmt.Errorf("%s%s need a table larger than the maximum of %s: raise false_deny, lower sources, or set memory",
-			where, l.sizing(), humanize.IBytes(limiter.MaxBytes))
+			where, l.Sizing(), humanize.IBytes(limiter.MaxBytes))
 	}
 	return nil
 }
 
-// sizing names the settings a table was sized from, saying which are
-// defaults, e.g. "false_deny 0.000000001 and sources 100000 (the default)".
-func (l *Limit) sizing() string {
+// Sizing names the settings a table was sized from, saying which are
+// defaults, e.g. "false_deny 0.000000001 and sources 100000 (the default)",
+// or its memory.
+func (l *Limit) Sizing() string {
+	if l.Memory != 0 {
+		return "memory " + humanize.IBytes(uint64(l.Memory))
+	}
 	fd := "false_deny " + strconv.FormatFloat(l.falseDeny(), 'f', -1, 64)
 	if l.FalseDeny == 0 {
 		fd += " (the default)"
