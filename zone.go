@@ -230,11 +230,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.unit = `;qu="content-bytes"`
 	}
 	z.action, z.maxDelay = parseAction(zc.Action), time.Duration(zc.MaxDelay)
-	burst := z.limit.Burst
-	if burst == 0 {
-		burst = z.limit.Events
-	}
-	z.burstValue = burst
+	z.burstValue = z.limit.EffectiveBurst()
 	z.policy = policyItem(name, z.limit) + z.unit
 	z.exceeded = denialError(name)
 	if err := z.provisionQuotas(zc); err != nil {
@@ -291,10 +287,7 @@ func policyItem(name string, l limiter.Limit) string {
 // policyQuota returns the q and w of policyItem for l, in exact integer
 // arithmetic: a year's window times a large burst overflows 64 bits.
 func policyQuota(l limiter.Limit) (q, w int64) {
-	burst := l.Burst
-	if burst == 0 {
-		burst = l.Events
-	}
+	burst := l.EffectiveBurst()
 	// w = ⌈window × burst / (events × 1 s)⌉
 	num := new(big.Int).Mul(big.NewInt(int64(l.Window)), big.NewInt(burst))
 	den := new(big.Int).Mul(big.NewInt(l.Events), big.NewInt(int64(time.Second)))

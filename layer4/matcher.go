@@ -226,11 +226,7 @@ func (m *Matcher) inline() Inline {
 // DerivedName is the name of an unnamed inline limit: its settings, e.g.
 // "layer4:3/1h0m0s,burst=3,v4=24,v6=48".
 func DerivedName(l limiter.Limit, v4, v6 int) string {
-	burst := l.Burst
-	if burst == 0 {
-		burst = l.Events
-	}
-	return fmt.Sprintf("layer4:%d/%s,burst=%d,v4=%d,v6=%d", l.Events, l.Window, burst, v4, v6)
+	return fmt.Sprintf("layer4:%d/%s,burst=%d,v4=%d,v6=%d", l.Events, l.Window, l.EffectiveBurst(), v4, v6)
 }
 
 // Cleanup gives back the inline limit's buckets. They outlive this config if

@@ -246,7 +246,7 @@ table:
 		tick := p.ticks(ns)
 		t := at{now: uint32(tick)}
 		ln, sub, index := b.place(p, h)
-		d := Decision{Limit: p.limit.burst()}
+		d := Decision{Limit: p.limit.EffectiveBurst()}
 		capT := uint32(p.capT)
 		cost := uint32(p.per) // weight·per ≤ capT ≤ 2²⁹ for a weight that can be granted
 		commit := r != nil
@@ -568,13 +568,13 @@ func (b *Buckets) Charge(h uint64, weight int64, now time.Time) (Decision, Reser
 	p := b.params()
 table:
 	for {
-		d := Decision{Limit: p.limit.burst()}
+		d := Decision{Limit: p.limit.EffectiveBurst()}
 		if weight < 1 {
 			return d, Reservation{}
 		}
 		tick := p.ticks(ns)
 		t := at{now: uint32(tick)}
-		cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
+		cost := uint32(min(uint64(weight), 2*uint64(p.limit.EffectiveBurst())) * p.per) // ≤ ceil ≤ 2³⁰
 		ln, sub, index := b.place(p, h)
 		r := Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
 		best := uint32(math.MaxUint32)

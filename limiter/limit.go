@@ -38,8 +38,10 @@ const (
 	maxPer = 4096
 )
 
-// burst returns the effective capacity.
-func (l Limit) burst() int64 {
+// EffectiveBurst is the bucket's capacity: Burst, or Events if Burst is 0
+// (a zone without burst allows Events at once). A valid Limit's is at most
+// MaxBurst.
+func (l Limit) EffectiveBurst() int64 {
 	if l.Burst == 0 {
 		return l.Events
 	}
@@ -56,8 +58,8 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("window must be positive, got %v", l.Window)
 	case l.Burst < 0:
 		return fmt.Errorf("burst must not be negative, got %d", l.Burst)
-	case l.burst() > MaxBurst:
-		return fmt.Errorf("burst %d exceeds the maximum of %d", l.burst(), MaxBurst)
+	case l.EffectiveBurst() > MaxBurst:
+		return fmt.Errorf("burst %d exceeds the maximum of %d", l.EffectiveBurst(), MaxBurst)
 	case l.Events > math.MaxInt64/int64(time.Second/MaxRate) || l.Window < time.Duration(l.Events)*(time.Second/MaxRate):
 		return fmt.Errorf("events %d per window %v is faster than the maximum rate of %d per second", l.Events, l.Window, MaxRate)
 	}
@@ -71,7 +73,7 @@ func (l Limit) PerSecond() float64 {
 
 // String formats l as "N/W burst B".
 func (l Limit) String() string {
-	return fmt.Sprintf("%d/%v burst %d", l.Events, l.Window, l.burst())
+	return fmt.Sprintf("%d/%v burst %d", l.Events, l.Window, l.EffectiveBurst())
 }
 
 // clock is the discretisation of a valid Limit: time in ticks, a token worth
@@ -98,10 +100,10 @@ type clock struct {
 // clockFor returns l's clock; l must be valid.
 func clockFor(l Limit) clock {
 	e, w := uint64(l.Events), uint64(l.Window)
-	log := uint8(bits.Len64(min(maxPer, uint64(1<<aheadBits)/uint64(l.burst()), (w-1)/e)) - 1)
+	log := uint8(bits.Len64(min(maxPer, uint64(1<<aheadBits)/uint64(l.EffectiveBurst()), (w-1)/e)) - 1)
 	per := uint64(1) << log
 	mult, _ := bits.Div64(per*e, 0, w) // per·e < w: ticks are longer than a nanosecond
-	capT := uint64(l.burst()) * per
+	capT := uint64(l.EffectiveBurst()) * per
 	return clock{per: per, log: log, capT: capT, ceil: 2 * capT, pe: per * e, w: w, mult: mult,
 		nsPerTick: float64(w) / float64(per*e)}
 }
