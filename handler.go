@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -55,7 +54,8 @@ type Handler struct {
 
 	// Jitter adds a random fraction of the wait, from 0 up to jitter times
 	// the wait, to Retry-After, so clients told to wait do not all return
-	// at once. 0.2 adds up to 20%. Default 0; must not be negative.
+	// at once. 0.2 adds up to 20%. Default 0; from 0 to 1 (a jitter of 1
+	// at most doubles the wait).
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// SweepInterval is accepted for compatibility with caddy-ratelimit and
@@ -224,11 +224,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// jitterProblem says why j cannot be a jitter, or "". Jitter is a fraction of
+// the wait (DESIGN.md §4), so above 1 it is most likely a percentage (20 for
+// 20%), which would tell clients to wait 21 times as long as they must.
+func jitterProblem(j float64) string {
+	if !(j >= 0 && j <= 1) {
+		return fmt.Sprintf("must be a fraction of the wait from 0 to 1 (0.2 adds up to 20%%); %v would make Retry-After up to %v times the wait", j, 1+j)
+	}
+	return ""
+}
+
 // Validate checks the handler's own settings, naming the field at fault.
 // Zones are checked as they are provisioned.
 func (h *Handler) Validate() error {
-	if h.Jitter < 0 || math.IsNaN(h.Jitter) {
-		return fmt.Errorf("jitter %v: must be a fraction of the wait, at least 0", h.Jitter)
+	if why := jitterProblem(h.Jitter); why != "" {
+		return fmt.Errorf("jitter %v: %s", h.Jitter, why)
 	}
 	if h.SweepInterval < 0 {
 		return fmt.Errorf("sweep_interval %v: must not be negative", time.Duration(h.SweepInterval))
