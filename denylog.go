@@ -122,11 +122,12 @@ func (l *denialLog) spend(iv uint64) bool {
 	}
 }
 
-// denialLog returns the zone's denial log, making it at the first denial.
-func (z *zone) denialLog() *denialLog {
-	if l := z.denials.Load(); l != nil {
+// logOf returns the log p points to, making it at its first use: a zone's
+// denials, or its requests refused for their weight.
+func logOf(p *atomic.Pointer[denialLog]) *denialLog {
+	if l := p.Load(); l != nil {
 		return l
 	}
-	z.denials.CompareAndSwap(nil, newDenialLog())
-	return z.denials.Load()
+	p.CompareAndSwap(nil, newDenialLog())
+	return p.Load()
 }

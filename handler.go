@@ -313,6 +313,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		wt, err := z.weightOf(r, q.repl, h.Weight)
 		if err != nil {
 			txn.Rollback()
+			h.logRefusedWeight(&q, z, v.c, err, now)
 			return err
 		}
 		v.weight = wt
@@ -478,7 +479,7 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 	q.repl.Map(d.placeholder)
 
 	if h.logger.Core().Enabled(zapcore.InfoLevel) {
-		info, suppressed := v.z.denialLog().note(v.c.hash, now)
+		info, suppressed := logOf(&v.z.denials).note(v.c.hash, now)
 		level := zapcore.DebugLevel
 		if info {
 			level = zapcore.InfoLevel
@@ -521,6 +522,39 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 			data["key"] = d.key
 		}
 		h.events.Emit(h.ctx, exceededEvent, data)
+	}
+}
+
+// logRefusedWeight logs a request that z answered with an error because of
+// its weight (a 400 for a weight that is missing or not a number it can
+// grant): at INFO for the first of a source's such requests in each
+// interval of the denial log, which bounds the lines under a flood as for
+// denials (denylog.go), at DEBUG for the others. Without it, a client sent
+// a bare 400 and the operator saw nothing.
+func (h *Handler) logRefusedWeight(q *request, z *zone, c charge, err error, now time.Time) {
+	if !h.logger.Core().Enabled(zapcore.InfoLevel) {
+		return
+	}
+	info, suppressed := logOf(&z.refusals).note(c.hash, now)
+	level := zapcore.DebugLevel
+	if info {
+		level = zapcore.InfoLevel
+	}
+	if ce := h.logger.Check(level, "rate limit weight refused"); ce != nil {
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			err = he.Err // without the trace and ID, which say nothing here
+		}
+		fields := []zap.Field{
+			zap.String("zone", z.name),
+			zap.String("client_ip", q.clientIP().text),
+			zap.String("source", z.source(c)),
+			zap.Error(err),
+		}
+		if info {
+			fields = append(fields, zap.Int64("suppressed", suppressed))
+		}
+		ce.Write(fields...)
 	}
 }
 

@@ -158,6 +158,9 @@ type zone struct {
 	// denials decides which denials are logged at INFO; made at the
 	// zone's first denial.
 	denials atomic.Pointer[denialLog]
+	// refusals decides likewise which requests refused for their weight
+	// are logged at INFO (Handler.logRefusedWeight).
+	refusals atomic.Pointer[denialLog]
 	// conf is the zone's configuration, as the admin API shows it.
 	conf *Zone
 	// counts are what the zone has done, shared by every config that has
