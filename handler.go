@@ -466,7 +466,11 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 	v := verdicts[main]
 	d := &denial{z: v.z, remaining: v.d.Remaining, retryAfter: max(ceilSeconds(wait), 1), keyName: v.z.keyName(v.c)}
 	hdr := w.Header()
-	d.headers.setRetryAfter(hdr, d.retryAfter)
+	if enforcing {
+		// A dry run sends no Retry-After: clients see what they would
+		// see without the zones that only log.
+		d.headers.setRetryAfter(hdr, d.retryAfter)
+	}
 	if !h.DisableHeaders {
 		d.headers.setRateLimit(hdr, verdicts)
 	}

@@ -78,8 +78,9 @@ type Zone struct {
 
 	// Action is what happens to a request this zone would deny: "deny"
 	// (default, a 429), "log" (a dry run: it passes, charging nothing, but
-	// is logged, counted and given the headers and placeholders of a
-	// denial) or "delay" (held until its tokens return, up to max_delay).
+	// is logged, counted and given the placeholders of a denial; it adds
+	// no header, so clients see what they would without the zone) or
+	// "delay" (held until its tokens return, up to max_delay).
 	// For the connections of a layer4 matcher, "log" is a dry run too (the
 	// connection is not closed); a delay zone cannot serve a layer4
 	// matcher and fails the config.

@@ -371,3 +371,40 @@ func TestHeaderPlaceholdersNeedTheDeferredForm(t *testing.T) {
 		t.Errorf("plain header: %q", got)
 	}
 }
+
+// TestDryRunChangesNothingClientsSee runs a zone with action log beside one
+// that enforces: the responses the dry run would deny carry exactly the
+// enforcing zone's headers, as they would without the dry run, and no
+// Retry-After.
+func TestDryRunChangesNothingClientsSee(t *testing.T) {
+	tc := newTester(t)
+	tc.InitServer(config("", `
+	rate_limit {
+		zone dry_enforced {
+			events 100
+			window 1h
+			burst 100
+		}
+		zone dry_trial {
+			events 1
+			window 1h
+			action log
+		}
+	}
+	respond "ok"`), "caddyfile")
+	for i := range 3 {
+		code, body, resp := get(t, tc, "/")
+		if code != 200 || body != "ok" {
+			t.Fatalf("request %d: %d %q", i+1, code, body)
+		}
+		if got, want := resp.Header.Get("RateLimit-Policy"), `"dry_enforced";q=100;w=3600`; got != want {
+			t.Errorf("request %d: RateLimit-Policy %q, want %q", i+1, got, want)
+		}
+		if got, want := resp.Header.Get("RateLimit"), fmt.Sprintf(`"dry_enforced";r=%d;t=`, 99-i); !strings.HasPrefix(got, want) || strings.Contains(got, "dry_trial") {
+			t.Errorf("request %d: RateLimit %q, want %q… only", i+1, got, want)
+		}
+		if got := resp.Header.Values("Retry-After"); len(got) > 0 {
+			t.Errorf("request %d: Retry-After %q, want none", i+1, got)
+		}
+	}
+}
