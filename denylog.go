@@ -12,6 +12,9 @@ import (
 // source in each interval is logged at INFO, with the number of its denials
 // that were not logged at INFO since its previous INFO line; the others are
 // logged at DEBUG. A source is what a zone charged: its hash (see charge).
+// The connections a layer4 matcher drops go through the same log
+// (layer4.Zone.Note), and the requests refused for their weight through one
+// of their own (Handler.logRefusedWeight).
 
 const (
 	// denialLogInterval is how often a source that keeps being denied gets

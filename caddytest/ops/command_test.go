@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,10 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-	"github.com/spf13/cobra"
-
 	"github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // rateLimit runs `caddy rate-limit args...` as Caddy's command line would,
@@ -21,21 +18,7 @@ import (
 // or a config, and returns what it printed.
 func rateLimit(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd, ok := caddycmd.Commands()["rate-limit"]
-	if !ok {
-		t.Fatal("no rate-limit command registered")
-	}
-	c := &cobra.Command{Use: cmd.Name}
-	cmd.CobraFunc(c)
-	var out bytes.Buffer
-	c.SetOut(&out)
-	c.SetErr(&out)
-	if a := strings.Join(args, " "); !strings.Contains(a, "--address") && !strings.Contains(a, "--config") {
-		args = append(args, "--address", fmt.Sprintf("localhost:%d", adminPort))
-	}
-	c.SetArgs(args)
-	err := c.Execute()
-	return out.String(), err
+	return testcaddy.RateLimit(t, adminPort, args...)
 }
 
 func mustRateLimit(t *testing.T, args ...string) string {
