@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"math/bits"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -234,6 +235,9 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.unit = `;qu="content-bytes"`
 	}
 	z.action, z.maxDelay = parseAction(zc.Action), time.Duration(zc.MaxDelay)
+	if z.action == actionDelay && !zc.Windowed() {
+		z.limit.Debt = delayDebt(z.limit, z.maxDelay)
+	}
 	z.burstValue = z.limit.EffectiveBurst()
 	z.policy = policyItem(name, z.limit) + z.unit
 	z.exceeded = denialError(name)
@@ -306,6 +310,27 @@ func policyQuota(l limiter.Limit) (q, w int64) {
 	// at most 10^6 by validation.
 	perSecond := new(big.Int).Quo(den, big.NewInt(int64(l.Window)))
 	return perSecond.Int64(), 1
+}
+
+// delayDebt is the debt a bucket zone that holds requests up to maxDelay
+// needs (limiter.Limit.Debt): the tokens that return within maxDelay, so
+// that every request whose tokens are free by then can reserve them, however
+// many arrive at once; at least the default (a burst), at most
+// limiter.MaxBurst. Without it, a key could owe only a burst, and with burst
+// 1 a second request arriving at once was refused although a token would be
+// free long before max_delay.
+func delayDebt(l limiter.Limit, maxDelay time.Duration) int64 {
+	// ⌈maxDelay × events / window⌉, in 128 bits: an hour's delay times a
+	// million events overflows 64.
+	hi, lo := bits.Mul64(uint64(maxDelay), uint64(l.Events))
+	if hi >= uint64(l.Window) {
+		return limiter.MaxBurst
+	}
+	q, r := bits.Div64(hi, lo, uint64(l.Window))
+	if r != 0 {
+		q++
+	}
+	return max(l.EffectiveBurst(), int64(min(q, limiter.MaxBurst)))
 }
 
 // ceilSeconds rounds d up to whole seconds; a duration that never ends counts
