@@ -1,7 +1,6 @@
 package layer4
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -356,18 +355,8 @@ func TestConnectionFloodIsLoggedAndListed(t *testing.T) {
 		t.Errorf("rate-limit zones: %v\n%s", err, out)
 	}
 	_ = caddy.Stop() // closes the log file
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		var e struct{ Level, Msg, Zone, Client_IP, Source, Outcome string }
-		if json.Unmarshal([]byte(line), &e) == nil && strings.HasPrefix(e.Msg, "connection rate") {
-			lines = append(lines, fmt.Sprint(e.Level, " ", e.Msg, " ", e.Zone, " ", e.Client_IP, " ", e.Source, " ", e.Outcome))
-		}
-	}
+	lines := testcaddy.LogEntries(t, file, "connection rate", "level", "msg", "zone", "client_ip", "source", "outcome")
 	if want := "[info connection rate exceeded l4_logged 127.0.50.3 127.0.50.0/24 denied]"; fmt.Sprint(lines) != want {
-		t.Errorf("log: %v, want %s\n%s", lines, want, data)
+		t.Errorf("log: %v, want %s", lines, want)
 	}
 }

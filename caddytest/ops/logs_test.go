@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -310,22 +309,12 @@ func TestRefusedWeightSaysWhy(t *testing.T) {
 	}
 	// The next load closes the log file, so that it is complete.
 	mustLoad(t, caddyfile("", `respond "ok"`))
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		var e struct{ Level, Msg, Zone, Source, Error string }
-		if json.Unmarshal([]byte(line), &e) == nil && e.Msg == "rate limit weight refused" {
-			got = append(got, e.Level+" "+e.Zone+" "+e.Source+" "+e.Error)
-		}
-	}
+	got := testcaddy.LogEntries(t, file, "rate limit weight refused", "level", "zone", "source", "error")
 	want := []string{
 		`info wlog 127.0.40.1/32 zone "wlog": weight {http.request.header.X-Cost} is empty: the request must give a whole number of at least 1`,
 		`info wlog 127.0.41.1/32 zone "wlog": weight {http.request.header.X-Cost} = "abc": must be a whole number of at least 1`,
 	}
 	if !slices.Equal(got, want) {
-		t.Errorf("log lines:\n%s\nwant:\n%s\nlog:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), data)
+		t.Errorf("log lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

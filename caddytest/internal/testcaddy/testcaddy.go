@@ -1,8 +1,9 @@
 // Package testcaddy holds what floodgate's integration test packages share
 // about the in-process Caddy they load configs into: loading a config and
 // waiting until only the new config listens (Load, Settle), an events
-// handler that records what it is given (Events), and an app that fails to
-// start (StartFailure). Only tests import it.
+// handler that records what it is given (Events), an app that fails to
+// start (StartFailure), and what an operator reads: `caddy rate-limit`'s
+// output (RateLimit) and the JSON logs (LogEntries). Only tests import it.
 package testcaddy
 
 import (

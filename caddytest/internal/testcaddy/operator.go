@@ -2,7 +2,9 @@ package testcaddy
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -30,4 +32,31 @@ func RateLimit(t testing.TB, adminPort int, args ...string) (string, error) {
 	c.SetArgs(args)
 	err := c.Execute()
 	return out.String(), err
+}
+
+// LogEntries reads a JSON log file that Caddy wrote and returns the entries
+// whose message starts with msg, each as its fields' values joined with
+// spaces in the order fields names them (e.g. "level", "zone").
+func LogEntries(t testing.TB, file, msg string, fields ...string) []string {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) != nil {
+			continue
+		}
+		if m, _ := e["msg"].(string); !strings.HasPrefix(m, msg) {
+			continue
+		}
+		var vals []string
+		for _, f := range fields {
+			vals = append(vals, fmt.Sprint(e[f]))
+		}
+		out = append(out, strings.Join(vals, " "))
+	}
+	return out
 }
