@@ -114,8 +114,12 @@ func (z *zone) chargeOf(key string) charge {
 // a zone keyed by address only, is an error rather than a key that no
 // request has: resetting it would report success and change nothing.
 func (z *zone) sourceCharge(key string) (charge, error) {
-	if key == "none" {
+	if key == "none" || key == "" {
 		return z.chargeOf(""), nil
+	}
+	layer4 := z.counts.layer4.Load()
+	if len(z.keys) == 0 && !layer4 {
+		return charge{}, fmt.Errorf("zone %q has no key: every request it applies to shares one bucket, the source none", z.name)
 	}
 	if hex, ok := strings.CutPrefix(key, "key:"); ok && len(hex) == 16 {
 		if h, err := strconv.ParseUint(hex, 16, 64); err == nil {
@@ -140,21 +144,23 @@ func (z *zone) sourceCharge(key string) (charge, error) {
 	}
 	c := z.chargeOf(key)
 	if !c.addr.IsValid() && z.keyedByAddress() {
-		return charge{}, fmt.Errorf("key %q is not an IP address or network: zone %q is keyed by the client's address (%s), so its sources are networks such as 192.0.2.0/%d",
-			key, z.name, strings.Join(z.keyNames, " "), z.v4)
+		return charge{}, fmt.Errorf("key %q is not an IP address or network: zone %q is keyed by the client's address, so its sources are networks such as 192.0.2.0/%d",
+			key, z.name, z.v4)
 	}
 	return c, nil
 }
 
 // keyedByAddress reports whether every key of z is the client's or the
-// peer's address, so that a key which is not an address names no source.
+// peer's address (or z has no key and a layer4 matcher charges it by the
+// connection's address), so that a key which is not an address names no
+// source.
 func (z *zone) keyedByAddress() bool {
 	for _, k := range z.keys {
 		if k.kind != keyClientIP && k.kind != keyRemoteIP {
 			return false
 		}
 	}
-	return len(z.keys) > 0
+	return len(z.keys) > 0 || z.counts.layer4.Load()
 }
 
 // recordDenied notes in the zone's top sketch that it denied charge c of
