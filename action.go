@@ -251,9 +251,10 @@ func count(verdicts []verdict, denied bool) {
 }
 
 // passLogged lets through a request that a zone with action log would have
-// denied, with what a denial would have set (Retry-After, the RateLimit
-// headers, the placeholders, a log line) for operators to see what
-// enforcing would do.
+// denied, with what a denial would have set for operators to see what
+// enforcing would do (the placeholders, a log line, the counts), but nothing
+// a client sees: no Retry-After, and the RateLimit headers of the enforcing
+// zones only, as without the dry run.
 func (h *Handler) passLogged(w http.ResponseWriter, q *request, verdicts []verdict, main int, next caddyhttp.Handler, now time.Time) error {
 	h.overLimit(w, q, verdicts, main, now, false)
 	return h.serveCharged(w, q.r, verdicts, next)

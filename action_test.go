@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/storage"
 )
 
@@ -126,5 +127,22 @@ func TestDelayedRequestIsDeniedIfTheClusterStaysFullPastMaxDelay(t *testing.T) {
 	}
 	if n := z.counts.held.Load(); n != 0 {
 		t.Errorf("%d still held", n)
+	}
+}
+
+func TestDelayDebtReservesWhatReturnsWithinMaxDelay(t *testing.T) {
+	for _, c := range []struct {
+		l        limiter.Limit
+		maxDelay time.Duration
+		want     int64
+	}{
+		{limiter.Limit{Events: 5, Window: time.Second, Burst: 1}, time.Second, 5},
+		{limiter.Limit{Events: 5, Window: time.Second, Burst: 1}, 1100 * time.Millisecond, 6},
+		{limiter.Limit{Events: 100, Window: time.Minute, Burst: 10}, time.Second, 10},
+		{limiter.Limit{Events: 1_000_000, Window: time.Second, Burst: 1}, time.Hour, limiter.MaxBurst},
+	} {
+		if got := delayDebt(c.l, c.maxDelay); got != c.want {
+			t.Errorf("%v, max delay %v: debt %d, want %d", c.l, c.maxDelay, got, c.want)
+		}
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -102,6 +104,63 @@ func (z *zone) chargeOf(key string) charge {
 		return charge{hash: limiter.Hash(nil), key: -1}
 	}
 	return z.textCharge(key, 0)
+}
+
+// sourceCharge is what the admin API's key names in z: a source as `top`
+// and the denial log print it (a masked network such as 127.0.9.0/24,
+// `key:` and a key's hash, `none` for the bucket of requests without a
+// key), or a key as a request would carry it (chargeOf). A network of
+// another size than the zone's prefixes, or text that is not an address in
+// a zone keyed by address only, is an error rather than a key that no
+// request has: resetting it would report success and change nothing.
+func (z *zone) sourceCharge(key string) (charge, error) {
+	if key == "none" || key == "" {
+		return z.chargeOf(""), nil
+	}
+	layer4 := z.counts.layer4.Load()
+	if len(z.keys) == 0 && !layer4 {
+		return charge{}, fmt.Errorf("zone %q has no key: every request it applies to shares one bucket, the source none", z.name)
+	}
+	if hex, ok := strings.CutPrefix(key, "key:"); ok && len(hex) == 16 {
+		if h, err := strconv.ParseUint(hex, 16, 64); err == nil {
+			return charge{hash: h}, nil
+		}
+	}
+	if p, err := netip.ParsePrefix(key); err == nil {
+		a := p.Addr().Unmap()
+		bits := z.v6
+		if a.Is4() {
+			bits = z.v4
+		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			// ::ffff:192.0.2.0/120 is the IPv4 network 192.0.2.0/24.
+			p = netip.PrefixFrom(a, p.Bits()-96)
+		}
+		if p.Bits() != bits {
+			return charge{}, fmt.Errorf("%s is not a source of zone %q: its sources are /%d networks for IPv4 and /%d for IPv6 (ipv4_prefix, ipv6_prefix); give an address or a /%d network",
+				key, z.name, z.v4, z.v6, bits)
+		}
+		return z.network(a, 0), nil
+	}
+	c := z.chargeOf(key)
+	if !c.addr.IsValid() && z.keyedByAddress() {
+		return charge{}, fmt.Errorf("key %q is not an IP address or network: zone %q is keyed by the client's address, so its sources are networks such as 192.0.2.0/%d",
+			key, z.name, z.v4)
+	}
+	return c, nil
+}
+
+// keyedByAddress reports whether every key of z is the client's or the
+// peer's address (or z has no key and a layer4 matcher charges it by the
+// connection's address), so that a key which is not an address names no
+// source.
+func (z *zone) keyedByAddress() bool {
+	for _, k := range z.keys {
+		if k.kind != keyClientIP && k.kind != keyRemoteIP {
+			return false
+		}
+	}
+	return len(z.keys) > 0 || z.counts.layer4.Load()
 }
 
 // recordDenied notes in the zone's top sketch that it denied charge c of
@@ -351,8 +410,9 @@ func handleTop(w http.ResponseWriter, r *http.Request) error {
 // handleKey answers GET (what the key would get now, charging nothing) and
 // DELETE (make the key's buckets full again and, in a distributed zone,
 // reset it across the cluster; then answer as GET) for
-// /rate_limit/zones/{zone}/keys/{key}. The key is masked and hashed as a
-// request's would be.
+// /rate_limit/zones/{zone}/keys/{key}. The key is a source as /top names it,
+// or a key masked and hashed as a request's would be (sourceCharge); one
+// that names no source of the zone is a 400.
 func handleKey(w http.ResponseWriter, r *http.Request) error {
 	if err := onlyMethods(w, r, http.MethodGet, http.MethodDelete); err != nil {
 		return err
@@ -361,7 +421,10 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	c := z.chargeOf(r.PathValue("key"))
+	c, err := z.sourceCharge(r.PathValue("key"))
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
 	now := time.Now()
 	var clusterReset string
 	if r.Method == http.MethodDelete {

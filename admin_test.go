@@ -100,3 +100,48 @@ func TestTableStatsAreMeasuredAtMostOncePerInterval(t *testing.T) {
 		t.Errorf("not measured again after %v", statsEvery)
 	}
 }
+
+// TestKeysNameASourceOrFail: the admin API takes a key as a request carries
+// it or a source as /top prints it, and refuses what names no source of the
+// zone rather than answer for a bucket no request uses.
+func TestKeysNameASourceOrFail(t *testing.T) {
+	limit := zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour), IPv4Prefix: ptr(24), IPv6Prefix: ptr(48)}
+	h := newTestHandler(t, nil, map[string]*Zone{
+		"by_ip":   {Key: "{client_ip}", Limit: limit},
+		"by_user": {Key: "{http.request.header.X-User}", Limit: limit},
+		"keyless": {Limit: limit},
+	})
+	zones := map[string]*zone{}
+	for _, z := range h.zones {
+		zones[z.name] = z
+	}
+	user := zones["by_user"].chargeOf("alice")
+	for _, c := range []struct {
+		zone, key, source, err string
+	}{
+		{"by_ip", "192.0.2.77", "192.0.2.0/24", ""},
+		{"by_ip", "192.0.2.0/24", "192.0.2.0/24", ""},
+		{"by_ip", "2001:db8:1::/48", "2001:db8:1::/48", ""},
+		{"by_ip", "none", "none", ""},
+		{"by_ip", "192.0.0.0/16", "", `192.0.0.0/16 is not a source of zone "by_ip": its sources are /24 networks for IPv4 and /48 for IPv6`},
+		{"by_ip", "not-an-ip", "", `key "not-an-ip" is not an IP address or network: zone "by_ip" is keyed by the client's address`},
+		{"by_user", "alice", zones["by_user"].source(user), ""},
+		{"by_user", zones["by_user"].source(user), zones["by_user"].source(user), ""},
+		{"keyless", "none", "none", ""},
+		{"keyless", "alice", "", `zone "keyless" has no key`},
+	} {
+		z := zones[c.zone]
+		ch, err := z.sourceCharge(c.key)
+		switch {
+		case c.err != "":
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s %q: %v, want an error with %q", c.zone, c.key, err, c.err)
+			}
+		case err != nil || z.source(ch) != c.source:
+			t.Errorf("%s %q: %q %v, want %q", c.zone, c.key, z.source(ch), err, c.source)
+		}
+	}
+	if ch, _ := zones["by_user"].sourceCharge(zones["by_user"].source(user)); ch.hash != user.hash {
+		t.Errorf("key:<hash> names hash %x, want alice's %x", ch.hash, user.hash)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	maphandler "github.com/caddyserver/caddy/v2/modules/caddyhttp/map"
 	"go.uber.org/zap"
 )
 
@@ -78,7 +80,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.global[name] = z
 		a.defs[name] = def
 		a.live = append(a.live, z)
-		a.warn(z, zc)
 	}
 	if a.Distributed != nil && len(a.global) > 0 {
 		var zones []*zone
@@ -140,7 +141,6 @@ func (a *App) inlineZone(ctx caddy.Context, name string, zc *Zone) (z *zone, own
 	a.defs[name] = def
 	a.inline[name] = z
 	a.live = append(a.live, z)
-	a.warn(z, zc)
 	return z, true, nil
 }
 
@@ -181,12 +181,57 @@ func showField(name string, v json.RawMessage) string {
 	return string(v)
 }
 
-// warn logs, once per zone and config load, what in zc loads but does not
-// limit the way its operator most likely means (see Zone.warnings).
-func (a *App) warn(z *zone, zc *Zone) {
-	for _, w := range zc.warnings() {
-		a.logger.Warn(fmt.Sprintf("zone %q: %s", z.name, w), zap.String("zone", z.name))
+// warn logs, once per config load, what in its zones loads but does not
+// limit the way its operator most likely means (see Zone.warnings), and
+// whether their tables add up to more than bigTotal. It runs at Start, when
+// every module of the config is provisioned, so that it knows the
+// placeholders the config's handlers set.
+func (a *App) warn() {
+	set := placeholdersSet(a.ctx)
+	for _, z := range a.live {
+		for _, w := range z.conf.warnings(set) {
+			a.logger.Warn(fmt.Sprintf("zone %q: %s", z.name, w), zap.String("zone", z.name))
+		}
 	}
+	if w := totalSizeWarning(a.live); w != "" {
+		a.logger.Warn(w)
+	}
+}
+
+// placeholdersSet returns the placeholders that the map handlers of the
+// config's HTTP app set, at any depth of its routes.
+func placeholdersSet(ctx caddy.Context) map[string]bool {
+	set := make(map[string]bool)
+	app, err := ctx.AppIfConfigured("http")
+	if err != nil {
+		return set
+	}
+	h, ok := app.(*caddyhttp.App)
+	if !ok {
+		return set
+	}
+	var walk func(caddyhttp.RouteList, *caddyhttp.HTTPErrorConfig)
+	walk = func(routes caddyhttp.RouteList, errs *caddyhttp.HTTPErrorConfig) {
+		if errs != nil {
+			walk(errs.Routes, nil)
+		}
+		for _, r := range routes {
+			for _, mh := range r.Handlers {
+				switch mh := mh.(type) {
+				case *maphandler.Handler:
+					for _, d := range mh.Destinations {
+						set[d] = true
+					}
+				case *caddyhttp.Subroute:
+					walk(mh.Routes, mh.Errors)
+				}
+			}
+		}
+	}
+	for _, srv := range h.Servers {
+		walk(srv.Routes, srv.Errors)
+	}
+	return set
 }
 
 // Start puts the limits of this config's zones in force and starts the
@@ -194,6 +239,7 @@ func (a *App) warn(z *zone, zc *Zone) {
 // survived a reload keeps what every key consumed: raising events from 3 to 5
 // gives an exhausted key 2 more requests at once.
 func (a *App) Start() error {
+	a.warn()
 	for _, z := range a.live {
 		if err := z.table.putInForce(a, z.limit); err != nil {
 			_ = a.Stop()

@@ -65,7 +65,9 @@ func init() {
 //	    headers on|off                     # RateLimit headers; default on
 //	}
 //
-// Each setting may appear once in a zone. A zone name defined the same way in
+// Each setting may appear once in a zone, and once in the directive's
+// block; a weight rule after one without a matcher block would never apply
+// and is an error too. A zone name defined the same way in
 // several directives (an imported snippet) is one zone; defined differently,
 // an error naming both places.
 func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
@@ -130,7 +132,13 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 			return err
 		}
 	}
+	seen := make(zoneconf.Fields)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		if d.Val() != "zone" {
+			if err := seen.Once(d, ""); err != nil {
+				return err
+			}
+		}
 		switch d.Val() {
 		case "zone":
 			if !d.NextArg() {
@@ -176,8 +184,11 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 				return err
 			}
 			j, err := strconv.ParseFloat(v, 64)
-			if err != nil || j < 0 || math.IsNaN(j) || math.IsInf(j, 0) {
-				return d.Errf("jitter %q: must be a number of at least 0 (a fraction of the wait, e.g. 0.2)", v)
+			if err != nil || j < 0 || math.IsNaN(j) {
+				return d.Errf("jitter %q: must be a fraction of the wait from 0 to 1, e.g. 0.2", v)
+			}
+			if why := jitterProblem(j); why != "" {
+				return d.Errf("jitter %q: %s", v, why)
 			}
 			rl.Jitter = j
 		case "log_key":
@@ -421,15 +432,18 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 			}
 			zc.MatcherSetsRaw = append(zc.MatcherSetsRaw, ms)
 		case "weight":
-			if err := zc.unmarshalWeight(d, fmt.Sprintf("zone %q: ", name)); err != nil {
+			if err := zc.unmarshalWeight(d, where, seen); err != nil {
 				return nil, err
 			}
 		case "quota":
-			if err := zc.unmarshalQuota(d, fmt.Sprintf("zone %q: ", name)); err != nil {
+			if err := zc.unmarshalQuota(d, where); err != nil {
 				return nil, err
 			}
 		case "action":
-			if err := zc.unmarshalAction(d, fmt.Sprintf("zone %q: ", name)); err != nil {
+			if err := seen.Once(d, where); err != nil {
+				return nil, err
+			}
+			if err := zc.unmarshalAction(d, where); err != nil {
 				return nil, err
 			}
 		default:

@@ -30,9 +30,23 @@ func parseWeightValue(d *caddyfile.Dispenser, where string) (weight.Value, error
 //	weight <n|placeholder> [{ <matchers> }]
 //	weight response_header <field>
 //	weight response_bytes
-func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string) error {
+//
+// seen holds the zone's settings so far: response_header and response_bytes
+// may be written once, and a rule after one without matchers (which prices
+// every request) would never apply.
+func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string, seen zoneconf.Fields) error {
 	if !d.NextArg() {
 		return d.ArgErr()
+	}
+	switch d.Val() {
+	case "response_header", "response_bytes":
+		if err := seen.OnceAs(d, where, "weight "+d.Val()); err != nil {
+			return err
+		}
+	default:
+		if first, ok := seen[everyRequest]; ok {
+			return d.Errf("%sweight %s never applies: the weight rule at %s has no matcher block, so it prices every request (rules are tried in order; give that one a block or keep one)", where, d.Val(), first)
+		}
 	}
 	switch d.Val() {
 	case "response_header":
@@ -63,10 +77,16 @@ func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string) error {
 	}
 	if len(ms) > 0 {
 		rule.MatcherSetsRaw = caddyhttp.RawMatcherSets{ms}
+	} else {
+		seen[everyRequest] = place(d)
 	}
 	zc.Weights = append(zc.Weights, rule)
 	return nil
 }
+
+// everyRequest is where, in a zone's zoneconf.Fields, the zone's weight rule
+// without matchers is recorded.
+const everyRequest = "weight <n> without a matcher block"
 
 // unmarshalQuota reads `quota <n> <duration>`.
 func (zc *Zone) unmarshalQuota(d *caddyfile.Dispenser, where string) error {

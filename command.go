@@ -22,7 +22,9 @@ func init() {
 		Long: `
 Talks to the admin API of a running Caddy (/rate_limit/...):
 
-  zones              every zone: limits, counts, memory, occupancy
+  zones              every zone: limits, counts (of requests, and of
+                     connections for a zone a layer4 matcher uses),
+                     memory, occupancy
   top <zone>         the sources the zone denied most in the last 1-2 minutes
   key <zone> <key>   what a key would get now; asking charges nothing
   reset <zone> <key> make the key's buckets full again, so it passes; in a
@@ -127,6 +129,11 @@ func printZones(out io.Writer, zs []ZoneInfo) {
 	}
 	w.Flush()
 	for _, z := range zs {
+		// The table's counts are of HTTP requests; a zone a layer4
+		// matcher uses counts connections beside them.
+		if c := z.Connections; c != nil {
+			fmt.Fprintf(out, "zone %s: layer4 connections: %d allowed, %d denied, %d logged\n", z.Name, c.Allowed, c.Denied, c.Logged)
+		}
 		if x := z.XDP; x != nil {
 			fmt.Fprintf(out, "zone %s: XDP on %s (%s mode): %d SYNs passed, %d dropped\n", z.Name, x.Interface, x.Mode, x.Passed, x.Dropped)
 		}

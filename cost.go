@@ -32,13 +32,10 @@ type costRule struct {
 	matchers caddyhttp.MatcherSets
 }
 
-// grantable is the largest weight the zone can ever grant: its burst, or a
-// smaller quota.
+// grantable is the largest weight the zone can ever grant: its effective
+// burst, or a smaller quota.
 func (zc *Zone) grantable() int64 {
-	g := zc.Burst
-	if g == 0 {
-		g = zc.MaxEvents
-	}
+	g := zc.Rate().EffectiveBurst()
 	for _, q := range zc.Quotas {
 		g = min(g, q.MaxEvents)
 	}
@@ -50,6 +47,9 @@ func (zc *Zone) validateWeights(where string) error {
 	for i, rule := range zc.Weights {
 		if rule == nil || rule.Weight.IsZero() {
 			return fmt.Errorf("%sweights[%d]: a weight is required", where, i)
+		}
+		if i > 0 && len(zc.Weights[i-1].MatcherSetsRaw) == 0 {
+			return fmt.Errorf("%sweights[%d] never applies: weights[%d] has no matchers, so it prices every request (rules are tried in order)", where, i, i-1)
 		}
 		if err := rule.Weight.CheckFixed(zc.grantable(), "the zone"); err != nil {
 			return fmt.Errorf("%s%v", where, err)

@@ -12,6 +12,9 @@ import (
 // source in each interval is logged at INFO, with the number of its denials
 // that were not logged at INFO since its previous INFO line; the others are
 // logged at DEBUG. A source is what a zone charged: its hash (see charge).
+// The connections a layer4 matcher drops go through the same log
+// (layer4.Zone.Note), and the requests refused for their weight through one
+// of their own (Handler.logRefusedWeight).
 
 const (
 	// denialLogInterval is how often a source that keeps being denied gets
@@ -122,11 +125,12 @@ func (l *denialLog) spend(iv uint64) bool {
 	}
 }
 
-// denialLog returns the zone's denial log, making it at the first denial.
-func (z *zone) denialLog() *denialLog {
-	if l := z.denials.Load(); l != nil {
+// logOf returns the log p points to, making it at its first use: a zone's
+// denials, or its requests refused for their weight.
+func logOf(p *atomic.Pointer[denialLog]) *denialLog {
+	if l := p.Load(); l != nil {
 		return l
 	}
-	z.denials.CompareAndSwap(nil, newDenialLog())
-	return z.denials.Load()
+	p.CompareAndSwap(nil, newDenialLog())
+	return p.Load()
 }

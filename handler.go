@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -55,7 +54,8 @@ type Handler struct {
 
 	// Jitter adds a random fraction of the wait, from 0 up to jitter times
 	// the wait, to Retry-After, so clients told to wait do not all return
-	// at once. 0.2 adds up to 20%. Default 0; must not be negative.
+	// at once. 0.2 adds up to 20%. Default 0; from 0 to 1 (a jitter of 1
+	// at most doubles the wait).
 	Jitter float64 `json:"jitter,omitempty"`
 
 	// SweepInterval is accepted for compatibility with caddy-ratelimit and
@@ -224,11 +224,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// jitterProblem says why j cannot be a jitter, or "". Jitter is a fraction of
+// the wait (DESIGN.md §4), so above 1 it is most likely a percentage (20 for
+// 20%), which would tell clients to wait 21 times as long as they must.
+func jitterProblem(j float64) string {
+	if !(j >= 0 && j <= 1) {
+		return fmt.Sprintf("must be a fraction of the wait from 0 to 1 (0.2 adds up to 20%%); %v would make Retry-After up to %v times the wait", j, 1+j)
+	}
+	return ""
+}
+
 // Validate checks the handler's own settings, naming the field at fault.
 // Zones are checked as they are provisioned.
 func (h *Handler) Validate() error {
-	if h.Jitter < 0 || math.IsNaN(h.Jitter) {
-		return fmt.Errorf("jitter %v: must be a fraction of the wait, at least 0", h.Jitter)
+	if why := jitterProblem(h.Jitter); why != "" {
+		return fmt.Errorf("jitter %v: %s", h.Jitter, why)
 	}
 	if h.SweepInterval < 0 {
 		return fmt.Errorf("sweep_interval %v: must not be negative", time.Duration(h.SweepInterval))
@@ -303,6 +313,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		wt, err := z.weightOf(r, q.repl, h.Weight)
 		if err != nil {
 			txn.Rollback()
+			h.logRefusedWeight(&q, z, v.c, err, now)
 			return err
 		}
 		v.weight = wt
@@ -455,7 +466,11 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 	v := verdicts[main]
 	d := &denial{z: v.z, remaining: v.d.Remaining, retryAfter: max(ceilSeconds(wait), 1), keyName: v.z.keyName(v.c)}
 	hdr := w.Header()
-	d.headers.setRetryAfter(hdr, d.retryAfter)
+	if enforcing {
+		// A dry run sends no Retry-After: clients see what they would
+		// see without the zones that only log.
+		d.headers.setRetryAfter(hdr, d.retryAfter)
+	}
 	if !h.DisableHeaders {
 		d.headers.setRateLimit(hdr, verdicts)
 	}
@@ -468,7 +483,7 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 	q.repl.Map(d.placeholder)
 
 	if h.logger.Core().Enabled(zapcore.InfoLevel) {
-		info, suppressed := v.z.denialLog().note(v.c.hash, now)
+		info, suppressed := logOf(&v.z.denials).note(v.c.hash, now)
 		level := zapcore.DebugLevel
 		if info {
 			level = zapcore.InfoLevel
@@ -511,6 +526,39 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 			data["key"] = d.key
 		}
 		h.events.Emit(h.ctx, exceededEvent, data)
+	}
+}
+
+// logRefusedWeight logs a request that z answered with an error because of
+// its weight (a 400 for a weight that is missing or not a number it can
+// grant): at INFO for the first of a source's such requests in each
+// interval of the denial log, which bounds the lines under a flood as for
+// denials (denylog.go), at DEBUG for the others. Without it, a client sent
+// a bare 400 and the operator saw nothing.
+func (h *Handler) logRefusedWeight(q *request, z *zone, c charge, err error, now time.Time) {
+	if !h.logger.Core().Enabled(zapcore.InfoLevel) {
+		return
+	}
+	info, suppressed := logOf(&z.refusals).note(c.hash, now)
+	level := zapcore.DebugLevel
+	if info {
+		level = zapcore.InfoLevel
+	}
+	if ce := h.logger.Check(level, "rate limit weight refused"); ce != nil {
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) {
+			err = he.Err // without the trace and ID, which say nothing here
+		}
+		fields := []zap.Field{
+			zap.String("zone", z.name),
+			zap.String("client_ip", q.clientIP().text),
+			zap.String("source", z.source(c)),
+			zap.Error(err),
+		}
+		if info {
+			fields = append(fields, zap.Int64("suppressed", suppressed))
+		}
+		ce.Write(fields...)
 	}
 }
 

@@ -40,13 +40,33 @@ type responseHeaders struct {
 // zone is an item of its own, named after the zone and its window
 // (quotaName), with q its count and w its window. Zone names are restricted
 // (validZoneName) so that they need no escaping in a quoted string.
+//
+// A zone with action log (a dry run) has no item: a dry run must not change
+// what clients see, so a response is what it would be without that zone. If
+// every zone is a dry run, neither field is set.
 func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
-	if len(verdicts) == 1 {
-		h.policy[0] = verdicts[0].z.policy
-	} else {
+	n := 0
+	for _, v := range verdicts {
+		if v.z.action != actionLog {
+			n++
+		}
+	}
+	switch n {
+	case 0:
+		return
+	case 1:
+		for _, v := range verdicts {
+			if v.z.action != actionLog {
+				h.policy[0] = v.z.policy
+			}
+		}
+	default:
 		b := h.start()
-		for i, v := range verdicts {
-			if i > 0 {
+		for _, v := range verdicts {
+			if v.z.action == actionLog {
+				continue
+			}
+			if len(b) > 0 {
 				b = append(b, ", "...)
 			}
 			b = append(b, v.z.policy...)
@@ -54,8 +74,11 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 		h.policy[0] = h.text(b)
 	}
 	b := h.start()
-	for i, v := range verdicts {
-		if i > 0 {
+	for _, v := range verdicts {
+		if v.z.action == actionLog {
+			continue
+		}
+		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
 		// d is the zone's answer; with quotas, that combines the rate's

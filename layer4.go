@@ -70,7 +70,7 @@ func (a *App) sharedWithLayer4(z *zone) {
 func (z *zone) layer4() layer4.Zone {
 	z.counts.layer4.Store(true)
 	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6,
-		DryRun: z.action == actionLog, Count: z.counts.countConnection,
+		DryRun: z.action == actionLog, Count: z.counts.countConnection, Note: logOf(&z.denials).note,
 		SYNCharged: z.table.xdp.synCharged()}
 }
 

@@ -106,7 +106,7 @@ var (
 		"HTTP requests checked by a rate_limit zone, by zone and outcome (allowed, denied, logged, delayed).",
 		[]string{"zone", "outcome"}, nil)
 	weightDesc = prometheus.NewDesc("caddy_rate_limit_weight_total",
-		"Weight of the HTTP requests checked by a rate_limit zone, by zone and outcome.",
+		"Weight of the HTTP requests checked by a rate_limit zone, by zone and outcome: each request's weight when it arrived (1 unless a weight rule says otherwise), without the costs responses report later.",
 		[]string{"zone", "outcome"}, nil)
 	connectionsDesc = prometheus.NewDesc("caddy_rate_limit_connections_total",
 		"Connections checked by a layer4 rate_limit matcher, by zone and outcome (allowed, denied, logged).",

@@ -1,8 +1,12 @@
 package floodgate
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
+	"net/textproto"
+	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -24,27 +28,32 @@ import (
 // few keys use.
 
 // warnings returns what in zc will not limit as its operator most likely
-// means, one sentence each, without the zone's name.
-func (zc *Zone) warnings() []string {
+// means, one sentence each, without the zone's name. set holds the
+// placeholders that handlers of the config set (a map's destinations), which
+// a key may use although Caddy's server does not know them.
+func (zc *Zone) warnings(set map[string]bool) []string {
 	var out []string
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
 		if k != "" {
-			out = append(out, keyWarnings(expandShorthands(k))...)
+			out = append(out, keyWarnings(expandShorthands(k), set)...)
 		}
 	}
 	if w := zc.memoryWarning(); w != "" {
+		out = append(out, w)
+	}
+	if w := zc.sizeWarning(); w != "" {
 		out = append(out, w)
 	}
 	return out
 }
 
 // keyWarnings returns what is wrong with one key template, its shorthands
-// expanded.
-func keyWarnings(key string) []string {
+// expanded; set is as for Zone.warnings.
+func keyWarnings(key string, set map[string]bool) []string {
 	names := placeholders(key)
 	if len(names) == 0 {
-		if p := expandShorthands("{" + key + "}"); knownPlaceholder(p[1 : len(p)-1]) {
-			return []string{fmt.Sprintf("key %q has no braces, so it is that text for every request and every client shares one bucket; write the placeholder {%s}", key, key)}
+		if w := constantKeyWarning(key); w != "" {
+			return []string{w}
 		}
 		return nil
 	}
@@ -53,11 +62,54 @@ func keyWarnings(key string) []string {
 		switch {
 		case name == "http.request.remote" || name == "http.request.remote.port":
 			out = append(out, fmt.Sprintf("key %q contains {%s}, the client's port: every new connection is a new key with a full bucket, so a client that reconnects is never limited; use {client_ip} (or {remote_host})", key, name))
-		case !knownPlaceholder(name):
+		case !knownPlaceholder(name) && !set[name]:
 			out = append(out, fmt.Sprintf("key %q contains {%s}, which is not a placeholder of Caddy's HTTP server: unless a handler before rate_limit sets it, it expands to nothing and every request without it shares one bucket", key, name))
 		}
 	}
 	return out
+}
+
+// nginxVariable is nginx's syntax for a variable ($http_x_api_key), which
+// Caddy does not expand.
+var nginxVariable = regexp.MustCompile(`\$([a-z_][a-z0-9_]*)`)
+
+// constantKeyWarning says why a key without placeholders looks like a
+// placeholder mistyped (no braces, a brace without its pair, nginx's
+// $variable), so that it is the same text for every request and every client
+// shares one bucket; or "" for a constant that looks meant, such as
+// caddy-ratelimit's `key static`.
+func constantKeyWarning(key string) string {
+	const shared = "so it is that text for every request and every client shares one bucket"
+	if p := expandShorthands("{" + key + "}"); knownPlaceholder(p[1 : len(p)-1]) {
+		return fmt.Sprintf("key %q has no braces, %s; write the placeholder {%s}", key, shared, key)
+	}
+	if strings.ContainsAny(key, "{}") && !strings.Contains(key, `\{`) && !strings.Contains(key, `\}`) {
+		fix := "a placeholder in a pair of braces, e.g. {header.X-API-Key}"
+		if strings.Count(key, "{") == 1 && strings.HasPrefix(key, "{") && !strings.Contains(key, "}") {
+			fix = "the placeholder " + key + "}"
+		}
+		return fmt.Sprintf("key %q has a brace without its pair, so it is no placeholder: it is that text for every request and every client shares one bucket; write %s", key, fix)
+	}
+	if m := nginxVariable.FindStringSubmatch(key); m != nil {
+		return fmt.Sprintf("key %q is nginx's variable syntax, which Caddy does not expand, %s; write the placeholder %s", key, shared, nginxPlaceholder(m[1]))
+	}
+	return ""
+}
+
+// nginxPlaceholder is the Caddy placeholder for nginx's variable name, or
+// examples of placeholders if there is none.
+func nginxPlaceholder(name string) string {
+	switch {
+	case name == "remote_addr" || name == "binary_remote_addr":
+		return "{client_ip}"
+	case strings.HasPrefix(name, "http_") && len(name) > len("http_"):
+		return "{header." + textproto.CanonicalMIMEHeaderKey(strings.ReplaceAll(name[len("http_"):], "_", "-")) + "}"
+	case strings.HasPrefix(name, "arg_") && len(name) > len("arg_"):
+		return "{query." + name[len("arg_"):] + "}"
+	case strings.HasPrefix(name, "cookie_") && len(name) > len("cookie_"):
+		return "{cookie." + name[len("cookie_"):] + "}"
+	}
+	return "such as {client_ip} or {header.X-API-Key}"
 }
 
 // placeholders returns the names of the placeholders in a key template,
@@ -131,3 +183,53 @@ func (zc *Zone) memoryWarning() string {
 // minSources is the fewest flooding keys a keyed zone's table should bear at
 // the default false-deny probability before a warning says it is too small.
 const minSources = 100
+
+// Sizes above which a configuration's tables are worth a word at load. The
+// default zone (sources 100,000, false_deny 0.005) is 10.6 MiB; tables are
+// allocated at load and a flood touches every line, so what the
+// configuration asks for is memory an attack makes resident.
+const (
+	// bigZone: 256 MiB per zone, 24 default zones' worth, bears about 2.4
+	// million flooding sources at the default false_deny: a larger table
+	// is more likely a typo in sources or memory (an extra zero) than a
+	// sizing decision.
+	bigZone = 256 << 20
+	// bigTotal: 1 GiB across a config's zones, the memory of a small
+	// server, reached for example by a hundred default zones, each of which
+	// looks small on its own.
+	bigTotal = 1 << 30
+)
+
+// tableBytes is the size of zc's table.
+func (zc *Zone) tableBytes() int64 { return int64(zc.Lines()) * 64 }
+
+// sizeWarning says when zc's table is larger than bigZone, naming its size
+// and what it was sized from.
+func (zc *Zone) sizeWarning() string {
+	n := zc.tableBytes()
+	if n <= bigZone {
+		return ""
+	}
+	return fmt.Sprintf("its table is %s (from %s), allocated at load, more than the %s beyond which a zone is most likely sized by mistake; lower sources or memory, or raise false_deny",
+		humanize.IBytes(uint64(n)), zc.Sizing(), humanize.IBytes(bigZone))
+}
+
+// totalSizeWarning says when the tables of zones add up to more than
+// bigTotal, naming the total and the largest zones; "" otherwise.
+func totalSizeWarning(zones []*zone) string {
+	var total int64
+	for _, z := range zones {
+		total += z.conf.tableBytes()
+	}
+	if total <= bigTotal {
+		return ""
+	}
+	zones = slices.Clone(zones)
+	slices.SortStableFunc(zones, func(a, b *zone) int { return cmp.Compare(b.conf.tableBytes(), a.conf.tableBytes()) })
+	var largest []string
+	for _, z := range zones[:min(len(zones), 3)] {
+		largest = append(largest, fmt.Sprintf("%s %s", z.name, humanize.IBytes(uint64(z.conf.tableBytes()))))
+	}
+	return fmt.Sprintf("the tables of this config's %d rate_limit zones add up to %s, allocated at load, more than %s (largest: %s); size zones with sources and false_deny or memory, or share one zone between sites",
+		len(zones), humanize.IBytes(uint64(total)), humanize.IBytes(bigTotal), strings.Join(largest, ", "))
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"math/bits"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -78,8 +79,9 @@ type Zone struct {
 
 	// Action is what happens to a request this zone would deny: "deny"
 	// (default, a 429), "log" (a dry run: it passes, charging nothing, but
-	// is logged, counted and given the headers and placeholders of a
-	// denial) or "delay" (held until its tokens return, up to max_delay).
+	// is logged, counted and given the placeholders of a denial; it adds
+	// no header, so clients see what they would without the zone) or
+	// "delay" (held until its tokens return, up to max_delay).
 	// For the connections of a layer4 matcher, "log" is a dry run too (the
 	// connection is not closed); a delay zone cannot serve a layer4
 	// matcher and fails the config.
@@ -158,6 +160,9 @@ type zone struct {
 	// denials decides which denials are logged at INFO; made at the
 	// zone's first denial.
 	denials atomic.Pointer[denialLog]
+	// refusals decides likewise which requests refused for their weight
+	// are logged at INFO (Handler.logRefusedWeight).
+	refusals atomic.Pointer[denialLog]
 	// conf is the zone's configuration, as the admin API shows it.
 	conf *Zone
 	// counts are what the zone has done, shared by every config that has
@@ -230,11 +235,10 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.unit = `;qu="content-bytes"`
 	}
 	z.action, z.maxDelay = parseAction(zc.Action), time.Duration(zc.MaxDelay)
-	burst := z.limit.Burst
-	if burst == 0 {
-		burst = z.limit.Events
+	if z.action == actionDelay && !zc.Windowed() {
+		z.limit.Debt = delayDebt(z.limit, z.maxDelay)
 	}
-	z.burstValue = burst
+	z.burstValue = z.limit.EffectiveBurst()
 	z.policy = policyItem(name, z.limit) + z.unit
 	z.exceeded = denialError(name)
 	if err := z.provisionQuotas(zc); err != nil {
@@ -291,10 +295,7 @@ func policyItem(name string, l limiter.Limit) string {
 // policyQuota returns the q and w of policyItem for l, in exact integer
 // arithmetic: a year's window times a large burst overflows 64 bits.
 func policyQuota(l limiter.Limit) (q, w int64) {
-	burst := l.Burst
-	if burst == 0 {
-		burst = l.Events
-	}
+	burst := l.EffectiveBurst()
 	// w = ⌈window × burst / (events × 1 s)⌉
 	num := new(big.Int).Mul(big.NewInt(int64(l.Window)), big.NewInt(burst))
 	den := new(big.Int).Mul(big.NewInt(l.Events), big.NewInt(int64(time.Second)))
@@ -309,6 +310,27 @@ func policyQuota(l limiter.Limit) (q, w int64) {
 	// at most 10^6 by validation.
 	perSecond := new(big.Int).Quo(den, big.NewInt(int64(l.Window)))
 	return perSecond.Int64(), 1
+}
+
+// delayDebt is the debt a bucket zone that holds requests up to maxDelay
+// needs (limiter.Limit.Debt): the tokens that return within maxDelay, so
+// that every request whose tokens are free by then can reserve them, however
+// many arrive at once; at least the default (a burst), at most
+// limiter.MaxBurst. Without it, a key could owe only a burst, and with burst
+// 1 a second request arriving at once was refused although a token would be
+// free long before max_delay.
+func delayDebt(l limiter.Limit, maxDelay time.Duration) int64 {
+	// ⌈maxDelay × events / window⌉, in 128 bits: an hour's delay times a
+	// million events overflows 64.
+	hi, lo := bits.Mul64(uint64(maxDelay), uint64(l.Events))
+	if hi >= uint64(l.Window) {
+		return limiter.MaxBurst
+	}
+	q, r := bits.Div64(hi, lo, uint64(l.Window))
+	if r != 0 {
+		q++
+	}
+	return max(l.EffectiveBurst(), int64(min(q, limiter.MaxBurst)))
 }
 
 // ceilSeconds rounds d up to whole seconds; a duration that never ends counts

@@ -241,6 +241,53 @@ http://b.localhost:HTTP_PORT {
 	rate_limit /nothing
 	respond "b"
 }
+http://c.localhost:HTTP_PORT {
+	map {header.X-API-Key} {org} {
+		default anonymous
+	}
+	rate_limit {
+		zone warn_brace {
+			key {header.X-API-Key
+			events 5
+			window 1m
+		}
+		zone warn_nginx {
+			key $http_x_api_key
+			events 5
+			window 1m
+		}
+		zone warn_map {
+			key {org}
+			events 5
+			window 1m
+		}
+		zone warn_big {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 300MiB
+		}
+		zone warn_big2 {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 300MiB
+		}
+		zone warn_big3 {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 300MiB
+		}
+		zone warn_big4 {
+			key {client_ip}
+			events 5
+			window 1m
+			memory 300MiB
+		}
+	}
+	respond "c"
+}
 `
 	if err := load(t, cfg, "caddyfile"); err != nil {
 		t.Fatal(err)
@@ -265,6 +312,10 @@ http://b.localhost:HTTP_PORT {
 		{"warn_unknown", `zone "warn_unknown": key "{http.request.heder.X-Key}" contains {http.request.heder.X-Key}, which is not a placeholder of Caddy's HTTP server`},
 		{"warn_memory", `zone "warn_memory": memory 1000 B is a table of 15 lines`},
 		{"", "this rate_limit handler has no zone, so it limits nothing"},
+		{"warn_brace", `zone "warn_brace": key "{header.X-API-Key" has a brace without its pair, so it is no placeholder`},
+		{"warn_nginx", `zone "warn_nginx": key "$http_x_api_key" is nginx's variable syntax, which Caddy does not expand`},
+		{"warn_big", `zone "warn_big": its table is 300 MiB (from memory 300 MiB), allocated at load, more than the 256 MiB`},
+		{"", "the tables of this config's 11 rate_limit zones add up to 1.2 GiB, allocated at load, more than 1.0 GiB (largest: warn_big 300 MiB, warn_big2 300 MiB, warn_big3 300 MiB)"},
 	} {
 		n := 0
 		for k, c := range counts {
@@ -274,6 +325,12 @@ http://b.localhost:HTTP_PORT {
 		}
 		if n != 1 {
 			t.Errorf("warning %q for zone %q logged %d times, want once; warnings: %v", want.msg, want.zone, n, counts)
+		}
+	}
+	// {org} is set by the map before rate_limit.
+	for k := range counts {
+		if strings.HasPrefix(k, "warn_map | ") {
+			t.Errorf("false warning: %s", k)
 		}
 	}
 }
@@ -312,5 +369,42 @@ func TestHeaderPlaceholdersNeedTheDeferredForm(t *testing.T) {
 	// unknown placeholder as written, as the README says.
 	if got := resp.Header.Get("X-Too-Early"); got != "{http.rate_limit.zone}" {
 		t.Errorf("plain header: %q", got)
+	}
+}
+
+// TestDryRunChangesNothingClientsSee runs a zone with action log beside one
+// that enforces: the responses the dry run would deny carry exactly the
+// enforcing zone's headers, as they would without the dry run, and no
+// Retry-After.
+func TestDryRunChangesNothingClientsSee(t *testing.T) {
+	tc := newTester(t)
+	tc.InitServer(config("", `
+	rate_limit {
+		zone dry_enforced {
+			events 100
+			window 1h
+			burst 100
+		}
+		zone dry_trial {
+			events 1
+			window 1h
+			action log
+		}
+	}
+	respond "ok"`), "caddyfile")
+	for i := range 3 {
+		code, body, resp := get(t, tc, "/")
+		if code != 200 || body != "ok" {
+			t.Fatalf("request %d: %d %q", i+1, code, body)
+		}
+		if got, want := resp.Header.Get("RateLimit-Policy"), `"dry_enforced";q=100;w=3600`; got != want {
+			t.Errorf("request %d: RateLimit-Policy %q, want %q", i+1, got, want)
+		}
+		if got, want := resp.Header.Get("RateLimit"), fmt.Sprintf(`"dry_enforced";r=%d;t=`, 99-i); !strings.HasPrefix(got, want) || strings.Contains(got, "dry_trial") {
+			t.Errorf("request %d: RateLimit %q, want %q… only", i+1, got, want)
+		}
+		if got := resp.Header.Values("Retry-After"); len(got) > 0 {
+			t.Errorf("request %d: Retry-After %q, want none", i+1, got)
+		}
 	}
 }

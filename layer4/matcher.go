@@ -122,6 +122,13 @@ type Zone struct {
 	// Count, if not nil, is told the outcome of every connection the zone
 	// decided, for the zone's metrics.
 	Count func(Outcome)
+	// Note, if not nil, is told of every connection over the limit, by the
+	// hash of its source network, and says whether to log it at INFO and
+	// how many of the network's were not since its last INFO line: the
+	// zone's denial log, shared with its HTTP denials, so that a flood
+	// writes a line per network and interval, not one per connection.
+	// Without it, such connections are logged at DEBUG.
+	Note func(source uint64, now time.Time) (info bool, suppressed int64)
 	// SYNCharged, if not nil, reports whether the zone's XDP program
 	// charged a connection between these addresses on its SYN: the
 	// connection arrived on the program's interface, to one of its ports.
@@ -226,11 +233,7 @@ func (m *Matcher) inline() Inline {
 // DerivedName is the name of an unnamed inline limit: its settings, e.g.
 // "layer4:3/1h0m0s,burst=3,v4=24,v6=48".
 func DerivedName(l limiter.Limit, v4, v6 int) string {
-	burst := l.Burst
-	if burst == 0 {
-		burst = l.Events
-	}
-	return fmt.Sprintf("layer4:%d/%s,burst=%d,v4=%d,v6=%d", l.Events, l.Window, burst, v4, v6)
+	return fmt.Sprintf("layer4:%d/%s,burst=%d,v4=%d,v6=%d", l.Events, l.Window, l.EffectiveBurst(), v4, v6)
 }
 
 // Cleanup gives back the inline limit's buckets. They outlive this config if
@@ -301,15 +304,41 @@ func (z *Zone) decide(ip netip.Addr, now time.Time, logger *zap.Logger) bool {
 		if z.DryRun {
 			o = Logged
 		}
-		if ce := logger.Check(zap.DebugLevel, "connection rate exceeded"); ce != nil {
-			ce.Write(zap.String("zone", z.Name), zap.Stringer("outcome", o),
-				zap.Stringer("source_network", key.Prefix(z.IPv4Prefix, z.IPv6Prefix)))
-		}
+		z.log(logger, ip, key, o, now)
 	}
 	if z.Count != nil {
 		z.Count(o)
 	}
 	return o == Denied
+}
+
+// log logs a connection from ip over the zone's limit (outcome o, Denied or
+// Logged), as the HTTP handler logs a denial: at INFO for the first of its
+// network's in each interval of the zone's denial log (Note), with the
+// number not logged at INFO since; at DEBUG otherwise. A dry run's message
+// differs, so that filters of denials (fail2ban, CrowdSec) never ban for it.
+func (z *Zone) log(logger *zap.Logger, ip netip.Addr, key limiter.NetKey, o Outcome, now time.Time) {
+	if !logger.Core().Enabled(zap.InfoLevel) {
+		return
+	}
+	level, info, suppressed := zap.DebugLevel, false, int64(0)
+	if z.Note != nil {
+		if info, suppressed = z.Note(limiter.Hash(key.Bytes()), now); info {
+			level = zap.InfoLevel
+		}
+	}
+	msg := "connection rate exceeded"
+	if o == Logged {
+		msg = "connection rate would be exceeded"
+	}
+	if ce := logger.Check(level, msg); ce != nil {
+		fields := []zap.Field{zap.String("zone", z.Name), zap.String("client_ip", ip.String()),
+			zap.Stringer("source", key.Prefix(z.IPv4Prefix, z.IPv6Prefix)), zap.Stringer("outcome", o)}
+		if info {
+			fields = append(fields, zap.Int64("suppressed", suppressed))
+		}
+		ce.Write(fields...)
+	}
 }
 
 // synCharged reports whether charged says the connection's SYN was charged.

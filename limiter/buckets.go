@@ -246,7 +246,7 @@ table:
 		tick := p.ticks(ns)
 		t := at{now: uint32(tick)}
 		ln, sub, index := b.place(p, h)
-		d := Decision{Limit: p.limit.burst()}
+		d := Decision{Limit: p.limit.EffectiveBurst()}
 		capT := uint32(p.capT)
 		cost := uint32(p.per) // weight·per ≤ capT ≤ 2²⁹ for a weight that can be granted
 		commit := r != nil
@@ -461,7 +461,7 @@ func (r *Reservation) outstanding(p *bucketParams, i int, now uint64) uint32 {
 		}
 		a := aheadOf(r.end[i], uint32(f.oldTick)) // the charge's end, from the conversion
 		owed := uint64(min(paid, a)) * p.per / f.per
-		// The conversion caps the counter at a burst of debt: what of the
+		// The conversion caps the counter at the limit's debt: what of the
 		// charge lay beyond was dropped, and the cap is another charge's.
 		if end := (uint64(a)*p.per + f.per - 1) / f.per; end > p.ceil {
 			owed -= min(owed, end-p.ceil)
@@ -536,7 +536,7 @@ func (b *Buckets) Refund(r Reservation) { b.RefundAt(r, time.Now()) }
 // since, nothing once the charge has been refilled away. It never gives
 // back another request's charge, however late it comes. A Reservation
 // taken before the latest SetLimit is converted with the counters, less
-// what of it the conversion's cap at a burst of debt dropped; one taken
+// what of it the conversion's cap at the limit's debt dropped; one taken
 // before two SetLimits gives back nothing (the error is a grant too few,
 // never one too many).
 func (b *Buckets) RefundAt(r Reservation, now time.Time) {
@@ -552,10 +552,10 @@ func (b *Buckets) RefundAt(r Reservation, now time.Time) {
 // Charge charges weight tokens to the key with hash h at time now without
 // checking that it has them: for a cost known only after the request was
 // served (a response's size, say), or tokens reserved for a request that
-// will wait for them. Every counter of the key pays, up to a debt of one
-// burst beyond empty (twice the burst short of full), so a key charged past
-// its tokens is denied until it has paid the debt back, and no more than
-// about a burst. A weight below 1 charges nothing.
+// will wait for them. Every counter of the key pays, up to the limit's Debt
+// beyond empty (by default a burst: twice the burst short of full), so a key
+// charged past its tokens is denied until it has paid the debt back, and
+// owes no more than Debt. A weight below 1 charges nothing.
 //
 // Allowed reports whether at least one counter took the whole charge, the
 // only way the key's fullest counter holds it; false means the key is at
@@ -568,13 +568,13 @@ func (b *Buckets) Charge(h uint64, weight int64, now time.Time) (Decision, Reser
 	p := b.params()
 table:
 	for {
-		d := Decision{Limit: p.limit.burst()}
+		d := Decision{Limit: p.limit.EffectiveBurst()}
 		if weight < 1 {
 			return d, Reservation{}
 		}
 		tick := p.ticks(ns)
 		t := at{now: uint32(tick)}
-		cost := uint32(min(uint64(weight), 2*uint64(p.limit.burst())) * p.per) // ≤ ceil ≤ 2³⁰
+		cost := uint32(min(uint64(weight), p.ceil/p.per) * p.per) // ≤ ceil ≤ 2³⁰
 		ln, sub, index := b.place(p, h)
 		r := Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
 		best := uint32(math.MaxUint32)

@@ -47,12 +47,12 @@ type exactBucket struct {
 // at returns the tokens the key holds at ns (negative in debt).
 func (x *exactBucket) at(ns int64) *big.Rat {
 	l := x.first
-	tokens := big.NewRat(l.burst(), 1)
+	tokens := big.NewRat(l.EffectiveBurst(), 1)
 	last := int64(0)
 	refill := func(to int64) {
 		rate := big.NewRat(l.Events, int64(l.Window))
 		tokens.Add(tokens, rate.Mul(rate, big.NewRat(to-last, 1)))
-		if b := big.NewRat(l.burst(), 1); tokens.Cmp(b) > 0 {
+		if b := big.NewRat(l.EffectiveBurst(), 1); tokens.Cmp(b) > 0 {
 			tokens.Set(b)
 		}
 		last = to
@@ -64,13 +64,13 @@ func (x *exactBucket) at(ns int64) *big.Rat {
 		refill(e.ns)
 		switch {
 		case e.applied == nil:
-			used := new(big.Rat).Sub(big.NewRat(l.burst(), 1), tokens)
+			used := new(big.Rat).Sub(big.NewRat(l.EffectiveBurst(), 1), tokens)
 			l = e.limit
-			tokens.Sub(big.NewRat(l.burst(), 1), used)
+			tokens.Sub(big.NewRat(l.EffectiveBurst(), 1), used)
 		case !e.refunded:
 			tokens.Sub(tokens, e.applied)
 		}
-		if floor := big.NewRat(-l.burst(), 1); tokens.Cmp(floor) < 0 {
+		if floor := big.NewRat(-l.EffectiveBurst(), 1); tokens.Cmp(floor) < 0 {
 			tokens.Set(floor)
 		}
 	}
@@ -84,7 +84,7 @@ func (x *exactBucket) at(ns int64) *big.Rat {
 // charges on top (Reservation.outstanding).
 func (x *exactBucket) setLimit(ns int64, nl Limit) {
 	have := x.at(ns)
-	drop := have.Sub(big.NewRat(-2*nl.burst()+x.limitAt(ns).burst(), 1), have) // tokens below a burst of debt
+	drop := have.Sub(big.NewRat(-2*nl.EffectiveBurst()+x.limitAt(ns).EffectiveBurst(), 1), have) // tokens below a burst of debt
 	for i := len(x.events) - 1; i >= 0 && drop.Sign() > 0; i-- {
 		e := &x.events[i]
 		if e.applied == nil || e.refunded {
@@ -129,14 +129,14 @@ type owedBucket struct {
 }
 
 func newOwedBucket(l Limit) *owedBucket {
-	return &owedBucket{l: l, tokens: big.NewRat(l.burst(), 1)}
+	return &owedBucket{l: l, tokens: big.NewRat(l.EffectiveBurst(), 1)}
 }
 
 // at brings the bucket to ns and returns what it holds.
 func (y *owedBucket) at(ns int64) *big.Rat {
 	r := big.NewRat(y.l.Events, int64(y.l.Window))
 	y.tokens.Add(y.tokens, r.Mul(r, big.NewRat(ns-y.last, 1)))
-	if b := big.NewRat(y.l.burst(), 1); y.tokens.Cmp(b) > 0 {
+	if b := big.NewRat(y.l.EffectiveBurst(), 1); y.tokens.Cmp(b) > 0 {
 		y.tokens.Set(b)
 	}
 	y.last = ns
@@ -147,7 +147,7 @@ func (y *owedBucket) at(ns int64) *big.Rat {
 // it took.
 func (y *owedBucket) charge(ns, w int64) *big.Rat {
 	have := y.at(ns)
-	room := have.Add(have, big.NewRat(y.l.burst(), 1))
+	room := have.Add(have, big.NewRat(y.l.EffectiveBurst(), 1))
 	a := big.NewRat(w, 1)
 	if a.Cmp(room) > 0 {
 		a.Set(room)
@@ -157,10 +157,10 @@ func (y *owedBucket) charge(ns, w int64) *big.Rat {
 }
 
 func (y *owedBucket) setLimit(ns int64, l Limit) {
-	used := new(big.Rat).Sub(big.NewRat(y.l.burst(), 1), y.at(ns))
+	used := new(big.Rat).Sub(big.NewRat(y.l.EffectiveBurst(), 1), y.at(ns))
 	y.l = l
-	y.tokens.Sub(big.NewRat(l.burst(), 1), used)
-	if floor := big.NewRat(-l.burst(), 1); y.tokens.Cmp(floor) < 0 {
+	y.tokens.Sub(big.NewRat(l.EffectiveBurst(), 1), used)
+	if floor := big.NewRat(-l.EffectiveBurst(), 1); y.tokens.Cmp(floor) < 0 {
 		y.tokens.Set(floor)
 	}
 	y.changes = append(y.changes, event{ns: ns, limit: l})
@@ -185,7 +185,7 @@ func (y *owedBucket) refund(ns int64, paid, deficit *big.Rat, from int64, l Limi
 	for _, c := range y.changes[changes:] {
 		refill(c.ns)
 		l = c.limit
-		if ceil := big.NewRat(2*l.burst(), 1); owed.Cmp(ceil) > 0 {
+		if ceil := big.NewRat(2*l.EffectiveBurst(), 1); owed.Cmp(ceil) > 0 {
 			owed.Set(ceil)
 		}
 	}
@@ -197,7 +197,7 @@ func (y *owedBucket) refund(ns int64, paid, deficit *big.Rat, from int64, l Limi
 		return
 	}
 	y.tokens.Add(y.tokens, owed)
-	if b := big.NewRat(y.l.burst(), 1); y.tokens.Cmp(b) > 0 {
+	if b := big.NewRat(y.l.EffectiveBurst(), 1); y.tokens.Cmp(b) > 0 {
 		y.tokens.Set(b)
 	}
 }
@@ -245,7 +245,7 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 			have := x.at(ns)
 			a := y.charge(ns, w)
 			x.events = append(x.events, event{ns: ns, applied: a})
-			deficit := new(big.Rat).Sub(big.NewRat(l.burst(), 1), have.Sub(have, a))
+			deficit := new(big.Rat).Sub(big.NewRat(l.EffectiveBurst(), 1), have.Sub(have, a))
 			held = append(held, charge{r: r, event: len(x.events) - 1, deficit: deficit, limit: l, changes: len(y.changes)})
 			if len(held) > 4 {
 				held = held[1:]
@@ -283,7 +283,7 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 			case 1, 2: // take or peek
 				w := 1 + int64(a%4)
 				if a >= 252 {
-					w = l.burst() + int64(a-253)
+					w = l.EffectiveBurst() + int64(a-253)
 				}
 				now := tm(time.Duration(ns))
 				have, least := x.at(ns), y.at(ns)
@@ -300,7 +300,7 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 				if d.Allowed && have.Cmp(new(big.Rat).Sub(big.NewRat(w, 1), tol)) < 0 {
 					t.Fatalf("op %d: %s granted weight %d at %v; the exact bucket holds %s", i/2, l, w, time.Duration(ns), have.FloatString(4))
 				}
-				if !d.Allowed && w <= l.burst() && least.Cmp(new(big.Rat).Add(big.NewRat(w, 1), tol)) >= 0 {
+				if !d.Allowed && w <= l.EffectiveBurst() && least.Cmp(new(big.Rat).Add(big.NewRat(w, 1), tol)) >= 0 {
 					t.Fatalf("op %d: %s denied weight %d at %v; the key holds at least %s (a token lost)", i/2, l, w, time.Duration(ns), least.FloatString(4))
 				}
 			case 3: // a held take or charge is refunded
@@ -340,15 +340,15 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 			case 6: // a cost charged after the response
 				w := 1 + int64(a)*int64(a)
 				_, r := b.Charge(h, w, tm(time.Duration(ns)))
-				record(r, min(w, 2*l.burst()))
+				record(r, min(w, 2*l.EffectiveBurst()))
 			case 7: // a fill (the admin API's reset) makes the key full
 				b.Fill(h)
 				have := x.at(ns)
-				if full := big.NewRat(l.burst(), 1); have.Cmp(full) < 0 {
+				if full := big.NewRat(l.EffectiveBurst(), 1); have.Cmp(full) < 0 {
 					x.events = append(x.events, event{ns: ns, applied: big.NewRat(-floorRat(new(big.Rat).Sub(full, have))-1, 1)})
 				}
 				y.at(ns)
-				y.tokens.SetInt64(l.burst())
+				y.tokens.SetInt64(l.EffectiveBurst())
 				held = nil
 			}
 		}

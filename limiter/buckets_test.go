@@ -181,7 +181,7 @@ func TestConcurrentTakesNeverExceedBurstPlusRefill(t *testing.T) {
 		granted.Add(1)
 	}
 	elapsed := time.Duration(totalSteps) * step
-	limit := l.burst() + int64(l.PerSecond()*elapsed.Seconds())
+	limit := l.EffectiveBurst() + int64(l.PerSecond()*elapsed.Seconds())
 	if g := granted.Load(); g > limit {
 		t.Fatalf("granted %d tokens in %v, more than burst+refill = %d", g, elapsed, limit)
 	} else if g < limit-2 {
@@ -329,3 +329,37 @@ func TestIdleTimeIsNotCreditedToLaterCharges(t *testing.T) {
 // within reports whether got is want to within the table's rounding: at
 // most lag later, or half of it earlier (see tickOf).
 func within(got, want, lag time.Duration) bool { return got >= want-lag/2 && got <= want+lag }
+
+// TestChargeQueuesReservationsUpToTheDebt is what a zone that holds
+// requests relies on: with a debt of five tokens, five requests that find
+// the bucket empty at the same instant each reserve a token, the n-th
+// waiting n token times, and the sixth finds the key at its ceiling. With
+// the default debt (a burst of one), only the first reservation fits.
+func TestChargeQueuesReservationsUpToTheDebt(t *testing.T) {
+	for _, tc := range []struct {
+		debt int64
+		fits int
+	}{{0, 1}, {5, 5}} {
+		l := Limit{Events: 5, Window: time.Second, Burst: 1, Debt: tc.debt}
+		b, err := NewBuckets(BucketsConfig{Limit: l, Bytes: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Unix(1_000_000, 0)
+		h := HashString("held")
+		if d, _ := b.TakeHash(h, 1, now); !d.Allowed {
+			t.Fatalf("debt %d: the first request: %+v", tc.debt, d)
+		}
+		for i := 1; i <= 6; i++ {
+			d, _ := b.Charge(h, 1, now)
+			want := time.Duration(i) * 200 * time.Millisecond
+			if i <= tc.fits {
+				if !d.Allowed || d.RetryAfter < want || d.RetryAfter > want+time.Millisecond {
+					t.Errorf("debt %d: reservation %d: %+v, want allowed, wait %v", tc.debt, i, d, want)
+				}
+			} else if d.Allowed {
+				t.Errorf("debt %d: reservation %d: %+v, want the ceiling", tc.debt, i, d)
+			}
+		}
+	}
+}

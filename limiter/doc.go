@@ -40,8 +40,9 @@
 //
 //   - A token is per ticks, per a power of two (4096 for most limits, 512
 //     at a million per second and for bursts of a million), so weights are
-//     exact and tokens a shift away. A burst is at most 2²⁹ ticks and a
-//     counter at most two bursts ahead of the latest time, and times
+//     exact and tokens a shift away. A burst and its debt (Limit.Debt, a
+//     burst by default) are at most 2³⁰ ticks, a counter at most that far
+//     ahead of the latest time, and times
 //     compare as serial numbers (less than 2³¹ ticks ahead, or past), so a
 //     request whose time was read before it runs (a stall, a GC pause; up
 //     to 2²⁹ ticks, a second at a million per second, hours for most
@@ -93,8 +94,9 @@
 // commute, so a decision that rolls back undoes exactly what it did, and
 // since the others pay before the fullest, every grant is checked against
 // a counter that already holds every earlier grant's charge: a lone key is
-// exactly one token bucket. A counter may run past empty up to two bursts
-// (a key's other counters pay while its fullest still has room); beyond, a
+// exactly one token bucket. A counter may run past empty up to the limit's
+// Debt, a burst by default (a key's other counters pay while its fullest
+// still has room); beyond, a
 // charge falls short and its Reservation records by how much, so a refund
 // returns exactly what was paid. Charge applies a cost without the room
 // check, within the same ceiling: a key in debt is denied until it repays.

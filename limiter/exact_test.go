@@ -151,7 +151,7 @@ func (rc setRace) run(t *testing.T) {
 	r2 := big.NewRat(rc.to.Events, int64(rc.to.Window))
 	refill := new(big.Rat).Mul(r1, big.NewRat(int64(rc.at), 1))
 	refill.Add(refill, new(big.Rat).Mul(r2, big.NewRat(int64(rc.end-rc.at), 1)))
-	want := rc.to.burst() + floorRat(refill)
+	want := rc.to.EffectiveBurst() + floorRat(refill)
 	const h = 0x1234_5678_9abc_def0
 	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
 		b, err := newBuckets(BucketsConfig{Limit: rc.from, Bytes: 64, K: rc.k}, clockEpoch)

@@ -209,7 +209,7 @@ func racers(b Policy, denier *Buckets, h uint64, reqs []raceReq) (fs []func(), g
 
 func (rc race) run(t *testing.T) {
 	tb := newTextbook(rc.limit)
-	want := rc.limit.burst() + floorRat(new(big.Rat).Mul(tb.rate, big.NewRat(int64(rc.end), 1)))
+	want := rc.limit.EffectiveBurst() + floorRat(new(big.Rat).Mul(tb.rate, big.NewRat(int64(rc.end), 1)))
 	const h = 0x1234_5678_9abc_def0
 	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
 		b, err := newBuckets(BucketsConfig{Limit: rc.limit, Bytes: 64, K: rc.k}, clockEpoch)

@@ -18,6 +18,14 @@ type Limit struct {
 	// Burst is the bucket's capacity in tokens. Zero means Events: "N per W"
 	// then allows N at once, and N per W sustained.
 	Burst int64
+	// Debt is how many tokens below empty a key's counters may go: what
+	// Charge may drive a key into (costs reported after a response, tokens
+	// reserved by requests held until they return), and what the other
+	// counters of a key pay beyond empty while its fullest has room. Zero
+	// means the effective burst. At most MaxBurst. A table whose requests
+	// are held up to a delay d needs d's worth of tokens, so that every
+	// request whose tokens return within d can reserve them.
+	Debt int64
 }
 
 // Bounds of what a Limit may ask of a token-bucket table. They follow from
@@ -28,22 +36,32 @@ const (
 	// MaxRate is the fastest rate, in tokens per second: a token every
 	// microsecond.
 	MaxRate = 1_000_000
-	// aheadBits bounds how far ahead of now a counter can be: a burst, in
-	// ticks, is at most 2^aheadBits, and a counter is at most two bursts
-	// ahead (see chargeLane).
-	aheadBits = 29
+	// aheadBits bounds how far ahead of now a counter can be: a burst and
+	// its debt, in ticks, are at most 2^aheadBits (2^29 each with the
+	// default debt of a burst; see chargeLane).
+	aheadBits = 30
 	// maxPer is the most ticks a token is divided into. A decision rounds
 	// to whole ticks, so this is the precision of slow limits (1/4096 of a
 	// token); fast ones get a tick of about a nanosecond.
 	maxPer = 4096
 )
 
-// burst returns the effective capacity.
-func (l Limit) burst() int64 {
+// EffectiveBurst is the bucket's capacity: Burst, or Events if Burst is 0
+// (a zone without burst allows Events at once). A valid Limit's is at most
+// MaxBurst.
+func (l Limit) EffectiveBurst() int64 {
 	if l.Burst == 0 {
 		return l.Events
 	}
 	return l.Burst
+}
+
+// debt is the effective Debt.
+func (l Limit) debt() int64 {
+	if l.Debt == 0 {
+		return l.EffectiveBurst()
+	}
+	return l.Debt
 }
 
 // Validate reports whether a token-bucket table can enforce l, naming the
@@ -56,8 +74,10 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("window must be positive, got %v", l.Window)
 	case l.Burst < 0:
 		return fmt.Errorf("burst must not be negative, got %d", l.Burst)
-	case l.burst() > MaxBurst:
-		return fmt.Errorf("burst %d exceeds the maximum of %d", l.burst(), MaxBurst)
+	case l.EffectiveBurst() > MaxBurst:
+		return fmt.Errorf("burst %d exceeds the maximum of %d", l.EffectiveBurst(), MaxBurst)
+	case l.Debt < 0 || l.Debt > MaxBurst:
+		return fmt.Errorf("debt %d must be between 0 and %d", l.Debt, MaxBurst)
 	case l.Events > math.MaxInt64/int64(time.Second/MaxRate) || l.Window < time.Duration(l.Events)*(time.Second/MaxRate):
 		return fmt.Errorf("events %d per window %v is faster than the maximum rate of %d per second", l.Events, l.Window, MaxRate)
 	}
@@ -71,7 +91,7 @@ func (l Limit) PerSecond() float64 {
 
 // String formats l as "N/W burst B".
 func (l Limit) String() string {
-	return fmt.Sprintf("%d/%v burst %d", l.Events, l.Window, l.burst())
+	return fmt.Sprintf("%d/%v burst %d", l.Events, l.Window, l.EffectiveBurst())
 }
 
 // clock is the discretisation of a valid Limit: time in ticks, a token worth
@@ -87,7 +107,7 @@ type clock struct {
 	per  uint64 // ticks per token, a power of two
 	log  uint8  // per = 1 << log
 	capT uint64 // burst·per: how far ahead a counter may be and still grant
-	ceil uint64 // 2·capT: how far ahead a charge may push a counter (see chargeLane)
+	ceil uint64 // (burst+debt)·per: how far ahead a charge may push a counter (see chargeLane)
 	// A time of ns nanoseconds is ns·pe/w ticks, exactly; ticks computes
 	// its floor with multiplications only: mult = ⌊2⁶⁴·pe/w⌋ gives it or
 	// one less, and one comparison of 128-bit products settles which.
@@ -98,11 +118,12 @@ type clock struct {
 // clockFor returns l's clock; l must be valid.
 func clockFor(l Limit) clock {
 	e, w := uint64(l.Events), uint64(l.Window)
-	log := uint8(bits.Len64(min(maxPer, uint64(1<<aheadBits)/uint64(l.burst()), (w-1)/e)) - 1)
+	reach := uint64(l.EffectiveBurst() + l.debt())
+	log := uint8(bits.Len64(min(maxPer, uint64(1<<aheadBits)/reach, (w-1)/e)) - 1)
 	per := uint64(1) << log
 	mult, _ := bits.Div64(per*e, 0, w) // per·e < w: ticks are longer than a nanosecond
-	capT := uint64(l.burst()) * per
-	return clock{per: per, log: log, capT: capT, ceil: 2 * capT, pe: per * e, w: w, mult: mult,
+	capT := uint64(l.EffectiveBurst()) * per
+	return clock{per: per, log: log, capT: capT, ceil: reach * per, pe: per * e, w: w, mult: mult,
 		nsPerTick: float64(w) / float64(per*e)}
 }
 

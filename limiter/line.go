@@ -21,8 +21,8 @@ import "math/bits"
 // them (frozen) can mark the lines SetLimit has replaced. A charge that
 // would store either stores 1: one or two ticks less granted.
 // Times compare as serial numbers: a value less than 2³¹ ticks ahead of now
-// is ahead, any other is past. A counter is never more than two bursts
-// (2³⁰ ticks) ahead of the latest time, so a request whose time is late
+// is ahead, any other is past. A counter is never more than a burst and its
+// debt (2³⁰ ticks) ahead of the latest time, so a request whose time is late
 // (read before a stall) still reads it as ahead; Sweep zeroes past values
 // long before they could wrap round to look ahead again (2³¹ ticks).
 type line [8]uint64

@@ -77,7 +77,7 @@ func (rb *refBucket) refund(now *big.Rat, c refCharge) {
 
 func (rb *refBucket) setLimit(now *big.Rat, l Limit) {
 	used := new(big.Rat).Sub(rb.burst, rb.tokens(now))
-	rb.rate, rb.burst = big.NewRat(l.Events, int64(l.Window)), big.NewRat(l.burst(), 1)
+	rb.rate, rb.burst = big.NewRat(l.Events, int64(l.Window)), big.NewRat(l.EffectiveBurst(), 1)
 	if max2 := new(big.Rat).Add(rb.burst, rb.burst); used.Cmp(max2) > 0 {
 		used = max2
 	}
@@ -119,7 +119,7 @@ func checkAgainstReference(t testing.TB, seed uint64, ops int) {
 	}
 	refs := make([]*refBucket, len(hs))
 	for i := range refs {
-		refs[i] = &refBucket{full: new(big.Rat), rate: big.NewRat(l.Events, int64(l.Window)), burst: big.NewRat(l.burst(), 1)}
+		refs[i] = &refBucket{full: new(big.Rat), rate: big.NewRat(l.Events, int64(l.Window)), burst: big.NewRat(l.EffectiveBurst(), 1)}
 	}
 	type held struct {
 		res Reservation
@@ -137,7 +137,7 @@ func checkAgainstReference(t testing.TB, seed uint64, ops int) {
 		case 0:
 			step = r.Int64N(int64(24 * time.Hour))
 		case 1, 2:
-			step = r.Int64N(min(token, math.MaxInt64/4/l.burst())*l.burst() + 1)
+			step = r.Int64N(min(token, math.MaxInt64/4/l.EffectiveBurst())*l.EffectiveBurst() + 1)
 		default:
 			step = r.Int64N(2*token + 1)
 		}
@@ -155,7 +155,7 @@ func checkAgainstReference(t testing.TB, seed uint64, ops int) {
 		// The table's rounding, in tokens: a few ticks, and a tick more
 		// per conversion it went through.
 		tick := new(big.Rat).SetFrac64(int64(8+2*gen), int64(b.p.Load().per))
-		w := 1 + r.Int64N(min(l.burst(), 10_000))
+		w := 1 + r.Int64N(min(l.EffectiveBurst(), 10_000))
 		kind := r.IntN(8)
 		switch kind {
 		case 0, 1, 2:

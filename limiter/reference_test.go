@@ -19,8 +19,8 @@ type textbook struct {
 func newTextbook(l Limit) *textbook {
 	return &textbook{
 		rate:   big.NewRat(l.Events, int64(l.Window)),
-		burst:  big.NewRat(l.burst(), 1),
-		tokens: big.NewRat(l.burst(), 1),
+		burst:  big.NewRat(l.EffectiveBurst(), 1),
+		tokens: big.NewRat(l.EffectiveBurst(), 1),
 	}
 }
 
@@ -130,7 +130,7 @@ func TestLoneKeyMatchesTextbook(t *testing.T) {
 						tb.take(ns, w)
 					}
 				}
-				if !d.Allowed && w <= l.burst() {
+				if !d.Allowed && w <= l.EffectiveBurst() {
 					if have.Cmp(new(big.Rat).Add(big.NewRat(w, 1), slack)) >= 0 {
 						t.Fatalf("request %d (weight %d at %v): denied, textbook holds %s", i, w, time.Duration(ns), have.FloatString(6))
 					}
@@ -146,7 +146,7 @@ func TestLoneKeyMatchesTextbook(t *testing.T) {
 				if hi, lo := floorRat(new(big.Rat).Add(left, early)), floorRat(new(big.Rat).Sub(left, slack)); d.Remaining > hi || d.Remaining < lo {
 					t.Fatalf("request %d: Remaining %d, textbook %s", i, d.Remaining, left.FloatString(6))
 				}
-				full := ratNs(tb.wait(ns, l.burst()))
+				full := ratNs(tb.wait(ns, l.EffectiveBurst()))
 				if d.Reset < full-tickOf(l) || d.Reset > full+lag {
 					t.Fatalf("request %d: Reset %v, textbook %v", i, d.Reset, full)
 				}
@@ -170,8 +170,8 @@ func TestAnyRateIsEnforcedWithin01Percent(t *testing.T) {
 	} {
 		t.Run(l.String(), func(t *testing.T) {
 			b := roomy(t, l, nil)
-			w := max(1, l.burst()/1000)
-			fill := time.Duration(float64(l.burst()) / l.PerSecond() * float64(time.Second))
+			w := max(1, l.EffectiveBurst()/1000)
+			fill := time.Duration(float64(l.EffectiveBurst()) / l.PerSecond() * float64(time.Second))
 			step := fill / 200
 			granted := int64(0)
 			now := time.Duration(0)
@@ -182,7 +182,7 @@ func TestAnyRateIsEnforcedWithin01Percent(t *testing.T) {
 				now += step
 			}
 			now -= step
-			want := float64(l.burst()) + l.PerSecond()*now.Seconds()
+			want := float64(l.EffectiveBurst()) + l.PerSecond()*now.Seconds()
 			if float64(granted) > want {
 				t.Fatalf("granted %d tokens, more than the textbook's %.1f", granted, want)
 			}

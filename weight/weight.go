@@ -84,6 +84,9 @@ func (v Value) Resolve(expand func(string) string, limit int64) (int64, error) {
 	}
 	s := expand(v.template)
 	n, ok := Count(s)
+	if !ok && strings.TrimSpace(s) == "" {
+		return 0, fmt.Errorf("weight %s is empty: the request must give a whole number of at least 1", v.template)
+	}
 	if !ok {
 		return 0, fmt.Errorf("weight %s = %q: must be a whole number of at least 1", v.template, truncate(s))
 	}

@@ -29,9 +29,9 @@ type Limit struct {
 	// per window sustained (with burst). At least 1. Caddyfile: events.
 	MaxEvents int64 `json:"max_events,omitempty"`
 
-	// Window is the period max_events are counted over. Required;
-	// positive and at most 365 days, and max_events per window at most
-	// 1,000,000 per second.
+	// Window is the period max_events are counted over. Required; at
+	// least 1ms and at most 365 days, and max_events per window at most
+	// 1,000,000 per second. A JSON number is nanoseconds: write "1h".
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Burst makes the zone a token bucket: how many events a key may make
@@ -79,6 +79,10 @@ const (
 	MaxWindow = 365 * 24 * time.Hour
 	// MaxPerSecond is the fastest sustained rate, in events per second.
 	MaxPerSecond = 1_000_000
+	// MinWindow is the shortest window: a shorter one is almost always a
+	// JSON number of seconds read as nanoseconds, and the fastest rate
+	// can be written over a millisecond (events 1000 window 1ms).
+	MinWindow = time.Millisecond
 )
 
 // Rate is the limit of l: a window's (Burst 0) if l has no burst, else a
@@ -159,11 +163,11 @@ func (l *Limit) Validate(where string) error {
 	if l.Burst < 0 {
 		return bad("burst", l.Burst, "must not be negative")
 	}
-	if l.Burst > limiter.MaxBurst {
+	if l.Rate().EffectiveBurst() > limiter.MaxBurst {
+		if l.Windowed() {
+			return bad("max_events", l.MaxEvents, fmt.Sprintf("at most %d in a window; for more, set burst: a token bucket of max_events per window", limiter.MaxBurst))
+		}
 		return bad("burst", l.Burst, fmt.Sprintf("must be at most %d", limiter.MaxBurst))
-	}
-	if l.Windowed() && l.MaxEvents > limiter.MaxBurst {
-		return bad("max_events", l.MaxEvents, fmt.Sprintf("at most %d in a window; for more, set burst: a token bucket of max_events per window", limiter.MaxBurst))
 	}
 	if l.XDP != nil && l.Windowed() {
 		return bad("xdp", l.XDP.Interface, "needs burst: the XDP program enforces token buckets, not windows (write burst, e.g. burst "+fmt.Sprint(l.MaxEvents)+")")
@@ -195,14 +199,18 @@ func (l *Limit) Validate(where string) error {
 	}
 	if l.Memory == 0 && l.Lines() > limiter.MaxBytes/64 {
 		return fmt.Errorf("%s%s need a table larger than the maximum of %s: raise false_deny, lower sources, or set memory",
-			where, l.sizing(), humanize.IBytes(limiter.MaxBytes))
+			where, l.Sizing(), humanize.IBytes(limiter.MaxBytes))
 	}
 	return nil
 }
 
-// sizing names the settings a table was sized from, saying which are
-// defaults, e.g. "false_deny 0.000000001 and sources 100000 (the default)".
-func (l *Limit) sizing() string {
+// Sizing names the settings a table was sized from, saying which are
+// defaults, e.g. "false_deny 0.000000001 and sources 100000 (the default)",
+// or its memory.
+func (l *Limit) Sizing() string {
+	if l.Memory != 0 {
+		return "memory " + humanize.IBytes(uint64(l.Memory))
+	}
 	fd := "false_deny " + strconv.FormatFloat(l.falseDeny(), 'f', -1, 64)
 	if l.FalseDeny == 0 {
 		fd += " (the default)"
@@ -221,6 +229,11 @@ func (l *Limit) sizing() string {
 func windowProblem(w time.Duration) string {
 	if w < 0 {
 		return "must be positive"
+	}
+	if w < MinWindow {
+		// In JSON, Caddy reads a number as nanoseconds: "window": 3600
+		// is 3.6µs, not an hour.
+		return fmt.Sprintf("must be at least %v (a number in JSON is nanoseconds: write a duration such as \"1h\", or 3600000000000 for an hour)", MinWindow)
 	}
 	if w > MaxWindow {
 		return "must be at most 365d (8760h)"
@@ -347,7 +360,12 @@ type Fields map[string]string
 // let the last of two settings win silently; for a limit that is a limit
 // the operator believes in and does not have.
 func (f Fields) Once(d *caddyfile.Dispenser, where string) error {
-	field := d.Val()
+	return f.OnceAs(d, where, d.Val())
+}
+
+// OnceAs is Once for a setting named otherwise than the token the
+// dispenser is on (`weight response_header`).
+func (f Fields) OnceAs(d *caddyfile.Dispenser, where, field string) error {
 	if first, ok := f[field]; ok {
 		return d.Errf("%s%s is set twice (first at %s): keep one", where, field, first)
 	}

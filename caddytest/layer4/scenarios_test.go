@@ -6,6 +6,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // withAPI returns a Caddyfile whose global options turn on the admin API on
@@ -314,5 +318,45 @@ http://127.0.0.1:%d {
 	}
 	if !strings.Contains(string(logs), "a proxy_protocol handler or listener wrapper comes after a rate_limit matcher") {
 		t.Errorf("no warning at load about the order; log:\n%s", logs)
+	}
+}
+
+// A flood of connections is logged as a flood of requests is: one INFO line
+// per network and interval, naming the zone, the client and the network,
+// with the drops not logged at INFO counted in the next; and `caddy
+// rate-limit zones` shows the connections of a zone only layer4 uses.
+func TestConnectionFloodIsLoggedAndListed(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "l4.log")
+	load(t, withAPI(fmt.Sprintf(`log l4 {
+		output file %s
+		format json
+		include layer4.matchers.rate_limit
+	}`, file), `@flood rate_limit {
+				name l4_logged
+				events 2
+				burst 2
+				window 1h
+			}
+			route @flood {
+				close
+			}
+			route {
+				echo
+			}`, ""))
+	var got []bool
+	for i := range 6 {
+		got = append(got, echoes(t, fmt.Sprintf("127.0.50.%d", i+1)))
+	}
+	if fmt.Sprint(got) != "[true true false false false false]" {
+		t.Fatalf("echoed: %v, want the first 2", got)
+	}
+	out, err := testcaddy.RateLimit(t, apiPort, "zones")
+	if err != nil || !strings.Contains(out, "\nzone l4_logged: layer4 connections: 2 allowed, 4 denied, 0 logged\n") {
+		t.Errorf("rate-limit zones: %v\n%s", err, out)
+	}
+	_ = caddy.Stop() // closes the log file
+	lines := testcaddy.LogEntries(t, file, "connection rate", "level", "msg", "zone", "client_ip", "source", "outcome")
+	if want := "[info connection rate exceeded l4_logged 127.0.50.3 127.0.50.0/24 denied]"; fmt.Sprint(lines) != want {
+		t.Errorf("log: %v, want %s", lines, want)
 	}
 }

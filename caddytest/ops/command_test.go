@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,10 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-	"github.com/spf13/cobra"
-
 	"github.com/floodgate-rl/floodgate"
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // rateLimit runs `caddy rate-limit args...` as Caddy's command line would,
@@ -21,21 +18,7 @@ import (
 // or a config, and returns what it printed.
 func rateLimit(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd, ok := caddycmd.Commands()["rate-limit"]
-	if !ok {
-		t.Fatal("no rate-limit command registered")
-	}
-	c := &cobra.Command{Use: cmd.Name}
-	cmd.CobraFunc(c)
-	var out bytes.Buffer
-	c.SetOut(&out)
-	c.SetErr(&out)
-	if a := strings.Join(args, " "); !strings.Contains(a, "--address") && !strings.Contains(a, "--config") {
-		args = append(args, "--address", fmt.Sprintf("localhost:%d", adminPort))
-	}
-	c.SetArgs(args)
-	err := c.Execute()
-	return out.String(), err
+	return testcaddy.RateLimit(t, adminPort, args...)
 }
 
 func mustRateLimit(t *testing.T, args ...string) string {
@@ -133,5 +116,66 @@ func TestCommandFindsTheAdminAddressInTheConfig(t *testing.T) {
 	out := mustRateLimit(t, "zones", "--config", file, "--adapter", "caddyfile")
 	if !strings.Contains(out, "\ncmd_config ") {
 		t.Errorf("zones with --config:\n%s", out)
+	}
+}
+
+// TestResetTakesWhatTopPrints pastes the sources `top` prints (a masked
+// network, key:<hash>) into `reset`, which must reset them, and refuses what
+// names no source of the zone instead of reporting a reset that changes
+// nothing.
+func TestResetTakesWhatTopPrints(t *testing.T) {
+	mustLoad(t, twoZones("paste"))
+	topSource := func(zone string) string {
+		t.Helper()
+		var top floodgate.TopInfo
+		if err := json.Unmarshal([]byte(mustRateLimit(t, "top", zone, "--json")), &top); err != nil || len(top.Sources) != 1 {
+			t.Fatalf("top %s: %v %+v", zone, err, top)
+		}
+		return top.Sources[0].Source
+	}
+	// paste_ip allows 3 an hour per /24; each request has its own X-User,
+	// so that paste_user does not deny first.
+	var got []string
+	for i := range 4 {
+		got = append(got, codes(t, "127.0.9.1", 1, fmt.Sprintf("X-User: ip%d", i)))
+	}
+	if strings.Join(got, " ") != "200 200 200 429" {
+		t.Fatalf("127.0.9.1: %s", got)
+	}
+	network := topSource("paste_ip")
+	if network != "127.0.9.0/24" {
+		t.Fatalf("top paste_ip: %q", network)
+	}
+	if out := mustRateLimit(t, "reset", "paste_ip", network); !strings.HasPrefix(out, "reset: zone paste_ip, source 127.0.9.0/24: a request now would be allowed\n") {
+		t.Errorf("reset %s:\n%s", network, out)
+	}
+	if got := codes(t, "127.0.9.2", 1, "X-User: ip9"); got != "200" {
+		t.Errorf("127.0.9.2 after reset %s: %s", network, got)
+	}
+
+	if got := codes(t, "127.0.19.1", 3, "X-User: eve"); got != "200 200 429" {
+		t.Fatalf("eve: %s", got)
+	}
+	hash := topSource("paste_user")
+	if !regexp.MustCompile(`^key:[0-9a-f]{16}$`).MatchString(hash) {
+		t.Fatalf("top paste_user: %q", hash)
+	}
+	if out := mustRateLimit(t, "key", "paste_user", hash); !strings.Contains(out, "source "+hash+": a request now would be denied\n") {
+		t.Errorf("key %s:\n%s", hash, out)
+	}
+	mustRateLimit(t, "reset", "paste_user", hash)
+	if got := codes(t, "127.0.20.1", 1, "X-User: eve"); got != "200" {
+		t.Errorf("eve after reset %s: %s", hash, got)
+	}
+
+	for _, c := range []struct{ zone, key, want string }{
+		{"paste_ip", "not-an-ip", `key \"not-an-ip\" is not an IP address or network`},
+		{"paste_ip", "127.0.0.0/16", "127.0.0.0/16 is not a source of zone \\\"paste_ip\\\": its sources are /24 networks"},
+	} {
+		for _, cmd := range []string{"key", "reset"} {
+			if out, err := rateLimit(t, cmd, c.zone, c.key); err == nil || !strings.Contains(err.Error(), "HTTP 400") || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s %s %s: %v, want a 400 saying %s\n%s", cmd, c.zone, c.key, err, c.want, out)
+			}
+		}
 	}
 }

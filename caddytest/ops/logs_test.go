@@ -268,3 +268,55 @@ func TestOperationsPageLinksTheFilters(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedWeightSaysWhy sends requests whose weight placeholder is
+// missing or not a number: each is answered 400 with an error that names the
+// zone and the weight (for handle_errors), and each source gets one INFO
+// line per interval however many it sends, as denials do.
+func TestRefusedWeightSaysWhy(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "weights.log")
+	mustLoad(t, caddyfile(fmt.Sprintf(`log floodgate {
+		output file %s
+		format json
+		include http.handlers.rate_limit
+	}`, file), `	rate_limit {
+		zone wlog {
+			key {client_ip}
+			events 10
+			window 1h
+			weight {header.X-Cost}
+		}
+	}
+	respond "ok"
+	handle_errors 400 {
+		respond "{err.message}" 400
+	}`))
+	for _, c := range []struct {
+		ip, cost string
+		n        int
+		want     string
+	}{
+		{"127.0.40.1", "", 5, `zone "wlog": weight {http.request.header.X-Cost} is empty: the request must give a whole number of at least 1`},
+		{"127.0.41.1", "abc", 2, `zone "wlog": weight {http.request.header.X-Cost} = "abc": must be a whole number of at least 1`},
+	} {
+		for range c.n {
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://localhost:%d/", httpPort), nil)
+			if c.cost != "" {
+				req.Header.Set("X-Cost", c.cost)
+			}
+			if code, body := send(t, from(c.ip), req); code != http.StatusBadRequest || body != c.want {
+				t.Errorf("from %s with X-Cost %q: %d %q, want 400 %q", c.ip, c.cost, code, body, c.want)
+			}
+		}
+	}
+	// The next load closes the log file, so that it is complete.
+	mustLoad(t, caddyfile("", `respond "ok"`))
+	got := testcaddy.LogEntries(t, file, "rate limit weight refused", "level", "zone", "source", "error")
+	want := []string{
+		`info wlog 127.0.40.1/32 zone "wlog": weight {http.request.header.X-Cost} is empty: the request must give a whole number of at least 1`,
+		`info wlog 127.0.41.1/32 zone "wlog": weight {http.request.header.X-Cost} = "abc": must be a whole number of at least 1`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("log lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

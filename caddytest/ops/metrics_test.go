@@ -128,3 +128,27 @@ func TestDisableMetricsStopsAHandlersCounting(t *testing.T) {
 		`caddy_rate_limit_requests_total{outcome="denied",zone="metrics_off"} 1`,
 	)
 }
+
+// TestWeightMetricCountsEachRequestsWeight checks that weight_total adds
+// each request's weight, not one per request, and that its HELP says so.
+func TestWeightMetricCountsEachRequestsWeight(t *testing.T) {
+	mustLoad(t, caddyfile("", `	rate_limit {
+		zone metrics_weight {
+			key {client_ip}
+			events 10
+			window 1h
+			weight 3
+		}
+	}
+	respond "ok"`))
+	if got := codes(t, "127.0.21.1", 4); got != "200 200 200 429" {
+		t.Fatalf("requests of weight 3 on 10 an hour: %s", got)
+	}
+	body := metrics(t)
+	wantLines(t, body,
+		`# HELP caddy_rate_limit_weight_total Weight of the HTTP requests checked by a rate_limit zone, by zone and outcome: each request's weight when it arrived (1 unless a weight rule says otherwise), without the costs responses report later.`,
+		`caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_weight"} 3`,
+		`caddy_rate_limit_weight_total{outcome="allowed",zone="metrics_weight"} 9`,
+		`caddy_rate_limit_weight_total{outcome="denied",zone="metrics_weight"} 3`,
+	)
+}

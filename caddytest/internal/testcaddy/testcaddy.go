@@ -2,8 +2,10 @@
 // about the in-process Caddy they load configs into: loading a config and
 // waiting until only the new config listens (Load, Settle), the requests
 // the tests send it (Request, Do, Codes, JSON, ClientFrom; requests.go), an
-// events handler that records what it is given (Events), and an app that
-// fails to start (StartFailure). Only tests import it.
+// events handler that records what it is given (Events), an app that fails
+// to start (StartFailure), and what an operator reads: `caddy rate-limit`'s
+// output (RateLimit) and the JSON logs (LogEntries; operator.go). Only tests
+// import it.
 package testcaddy
 
 import (

@@ -1,0 +1,62 @@
+package testcaddy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+// RateLimit runs `caddy rate-limit args...` as Caddy's command line would,
+// against the admin endpoint on localhost:adminPort unless args name
+// another address or a config, and returns what it printed.
+func RateLimit(t testing.TB, adminPort int, args ...string) (string, error) {
+	t.Helper()
+	cmd, ok := caddycmd.Commands()["rate-limit"]
+	if !ok {
+		t.Fatal("no rate-limit command registered")
+	}
+	c := &cobra.Command{Use: cmd.Name}
+	cmd.CobraFunc(c)
+	var out bytes.Buffer
+	c.SetOut(&out)
+	c.SetErr(&out)
+	if a := strings.Join(args, " "); !strings.Contains(a, "--address") && !strings.Contains(a, "--config") {
+		args = append(args, "--address", fmt.Sprintf("localhost:%d", adminPort))
+	}
+	c.SetArgs(args)
+	err := c.Execute()
+	return out.String(), err
+}
+
+// LogEntries reads a JSON log file that Caddy wrote and returns the entries
+// whose message starts with msg, each as its fields' values joined with
+// spaces in the order fields names them (e.g. "level", "zone").
+func LogEntries(t testing.TB, file, msg string, fields ...string) []string {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) != nil {
+			continue
+		}
+		if m, _ := e["msg"].(string); !strings.HasPrefix(m, msg) {
+			continue
+		}
+		var vals []string
+		for _, f := range fields {
+			vals = append(vals, fmt.Sprint(e[f]))
+		}
+		out = append(out, strings.Join(vals, " "))
+	}
+	return out
+}
