@@ -67,6 +67,12 @@ type Cluster struct {
 	// longer finds (mitigation.dropStalePeers).
 	readGen uint64
 
+	// own holds the last snapshots this instance stored or restored,
+	// newest first, for taking its contribution out of an aggregate
+	// (aggregate.go): syncers of two configs overlap during a reload, and
+	// an aggregate may be a read interval old.
+	own [4]ownSnapshot
+
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so
 	// that a restart cannot overwrite its state before reading it.
