@@ -75,9 +75,12 @@ const MaxAggregateMembers = 1024
 const aggregateLockTry = 100 * time.Millisecond
 
 // aggregateMaxAge is the age past which an aggregate is stale: its
-// aggregator has missed reads (it is gone, or its storage fails), and the
-// instances read every snapshot again.
-func aggregateMaxAge(iv Intervals) time.Duration { return 3 * iv.Read }
+// aggregator, which publishes one every read interval, has missed one (it
+// is gone, or its storage fails), and the instances read every snapshot
+// again. Until then they read its last one: what they grant after the
+// aggregator died reaches each other up to this much later than if it
+// lived.
+func aggregateMaxAge(iv Intervals) time.Duration { return 2 * iv.Read }
 
 // AggregateKey is where a zone's aggregate is published, and the name of
 // the lock that elects its aggregator. It is outside the zone's directory,

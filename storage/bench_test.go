@@ -58,16 +58,48 @@ func BenchmarkSyncBytes(b *testing.B) {
 // discard is a storage that costs nothing, so that BenchmarkDecision
 // measures what syncing costs the decisions themselves (CPU and memory
 // traffic of encoding, decoding and swapping the peers' sum), not the disk.
-// memStorage is an in-memory certmagic.Storage (without locks) that counts
-// the bytes stored and loaded.
+// memStorage is an in-memory certmagic.Storage that counts the bytes
+// stored and loaded. Its locks never expire by themselves: a test expires
+// a dead holder's with expire.
 type memStorage struct {
 	certmagic.Storage
 	mu             sync.Mutex
 	data           map[string][]byte
+	locks          map[string]bool
 	stored, loaded int64
+	loads          int64
 }
 
-func newMemStorage() *memStorage { return &memStorage{data: map[string][]byte{}} }
+func newMemStorage() *memStorage {
+	return &memStorage{data: map[string][]byte{}, locks: map[string]bool{}}
+}
+
+// Lock takes the lock name if it is free, else waits for ctx to end (as
+// certmagic's storages poll a held lock until their context ends).
+func (d *memStorage) Lock(ctx context.Context, name string) error {
+	d.mu.Lock()
+	if !d.locks[name] {
+		d.locks[name] = true
+		d.mu.Unlock()
+		return nil
+	}
+	d.mu.Unlock()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (d *memStorage) Unlock(_ context.Context, name string) error {
+	d.expire(name)
+	return nil
+}
+
+// expire frees the lock name, as a storage does once its holder stopped
+// refreshing it.
+func (d *memStorage) expire(name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.locks, name)
+}
 
 func (d *memStorage) Store(_ context.Context, k string, v []byte) error {
 	d.mu.Lock()
@@ -85,6 +117,7 @@ func (d *memStorage) Load(_ context.Context, k string) ([]byte, error) {
 		return nil, fs.ErrNotExist
 	}
 	d.loaded += int64(len(v))
+	d.loads++
 	return v, nil
 }
 
