@@ -303,7 +303,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 	for _, f := range s.forget {
 		sum.ForgetHash(f.Hash, f.At)
 	}
-	s.replaceView(now, sum, live, rank, seq, srcs)
+	s.replaceView(now, sum, live, rank, seq, srcs, s.iv.Read)
 	return aggregateUsed
 }
 

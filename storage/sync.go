@@ -97,6 +97,8 @@ type Syncer struct {
 	aggregateFrom int
 	// aggLatest maps a key hash to its latest reset an aggregate lists.
 	aggLatest map[uint64]int64
+	// lastRead is what the last Read did with the aggregate.
+	lastRead aggregateRead
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
@@ -358,6 +360,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	defer c.mu.Unlock()
 	defer func() { clear(s.snaps) }() // no snapshot outlives its read
 	found := aggregateNone
+	defer func() { s.lastRead = found }()
 	if !s.aggregating {
 		if found = s.readAggregate(ctx, now); found == aggregateUsed {
 			s.ok(OpRead, now)
@@ -451,7 +454,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		(s.aggregating || found == aggregateNone && s.tryAggregator(ctx)) {
 		s.publishAggregate(ctx, now, sum, added, mine)
 	}
-	s.replaceView(now, sum, live, rank, seq, added)
+	s.replaceView(now, sum, live, rank, seq, added, 0)
 	s.ok(OpRead, now)
 }
 
@@ -484,7 +487,12 @@ func (s *Syncer) learnResets(now time.Time, srcs []*snapshot) uint64 {
 // those of the sources the sum was read from (snapshots, or an
 // aggregate). seq is learnResets' sequence number: resets recorded since
 // are taken out of the sum here. The caller holds c.mu.
-func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank int, seq uint64, srcs []*snapshot) {
+//
+// lag is how much older the view is than a direct read of every snapshot
+// would be (an aggregate's: up to the aggregator's read interval): what
+// the shares assume the others have published and this one has read by a
+// time waits that much longer.
+func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank int, seq uint64, srcs []*snapshot, lag time.Duration) {
 	c := s.c
 	n := now.UnixNano()
 	// Each key's share of what the cluster has left, over the instances
@@ -492,8 +500,8 @@ func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank i
 	// the shares.
 	shared, sole := sum, []uint64(nil)
 	if c.split.Load() {
-		shared = sum.WithShares(c.sketch, live, rank, now, c.shared.Load(), shareHold(s.iv))
-		sole = s.sole(now, sum)
+		shared = sum.WithShares(c.sketch, live, rank, now, c.shared.Load(), shareHold(s.iv)+2*lag)
+		sole = s.sole(now, sum, lag)
 	}
 
 	c.rmu.Lock()
@@ -559,15 +567,16 @@ func (s *Syncer) load(ctx context.Context, key string, max int64) ([]byte, error
 }
 
 // sole returns the bitmap of the cells that this instance counted at
-// least a write and a read interval ago and that sum, the peers' as read
-// now, does not count: any other instance's counts of them from then on
-// have been published and read since, so they are this instance's alone.
+// least a write and a read interval (and lag, see replaceView) ago and
+// that sum, the peers' as read now, does not count: any other instance's
+// counts of them from then on have been published and read since, so
+// they are this instance's alone.
 // A key all of whose cells are is let off its share (Cluster.TakeHash).
 // It is nil while no bitmap of the own counts is that old yet. A new one
 // is taken once the newest is that old, so a key that only reaches this
 // instance is known as such within two write and two read intervals.
-func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum) []uint64 {
-	age := s.iv.Write + s.iv.Read
+func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) []uint64 {
+	age := s.iv.Write + s.iv.Read + lag
 	newest, other := &s.counted[0], &s.counted[1]
 	if other.at.After(newest.at) {
 		newest, other = other, newest
