@@ -35,6 +35,9 @@ type SketchSum struct {
 	// milliseconds (or window/2³², if longer) into window epoch. The next
 	// WithShares carries what they have not been seen to use (see there).
 	keep, since []uint32
+	// owned is, in a copy made by WithShares, the own sketch's count of
+	// each cell's current window then.
+	owned []uint32
 }
 
 // NewSketchSum returns an empty sum for snapshots of s, of the window of
@@ -238,7 +241,7 @@ func (t *SketchSum) Empty() *SketchSum {
 func (t *SketchSum) Clone() *SketchSum {
 	c := *t
 	c.counts = slices.Clone(t.counts)
-	c.keep, c.since = nil, nil
+	c.keep, c.since, c.owned = nil, nil, nil
 	return &c
 }
 

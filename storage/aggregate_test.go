@@ -240,6 +240,40 @@ func TestSimultaneousBurstIsSplitThroughTheAggregate(t *testing.T) {
 	}
 }
 
+// However many quiet syncs come before it (the shares' reservations are
+// renewed every few syncs), a burst on every instance at once gets about
+// the limit through an aggregate that the aggregator publishes last.
+func TestBurstAfterQuietSyncsIsSplitThroughTheAggregate(t *testing.T) {
+	for quiet := 0; quiet <= 8; quiet++ {
+		st := newMemStorage()
+		nodes := newFleetNodes(t, st, 5)
+		for _, n := range nodes {
+			n.c.SplitBursts(true, testIntervals.Read)
+			n.take(fmt.Sprint("own", n.s.instance), 1, t0)
+		}
+		syncAll(t0, nodes...)
+		nodes = append(nodes[1:], nodes[0]) // the aggregator reads last
+		at := t0
+		for range quiet {
+			at = at.Add(testIntervals.Read)
+			syncAll(at, nodes...)
+		}
+		granted := 0
+		for round := 0; round <= 6; round++ {
+			if round > 0 {
+				at = at.Add(testIntervals.Read)
+				syncAll(at, nodes...)
+			}
+			for _, n := range nodes {
+				granted += n.take("burst", 10, at)
+			}
+		}
+		if granted > 10*11/10+1 {
+			t.Errorf("after %d quiet syncs, a key hit on 5 instances at once got %d of a limit of 10", quiet, granted)
+		}
+	}
+}
+
 // An aggregate is an input from a peer: one that is malformed, whose sum
 // is not of its own time's window, or stale is skipped (and every snapshot
 // read); the blocks of one that lies last at most a window from its write
