@@ -17,11 +17,16 @@
 // every read interval it reads every other snapshot under rate_limit/<zone>/
 // and replaces the sum with a new one built from them, so a snapshot is
 // never counted twice and a dead instance's counts age out with its
-// windows. A key reset (Cluster.Reset, resets.go) spreads through the
+// windows. From AggregateFrom live instances on, one of them, elected
+// through the storage's lock, publishes the sum of every snapshot as one
+// aggregate, and the others read that instead and take their own
+// snapshot back out of it (aggregate.go), so that what an instance reads
+// per interval does not grow with the fleet. A key reset (Cluster.Reset, resets.go) spreads through the
 // snapshots' lists of resets. A peer is trusted no further than a valid
 // peer could go (trust.go): entries are size-checked before they are
 // loaded, snapshots dated too far ahead are purged, and a peer's blocks are
-// capped at a window and go with its snapshot. Two processes with one
+// capped at a window and go with its snapshot; an aggregate is held to the
+// same. Two processes with one
 // instance id notice each other and stop overwriting each other's
 // snapshot (identity.go).
 package storage
