@@ -31,6 +31,20 @@ func aggregators(nodes []*node) []string {
 	return names
 }
 
+// readsLoad has the nodes read at now and returns how many entries they
+// loaded from st.
+func readsLoad(st *memStorage, now time.Time, nodes []*node) int64 {
+	st.mu.Lock()
+	before := st.loads
+	st.mu.Unlock()
+	for _, n := range nodes {
+		n.s.Read(bg, now)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.loads - before
+}
+
 // fullView returns the peers' sum n reads from every snapshot, the
 // aggregate aside, in binary form, leaving the storage as it was.
 func fullView(t *testing.T, st *memStorage, n *node, now time.Time) []byte {
@@ -67,15 +81,7 @@ func TestAggregateGivesEachInstanceThePeersSum(t *testing.T) {
 	if got := aggregators(nodes); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("aggregators %v after a's read, want [a]", got)
 	}
-	st.mu.Lock()
-	loads := st.loads
-	st.mu.Unlock()
-	for _, n := range nodes[1:] {
-		n.s.Read(bg, now)
-	}
-	st.mu.Lock()
-	loads = st.loads - loads
-	st.mu.Unlock()
+	loads := readsLoad(st, now, nodes[1:])
 	if loads != 4 {
 		t.Errorf("4 instances loaded %d entries reading the aggregate, want 4 (one each)", loads)
 	}
@@ -185,15 +191,7 @@ func TestAggregatorDeathIsAbsorbed(t *testing.T) {
 		n.s.Write(bg, at)
 	}
 	rest[0].s.Read(bg, at)
-	st.mu.Lock()
-	loads := st.loads
-	st.mu.Unlock()
-	for _, n := range rest[1:] {
-		n.s.Read(bg, at)
-	}
-	st.mu.Lock()
-	loads = st.loads - loads
-	st.mu.Unlock()
+	loads := readsLoad(st, at, rest[1:])
 	if loads != int64(len(rest)-1) {
 		t.Errorf("%d instances loaded %d entries after the failover, want one each", len(rest)-1, loads)
 	}

@@ -1,11 +1,11 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -316,7 +316,8 @@ func redisForBench(b *testing.B) certmagic.Storage {
 	dir := b.TempDir()
 	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 		"--save", "", "--appendonly", "no")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	var out bytes.Buffer // its log, shown if it fails to start (not in the benchmark's output)
+	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -328,7 +329,7 @@ func redisForBench(b *testing.B) certmagic.Storage {
 			break
 		}
 		if i == 100 {
-			b.Fatalf("redis-server did not listen on port %d: %v", port, err)
+			b.Fatalf("redis-server did not listen on port %d: %v\n%s", port, err, out.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
