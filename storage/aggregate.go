@@ -202,12 +202,29 @@ type ownSnapshot struct {
 	data []byte
 }
 
-// noteOwnLocked remembers data, stored under key, as one of the last few
-// snapshots of this Cluster. The caller holds c.mu.
-func (c *Cluster) noteOwnLocked(key string, w written, data []byte) {
-	last := c.own[len(c.own)-1]
-	copy(c.own[1:], c.own[:len(c.own)-1])
-	c.own[0] = ownSnapshot{key: key, w: w, data: append(last.data[:0], data...)}
+// noteOwnLocked remembers data, stored under key, as one of the last
+// snapshots of this Cluster: as many as this Syncer writes while an
+// aggregate is fresh and then some (ownKept). The caller holds c.mu.
+func (s *Syncer) noteOwnLocked(key string, w written, data []byte) {
+	c := s.c
+	n := ownKept(s.iv)
+	var reuse []byte
+	if len(c.own) >= n {
+		reuse = c.own[len(c.own)-1].data
+		c.own = c.own[:n-1]
+	}
+	c.own = slices.Insert(c.own, 0, ownSnapshot{key: key, w: w, data: append(reuse[:0], data...)})
+}
+
+// ownKept is how many of its last snapshots an instance remembers: those
+// an aggregate that is not stale may have summed (written within its
+// maximum age and a write interval before it), and two more for the
+// overlap of two configs' syncers during a reload, at most 16 (memory: one
+// snapshot each). With a write interval shorter than about an eighth of
+// the read interval, an aggregate may list a snapshot the instance no
+// longer remembers: it then reads every snapshot instead.
+func ownKept(iv Intervals) int {
+	return min(16, int((aggregateMaxAge(iv)+iv.Write)/iv.Write)+2)
 }
 
 // ownLocked returns the snapshot this Cluster stored under key as w, if it

@@ -340,3 +340,29 @@ func TestHostileAggregateImposesNoMoreThanAPeer(t *testing.T) {
 		})
 	}
 }
+
+// An instance that writes more often than the aggregator reads still finds
+// its own snapshot among those it remembers, whichever of its writes the
+// aggregate summed, and so reads the aggregate alone.
+func TestAggregateWithWritesMoreFrequentThanReads(t *testing.T) {
+	st := newMemStorage()
+	nodes := newFleetNodes(t, st, 5)
+	iv := Intervals{Read: 5 * time.Second, Write: time.Second, PurgeAge: time.Minute}
+	for _, n := range nodes {
+		n.s.iv = iv
+	}
+	now := t0.Add(time.Second)
+	syncAll(now, nodes...)
+	for w := 1; w <= 9; w++ { // up to the aggregate's maximum age
+		for _, n := range nodes[1:] {
+			n.s.Write(bg, now.Add(time.Duration(w)*iv.Write))
+		}
+	}
+	at := now.Add(9 * iv.Write)
+	for _, n := range nodes[1:] {
+		n.s.Read(bg, at)
+		if n.s.lastRead != aggregateUsed {
+			t.Errorf("%s, 9 writes after the aggregate: read %v, want the aggregate used", n.s.instance, n.s.lastRead)
+		}
+	}
+}

@@ -69,9 +69,9 @@ type Cluster struct {
 
 	// own holds the last snapshots this instance stored or restored,
 	// newest first, for taking its contribution out of an aggregate
-	// (aggregate.go): syncers of two configs overlap during a reload, and
-	// an aggregate may be a read interval old.
-	own [4]ownSnapshot
+	// (aggregate.go, ownKept): an aggregate may be two read intervals
+	// old, and syncers of two configs overlap during a reload.
+	own []ownSnapshot
 
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so

@@ -260,7 +260,7 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	key := Key(c.shape.Zone, name)
 	s.buf = appendSnapshot(s.buf[:0], name, now, s.sk, s.blocks, s.resets)
 	s.proc.noteWrite(key, now, s.buf)
-	c.noteOwnLocked(key, writtenOf(now, s.buf), s.buf)
+	s.noteOwnLocked(key, writtenOf(now, s.buf), s.buf)
 	if err := s.st.Store(ctx, key, s.buf); err != nil {
 		s.failed(OpWrite, now, err)
 		return
@@ -302,7 +302,7 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	if err == nil {
 		// Its counts become this instance's: an aggregate that summed it
 		// has them taken out (aggregate.go).
-		c.noteOwnLocked(Key(c.shape.Zone, s.instance), writtenOf(snap.written, data), data)
+		s.noteOwnLocked(Key(c.shape.Zone, s.instance), writtenOf(snap.written, data), data)
 	}
 	n := now.UnixNano()
 	if err == nil {
