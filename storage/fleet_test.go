@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,12 +28,16 @@ import (
 // instance reads, the aggregator last (so that the others read the
 // previous round's aggregate: the most lag an aggregate adds).
 type fleet struct {
+	zone     string
 	mem      *memStorage // nil over redis
 	nodes    []*Syncer
 	counts   []*countingStorage
 	now      time.Time
 	interval time.Duration
 }
+
+// fleetSeq numbers the fleets.
+var fleetSeq atomic.Int64
 
 const (
 	fleetLimit = 100
@@ -44,14 +49,16 @@ const (
 )
 
 func newFleet(st certmagic.Storage, n int, interval time.Duration) *fleet {
-	f := &fleet{now: t0.Add(time.Second), interval: interval}
+	// A zone of its own, so that fleets that share a redis-server never
+	// meet.
+	f := &fleet{zone: fmt.Sprintf("fleet-%d", fleetSeq.Add(1)), now: t0.Add(time.Second), interval: interval}
 	f.mem, _ = st.(*memStorage)
 	if f.mem != nil {
 		f.mem.ttl = fleetLockTTL
 	}
 	rng := rand.New(rand.NewPCG(uint64(n), 7))
 	for i := range n {
-		c, err := newCluster(Shape{Zone: "fleet", Window: time.Hour, Width: fleetWidth}, fleetLimit)
+		c, err := newCluster(Shape{Zone: f.zone, Window: time.Hour, Width: fleetWidth}, fleetLimit)
 		if err != nil {
 			panic(err)
 		}
@@ -87,7 +94,7 @@ func (f *fleet) round() {
 	for _, s := range last {
 		s.Read(context.Background(), f.now)
 		if f.mem != nil {
-			f.mem.refresh(AggregateKey("fleet")) // a live holder keeps its lock
+			f.mem.refresh(AggregateKey(f.zone)) // a live holder keeps its lock
 		}
 	}
 }
@@ -140,14 +147,19 @@ func (f *fleet) aggregated() bool {
 // instance reads it again, with the lock expiring as FileStorage's does, and
 // what the fleet granted meanwhile of a key already at its limit.
 func BenchmarkFleet(b *testing.B) {
-	stores := []string{"memory", "redis"}
-	for _, store := range stores {
+	// One redis-server for every fleet, started before any of them, so
+	// that its client's log is not in a benchmark's line.
+	redis, noRedis := redisForBench(b)
+	for _, store := range []string{"memory", "redis"} {
 		for _, interval := range []time.Duration{time.Second, 5 * time.Second} {
 			for _, n := range []int{2, 8, 32, 128} {
 				b.Run(fmt.Sprintf("N=%d/interval=%v/storage=%s", n, interval, store), func(b *testing.B) {
 					var st certmagic.Storage = newMemStorage()
 					if store == "redis" {
-						st = redisForBench(b)
+						if redis == nil {
+							b.Skip(noRedis)
+						}
+						st = redis
 					}
 					benchFleet(b, newFleet(st, n, interval))
 				})
@@ -224,6 +236,9 @@ func benchFleet(b *testing.B, f *fleet) {
 		b.ReportMetric(float64(granted), "failover-granted")
 	}
 	b.ReportMetric(0, "ns/op")
+	for _, s := range f.nodes {
+		s.releaseAggregator(context.Background())
+	}
 }
 
 // killAggregator grants a key its limit across the fleet, then stops the
@@ -300,12 +315,12 @@ func (c *countingStorage) totals() (loaded, stored int64) {
 }
 
 // redisForBench starts a redis-server on a free port for the benchmark and
-// returns a caddy-storage-redis storage of it, or skips the benchmark if
-// there is no redis-server.
-func redisForBench(b *testing.B) certmagic.Storage {
+// returns a caddy-storage-redis storage of it, or nil and why if there is
+// no redis-server.
+func redisForBench(b *testing.B) (certmagic.Storage, string) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		b.Skip("no redis-server on PATH: the fleet over Redis is not measured (apt-get install redis-server)")
+		return nil, "no redis-server on PATH: the fleet over Redis is not measured (apt-get install redis-server)"
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -340,5 +355,5 @@ func redisForBench(b *testing.B) certmagic.Storage {
 	if err := rs.Provision(ctx); err != nil {
 		b.Fatal(err)
 	}
-	return rs
+	return rs, ""
 }
