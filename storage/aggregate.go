@@ -404,3 +404,12 @@ func (s *Syncer) releaseAggregator(ctx context.Context) {
 	s.aggregating = false
 	_ = s.st.Unlock(ctx, AggregateKey(s.c.shape.Zone))
 }
+
+// dropAggregate deletes the aggregate this instance publishes and gives up
+// the lock: at Stop, so that another instance takes over at its next read
+// rather than once the aggregate is stale, and when the fleet is too small
+// for one.
+func (s *Syncer) dropAggregate(ctx context.Context) {
+	_ = s.st.Delete(ctx, AggregateKey(s.c.shape.Zone))
+	s.releaseAggregator(ctx)
+}

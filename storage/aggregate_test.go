@@ -366,3 +366,40 @@ func TestAggregateWithWritesMoreFrequentThanReads(t *testing.T) {
 		}
 	}
 }
+
+// When the fleet shrinks below AggregateFrom, the aggregator deletes its
+// aggregate and gives up the lock; when it stops, the same, so that the
+// next instance to read takes over at once.
+func TestAggregateGoesWithTheFleetOrTheAggregator(t *testing.T) {
+	st := newMemStorage()
+	nodes := newFleetNodes(t, st, 5)
+	now := t0.Add(time.Second)
+	syncAll(now, nodes...)
+	a := nodes[0]
+	if !a.s.aggregating {
+		t.Fatal("a is not the aggregator")
+	}
+	// a stops: b, next to read, takes over at once. (Stop without the
+	// goroutine: Start would sync at the wall clock's time.)
+	a.s.stop, a.s.done, a.s.cancel = make(chan struct{}), make(chan struct{}), func() {}
+	close(a.s.done)
+	a.s.Stop()
+	if _, err := st.Load(bg, AggregateKey("z/1")); err == nil {
+		t.Fatal("the aggregate outlives its aggregator's Stop")
+	}
+	rest := nodes[1:]
+	now = now.Add(testIntervals.Read)
+	syncAll(now, rest...)
+	if got := aggregators(rest); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("aggregators %v at the first sync after the aggregator stopped, want [b]", got)
+	}
+	// c, d and e stop publishing: b alone is too few.
+	at := now.Add(liveWrites*testIntervals.Write + time.Second)
+	syncAll(at, rest[0])
+	if got := aggregators(rest); len(got) != 0 {
+		t.Fatalf("aggregators %v with one live instance", got)
+	}
+	if _, err := st.Load(bg, AggregateKey("z/1")); err == nil {
+		t.Fatal("the aggregate outlives the fleet that needed it")
+	}
+}

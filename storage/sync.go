@@ -177,7 +177,9 @@ func (s *Syncer) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), min(s.iv.Write, 5*time.Second))
 	defer cancel()
 	s.Write(ctx, time.Now())
-	s.releaseAggregator(ctx)
+	if s.aggregating {
+		s.dropAggregate(ctx)
+	}
 }
 
 func (s *Syncer) run(ctx context.Context) {
@@ -450,9 +452,15 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 			}
 		}
 	}
-	if live >= s.aggregateFrom && len(added) < MaxAggregateMembers &&
-		(s.aggregating || found == aggregateNone && s.tryAggregator(ctx)) {
+	switch {
+	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers &&
+		(s.aggregating || found == aggregateNone && s.tryAggregator(ctx)):
 		s.publishAggregate(ctx, now, sum, added, mine)
+	case s.aggregating:
+		// Too few instances (or too many) for an aggregate: it goes, so
+		// that nobody loads a stale one at every read, and so does the
+		// lock, for whoever finds the fleet large enough again.
+		s.dropAggregate(ctx)
 	}
 	s.replaceView(now, sum, live, rank, seq, added, 0)
 	s.ok(OpRead, now)
