@@ -97,7 +97,7 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 	c.ForgetHash(h, at)
 	// The reservations WithShares carries are measured against the counts
 	// as they were: the next re-balance starts afresh.
-	c.keep, c.since = nil, nil
+	c.keep, c.since, c.owned = nil, nil, nil
 	return &c
 }
 

@@ -31,12 +31,15 @@ import (
 // not been seen to use since (the sum's count of the cell grew by less)
 // stays theirs, if more than their shares now, until hold has passed
 // without the sum growing in the cell (by then an instance that granted
-// it has published that and been read). Only then is it shared afresh: a
-// key that only reaches this instance, but shares a cell with the others'
-// keys, gets the rest of its quota a share per hold.
+// it has published that and been read), counted from the last re-balance
+// at which this instance was seen to grant in the cell (the others may
+// have granted at that same moment, which a slow view, such as an
+// aggregate's, may not show yet). Only then is it shared afresh: a key
+// that only reaches this instance, but shares a cell with the others'
+// keys, gets the rest of its quota a share per hold once it is denied.
 //
 // The sum itself, which deciders may be reading, is unchanged. The copy
-// allocates 16 bytes per cell (8 of NewSketchSum's and 8 for the
+// allocates 20 bytes per cell (8 of NewSketchSum's and 12 for the
 // reservations), and walks every cell once. A nil sum, or n < 2, gives
 // the sum itself.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
@@ -50,8 +53,8 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		return &c // a sum of another window: nothing to share on
 	}
 	cells := s.rows * int(s.width)
-	c.keep, c.since = make([]uint32, cells), make([]uint32, cells)
-	carried := prev != nil && prev.epoch == e && len(prev.keep) == cells
+	c.keep, c.since, c.owned = make([]uint32, cells), make([]uint32, cells), make([]uint32, cells)
+	carried := prev != nil && prev.epoch == e && len(prev.keep) == cells && len(prev.owned) == cells
 	unit := max(int64(time.Millisecond), s.window>>32) // so that any time in the window fits 32 bits
 	at, holdUnits := uint32(el/unit), uint32(min(int64(hold)/unit, 1<<32-1))
 	q := uint64(s.quota.Load())
@@ -62,6 +65,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
 		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
 		peerPrev, peerCurr := uint64(c.counts[2*i]), uint64(c.counts[2*i+1])
+		c.owned[i] = uint32(min(ownCurr, MaxSketchQuota))
 		// What the previous copy left the others, less what the sum has
 		// counted of theirs since; gone once unused for hold.
 		var held uint64
@@ -70,6 +74,11 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			then := uint64(prev.counts[2*i+1]) - min(uint64(prev.keep[i]), uint64(prev.counts[2*i+1]))
 			if used := peerCurr - min(peerCurr, then); used != 0 {
 				held = uint64(prev.keep[i]) - min(used, uint64(prev.keep[i]))
+			} else if ownCurr > uint64(prev.owned[i]) {
+				// This instance granted in the cell since: the others
+				// may have too, at the same moment, unseen yet; the
+				// hold starts again.
+				held = uint64(prev.keep[i])
 			} else if at-min(at, prev.since[i]) < holdUnits {
 				held, since = uint64(prev.keep[i]), prev.since[i]
 			}

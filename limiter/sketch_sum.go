@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -34,6 +35,9 @@ type SketchSum struct {
 	// milliseconds (or window/2³², if longer) into window epoch. The next
 	// WithShares carries what they have not been seen to use (see there).
 	keep, since []uint32
+	// owned is, in a copy made by WithShares, the own sketch's count of
+	// each cell's current window then.
+	owned []uint32
 }
 
 // NewSketchSum returns an empty sum for snapshots of s, of the window of
@@ -182,4 +186,77 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 // twice.
 func (s *Sketch) MergeBinary(data []byte, now time.Time) error {
 	return s.MergeBinaryForgetting(data, now, nil)
+}
+
+// A cluster may publish the sum of its instances' snapshots as one
+// aggregate, for each instance to read instead of every snapshot: the sum
+// in the binary form of a snapshot (AppendBinary), of the sum's own
+// windows. A reader loads it with SketchSumOfBinary and takes its own
+// contribution back out with Subtract, both in the aggregate's windows, so
+// that what it subtracts is exactly what was added, whatever window the
+// reader is in by then.
+
+// AppendBinary appends the sum in the binary form of a SketchSnapshot of
+// the sum's windows (Epoch − 1 and Epoch), as SketchSnapshot.AppendBinary
+// would write it.
+func (t *SketchSum) AppendBinary(dst []byte) []byte {
+	cells := t.rows * t.width
+	dst = appendSketchHeader(dst, t.rows, t.width, t.window, t.epoch)
+	dst = appendSketchCells(dst, cells, func(i int) uint32 { return t.counts[2*i] })
+	return appendSketchCells(dst, cells, func(i int) uint32 { return t.counts[2*i+1] })
+}
+
+// SketchSumOfBinary returns a sum of snapshots of s holding the snapshot in
+// binary form data (untrusted input), of data's own window rather than
+// now's: a sum read later, in the window after, still counts its current
+// window as the previous one, as any sum does. It is an error, and gives
+// nil, if data is not well formed or not of s's shape and window.
+func (s *Sketch) SketchSumOfBinary(data []byte) (*SketchSum, error) {
+	t := &SketchSum{window: time.Duration(s.window), rows: s.rows, width: int(s.width)}
+	cells := t.rows * t.width
+	err := walkSketchBinary(data, cells, func(h sketchHeader) error {
+		t.epoch = h.epoch
+		return nil
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	t.counts = make([]uint32, 2*cells)
+	if _, err := t.AddBinary(data); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Epoch is the number of the sum's current window (WindowNumber).
+func (t *SketchSum) Epoch() int64 { return t.epoch }
+
+// Empty returns an empty sum of the same shape and windows as t.
+func (t *SketchSum) Empty() *SketchSum {
+	return &SketchSum{window: t.window, rows: t.rows, width: t.width, epoch: t.epoch, counts: make([]uint32, len(t.counts))}
+}
+
+// Clone returns a copy of the sum's counts, without what WithShares left
+// the other instances.
+func (t *SketchSum) Clone() *SketchSum {
+	c := *t
+	c.counts = slices.Clone(t.counts)
+	c.keep, c.since, c.owned = nil, nil, nil
+	return &c
+}
+
+// Subtract takes o's counts out of t, cell by cell and never below zero;
+// a cell saturated in t (MaxSketchQuota) stays so, since what it held is
+// not known. o must be a sum of the same shape and windows (Empty), else
+// Subtract does nothing and reports false.
+func (t *SketchSum) Subtract(o *SketchSum) bool {
+	if o.epoch != t.epoch || o.window != t.window || len(o.counts) != len(t.counts) {
+		return false
+	}
+	for i, c := range o.counts {
+		if p := &t.counts[i]; *p != MaxSketchQuota {
+			*p -= min(*p, c)
+		}
+	}
+	return true
 }

@@ -232,3 +232,49 @@ func TestAppendSnapshotIsTheSnapshot(t *testing.T) {
 		t.Fatalf("re-encoding differs: %v", err)
 	}
 }
+
+// A sum in binary form, loaded back in its own windows, less one of the
+// snapshots it summed (added in the same windows), is the sum of the
+// others: whatever window the snapshots were of, within one of the sum's.
+func TestSketchSumBinaryLessOneSnapshotIsTheOthers(t *testing.T) {
+	const window = time.Minute
+	at := time.Unix(1_700_000_040, 0).Add(10 * time.Second)
+	a, b := newSumTestSketch(t, 1000, window, 4, 64), newSumTestSketch(t, 1000, window, 4, 64)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 50 {
+		chargeSketch(t, a, rng.Uint64(), 1+rng.Int64N(5), at.Add(-window))
+		chargeSketch(t, a, rng.Uint64(), 1+rng.Int64N(5), at)
+		chargeSketch(t, b, rng.Uint64(), 1+rng.Int64N(5), at)
+	}
+	for _, mine := range []time.Time{at.Add(-window), at, at.Add(window)} { // a's snapshot: a window behind, of the sum's, a window ahead
+		sa, _ := a.AppendSnapshot(nil, mine)
+		sb, _ := b.AppendSnapshot(nil, at)
+		sum := a.NewSketchSum(at)
+		for _, s := range [][]byte{sa, sb} {
+			if _, err := sum.AddBinary(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		loaded, err := b.SketchSumOfBinary(sum.AppendBinary(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		own := loaded.Empty()
+		if _, err := own.AddBinary(sa); err != nil {
+			t.Fatal(err)
+		}
+		if !loaded.Subtract(own) {
+			t.Fatal("Subtract refused a sum of the same windows")
+		}
+		want := a.NewSketchSum(at)
+		if _, err := want.AddBinary(sb); err != nil {
+			t.Fatal(err)
+		}
+		if got := loaded.AppendBinary(nil); !bytes.Equal(got, want.AppendBinary(nil)) {
+			t.Fatalf("a's snapshot of %v: the sum less it is not b's", mine)
+		}
+	}
+	if _, err := a.SketchSumOfBinary([]byte("FGSK junk")); err == nil {
+		t.Fatal("junk loaded as a sum")
+	}
+}

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
@@ -58,16 +59,64 @@ func BenchmarkSyncBytes(b *testing.B) {
 // discard is a storage that costs nothing, so that BenchmarkDecision
 // measures what syncing costs the decisions themselves (CPU and memory
 // traffic of encoding, decoding and swapping the peers' sum), not the disk.
-// memStorage is an in-memory certmagic.Storage (without locks) that counts
-// the bytes stored and loaded.
+// memStorage is an in-memory certmagic.Storage that counts the bytes
+// stored and loaded. A lock is held until Unlock, or until expire, or for
+// ttl (if not 0) past its holder's last refresh, on the clock setNow sets.
 type memStorage struct {
 	certmagic.Storage
 	mu             sync.Mutex
 	data           map[string][]byte
+	locks          map[string]time.Time // lock name: taken or last refreshed
+	ttl            time.Duration
+	now            time.Time
 	stored, loaded int64
+	loads          int64
 }
 
-func newMemStorage() *memStorage { return &memStorage{data: map[string][]byte{}} }
+func newMemStorage() *memStorage {
+	return &memStorage{data: map[string][]byte{}, locks: map[string]time.Time{}}
+}
+
+// Lock takes the lock name if it is free, else fails at once: as
+// certmagic's storages do when their context ends while the lock is held,
+// without the wait (which a simulated fleet does not need).
+func (d *memStorage) Lock(_ context.Context, name string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if at, held := d.locks[name]; held && (d.ttl == 0 || d.now.Sub(at) <= d.ttl) {
+		return errors.New("lock " + name + " is held")
+	}
+	d.locks[name] = d.now
+	return nil
+}
+
+func (d *memStorage) Unlock(_ context.Context, name string) error {
+	d.expire(name)
+	return nil
+}
+
+// expire frees the lock name, as a storage does once its holder stopped
+// refreshing it.
+func (d *memStorage) expire(name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.locks, name)
+}
+
+// refresh keeps the lock name held, as its holder does while it lives.
+func (d *memStorage) refresh(name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, held := d.locks[name]; held {
+		d.locks[name] = d.now
+	}
+}
+
+func (d *memStorage) setNow(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.now = now
+}
 
 func (d *memStorage) Store(_ context.Context, k string, v []byte) error {
 	d.mu.Lock()
@@ -85,6 +134,7 @@ func (d *memStorage) Load(_ context.Context, k string) ([]byte, error) {
 		return nil, fs.ErrNotExist
 	}
 	d.loaded += int64(len(v))
+	d.loads++
 	return v, nil
 }
 

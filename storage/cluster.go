@@ -67,6 +67,12 @@ type Cluster struct {
 	// longer finds (mitigation.dropStalePeers).
 	readGen uint64
 
+	// own holds the last snapshots this instance stored or restored,
+	// newest first, for taking its contribution out of an aggregate
+	// (aggregate.go, ownKept): an aggregate may be two read intervals
+	// old, and syncers of two configs overlap during a reload.
+	own []ownSnapshot
+
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so
 	// that a restart cannot overwrite its state before reading it.

@@ -1,60 +1,101 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"os/exec"
 	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/certmagic"
+	redisstorage "github.com/pberkel/caddy-storage-redis"
 	"go.uber.org/zap"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
-// fleet is n instances of one zone syncing through one in-memory storage,
-// each as a process of its own, driven in rounds: at each round every
-// instance writes, then every instance reads, at the round's time.
+// fleet is n instances of one zone syncing through one storage, each as a
+// process of its own with its own count of what it reads and writes,
+// driven in rounds: at each round every instance writes, then every
+// instance reads, the aggregator last (so that the others read the
+// previous round's aggregate: the most lag an aggregate adds).
 type fleet struct {
-	st    *memStorage
-	nodes []*Syncer
-	now   time.Time
+	zone     string
+	mem      *memStorage // nil over redis
+	nodes    []*Syncer
+	counts   []*countingStorage
+	now      time.Time
+	interval time.Duration
 }
 
+// fleetSeq numbers the fleets.
+var fleetSeq atomic.Int64
+
 const (
-	fleetLimit    = 100
-	fleetWidth    = 4096
-	fleetKeys     = 1000 // active keys per instance
-	fleetInterval = time.Second
+	fleetLimit = 100
+	fleetWidth = 4096
+	fleetKeys  = 1000 // active keys per instance
+	// fleetLockTTL is how long the in-memory storage keeps a lock its
+	// holder stopped refreshing: FileStorage's (caddy-storage-redis's is 5 s).
+	fleetLockTTL = 10 * time.Second
 )
 
-func newFleet(n int, split bool) *fleet {
-	f := &fleet{st: newMemStorage(), now: t0.Add(time.Second)}
+func newFleet(st certmagic.Storage, n int, interval time.Duration) *fleet {
+	// A zone of its own, so that fleets that share a redis-server never
+	// meet.
+	f := &fleet{zone: fmt.Sprintf("fleet-%d", fleetSeq.Add(1)), now: t0.Add(time.Second), interval: interval}
+	f.mem, _ = st.(*memStorage)
+	if f.mem != nil {
+		f.mem.ttl = fleetLockTTL
+	}
 	rng := rand.New(rand.NewPCG(uint64(n), 7))
 	for i := range n {
-		c, err := newCluster(Shape{Zone: "fleet", Window: time.Hour, Width: fleetWidth}, fleetLimit)
+		c, err := newCluster(Shape{Zone: f.zone, Window: time.Hour, Width: fleetWidth}, fleetLimit)
 		if err != nil {
 			panic(err)
 		}
-		c.SplitBursts(split, fleetInterval)
+		c.SplitBursts(true, interval)
 		for range fleetKeys {
 			c.TakeHash(rng.Uint64(), 1, f.now)
 		}
-		s := NewSyncer(c, f.st, fmt.Sprintf("i%03d", i), Intervals{Read: fleetInterval, Write: fleetInterval, PurgeAge: time.Hour}, zap.NewNop())
+		cs := &countingStorage{Storage: st}
+		s := NewSyncer(c, cs, fmt.Sprintf("i%03d", i), Intervals{Read: interval, Write: interval, PurgeAge: time.Hour}, zap.NewNop())
 		s.proc = newProcess()
 		f.nodes = append(f.nodes, s)
+		f.counts = append(f.counts, cs)
 	}
 	return f
 }
 
 func (f *fleet) round() {
-	f.now = f.now.Add(fleetInterval)
+	f.now = f.now.Add(f.interval)
+	if f.mem != nil {
+		f.mem.setNow(f.now)
+	}
 	for _, s := range f.nodes {
 		s.Write(context.Background(), f.now)
 	}
+	var last []*Syncer
 	for _, s := range f.nodes {
+		if s.aggregating {
+			last = append(last, s)
+			continue
+		}
 		s.Read(context.Background(), f.now)
+	}
+	for _, s := range last {
+		s.Read(context.Background(), f.now)
+		if f.mem != nil {
+			f.mem.refresh(AggregateKey(f.zone)) // a live holder keeps its lock
+		}
 	}
 }
 
@@ -72,74 +113,247 @@ func (f *fleet) request(key uint64, per int) int {
 	return allowed
 }
 
+// aggregated reports whether exactly one instance aggregates and every
+// other one read its aggregate at the last round.
+func (f *fleet) aggregated() bool {
+	aggs := 0
+	for _, s := range f.nodes {
+		switch {
+		case s.aggregating:
+			aggs++
+		case s.lastRead != aggregateUsed:
+			return false
+		}
+	}
+	return aggs == 1
+}
+
 // BenchmarkFleet simulates fleets of 2 to 128 instances of one distributed
 // zone (events 100 per hour, sketch 4 × 4096, 1,000 active keys per
-// instance) in one process over an in-memory storage, one sync round (every
-// instance writes, then every instance reads) per iteration. It reports,
-// per instance and interval, the bytes read and written and the CPU time of
-// a sync, and the heap per instance; and, from rounds run before the timer:
-// allowed ÷ limit for a key spread over the instances (one request per
-// instance per interval) and for a simultaneous burst (the limit sent to
-// every instance at once, then again after each of 5 syncs), and the
-// intervals until a reset on one instance has taken the key's counts out
-// of every instance's view (shares aside).
+// instance, bursts split), in one process, over an in-memory storage and
+// over a real redis-server (started on a free port; skipped if there is
+// no redis-server), with sync intervals of 1 s and 5 s, one sync round per
+// iteration. Per instance and interval, it reports the bytes read (the
+// mean, and the most any instance read: the aggregator's) and written, the
+// CPU time and the bytes allocated by a sync, and the heap per instance.
+// From rounds run before the timer: allowed ÷ limit for a key spread over
+// the instances (one request per instance per second) and for a
+// simultaneous burst (the limit sent to every instance at once, then again
+// after each of 5 syncs); the spread key's count-min estimate before its
+// first request (the other keys' counts in its cells, which it is denied
+// early by); the intervals until a reset on one instance has taken the
+// key's counts out of every instance's view; and, in memory, the seconds
+// from the aggregator's death until another one publishes and every
+// instance reads it again, with the lock expiring as FileStorage's does, and
+// what the fleet granted meanwhile of a key already at its limit.
 func BenchmarkFleet(b *testing.B) {
-	for _, n := range []int{2, 8, 32, 128} {
-		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
-			f := newFleet(n, true)
-			f.round()
-
-			spread := limiter.HashString("spread")
-			allowed := 0
-			for range 2*fleetLimit/n + 2 {
-				allowed += f.request(spread, 1)
-				f.round()
+	// One redis-server for every fleet, started before any of them, so
+	// that its client's log is not in a benchmark's line.
+	redis, noRedis := redisForBench(b)
+	for _, store := range []string{"memory", "redis"} {
+		for _, interval := range []time.Duration{time.Second, 5 * time.Second} {
+			for _, n := range []int{2, 8, 32, 128} {
+				b.Run(fmt.Sprintf("N=%d/interval=%v/storage=%s", n, interval, store), func(b *testing.B) {
+					var st certmagic.Storage = newMemStorage()
+					if store == "redis" {
+						if redis == nil {
+							b.Skip(noRedis)
+						}
+						st = redis
+					}
+					benchFleet(b, newFleet(st, n, interval))
+				})
 			}
-			burstKey := limiter.HashString("burst")
-			burst := f.request(burstKey, fleetLimit)
-			for range 5 {
-				f.round()
-				burst += f.request(burstKey, fleetLimit)
-			}
-			f.nodes[0].c.Reset(spread, f.now)
-			resetIntervals := 0
-			for resetIntervals < 10 {
-				pass := true
-				for _, s := range f.nodes {
-					// The key's counts, without the instance's share.
-					pass = pass && s.c.sketch.PeekHashWith(spread, 1, f.now, s.c.peers.Load()).Allowed
-				}
-				if pass {
-					break
-				}
-				f.round()
-				resetIntervals++
-			}
-
-			runtime.GC()
-			var before, after runtime.MemStats
-			runtime.ReadMemStats(&before)
-			f.st.mu.Lock()
-			stored, loaded := f.st.stored, f.st.loaded
-			f.st.mu.Unlock()
-			b.ResetTimer()
-			for range b.N {
-				f.round()
-			}
-			b.StopTimer()
-			runtime.ReadMemStats(&after)
-			f.st.mu.Lock()
-			stored, loaded = f.st.stored-stored, f.st.loaded-loaded
-			f.st.mu.Unlock()
-			per := float64(b.N) * float64(n)
-			b.ReportMetric(float64(loaded)/per, "read-B/inst/interval")
-			b.ReportMetric(float64(stored)/per, "written-B/inst/interval")
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/per, "ns/inst/sync")
-			b.ReportMetric(float64(after.HeapInuse)/float64(n), "heap-B/inst")
-			b.ReportMetric(float64(allowed)/fleetLimit, "spread-allowed/limit")
-			b.ReportMetric(float64(burst)/fleetLimit, "burst-allowed/limit")
-			b.ReportMetric(float64(resetIntervals), "reset-intervals")
-			b.ReportMetric(0, "ns/op")
-		})
+		}
 	}
+}
+
+func benchFleet(b *testing.B, f *fleet) {
+	n := len(f.nodes)
+	f.round()
+
+	spread := limiter.HashString("spread")
+	// What the other keys count in the spread key's cells, without shares.
+	noise := fleetLimit - f.nodes[0].c.sketch.PeekHashWith(spread, 1, f.now, f.nodes[0].c.peers.Load()).Remaining
+	per := max(1, int(f.interval/time.Second))
+	allowed := 0
+	for range 2*fleetLimit/(n*per) + 2 {
+		allowed += f.request(spread, per)
+		f.round()
+	}
+	burstKey := limiter.HashString("burst")
+	burst := f.request(burstKey, fleetLimit)
+	for range 5 {
+		f.round()
+		burst += f.request(burstKey, fleetLimit)
+	}
+	f.nodes[n-1].c.Reset(spread, f.now)
+	resetIntervals := 0
+	for resetIntervals < 10 {
+		pass := true
+		for _, s := range f.nodes {
+			// The key's counts, without the instance's share.
+			pass = pass && s.c.sketch.PeekHashWith(spread, 1, f.now, s.c.peers.Load()).Allowed
+		}
+		if pass {
+			break
+		}
+		f.round()
+		resetIntervals++
+	}
+
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for _, c := range f.counts {
+		c.reset()
+	}
+	b.ResetTimer()
+	for range b.N {
+		f.round()
+	}
+	b.StopTimer()
+	runtime.ReadMemStats(&after)
+	var loaded, stored, most int64
+	for _, c := range f.counts {
+		l, s := c.totals()
+		loaded, stored, most = loaded+l, stored+s, max(most, l)
+	}
+	perInst := float64(b.N) * float64(n)
+	b.ReportMetric(float64(loaded)/perInst, "read-B/inst/interval")
+	b.ReportMetric(float64(most)/float64(b.N), "max-read-B/inst/interval")
+	b.ReportMetric(float64(stored)/perInst, "written-B/inst/interval")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/perInst, "ns/inst/sync")
+	b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/perInst, "alloc-B/inst/sync")
+	b.ReportMetric(float64(after.HeapInuse)/float64(n), "heap-B/inst")
+	b.ReportMetric(float64(allowed)/fleetLimit, "spread-allowed/limit")
+	b.ReportMetric(float64(noise)/fleetLimit, "spread-noise/limit")
+	b.ReportMetric(float64(burst)/fleetLimit, "burst-allowed/limit")
+	b.ReportMetric(float64(resetIntervals), "reset-intervals")
+	if f.mem != nil && n >= AggregateFrom {
+		secs, granted := f.killAggregator()
+		b.ReportMetric(secs, "failover-s")
+		b.ReportMetric(float64(granted), "failover-granted")
+	}
+	b.ReportMetric(0, "ns/op")
+	for _, s := range f.nodes {
+		s.releaseAggregator(context.Background())
+	}
+}
+
+// killAggregator grants a key its limit across the fleet, then stops the
+// aggregator (it writes, reads and refreshes its lock no more), and runs
+// rounds until another aggregates and every instance reads its aggregate,
+// each instance asking for the key once per round. It returns the time
+// that took and how many of those requests were granted.
+func (f *fleet) killAggregator() (secs float64, granted int) {
+	key := limiter.HashString("failover")
+	for left := fleetLimit; left > 0; {
+		got := 0
+		for _, s := range f.nodes {
+			if d, _ := s.c.TakeHash(key, 1, f.now); d.Allowed && left > 0 {
+				got++
+				left--
+			}
+		}
+		f.round()
+		if got == 0 {
+			break
+		}
+	}
+	alive := f.nodes[:0:0]
+	for _, s := range f.nodes {
+		if !s.aggregating {
+			alive = append(alive, s)
+		}
+	}
+	f.nodes = alive
+	start := f.now
+	for range 100 {
+		f.round()
+		granted += f.request(key, 1)
+		if f.aggregated() {
+			break
+		}
+	}
+	return f.now.Sub(start).Seconds(), granted
+}
+
+// countingStorage counts what one instance loads and stores through a
+// storage.
+type countingStorage struct {
+	certmagic.Storage
+	mu             sync.Mutex
+	loaded, stored int64
+}
+
+func (c *countingStorage) Load(ctx context.Context, k string) ([]byte, error) {
+	v, err := c.Storage.Load(ctx, k)
+	c.mu.Lock()
+	c.loaded += int64(len(v))
+	c.mu.Unlock()
+	return v, err
+}
+
+func (c *countingStorage) Store(ctx context.Context, k string, v []byte) error {
+	c.mu.Lock()
+	c.stored += int64(len(v))
+	c.mu.Unlock()
+	return c.Storage.Store(ctx, k, v)
+}
+
+func (c *countingStorage) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.loaded, c.stored = 0, 0
+}
+
+func (c *countingStorage) totals() (loaded, stored int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.loaded, c.stored
+}
+
+// redisForBench starts a redis-server on a free port for the benchmark and
+// returns a caddy-storage-redis storage of it, or nil and why if there is
+// no redis-server.
+func redisForBench(b *testing.B) (certmagic.Storage, string) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, "no redis-server on PATH: the fleet over Redis is not measured (apt-get install redis-server)"
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir := b.TempDir()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--save", "", "--appendonly", "no")
+	var out bytes.Buffer // its log, shown if it fails to start (not in the benchmark's output)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; ; i++ {
+		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			c.Close()
+			break
+		}
+		if i == 100 {
+			b.Fatalf("redis-server did not listen on port %d: %v\n%s", port, err, out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rs := redisstorage.New()
+	rs.Port = []string{strconv.Itoa(port)}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	b.Cleanup(cancel)
+	if err := rs.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return rs, ""
 }

@@ -122,30 +122,32 @@ func (p *process) alias() bool {
 
 // checkOwn loads what is stored under this process's own key and, if
 // another process stored it, switches the process to its alias (see
-// above), logging an error the first time. The caller holds c.mu.
-func (s *Syncer) checkOwn(ctx context.Context, key string) {
+// above), logging an error the first time. It returns the snapshot if it
+// is this process's (for an aggregate), else nil. The caller holds c.mu.
+func (s *Syncer) checkOwn(ctx context.Context, key string) *snapshot {
 	if any, _ := s.proc.wrote(key, time.Time{}, nil); !any {
-		return // nothing stored here yet: a restart finds its predecessor's
+		return nil // nothing stored here yet: a restart finds its predecessor's
 	}
-	data, err := s.load(ctx, key)
+	data, err := s.load(ctx, key, maxSnapshotSize(s.c.shape))
 	if err != nil {
-		return
+		return nil
 	}
 	snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
 	if err != nil {
-		return
+		return nil
 	}
 	if _, ours := s.proc.wrote(key, snap.written, data); ours {
-		return
+		return snap
 	}
 	c := s.c
 	c.conflicts.Add(1)
 	if !s.proc.alias() {
-		return
+		return nil
 	}
 	s.log.Error("another process publishes cluster state under this instance's id: the two share a data directory "+
 		"(XDG_DATA_HOME), hence one Caddy instance id, and were overwriting each other's counts; this process now publishes "+
 		"under a name of its own. Give each process its own data directory.",
 		zap.String("zone", c.shape.Zone), zap.String("instance", s.instance), zap.String("now_publishing_as", s.proc.name(s.instance)),
 		zap.Time("their_snapshot_written", snap.written))
+	return nil
 }

@@ -35,6 +35,28 @@ type mitEntry struct {
 
 func (e *mitEntry) until() int64 { return max(e.own, e.peer) }
 
+// testPause is nil except in tests (mitigation_interleave_test.go), which
+// set it to run concurrent changes of the cache step by step: every load
+// and compare-and-swap of a slot goes through loadSlot and casSlot, which
+// call it first, so a test can stop a change there, run another, and
+// resume it, through every interleaving. In production it costs one
+// predictable branch.
+var testPause func(slot *atomic.Pointer[mitEntry])
+
+func loadSlot(s *atomic.Pointer[mitEntry]) *mitEntry {
+	if testPause != nil {
+		testPause(s)
+	}
+	return s.Load()
+}
+
+func casSlot(s *atomic.Pointer[mitEntry], old, new *mitEntry) bool {
+	if testPause != nil {
+		testPause(s)
+	}
+	return s.CompareAndSwap(old, new)
+}
+
 func (m *mitigation) pair(h uint64) (*atomic.Pointer[mitEntry], *atomic.Pointer[mitEntry]) {
 	i := h & (MitigationSlots - 1)
 	return &m.slots[i], &m.slots[i^1]
@@ -45,7 +67,7 @@ func (m *mitigation) pair(h uint64) (*atomic.Pointer[mitEntry], *atomic.Pointer[
 func (m *mitigation) blocked(h uint64, now int64) (until int64, ok bool) {
 	a, b := m.pair(h)
 	for _, s := range [2]*atomic.Pointer[mitEntry]{a, b} {
-		if e := s.Load(); e != nil && e.hash == h && e.until() > now {
+		if e := loadSlot(s); e != nil && e.hash == h && e.until() > now {
 			return e.until(), true
 		}
 	}
@@ -90,7 +112,7 @@ func (m *mitigation) put(h uint64, until, now int64, set func(*mitEntry) bool) {
 	}
 	a, b := m.pair(h)
 	for {
-		ea, eb := a.Load(), b.Load()
+		ea, eb := loadSlot(a), loadSlot(b)
 		slot, old := a, ea
 		switch {
 		case ea != nil && ea.hash == h:
@@ -107,7 +129,7 @@ func (m *mitigation) put(h uint64, until, now int64, set func(*mitEntry) bool) {
 		if !set(&next) {
 			return
 		}
-		if slot.CompareAndSwap(old, &next) {
+		if casSlot(slot, old, &next) {
 			return
 		}
 	}
@@ -130,7 +152,7 @@ func (m *mitigation) dropStalePeers(gen uint64) {
 	for i := range m.slots {
 		s := &m.slots[i]
 		for {
-			e := s.Load()
+			e := loadSlot(s)
 			if e == nil || e.peer == 0 || e.gen >= gen {
 				break
 			}
@@ -138,7 +160,7 @@ func (m *mitigation) dropStalePeers(gen uint64) {
 			if e.own != 0 {
 				next = &mitEntry{hash: e.hash, own: e.own}
 			}
-			if s.CompareAndSwap(e, next) {
+			if casSlot(s, e, next) {
 				break
 			}
 		}
@@ -151,8 +173,8 @@ func (m *mitigation) remove(h uint64, upTo int64) {
 	a, b := m.pair(h)
 	for _, s := range [2]*atomic.Pointer[mitEntry]{a, b} {
 		for {
-			e := s.Load()
-			if e == nil || e.hash != h || e.until() > upTo || s.CompareAndSwap(e, nil) {
+			e := loadSlot(s)
+			if e == nil || e.hash != h || e.until() > upTo || casSlot(s, e, nil) {
 				break
 			}
 		}

@@ -17,11 +17,16 @@
 // every read interval it reads every other snapshot under rate_limit/<zone>/
 // and replaces the sum with a new one built from them, so a snapshot is
 // never counted twice and a dead instance's counts age out with its
-// windows. A key reset (Cluster.Reset, resets.go) spreads through the
+// windows. From AggregateFrom live instances on, one of them, elected
+// through the storage's lock, publishes the sum of every snapshot as one
+// aggregate, and the others read that instead and take their own
+// snapshot back out of it (aggregate.go), so that what an instance reads
+// per interval does not grow with the fleet. A key reset (Cluster.Reset, resets.go) spreads through the
 // snapshots' lists of resets. A peer is trusted no further than a valid
 // peer could go (trust.go): entries are size-checked before they are
 // loaded, snapshots dated too far ahead are purged, and a peer's blocks are
-// capped at a window and go with its snapshot. Two processes with one
+// capped at a window and go with its snapshot; an aggregate is held to the
+// same. Two processes with one
 // instance id notice each other and stop overwriting each other's
 // snapshot (identity.go).
 package storage
@@ -65,6 +70,8 @@ type snapshot struct {
 	// resets lists the key resets the instance had applied to its sketch
 	// when it took it (see resets.go).
 	resets []reset
+	// sum is the stored form's checksum.
+	sum uint32
 }
 
 // block is a key over its cluster limit and when it may pass again.
@@ -79,6 +86,13 @@ func appendSnapshot(dst []byte, instance string, written time.Time, sketch []byt
 	start := len(dst)
 	dst = append(dst, snapshotMagic...)
 	dst = append(dst, snapshotVersion)
+	dst = appendSnapshotBody(dst, instance, written, sketch, blocks, resets)
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// appendSnapshotBody appends what follows the version in a snapshot, up to
+// the checksum; an aggregate holds the same (aggregate.go).
+func appendSnapshotBody(dst []byte, instance string, written time.Time, sketch []byte, blocks []block, resets []reset) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(instance)))
 	dst = append(dst, instance...)
 	dst = binary.AppendVarint(dst, written.UnixNano())
@@ -94,7 +108,7 @@ func appendSnapshot(dst []byte, instance string, written time.Time, sketch []byt
 		dst = binary.LittleEndian.AppendUint64(dst, r.hash)
 		dst = binary.AppendVarint(dst, r.at)
 	}
-	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+	return dst
 }
 
 // decodeSnapshot decodes the stored form, of version 1 or 2. data is
@@ -111,10 +125,26 @@ func decodeSnapshot(data []byte, maxBlocks, maxResets int) (*snapshot, error) {
 		return nil, fmt.Errorf("snapshot version %d, want 1 or %d", version, snapshotVersion)
 	}
 	body := data[:len(data)-4]
-	if sum := binary.LittleEndian.Uint32(data[len(body):]); sum != crc32.Checksum(body, castagnoli) {
+	sum := binary.LittleEndian.Uint32(data[len(body):])
+	if sum != crc32.Checksum(body, castagnoli) {
 		return nil, fmt.Errorf("snapshot checksum mismatch (truncated or corrupt, %d bytes)", len(data))
 	}
 	r := reader{data: body, off: len(snapshotMagic) + 1}
+	s, err := r.snapshotBody(version >= 2, maxBlocks, maxResets)
+	if err != nil {
+		return nil, err
+	}
+	s.sum = sum
+	if r.off != len(body) {
+		return nil, fmt.Errorf("snapshot has %d trailing bytes", len(body)-r.off)
+	}
+	return s, nil
+}
+
+// snapshotBody decodes what appendSnapshotBody wrote (without the resets
+// unless withResets: version 1), allocating at most maxBlocks blocks and
+// maxResets resets.
+func (r *reader) snapshotBody(withResets bool, maxBlocks, maxResets int) (*snapshot, error) {
 	var s snapshot
 	n, err := r.uvarint("instance length")
 	if err != nil {
@@ -161,7 +191,7 @@ func decodeSnapshot(data []byte, maxBlocks, maxResets int) (*snapshot, error) {
 		}
 		s.blocks = append(s.blocks, block{hash: binary.LittleEndian.Uint64(h), until: until})
 	}
-	if version >= 2 {
+	if withResets {
 		n, err = r.uvarint("reset count")
 		if err != nil {
 			return nil, err
@@ -183,9 +213,6 @@ func decodeSnapshot(data []byte, maxBlocks, maxResets int) (*snapshot, error) {
 			}
 			s.resets = append(s.resets, reset{hash: binary.LittleEndian.Uint64(h), at: at})
 		}
-	}
-	if r.off != len(body) {
-		return nil, fmt.Errorf("snapshot has %d trailing bytes", len(body)-r.off)
 	}
 	return &s, nil
 }

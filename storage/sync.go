@@ -90,6 +90,15 @@ type Syncer struct {
 	// skewLogged is when the purge of a snapshot from a clock too far ahead
 	// was last logged: at most once per purge_age.
 	skewLogged time.Time
+	// aggregating is set while this instance holds the zone's aggregator
+	// lock (aggregate.go); aggregateFrom is the least number of live
+	// instances for an aggregate (AggregateFrom; tests change it).
+	aggregating   bool
+	aggregateFrom int
+	// aggLatest maps a key hash to its latest reset an aggregate lists.
+	aggLatest map[uint64]int64
+	// lastRead is what the last Read did with the aggregate.
+	lastRead aggregateRead
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
@@ -135,9 +144,11 @@ const (
 func newSyncer(c *Cluster, instance string, iv Intervals, log *zap.Logger) *Syncer {
 	return &Syncer{
 		c: c, instance: instance, proc: thisProcess, iv: iv, log: log,
-		failing: make(map[Op]time.Time, int(numOps)),
-		latest:  make(map[uint64]int64),
-		listed:  make(map[uint64]int64),
+		failing:       make(map[Op]time.Time, int(numOps)),
+		latest:        make(map[uint64]int64),
+		listed:        make(map[uint64]int64),
+		aggLatest:     make(map[uint64]int64),
+		aggregateFrom: AggregateFrom,
 	}
 }
 
@@ -149,8 +160,9 @@ func (s *Syncer) Start() {
 }
 
 // Stop ends the loops, publishes a last snapshot (within one write
-// interval, at most 5 s) so that a restart finds the latest state, and
-// returns when the goroutine is done.
+// interval, at most 5 s) so that a restart finds the latest state, gives
+// up the aggregator lock if it holds it, and returns when the goroutine is
+// done.
 func (s *Syncer) Stop() {
 	if s.stop == nil {
 		return
@@ -165,6 +177,9 @@ func (s *Syncer) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), min(s.iv.Write, 5*time.Second))
 	defer cancel()
 	s.Write(ctx, time.Now())
+	if s.aggregating {
+		s.dropAggregate(ctx)
+	}
 }
 
 func (s *Syncer) run(ctx context.Context) {
@@ -247,6 +262,7 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	key := Key(c.shape.Zone, name)
 	s.buf = appendSnapshot(s.buf[:0], name, now, s.sk, s.blocks, s.resets)
 	s.proc.noteWrite(key, now, s.buf)
+	s.noteOwnLocked(key, writtenOf(now, s.buf), s.buf)
 	if err := s.st.Store(ctx, key, s.buf); err != nil {
 		s.failed(OpWrite, now, err)
 		return
@@ -269,7 +285,7 @@ func (s *Syncer) Restore(ctx context.Context, now time.Time) error {
 
 func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	c := s.c
-	data, err := s.load(ctx, Key(c.shape.Zone, s.instance))
+	data, err := s.load(ctx, Key(c.shape.Zone, s.instance), maxSnapshotSize(c.shape))
 	if errors.Is(err, fs.ErrNotExist) {
 		c.restored = true
 		return nil
@@ -284,6 +300,11 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	}
 	if err == nil && snap.instance != s.instance {
 		err = errors.New("snapshot of instance " + snap.instance)
+	}
+	if err == nil {
+		// Its counts become this instance's: an aggregate that summed it
+		// has them taken out (aggregate.go).
+		s.noteOwnLocked(Key(c.shape.Zone, s.instance), writtenOf(snap.written, data), data)
 	}
 	n := now.UnixNano()
 	if err == nil {
@@ -318,12 +339,15 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// Read reads every other instance's snapshot of the zone and replaces the
-// Cluster's peers' sum with their sum as at now. Snapshots older than the
-// purge age are deleted; entries that are not well-formed snapshots are
-// skipped and counted. If listing fails the previous sum is kept: its
-// counts age out with their windows, so a storage outage degrades to local
-// limiting.
+// Read replaces the Cluster's peers' sum with the sum of every other
+// instance's latest snapshot of the zone as at now: from the zone's
+// aggregate when there is a fresh one it can use (aggregate.go), else from
+// the snapshots themselves. Reading those, snapshots older than the purge
+// age are deleted, and entries that are not well-formed snapshots are
+// skipped and counted; the aggregator then publishes their aggregate, and
+// an instance that found none fresh tries to become the aggregator. If
+// listing fails the previous sum is kept: its counts age out with their
+// windows, so a storage outage degrades to local limiting.
 //
 // Key resets that a snapshot lists and this instance does not know yet are
 // applied to its own counts first; then the sum is built, each snapshot
@@ -337,6 +361,14 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer func() { clear(s.snaps) }() // no snapshot outlives its read
+	found := aggregateNone
+	defer func() { s.lastRead = found }()
+	if !s.aggregating {
+		if found = s.readAggregate(ctx, now); found == aggregateUsed {
+			s.ok(OpRead, now)
+			return
+		}
+	}
 	dir := Dir(c.shape.Zone)
 	own := s.proc.name(s.instance)
 	keys, err := s.st.List(ctx, dir, false)
@@ -345,16 +377,17 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		return
 	}
 	s.snaps = s.snaps[:0]
+	var mine *snapshot
 	for _, key := range keys {
 		name := path.Base(key)
 		if path.Dir(key) != dir {
 			continue
 		}
 		if name == own {
-			s.checkOwn(ctx, key)
+			mine = s.checkOwn(ctx, key)
 			continue
 		}
-		data, err := s.load(ctx, key)
+		data, err := s.load(ctx, key, maxSnapshotSize(c.shape))
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue // deleted since the listing
@@ -396,22 +429,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		s.snaps = append(s.snaps, snap)
 	}
 
-	n := now.UnixNano()
-	c.rmu.Lock()
-	c.pruneLocked(n)
-	s.lifted = s.lifted[:0]
-	for _, snap := range s.snaps {
-		for _, r := range snap.resets {
-			if c.learnableLocked(r, n) {
-				c.applyLocked(r, now)
-				s.lifted = append(s.lifted, r.hash)
-			}
-		}
-	}
-	c.latestResetsLocked(s.latest)
-	seq := c.resets.seq
-	c.rmu.Unlock()
-
+	seq := s.learnResets(now, s.snaps)
 	sum := c.sketch.NewSketchSum(now)
 	added := s.snaps[:0]
 	for _, snap := range s.snaps {
@@ -422,23 +440,76 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 		added = append(added, snap)
 	}
-
-	// Each key's share of what the cluster has left, over the instances
-	// live now: those that published within liveWrites write intervals.
-	// The instances are ranked by name, for the remainders of the shares.
-	shared, sole := sum, []uint64(nil)
-	if c.split.Load() {
-		live, rank := 1, 0
-		for _, snap := range added {
-			if now.Sub(snap.written) <= liveWrites*s.iv.Write {
-				live++
-				if snap.instance < own {
-					rank++
-				}
+	// The instances live now, those that published within liveWrites
+	// write intervals, and this one's rank among them by name, for the
+	// shares.
+	live, rank := 1, 0
+	for _, snap := range added {
+		if now.Sub(snap.written) <= liveWrites*s.iv.Write {
+			live++
+			if snap.instance < own {
+				rank++
 			}
 		}
-		shared = sum.WithShares(c.sketch, live, rank, now, c.shared.Load(), shareHold(s.iv))
-		sole = s.sole(now, sum)
+	}
+	switch {
+	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers &&
+		(s.aggregating || found == aggregateNone && s.tryAggregator(ctx)):
+		s.publishAggregate(ctx, now, sum, added, mine)
+	case s.aggregating:
+		// Too few instances (or too many) for an aggregate: it goes, so
+		// that nobody loads a stale one at every read, and so does the
+		// lock, for whoever finds the fleet large enough again.
+		s.dropAggregate(ctx)
+	}
+	s.replaceView(now, sum, live, rank, seq, added, 0)
+	s.ok(OpRead, now)
+}
+
+// learnResets applies to this instance's counts the resets that the
+// sources list and it does not know yet, noting their keys in s.lifted,
+// fills s.latest with every key's latest known reset, and returns the
+// reset table's sequence number then. The caller holds c.mu.
+func (s *Syncer) learnResets(now time.Time, srcs []*snapshot) uint64 {
+	c := s.c
+	n := now.UnixNano()
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.pruneLocked(n)
+	s.lifted = s.lifted[:0]
+	for _, snap := range srcs {
+		for _, r := range snap.resets {
+			if c.learnableLocked(r, n) {
+				c.applyLocked(r, now)
+				s.lifted = append(s.lifted, r.hash)
+			}
+		}
+	}
+	c.latestResetsLocked(s.latest)
+	return c.resets.seq
+}
+
+// replaceView makes sum, the peers' sum as read at now, the one decisions
+// read, with each key's share of what the cluster has left over the live
+// instances (this one ranked rank), and replaces the peers' blocks with
+// those of the sources the sum was read from (snapshots, or an
+// aggregate). seq is learnResets' sequence number: resets recorded since
+// are taken out of the sum here. The caller holds c.mu.
+//
+// lag is how much older the view is than a direct read of every snapshot
+// would be (an aggregate's: up to the aggregator's read interval): what
+// the shares assume the others have published and this one has read by a
+// time waits that much longer.
+func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank int, seq uint64, srcs []*snapshot, lag time.Duration) {
+	c := s.c
+	n := now.UnixNano()
+	// Each key's share of what the cluster has left, over the instances
+	// live now. The instances are ranked by name, for the remainders of
+	// the shares.
+	shared, sole := sum, []uint64(nil)
+	if c.split.Load() {
+		shared = sum.WithShares(c.sketch, live, rank, now, c.shared.Load(), shareHold(s.iv)+2*lag)
+		sole = s.sole(now, sum, lag)
 	}
 
 	c.rmu.Lock()
@@ -468,7 +539,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	// A peer's block lasts at most a window, and only while its snapshot
 	// lists it: the blocks no snapshot of this read listed are lifted.
 	c.readGen++
-	for _, snap := range added {
+	for _, snap := range srcs {
 		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
 		for _, b := range snap.blocks {
 			if !forgotten(s.forget, b.hash) {
@@ -477,26 +548,26 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 	}
 	c.blocks.dropStalePeers(c.readGen)
-	s.ok(OpRead, now)
 }
 
-// errTooLarge is load's error for an entry larger than any snapshot of the
-// zone.
+// errTooLarge is load's error for an entry larger than any snapshot (or
+// aggregate) of the zone.
 var errTooLarge = errors.New("larger than any snapshot of the zone")
 
 // load loads the entry under key if the storage reports it no larger than
-// the largest snapshot of the zone's shape: an entry that is not a snapshot
-// (a stray file, a peer gone wrong) never costs more memory than a real one.
-func (s *Syncer) load(ctx context.Context, key string) ([]byte, error) {
+// max, the largest snapshot (or aggregate) of the zone's shape: an entry
+// that is not one (a stray file, a peer gone wrong) never costs more
+// memory than a real one.
+func (s *Syncer) load(ctx context.Context, key string, max int64) ([]byte, error) {
 	info, err := s.st.Stat(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	if max := maxSnapshotSize(s.c.shape); info.Size > max {
+	if info.Size > max {
 		return nil, fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, info.Size, max)
 	}
 	data, err := s.st.Load(ctx, key)
-	if err == nil && int64(len(data)) > maxSnapshotSize(s.c.shape) {
+	if err == nil && int64(len(data)) > max {
 		// It grew between the two calls: refused all the same.
 		return nil, fmt.Errorf("%w: %d bytes", errTooLarge, len(data))
 	}
@@ -504,15 +575,16 @@ func (s *Syncer) load(ctx context.Context, key string) ([]byte, error) {
 }
 
 // sole returns the bitmap of the cells that this instance counted at
-// least a write and a read interval ago and that sum, the peers' as read
-// now, does not count: any other instance's counts of them from then on
-// have been published and read since, so they are this instance's alone.
+// least a write and a read interval (and lag, see replaceView) ago and
+// that sum, the peers' as read now, does not count: any other instance's
+// counts of them from then on have been published and read since, so
+// they are this instance's alone.
 // A key all of whose cells are is let off its share (Cluster.TakeHash).
 // It is nil while no bitmap of the own counts is that old yet. A new one
 // is taken once the newest is that old, so a key that only reaches this
 // instance is known as such within two write and two read intervals.
-func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum) []uint64 {
-	age := s.iv.Write + s.iv.Read
+func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) []uint64 {
+	age := s.iv.Write + s.iv.Read + lag
 	newest, other := &s.counted[0], &s.counted[1]
 	if other.at.After(newest.at) {
 		newest, other = other, newest

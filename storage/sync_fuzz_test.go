@@ -16,7 +16,8 @@ import (
 // hostile peer could write: a snapshot (with a valid checksum, so the
 // fuzzer reaches past it) of any instance name, write time, sketch bytes,
 // blocks and resets, stored under its own name or another, beside raw bytes
-// under a peer's name. Read must not panic, must allocate within a bound
+// under a peer's name; and, as the zone's aggregate, the same fields (with
+// dup) or the raw bytes. Read must not panic, must allocate within a bound
 // set by what it read, and must impose nothing a valid peer could not: no
 // key is blocked beyond a window from now (a valid peer's block lasts at
 // most a window from its write, and a write dated ahead counts from now),
@@ -74,6 +75,19 @@ func FuzzSyncerRead(f *testing.F) {
 		if err := st.Store(bg, Key("z/1", "raw"), raw); err != nil {
 			t.Fatal(err)
 		}
+		// The same fields as an aggregate, which the node reads instead of
+		// the snapshots while it is fresh; or the raw bytes as one.
+		agg := raw
+		if dup {
+			agg = appendAggregate(nil, &aggregate{
+				snapshot: snapshot{instance: instance, written: now.Add(time.Duration(written)), sketch: sketch, blocks: bl, resets: rs},
+				members:  []member{{name: instance, w: writtenOf(now, data)}, {name: "dup", w: writtenOf(now, data)}},
+			})
+		}
+		if err := st.Store(bg, AggregateKey("z/1"), agg); err != nil {
+			t.Fatal(err)
+		}
+		stored += len(agg)
 		c, err := newCluster(Shape{Zone: "z/1", Window: testWindow, Width: 256}, 10)
 		if err != nil {
 			t.Fatal(err)

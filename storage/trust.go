@@ -11,7 +11,11 @@ import (
 // is refused and purged when it is dated more than MaxClockSkew ahead of
 // this instance's clock, and its blocks last at most the zone's window from
 // when it was written and are lifted at the first read that no longer finds
-// them in its snapshot (peerBlockUntil, mitigation.dropStalePeers).
+// them in its snapshot (peerBlockUntil, mitigation.dropStalePeers). An
+// aggregate (aggregate.go) is held to the same: no larger than
+// maxAggregateSize, ignored when dated more than MaxClockSkew ahead or
+// stale, skipped when its sum is not of its own time's window, its blocks
+// capped at a window from when it was written.
 
 // MaxClockSkew is how far ahead of this instance's clock a peer's snapshot
 // (its time, its resets) may be dated and still be trusted: clocks kept by

@@ -1,0 +1,415 @@
+package storage
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"net/url"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// The aggregate: a sync whose cost does not grow with the fleet.
+//
+// Reading every peer's snapshot costs each instance N − 1 loads per read
+// interval, and the cluster N². So once a zone has AggregateFrom live
+// instances, one of them, the aggregator, publishes after each of its
+// reads the sum of every live snapshot (its own included) as one
+// aggregate under AggregateKey, with the union of their blocks, the resets
+// the sum has had applied, and the list of the instances it summed (name,
+// write time and checksum of the snapshot it took). Every other instance
+// then loads that one entry instead of every snapshot, and takes its own
+// contribution back out: it keeps the last few snapshots it stored
+// (Cluster.own), finds the one the list names, and subtracts it as the
+// aggregator added it, so it is left with exactly the peers' sum the
+// aggregator read. The live instances and this one's rank among them, for
+// the burst shares, come from the list. So each instance reads about one
+// sketch per interval, bounded by the sketch's size, whatever N; the
+// aggregator alone reads every snapshot, as every instance did before.
+//
+// The aggregator is elected through the storage's own lock
+// (certmagic.Locker, on AggregateKey): an instance that finds no fresh
+// aggregate reads every snapshot, as without one, and tries the lock
+// without waiting for it; it holds the lock while it runs and releases it
+// at Stop. The storage expires the lock of a dead holder (FileStorage
+// after 10 s without its refresh, caddy-storage-redis after 5 s), so when
+// the aggregator dies its aggregate goes stale (aggregateMaxAge), every
+// instance falls back to reading every snapshot, limiting as before, and
+// the first to try the lock once it has expired takes over. Two
+// aggregators at once (a lock lost during a stall) publish alternately;
+// each publishes a true sum.
+//
+// The view an aggregate gives is older than a direct read by up to the
+// aggregator's read interval: the over-admission bound grows by that
+// much, which the burst shares keep in check.
+//
+// An aggregate is an input from a peer like a snapshot: it is size-checked
+// before it is loaded, and skipped when not well-formed, when its sum is
+// not of its own time's window, or when it is stale or dated more than
+// MaxClockSkew ahead. Its blocks last at most a window from its write and
+// go with it; its resets are learned as a snapshot's are. So an aggregator
+// can impose no more than a set of valid peers could. It can hide counts
+// (publish less than it read), as no single peer can: an instance then
+// still limits on its own counts, its token buckets and its own blocks.
+
+// AggregateFrom is the least number of live instances (the aggregator
+// included) for which an aggregate is published: below it, reading every
+// snapshot costs no more than an aggregate, without its extra lag.
+const AggregateFrom = 4
+
+// MaxAggregateMembers bounds the instances an aggregate lists: a fleet
+// with more live instances than this has no aggregate, and its instances
+// read every snapshot.
+const MaxAggregateMembers = 1024
+
+// aggregateLockTry is how long an instance waits for the aggregator lock
+// before it gives up until its next read.
+const aggregateLockTry = 100 * time.Millisecond
+
+// aggregateMaxAge is the age past which an aggregate is stale: its
+// aggregator, which publishes one every read interval, has missed one (it
+// is gone, or its storage fails), and the instances read every snapshot
+// again. Until then they read its last one: what they grant after the
+// aggregator died reaches each other up to this much later than if it
+// lived.
+func aggregateMaxAge(iv Intervals) time.Duration { return 2 * iv.Read }
+
+// AggregateKey is where a zone's aggregate is published, and the name of
+// the lock that elects its aggregator. It is outside the zone's directory,
+// which holds only snapshots.
+func AggregateKey(zone string) string { return Prefix + "_aggregate/" + url.PathEscape(zone) }
+
+// The stored form of an aggregate is
+//
+//	"FGAG" version=1
+//	the body of a snapshot (snapshot.go): the aggregator's name, the time
+//	    of the aggregate, the sum of the snapshots in the binary form of a
+//	    sketch snapshot of that time's window, the union of their blocks,
+//	    and the resets (each key's latest) applied to the sum
+//	uvarint n, then n × (uvarint len(name), name, varint written,
+//	    4-byte little-endian checksum of the snapshot summed)
+//	4-byte little-endian CRC-32C of everything before it
+const (
+	aggregateMagic   = "FGAG"
+	aggregateVersion = 1
+)
+
+// An aggregate is the sum of a zone's live snapshots, as published by its
+// aggregator; the embedded snapshot's sketch is the sum.
+type aggregate struct {
+	snapshot
+	members []member
+}
+
+// A member is an instance whose snapshot an aggregate summed, and which.
+type member struct {
+	name string
+	w    written
+}
+
+func appendAggregate(dst []byte, a *aggregate) []byte {
+	start := len(dst)
+	dst = append(dst, aggregateMagic...)
+	dst = append(dst, aggregateVersion)
+	dst = appendSnapshotBody(dst, a.instance, a.written, a.sketch, a.blocks, a.resets)
+	dst = binary.AppendUvarint(dst, uint64(len(a.members)))
+	for _, m := range a.members {
+		dst = binary.AppendUvarint(dst, uint64(len(m.name)))
+		dst = append(dst, m.name...)
+		dst = binary.AppendVarint(dst, m.w.at)
+		dst = binary.LittleEndian.AppendUint32(dst, m.w.sum)
+	}
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// decodeAggregate decodes the stored form of an aggregate. data is
+// untrusted: as decodeSnapshot, it never panics and rejects anything
+// appendAggregate would not have written, including more than
+// MitigationSlots blocks, MaxResets resets or MaxAggregateMembers members.
+func decodeAggregate(data []byte) (*aggregate, error) {
+	if len(data) < len(aggregateMagic)+1+4 || string(data[:len(aggregateMagic)]) != aggregateMagic {
+		return nil, fmt.Errorf("not a floodgate cluster aggregate")
+	}
+	if v := data[len(aggregateMagic)]; v != aggregateVersion {
+		return nil, fmt.Errorf("aggregate version %d, want %d", v, aggregateVersion)
+	}
+	body := data[:len(data)-4]
+	if sum := binary.LittleEndian.Uint32(data[len(body):]); sum != crc32.Checksum(body, castagnoli) {
+		return nil, fmt.Errorf("aggregate checksum mismatch (truncated or corrupt, %d bytes)", len(data))
+	}
+	r := reader{data: body, off: len(aggregateMagic) + 1}
+	s, err := r.snapshotBody(true, MitigationSlots, MaxResets)
+	if err != nil {
+		return nil, err
+	}
+	a := &aggregate{snapshot: *s}
+	n, err := r.uvarint("member count")
+	if err != nil {
+		return nil, err
+	}
+	if n > MaxAggregateMembers {
+		return nil, fmt.Errorf("aggregate lists %d instances, at most %d", n, MaxAggregateMembers)
+	}
+	a.members = make([]member, 0, n)
+	for range n {
+		l, err := r.uvarint("member name length")
+		if err != nil {
+			return nil, err
+		}
+		if l == 0 || l > maxInstanceLen {
+			return nil, fmt.Errorf("aggregate member name length %d: must be between 1 and %d", l, maxInstanceLen)
+		}
+		name, err := r.bytes(l, "member name")
+		if err != nil {
+			return nil, err
+		}
+		at, err := r.varint("member written")
+		if err != nil {
+			return nil, err
+		}
+		sum, err := r.bytes(4, "member checksum")
+		if err != nil {
+			return nil, err
+		}
+		a.members = append(a.members, member{name: string(name), w: written{at: at, sum: binary.LittleEndian.Uint32(sum)}})
+	}
+	if r.off != len(body) {
+		return nil, fmt.Errorf("aggregate has %d trailing bytes", len(body)-r.off)
+	}
+	return a, nil
+}
+
+// maxAggregateSize is the size of the largest aggregate of a zone of shape
+// s: a snapshot's largest, and the longest list of members.
+func maxAggregateSize(s Shape) int64 {
+	const v = binary.MaxVarintLen64
+	return maxSnapshotSize(s) + v + MaxAggregateMembers*(v+maxInstanceLen+v+4)
+}
+
+// An ownSnapshot is one this instance stored (or restored), for taking its
+// contribution out of an aggregate.
+type ownSnapshot struct {
+	key  string
+	w    written
+	data []byte
+}
+
+// noteOwnLocked remembers data, stored under key, as one of the last
+// snapshots of this Cluster: as many as this Syncer writes while an
+// aggregate is fresh and then some (ownKept). The caller holds c.mu.
+func (s *Syncer) noteOwnLocked(key string, w written, data []byte) {
+	c := s.c
+	n := ownKept(s.iv)
+	var reuse []byte
+	if len(c.own) >= n {
+		reuse = c.own[len(c.own)-1].data
+		c.own = c.own[:n-1]
+	}
+	c.own = slices.Insert(c.own, 0, ownSnapshot{key: key, w: w, data: append(reuse[:0], data...)})
+}
+
+// ownKept is how many of its last snapshots an instance remembers: those
+// an aggregate that is not stale may have summed (written within its
+// maximum age and a write interval before it), and two more for the
+// overlap of two configs' syncers during a reload, at most 16 (memory: one
+// snapshot each). With a write interval shorter than about an eighth of
+// the read interval, an aggregate may list a snapshot the instance no
+// longer remembers: it then reads every snapshot instead.
+func ownKept(iv Intervals) int {
+	return min(16, int((aggregateMaxAge(iv)+iv.Write)/iv.Write)+2)
+}
+
+// ownLocked returns the snapshot this Cluster stored under key as w, if it
+// still remembers it. The caller holds c.mu.
+func (c *Cluster) ownLocked(key string, w written) []byte {
+	for _, o := range c.own {
+		if o.data != nil && o.key == key && o.w == w {
+			return o.data
+		}
+	}
+	return nil
+}
+
+// aggregateRead is what readAggregate did.
+type aggregateRead uint8
+
+const (
+	// aggregateNone: no fresh, well-formed aggregate; read every
+	// snapshot, and try to become the aggregator.
+	aggregateNone aggregateRead = iota
+	// aggregateForeign: a fresh aggregate that lists a snapshot under this
+	// instance's name that it cannot take out (another process's, or one
+	// it no longer remembers): read every snapshot, which sorts that out.
+	aggregateForeign
+	// aggregateUsed: the Cluster's view was replaced from the aggregate.
+	aggregateUsed
+)
+
+// readAggregate replaces the Cluster's view of its peers from the zone's
+// aggregate, if there is a fresh one this instance can use. The caller
+// holds c.mu.
+func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead {
+	c := s.c
+	key := AggregateKey(c.shape.Zone)
+	data, err := s.load(ctx, key, maxAggregateSize(c.shape))
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) && ctx.Err() == nil {
+			s.skipped(key, err)
+		}
+		return aggregateNone
+	}
+	a, err := decodeAggregate(data)
+	if err != nil {
+		s.skipped(key, err)
+		return aggregateNone
+	}
+	if age := now.Sub(a.written); age > aggregateMaxAge(s.iv) || -age > MaxClockSkew {
+		return aggregateNone
+	}
+	sum, err := c.sketch.SketchSumOfBinary(a.sketch)
+	if err == nil && sum.Epoch() != limiter.WindowNumber(a.written, c.shape.Window) {
+		err = errors.New("the aggregate's sum is not of its own time's window")
+	}
+	if err != nil {
+		s.skipped(key, err)
+		return aggregateNone
+	}
+	// Take this instance's own snapshots out, as the aggregator added
+	// them: less the keys of the resets the aggregate lists that they do
+	// not.
+	noteLatests(s.aggLatest, a.resets)
+	own := s.proc.name(s.instance)
+	live, rank := 1, 0
+	for _, m := range a.members {
+		k := Key(c.shape.Zone, m.name)
+		if data := c.ownLocked(k, m.w); data != nil {
+			snap, err := decodeSnapshot(data, MitigationSlots, MaxResets)
+			if err != nil {
+				return aggregateForeign
+			}
+			s.forget = appendForgets(s.forget[:0], s.aggLatest, snap.resets, s.listed)
+			mine := sum.Empty()
+			if _, err := mine.AddBinaryForgetting(snap.sketch, s.forget); err != nil || !sum.Subtract(mine) {
+				return aggregateForeign
+			}
+			continue
+		}
+		if any, _ := s.proc.wrote(k, time.Time{}, nil); any || m.name == own {
+			return aggregateForeign
+		}
+		if now.Sub(time.Unix(0, m.w.at)) <= liveWrites*s.iv.Write {
+			live++
+			if m.name < own {
+				rank++
+			}
+		}
+	}
+	srcs := []*snapshot{&a.snapshot}
+	seq := s.learnResets(now, srcs)
+	// Resets known here that the aggregate does not list: the aggregator
+	// had not read them, so no snapshot it summed had had them applied.
+	s.forget = appendForgets(s.forget[:0], s.latest, a.resets, s.listed)
+	for _, f := range s.forget {
+		sum.ForgetHash(f.Hash, f.At)
+	}
+	s.replaceView(now, sum, live, rank, seq, srcs, s.iv.Read)
+	return aggregateUsed
+}
+
+// noteLatests fills latest with each key's latest reset in rs.
+func noteLatests(latest map[uint64]int64, rs []reset) {
+	clear(latest)
+	for _, r := range rs {
+		noteLatest(latest, r)
+	}
+}
+
+// publishAggregate stores the aggregate of a full read at now: sum, the
+// peers' snapshots as added (added), plus this instance's own stored
+// snapshot mine (nil if none yet), with the blocks and resets that go with
+// them. The caller holds c.mu and has learned the read's resets.
+func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limiter.SketchSum, added []*snapshot, mine *snapshot) {
+	c := s.c
+	n := now.UnixNano()
+	agg := sum.Clone()
+	a := aggregate{snapshot: snapshot{instance: s.proc.name(s.instance), written: now}}
+	untils := make(map[uint64]int64)
+	note := func(snap *snapshot) {
+		a.members = append(a.members, member{name: snap.instance, w: written{at: snap.written.UnixNano(), sum: snap.sum}})
+		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
+		for _, b := range snap.blocks {
+			if !forgotten(s.forget, b.hash) {
+				untils[b.hash] = max(untils[b.hash], peerBlockUntil(b.until, snap.written.UnixNano(), n, c.shape.Window))
+			}
+		}
+	}
+	for _, snap := range added {
+		note(snap)
+	}
+	if mine != nil {
+		note(mine)
+		if _, err := agg.AddBinaryForgetting(mine.sketch, s.forget); err != nil {
+			return
+		}
+	}
+	for _, b := range c.blocks.appendOwn(s.blocks[:0], n) {
+		untils[b.hash] = max(untils[b.hash], b.until)
+	}
+	for h, until := range untils {
+		a.blocks = append(a.blocks, block{hash: h, until: until})
+	}
+	if len(a.blocks) > MitigationSlots {
+		// Those that last longest; the others' counts still deny them.
+		slices.SortFunc(a.blocks, func(x, y block) int { return cmp.Compare(y.until, x.until) })
+		a.blocks = a.blocks[:MitigationSlots]
+	}
+	for h, at := range s.latest {
+		a.resets = append(a.resets, reset{hash: h, at: at})
+	}
+	slices.SortFunc(a.resets, func(x, y reset) int { return cmp.Compare(x.hash, y.hash) })
+	a.sketch = agg.AppendBinary(s.sk[:0])
+	s.buf = appendAggregate(s.buf[:0], &a)
+	s.sk = a.sketch
+	if err := s.st.Store(ctx, AggregateKey(c.shape.Zone), s.buf); err != nil {
+		s.failed(OpWrite, now, err)
+	}
+}
+
+// tryAggregator tries to take the zone's aggregator lock without waiting
+// for it, and reports whether this instance is the aggregator.
+func (s *Syncer) tryAggregator(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, aggregateLockTry)
+	defer cancel()
+	if err := s.st.Lock(ctx, AggregateKey(s.c.shape.Zone)); err != nil {
+		return false
+	}
+	s.aggregating = true
+	s.log.Info("this instance aggregates the zone's cluster state", zap.String("zone", s.c.shape.Zone))
+	return true
+}
+
+// releaseAggregator gives up the aggregator lock, if held.
+func (s *Syncer) releaseAggregator(ctx context.Context) {
+	if !s.aggregating {
+		return
+	}
+	s.aggregating = false
+	_ = s.st.Unlock(ctx, AggregateKey(s.c.shape.Zone))
+}
+
+// dropAggregate deletes the aggregate this instance publishes and gives up
+// the lock: at Stop, so that another instance takes over at its next read
+// rather than once the aggregate is stale, and when the fleet is too small
+// for one.
+func (s *Syncer) dropAggregate(ctx context.Context) {
+	_ = s.st.Delete(ctx, AggregateKey(s.c.shape.Zone))
+	s.releaseAggregator(ctx)
+}

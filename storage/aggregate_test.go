@@ -1,0 +1,405 @@
+package storage
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// newFleetNodes returns n nodes ("a", "b", ...) of zone z/1 (events 10
+// per minute) over st, each a process of its own.
+func newFleetNodes(t *testing.T, st *memStorage, n int) []*node {
+	t.Helper()
+	nodes := make([]*node, n)
+	for i := range nodes {
+		nodes[i] = newNode(t, st, string(rune('a'+i)))
+	}
+	return nodes
+}
+
+// aggregator returns the nodes that hold the aggregator lock.
+func aggregators(nodes []*node) []string {
+	var names []string
+	for _, n := range nodes {
+		if n.s.aggregating {
+			names = append(names, n.s.instance)
+		}
+	}
+	return names
+}
+
+// readsLoad has the nodes read at now and returns how many entries they
+// loaded from st.
+func readsLoad(st *memStorage, now time.Time, nodes []*node) int64 {
+	st.mu.Lock()
+	before := st.loads
+	st.mu.Unlock()
+	for _, n := range nodes {
+		n.s.Read(bg, now)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.loads - before
+}
+
+// fullView returns the peers' sum n reads from every snapshot, the
+// aggregate aside, in binary form, leaving the storage as it was.
+func fullView(t *testing.T, st *memStorage, n *node, now time.Time) []byte {
+	t.Helper()
+	key := AggregateKey("z/1")
+	st.mu.Lock()
+	agg := st.data[key]
+	delete(st.data, key)
+	st.mu.Unlock()
+	n.s.Read(bg, now)
+	st.mu.Lock()
+	st.data[key] = agg
+	st.mu.Unlock()
+	return n.c.peers.Load().AppendBinary(nil)
+}
+
+// Five instances: the first to read finds no aggregate, reads every
+// snapshot and becomes the aggregator; each other one loads the aggregate
+// alone and is left with exactly the sum it would have read from every
+// other snapshot, so all of them deny a key that only the sum of the five
+// puts over its limit.
+func TestAggregateGivesEachInstanceThePeersSum(t *testing.T) {
+	st := newMemStorage()
+	nodes := newFleetNodes(t, st, 5)
+	now := t0.Add(time.Second)
+	for i, n := range nodes {
+		n.take("k", i+1, now) // 15 in all, of a limit of 10
+		n.take(fmt.Sprint("own", i), 3, now)
+	}
+	for _, n := range nodes {
+		n.s.Write(bg, now)
+	}
+	nodes[0].s.Read(bg, now)
+	if got := aggregators(nodes); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("aggregators %v after a's read, want [a]", got)
+	}
+	loads := readsLoad(st, now, nodes[1:])
+	if loads != 4 {
+		t.Errorf("4 instances loaded %d entries reading the aggregate, want 4 (one each)", loads)
+	}
+	for _, n := range nodes[1:] {
+		via := n.c.peers.Load().AppendBinary(nil)
+		if full := fullView(t, st, n, now); !bytes.Equal(via, full) {
+			t.Errorf("%s: the peers' sum from the aggregate differs from the one read from every snapshot", n.s.instance)
+		}
+	}
+	for _, n := range nodes {
+		if d := n.c.PeekHash(hk, 1, now); d.Allowed {
+			t.Errorf("%s grants a key the five instances have granted 15 times, of a limit of 10: %+v", n.s.instance, d)
+		}
+		if d := n.c.PeekHash(limiter.HashString("own0"), 1, now); !d.Allowed || d.Remaining != 7 {
+			t.Errorf("%s: a key granted 3 times has %+v, want 7 remaining", n.s.instance, d)
+		}
+	}
+}
+
+// Blocks and resets go through the aggregate: a key blocked on one
+// instance is blocked on every one after a sync, and a reset asked of an
+// instance that reads the aggregate lets the key through there at once and
+// everywhere after the next sync, the block with it.
+func TestAggregateCarriesBlocksAndResets(t *testing.T) {
+	st := newMemStorage()
+	nodes := newFleetNodes(t, st, 5)
+	now := t0.Add(time.Second)
+	syncAll(now, nodes...)
+	b, e := nodes[1], nodes[4]
+	if got := b.take("k", 11, now); got != 10 {
+		t.Fatalf("b granted %d of 11, want 10", got)
+	}
+	at := now.Add(time.Second)
+	syncAll(at, nodes...)
+	for _, n := range nodes {
+		if _, blocked := n.c.blocks.blocked(hk, at.UnixNano()); !blocked {
+			t.Errorf("%s: the key b blocked is not blocked after a sync through the aggregate", n.s.instance)
+		}
+	}
+	e.c.Reset(hk, at)
+	if d := e.c.PeekHash(hk, 1, at); !d.Allowed {
+		t.Fatalf("the key is denied on the instance that reset it: %+v", d)
+	}
+	at = at.Add(time.Second)
+	syncAll(at, nodes...)
+	for _, n := range nodes {
+		if d := n.c.PeekHash(hk, 1, at); !d.Allowed || d.Remaining != 10 {
+			t.Errorf("%s: the key after its reset spread through the aggregate: %+v, want allowed with 10 remaining", n.s.instance, d)
+		}
+	}
+}
+
+// When the aggregator dies, the others read its last aggregate until it is
+// stale, then every snapshot again: the limit holds throughout, and what
+// they grant meanwhile reaches each other once it is stale. Once the
+// storage expires the dead one's lock, the next instance to read takes it
+// over, and the others read its aggregate.
+func TestAggregatorDeathIsAbsorbed(t *testing.T) {
+	st := newMemStorage()
+	nodes := newFleetNodes(t, st, 6)
+	a, rest := nodes[0], nodes[1:]
+	now := t0.Add(time.Second)
+	syncAll(now, nodes...)
+	for _, n := range rest {
+		n.take("k", 2, now) // 10 granted: the limit
+	}
+	now = now.Add(testIntervals.Read)
+	syncAll(now, nodes...)
+	if !a.s.aggregating {
+		t.Fatal("a is not the aggregator")
+	}
+	// a dies: it writes and reads no more, and holds its lock until the
+	// storage expires it. Meanwhile b grants a new key its limit.
+	late := limiter.HashString("late")
+	rest[0].take("late", 10, now)
+	stale := false
+	for round := 1; round <= 5; round++ {
+		at := now.Add(time.Duration(round) * testIntervals.Read)
+		syncAll(at, rest...)
+		for _, n := range rest {
+			if d := n.c.PeekHash(hk, 1, at); d.Allowed {
+				t.Fatalf("round %d: %s grants a key at its limit while the aggregator is dead: %+v", round, n.s.instance, d)
+			}
+		}
+		if got := aggregators(rest); len(got) != 0 {
+			t.Fatalf("round %d: %v aggregate while the dead aggregator's lock holds", round, got)
+		}
+		if stale = at.Sub(now) > aggregateMaxAge(testIntervals); stale {
+			for _, n := range rest {
+				if d := n.c.PeekHash(late, 1, at); d.Allowed {
+					t.Fatalf("round %d: %s grants a key b granted its limit after the aggregator died, its aggregate stale: %+v", round, n.s.instance, d)
+				}
+			}
+		}
+	}
+	if !stale {
+		t.Fatal("the rounds never outlived the aggregate")
+	}
+	st.expire(AggregateKey("z/1"))
+	at := now.Add(6 * testIntervals.Read)
+	syncAll(at, rest...)
+	if got := aggregators(rest); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("aggregators %v once the dead one's lock expired, want [b]", got)
+	}
+	at = at.Add(testIntervals.Read)
+	for _, n := range rest {
+		n.s.Write(bg, at)
+	}
+	rest[0].s.Read(bg, at)
+	loads := readsLoad(st, at, rest[1:])
+	if loads != int64(len(rest)-1) {
+		t.Errorf("%d instances loaded %d entries after the failover, want one each", len(rest)-1, loads)
+	}
+	for _, n := range rest {
+		for _, h := range []uint64{hk, late} {
+			if d := n.c.PeekHash(h, 1, at); d.Allowed {
+				t.Errorf("%s grants a key at its limit after the failover: %+v", n.s.instance, d)
+			}
+		}
+	}
+}
+
+// A key hit on five instances at once, bursts split, gets about its limit
+// cluster-wide through the aggregate too, even when the aggregator reads
+// last, so that the others always read the previous sync's aggregate.
+func TestSimultaneousBurstIsSplitThroughTheAggregate(t *testing.T) {
+	for _, aggregatorLast := range []bool{false, true} {
+		t.Run(fmt.Sprintf("aggregatorLast=%v", aggregatorLast), func(t *testing.T) {
+			st := newMemStorage()
+			nodes := newFleetNodes(t, st, 5)
+			for _, n := range nodes {
+				n.c.SplitBursts(true, testIntervals.Read)
+			}
+			now := t0.Add(time.Second)
+			syncAll(now, nodes...)
+			if aggregatorLast {
+				nodes = append(nodes[1:], nodes[0])
+			}
+			granted := 0
+			for round := 0; round <= 6; round++ {
+				at := now.Add(time.Duration(round) * testIntervals.Read)
+				if round > 0 {
+					syncAll(at, nodes...)
+				}
+				for _, n := range nodes {
+					granted += n.take("burst", 10, at)
+				}
+			}
+			t.Logf("a key hit on 5 instances at once, then at every sync: %d granted of a limit of 10", granted)
+			if granted > 10*11/10+1 {
+				t.Fatalf("granted %d of a limit of 10 to a key hit on 5 instances at once", granted)
+			}
+		})
+	}
+}
+
+// However many quiet syncs come before it (the shares' reservations are
+// renewed every few syncs), a burst on every instance at once gets about
+// the limit through an aggregate that the aggregator publishes last.
+func TestBurstAfterQuietSyncsIsSplitThroughTheAggregate(t *testing.T) {
+	for quiet := 0; quiet <= 8; quiet++ {
+		st := newMemStorage()
+		nodes := newFleetNodes(t, st, 5)
+		for _, n := range nodes {
+			n.c.SplitBursts(true, testIntervals.Read)
+			n.take(fmt.Sprint("own", n.s.instance), 1, t0)
+		}
+		syncAll(t0, nodes...)
+		nodes = append(nodes[1:], nodes[0]) // the aggregator reads last
+		at := t0
+		for range quiet {
+			at = at.Add(testIntervals.Read)
+			syncAll(at, nodes...)
+		}
+		granted := 0
+		for round := 0; round <= 6; round++ {
+			if round > 0 {
+				at = at.Add(testIntervals.Read)
+				syncAll(at, nodes...)
+			}
+			for _, n := range nodes {
+				granted += n.take("burst", 10, at)
+			}
+		}
+		if granted > 10*11/10+1 {
+			t.Errorf("after %d quiet syncs, a key hit on 5 instances at once got %d of a limit of 10", quiet, granted)
+		}
+	}
+}
+
+// An aggregate is an input from a peer: one that is malformed, whose sum
+// is not of its own time's window, or stale is skipped (and every snapshot
+// read); the blocks of one that lies last at most a window from its write
+// and go with it.
+func TestHostileAggregateImposesNoMoreThanAPeer(t *testing.T) {
+	now := t0.Add(10 * time.Second)
+	peer, _ := newCluster(Shape{Zone: "z/1", Window: testWindow, Width: 256}, 10)
+	for range 4 {
+		peer.TakeHash(hk, 1, now)
+	}
+	sum := peer.sketch.NewSketchSum(now)
+	sk, _ := peer.sketch.AppendSnapshot(nil, now)
+	if _, err := sum.AddBinary(sk); err != nil {
+		t.Fatal(err)
+	}
+	good := aggregate{
+		snapshot: snapshot{instance: "x", written: now, sketch: sum.AppendBinary(nil),
+			blocks: []block{{hash: limiter.HashString("b"), until: now.Add(time.Hour).UnixNano()}}},
+		members: []member{{name: "x", w: written{at: now.UnixNano(), sum: 1}}},
+	}
+	nextWindow := good
+	nextWindow.written = now.Add(testWindow)
+	corrupt := appendAggregate(nil, &good)
+	corrupt[len(corrupt)/2] ^= 1
+	for _, tc := range []struct {
+		name string
+		data []byte
+		at   time.Time
+		used bool
+	}{
+		{"well-formed", appendAggregate(nil, &good), now, true},
+		{"corrupt", corrupt, now, false},
+		{"sum of another window", appendAggregate(nil, &nextWindow), now, false},
+		{"stale", appendAggregate(nil, &good), now.Add(aggregateMaxAge(testIntervals) + time.Second), false},
+		{"not an aggregate", []byte("junk"), now, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := newMemStorage()
+			_ = st.Store(bg, AggregateKey("z/1"), tc.data)
+			n := newNode(t, st, "n")
+			n.s.Read(bg, tc.at)
+			used := !n.c.PeekHash(hk, 7, tc.at).Allowed
+			if used != tc.used {
+				t.Fatalf("the aggregate was used: %v, want %v", used, tc.used)
+			}
+			until, blocked := n.c.blocks.blocked(limiter.HashString("b"), tc.at.UnixNano())
+			if blocked != tc.used {
+				t.Fatalf("its block holds: %v, want %v", blocked, tc.used)
+			}
+			if blocked && until > now.Add(testWindow).UnixNano() {
+				t.Fatalf("its block lasts %v past its write, more than a window", time.Duration(until-now.UnixNano()))
+			}
+			if !tc.used && tc.name != "stale" && n.c.Skipped() == 0 {
+				t.Fatal("a bad aggregate was not counted as skipped")
+			}
+			if tc.used {
+				// Gone from the next aggregate, the block goes.
+				next := good
+				next.blocks = nil
+				_ = st.Store(bg, AggregateKey("z/1"), appendAggregate(nil, &next))
+				n.s.Read(bg, tc.at)
+				if _, blocked := n.c.blocks.blocked(limiter.HashString("b"), tc.at.UnixNano()); blocked {
+					t.Fatal("a block the aggregate no longer lists still holds")
+				}
+			}
+		})
+	}
+}
+
+// An instance that writes more often than the aggregator reads still finds
+// its own snapshot among those it remembers, whichever of its writes the
+// aggregate summed, and so reads the aggregate alone.
+func TestAggregateWithWritesMoreFrequentThanReads(t *testing.T) {
+	st := newMemStorage()
+	nodes := newFleetNodes(t, st, 5)
+	iv := Intervals{Read: 5 * time.Second, Write: time.Second, PurgeAge: time.Minute}
+	for _, n := range nodes {
+		n.s.iv = iv
+	}
+	now := t0.Add(time.Second)
+	syncAll(now, nodes...)
+	for w := 1; w <= 9; w++ { // up to the aggregate's maximum age
+		for _, n := range nodes[1:] {
+			n.s.Write(bg, now.Add(time.Duration(w)*iv.Write))
+		}
+	}
+	at := now.Add(9 * iv.Write)
+	for _, n := range nodes[1:] {
+		n.s.Read(bg, at)
+		if n.s.lastRead != aggregateUsed {
+			t.Errorf("%s, 9 writes after the aggregate: read %v, want the aggregate used", n.s.instance, n.s.lastRead)
+		}
+	}
+}
+
+// When the fleet shrinks below AggregateFrom, the aggregator deletes its
+// aggregate and gives up the lock; when it stops, the same, so that the
+// next instance to read takes over at once.
+func TestAggregateGoesWithTheFleetOrTheAggregator(t *testing.T) {
+	st := newMemStorage()
+	nodes := newFleetNodes(t, st, 5)
+	now := t0.Add(time.Second)
+	syncAll(now, nodes...)
+	a := nodes[0]
+	if !a.s.aggregating {
+		t.Fatal("a is not the aggregator")
+	}
+	// a stops: b, next to read, takes over at once. (Stop without the
+	// goroutine: Start would sync at the wall clock's time.)
+	a.s.stop, a.s.done, a.s.cancel = make(chan struct{}), make(chan struct{}), func() {}
+	close(a.s.done)
+	a.s.Stop()
+	if _, err := st.Load(bg, AggregateKey("z/1")); err == nil {
+		t.Fatal("the aggregate outlives its aggregator's Stop")
+	}
+	rest := nodes[1:]
+	now = now.Add(testIntervals.Read)
+	syncAll(now, rest...)
+	if got := aggregators(rest); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("aggregators %v at the first sync after the aggregator stopped, want [b]", got)
+	}
+	// c, d and e stop publishing: b alone is too few.
+	at := now.Add(liveWrites*testIntervals.Write + time.Second)
+	syncAll(at, rest[0])
+	if got := aggregators(rest); len(got) != 0 {
+		t.Fatalf("aggregators %v with one live instance", got)
+	}
+	if _, err := st.Load(bg, AggregateKey("z/1")); err == nil {
+		t.Fatal("the aggregate outlives the fleet that needed it")
+	}
+}
