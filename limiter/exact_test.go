@@ -1,7 +1,9 @@
 package limiter
 
 import (
+	"math"
 	"math/big"
+	"math/rand/v2"
 	"testing"
 	"time"
 	"unsafe"
@@ -435,4 +437,100 @@ func TestRefundsRacingATakeGiveBackNoOtherCharge(t *testing.T) {
 		})
 		t.Logf("K=%d: %d schedules", k, schedules)
 	}
+}
+
+// tokensOf is what the key with hash h holds at ns in b, exactly: the
+// burst less its fullest counter's ticks ahead, in tokens.
+func tokensOf(b *Buckets, h uint64, ns int64) *big.Rat {
+	p := b.p.Load()
+	ln, sub, _ := b.place(p, h)
+	var a [countersPerLine]uint32
+	aheads(ln, uint32(p.ticks(ns)), &a)
+	least := uint32(math.MaxUint32)
+	for c := range countersPerLine {
+		if sub.counters>>c&1 != 0 {
+			least = min(least, a[c])
+		}
+	}
+	return new(big.Rat).Sub(big.NewRat(p.limit.burst(), 1), big.NewRat(int64(least), int64(p.per)))
+}
+
+// What the refund rule costs, measured: random takes and held charges of
+// one key (a zone with action delay over its limit), refunded in any order
+// up to 3 s later, against the exact bucket where a refunded charge was
+// never made. After every refund the table holds no more than the exact
+// bucket (within a few ticks), and the gap that refund opened is at most
+// its bound, the refill between its charge and the refund (and at most
+// its cost). The test logs how much of that bound the refunds used.
+func TestLateRefundsUnderGrantAtMostTheirRefill(t *testing.T) {
+	l := Limit{Events: 10, Window: time.Second, Burst: 10}
+	tol := big.NewRat(3*int64(tickOf(l))*l.Events, int64(l.Window))
+	rate := big.NewRat(l.Events, int64(l.Window))
+	var refunds, late int
+	gapSum, boundSum := new(big.Rat), new(big.Rat)
+	for seed := range uint64(20) {
+		r := rand.New(rand.NewPCG(seed, 19))
+		b := newTable(t, l, 1<<12)
+		x := &exactBucket{first: l}
+		y := newOwedBucket(l)
+		const h = 42
+		type held struct {
+			r     Reservation
+			event int
+			ns    int64
+		}
+		var hs []held
+		var ns int64
+		for op := 0; op < 400; op++ {
+			ns += r.Int64N(int64(300 * time.Millisecond))
+			now := tm(time.Duration(ns))
+			switch k := r.IntN(4); {
+			case k == 0 && len(hs) > 0:
+				i := r.IntN(len(hs))
+				c := hs[i]
+				hs = append(hs[:i], hs[i+1:]...)
+				before := new(big.Rat).Sub(x.at(ns), tokensOf(b, h, ns))
+				b.RefundAt(c.r, now)
+				x.events[c.event].refunded = true
+				gap := new(big.Rat).Sub(x.at(ns), tokensOf(b, h, ns))
+				if gap.Cmp(new(big.Rat).Neg(tol)) < 0 {
+					t.Fatalf("seed %d op %d: the table holds %s more than the exact bucket", seed, op, new(big.Rat).Neg(gap).FloatString(4))
+				}
+				paid := x.events[c.event].applied
+				bound := new(big.Rat).Mul(rate, big.NewRat(ns-c.ns, 1))
+				if bound.Cmp(paid) > 0 {
+					bound.Set(paid)
+				}
+				opened := gap.Sub(gap, before)
+				if opened.Cmp(new(big.Rat).Add(bound, tol)) > 0 {
+					t.Fatalf("seed %d op %d: a refund %v late opened a gap of %s tokens, more than its bound %s", seed, op,
+						time.Duration(ns-c.ns), opened.FloatString(4), bound.FloatString(4))
+				}
+				refunds++
+				if bound.Sign() > 0 {
+					late++
+					gapSum.Add(gapSum, opened)
+					boundSum.Add(boundSum, bound)
+				}
+			case k == 1:
+				w := 1 + r.Int64N(3)
+				_, res := b.Charge(h, w, now)
+				x.events = append(x.events, event{ns: ns, applied: y.charge(ns, w)})
+				hs = append(hs, held{res, len(x.events) - 1, ns})
+			default:
+				w := 1 + r.Int64N(3)
+				if d, res := b.TakeHash(h, w, now); d.Allowed {
+					x.events = append(x.events, event{ns: ns, applied: y.charge(ns, w)})
+					hs = append(hs, held{res, len(x.events) - 1, ns})
+				}
+			}
+			for len(hs) > 0 && ns-hs[0].ns > int64(3*time.Second) {
+				hs = hs[1:] // served: never refunded
+			}
+		}
+	}
+	g, _ := gapSum.Float64()
+	bd, _ := boundSum.Float64()
+	t.Logf("%d refunds, %d of them late: they under-granted %.1f tokens in all against the exact bucket (%.3f a late refund), %.0f%% of their bound of %.1f",
+		refunds, late, g, g/float64(max(late, 1)), 100*g/max(bd, 1e-9), bd)
 }
