@@ -543,6 +543,9 @@ func run() (bool, error) {
 			p := paths[n%len(paths)]
 			n++
 			code, err := get(client, in, p, map[string]string{"X-Client": id, "X-Cost": strconv.Itoa(1 + rng.IntN(3)), "X-Key": id})
+			if err != nil && ctx.Err() != nil {
+				return // cut by the end of the run, not answered: not a request served or refused
+			}
 			c := cur.Load()
 			c.fairAll.Add(1)
 			switch {
