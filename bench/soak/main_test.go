@@ -8,7 +8,7 @@ import (
 // A key granted half its rate for ten windows and then twice its burst at
 // one instant: over the whole run that is well within burst + refill
 // (the check this replaced, which measured only since the first grant,
-// read 0.55), but the instant holds twice what a token bucket grants in
+// reads 0.64), but the instant holds twice what a token bucket grants in
 // any interval.
 func TestBucketExcessFindsABurstTheRunsTotalHides(t *testing.T) {
 	const burst, events = 10, 10
