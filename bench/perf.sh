@@ -18,7 +18,9 @@
 # for the soak. Servers listen on free loopback ports. Knobs: ROUNDS (3),
 # DURATION (5s per wrk run), KEYS (200000), FLEET (5x, the fleet
 # benchmark's -benchtime), SOAK (10m), OUT (binaries);
-# PAGE=1 only plots and writes the page from the data already in docs/perf.
+# PAGE=1 only plots and writes the page from the data already in docs/perf;
+# SOAK_ONLY=1 runs only the soak (recording its own date and commit in
+# docs/perf/soak-run.txt), then plots and writes the page.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -30,7 +32,13 @@ command -v gnuplot >/dev/null || { echo "gnuplot is needed: apt-get install -y g
 data=docs/perf
 mkdir -p "$data"
 
-if [ -z "${PAGE:-}" ]; then
+if [ -n "${SOAK_ONLY:-}" ]; then
+	OUT=${OUT:-$(mktemp -d)}
+	go build -o "$OUT/caddy-cmd" ./cmd/caddy
+	printf 'date=%s\ncommit=%s\n' "$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)" >"$data/soak-run.txt"
+	(cd bench/soak && go run . -caddy "$OUT/caddy-cmd" -duration "$SOAK" -out "../../$data/soak.csv") |
+		tee "$data/soak.txt" || true
+elif [ -z "${PAGE:-}" ]; then
 	. bench/caddies.sh
 	# One benchmark at a time on the machine (see bench/deny.sh).
 	exec 9>/tmp/floodgate-bench.lock
@@ -42,6 +50,7 @@ if [ -z "${PAGE:-}" ]; then
 	go test -run - -bench Fleet -benchtime "$FLEET" ./storage | tee "$data/fleet.txt"
 	if [ "$SOAK" != 0 ]; then
 		go build -o "$OUT/caddy-cmd" ./cmd/caddy
+		cp "$data/run.txt" "$data/soak-run.txt"
 		(cd bench/soak && go run . -caddy "$OUT/caddy-cmd" -duration "$SOAK" -out "../../$data/soak.csv") |
 			tee "$data/soak.txt" || true
 	fi
@@ -227,7 +236,8 @@ EOF
 
 ![Soak](perf-soak.png)
 
-\`bench/soak\` ($(head -1 "$data/soak.txt" | sed 's/^soak: \([^,]*\),.*/\1/')): three instances sharing a real
+\`bench/soak\` ($(head -1 "$data/soak.txt" | sed 's/^soak: \([^,]*\),.*/\1/'), run on $(sed -n 's/^date=//p' "$data/soak-run.txt") at commit
+$(sed -n 's/^commit=//p' "$data/soak-run.txt"); \`SOAK_ONLY=1 bench/perf.sh\` runs it alone and rewrites this page): three instances sharing a real
 redis-server, HTTP zones with every feature (keys, weights, a quota, \`action log\` and \`delay\`,
 response costs) and a layer4 server; fair clients, a flood of distinct keys, a flood of source
 addresses across 127.0.0.0/8, a client far over its limit; a reload every 2–5 s alternating configs
@@ -238,8 +248,10 @@ once. Its verdict:
 $(grep -E '^soak: (ok|FAIL)' "$data/soak.txt")
 \`\`\`
 
-The cluster line compares what the spread key (600 events per minute, burst 600, over all three
-instances) was granted since its first grant with its burst plus its refill since; the trailing
+The cluster line measures the spread key (600 events per minute, burst 600, over all three
+instances) against what its token bucket promises: in any interval, at most the burst plus the refill
+over the interval's length. Every interval between two of its grants is checked, and the line shows
+the worst ratio of grants to that bound, with the interval's grants and length; the trailing
 window's count is shown beside it for reference (a token bucket whose burst is its events may grant
 up to twice its events in one window). Samples every 10 s: [docs/perf/soak.csv](perf/soak.csv); the
 run's output: [docs/perf/soak.txt](perf/soak.txt).

@@ -440,36 +440,44 @@ func refundLane(v, amount, now uint32) uint32 {
 }
 
 // outstanding is how many ticks of r's charge to its i-th counter are still
-// owed at tick now of p's clock: what a refund gives back. A charge is a
-// stretch of time that ends at r.end[i]; whatever of it has passed was
-// refilled away, and giving it back would give back someone else's charge
-// (a later request charged from a counter that had refilled). A
-// Reservation from the table SetLimit last replaced is converted as
-// SetLimit converted the counters; one from before that is owed nothing.
+// owed at tick now of p's clock: what a refund gives back. It is the
+// charge as if it had been made from a full counter at its own time: what
+// it paid less the ticks since. A charge queued behind others (made when
+// the counter was already ahead) is owed more while the ones under it stay;
+// but a refund of one of those moves it down, and its Reservation cannot
+// see that happen (the counter holds one time, and the same time and
+// Reservation arise with and without such a refund: see
+// TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge). Whatever happened
+// under it, a charge starts no earlier than its own time, so this much of
+// it is still ahead of now, and giving it back never gives back another
+// request's charge: the price is a grant too few for a queued charge
+// refunded late, at most the ticks between its charge and its refund.
+//
+// A Reservation from the table SetLimit last replaced is converted as
+// SetLimit converted the counters, less what of it the conversion's cap
+// at the limit's debt may have dropped (reckoned from the end it recorded,
+// which is never earlier than its end now); one from before that is owed
+// nothing.
 func (r *Reservation) outstanding(p *bucketParams, i int, now uint64) uint32 {
-	paid := uint32(r.units) - r.short[i]
+	paid := uint64(uint32(r.units) - r.short[i])
 	switch p.gen - r.epoch {
 	case 0:
-		if now-r.tick >= sweepTicks {
-			return 0 // ended: a charge ends at most 2³⁰ ticks after it was made
-		}
-		return min(paid, aheadOf(r.end[i], uint32(now)))
+		return uint32(paid - min(paid, now-r.tick)) // now ≥ r.tick: see refundWords
 	case 1:
 		f := &p.from
-		if f.oldTick-r.tick >= sweepTicks || now-f.newTick >= sweepTicks {
-			return 0 // ended before the conversion, or since
-		}
-		a := aheadOf(r.end[i], uint32(f.oldTick)) // the charge's end, from the conversion
-		owed := uint64(min(paid, a)) * p.per / f.per
-		// The conversion caps the counter at the limit's debt: what of the
-		// charge lay beyond was dropped, and the cap is another charge's.
-		if end := (uint64(a)*p.per + f.per - 1) / f.per; end > p.ceil {
-			owed -= min(owed, end-p.ceil)
-		}
-		if owed == 0 {
+		left := paid - min(paid, f.oldTick-min(f.oldTick, r.tick)) // owed at the conversion, in old ticks
+		if left == 0 {
 			return 0
 		}
-		return min(uint32(owed), aheadOf(store(uint32(f.newTick), convertAhead(uint64(a), f.per, p.clock)), uint32(now)))
+		owed := left * p.per / f.per
+		// The conversion caps the counter at the limit's debt: what lay
+		// beyond was dropped, the top of the counter first, and the
+		// charge reached no further than the end it recorded.
+		a := uint64(aheadOf(r.end[i], uint32(f.oldTick)))
+		if end := (a*p.per + f.per - 1) / f.per; end > p.ceil {
+			owed -= min(owed, end-p.ceil)
+		}
+		return uint32(owed - min(owed, now-min(now, f.newTick)))
 	}
 	return 0
 }
@@ -532,13 +540,16 @@ func refundWord(q *uint64, p *bucketParams, sub subset, w int, r *Reservation, t
 func (b *Buckets) Refund(r Reservation) { b.RefundAt(r, time.Now()) }
 
 // RefundAt gives back what of r's charge each counter still owes at time
-// now: all of it just after the charge, less whatever time has refilled
-// since, nothing once the charge has been refilled away. It never gives
-// back another request's charge, however late it comes. A Reservation
-// taken before the latest SetLimit is converted with the counters, less
-// what of it the conversion's cap at the limit's debt dropped; one taken
-// before two SetLimits gives back nothing (the error is a grant too few,
-// never one too many).
+// now, as if it had been made from a full counter at its own time: all of
+// it at the time of the charge, less whatever time has refilled since,
+// nothing once its cost has refilled. It never gives back another
+// request's charge, whatever other refunds and takes came between; a
+// charge queued behind others and refunded late is given back less than
+// its place in the queue would owe (see the package documentation). A
+// Reservation taken before the latest SetLimit is converted with the
+// counters, less what of it the conversion's cap at the limit's debt may
+// have dropped; one taken before two SetLimits gives back nothing (the
+// error is a grant too few, never one too many).
 func (b *Buckets) RefundAt(r Reservation, now time.Time) {
 	if r.units <= 0 {
 		return

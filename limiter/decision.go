@@ -45,13 +45,13 @@ type Reservation struct {
 	// units − short[i]. units and short are in ticks for buckets.
 	short [8]uint32
 	// end[i] is the TAT the i-th counter of a bucket key had just after
-	// the charge: the tick the charge ends at. A refund gives back only
-	// what of the charge is still ahead of its own time (see
-	// Reservation.outstanding).
+	// the charge: never earlier than where its charge ends now (a refund
+	// of a charge under it moves it down), which is what a SetLimit's
+	// cap needs (see Reservation.outstanding).
 	end [8]uint32
 	// tick is when the charge was made, in the table's ticks, whole: a
-	// charge ends at most 2³⁰ ticks after it was made, and a refund
-	// later than that owes nothing, however end (mod 2³²) reads then.
+	// refund gives back what was paid less the ticks since (see
+	// Reservation.outstanding).
 	tick uint64
 }
 

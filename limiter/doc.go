@@ -102,21 +102,35 @@
 // check, within the same ceiling: a key in debt is denied until it repays.
 //
 // A refund that comes later (a Txn rolled back after a held client went
-// away, the reservation of a request that never ran) gives back only what
-// of its own charge is still ahead of the refund's time: a Reservation
-// records the TAT each counter had after its charge, the tick its charge
-// ends at, and the refund returns at most end − now, clamped, in a CAS.
-// Once the charge has refilled away, the TAT belongs to later charges, and
-// subtracting from it would hand their tokens back. So after a refund a key
-// holds never more than if the charge had never been made (what went past
-// the ceiling, at the charge or at a SetLimit's cap, staying dropped) and
-// never less than with min(paid, end − now) given back: with later charges
-// stacked on top it may hold less than as-if-never-made (burst 2 at one a
-// second, X and Y at 0, X refunded at 0.5 s: 1 token, not 1.5), a grant
-// too few, never one too many. Known defect: once an earlier charge under
-// it is refunded, a charge's Reservation still records its old end, and
-// its refund may give back tokens of a charge made since
-// (TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge, skipped).
+// away, the reservation of a request that never ran) gives back what of
+// its own charge is certainly still ahead of the refund's time: the charge
+// as if it had been made from a full counter at its own time, what it paid
+// less the ticks since (a Reservation records the tick and what each
+// counter paid), in a CAS. Exact, a refund would give back the charge's
+// place in the counter's queue, but that place moves down when a charge
+// under it is refunded, and nothing in the line records it: burst 2 at one
+// a second, X and Y at 0, X refunded at 0, Z at 0.9 s, Y refunded at
+// 0.9 s leaves the counter and Y's Reservation exactly as they are with
+// neither X's refund nor Z, yet Y then owes a token and here a tenth of
+// one (TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge; the refund
+// rule before this one gave back the token, 0.9 of it Z's). Since no
+// charge starts before its own time, paid − elapsed is the most a refund
+// can give back that is never another request's, however refunds and
+// takes interleave (TestRefundsRacingATakeGiveBackNoOtherCharge). So after
+// a refund a key holds never more than if the charge had never been made
+// (what went past the ceiling, at the charge or at a SetLimit's cap,
+// staying dropped), and less only for a charge queued behind others and
+// refunded later than it was made: a grant too few, by at most the refill
+// between the charge and the refund, and at most the charge (burst 2 at
+// one a second, X and Y at 0, Y refunded at 0.5 s gives back half a token
+// where the queue would give back one). Measured
+// (TestLateRefundsUnderGrantAtMostTheirRefill: takes and held charges of
+// one key at 10 a second, refunded in any order up to 3 s later), a late
+// refund leaves the key 0.44 of a token below the exact bucket on average,
+// 23% of that bound; the rule before this one, 0.28, and once in 2,000
+// refunds 0.56 of a token above it. A refund at the charge's own time
+// (a Txn that a later zone denies, a decision that lost a race) gives back
+// the whole charge: those are exact.
 //
 // SetLimit is exact too. It swaps every word of the table it replaces for
 // a frozen marker (a value no counter holds) as it reads it, converts what

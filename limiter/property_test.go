@@ -12,18 +12,21 @@ import (
 // time (ns) at which it is full again, the limit in force, and nothing
 // else. It shares nothing with Buckets but the rules it specifies: a grant
 // moves the full time by w/rate from max(full, now); a charge the same, up
-// to two bursts ahead; a refund gives back what of its charge is still
-// ahead of the refund's time; a change of limit keeps the tokens used.
+// to two bursts ahead; a refund gives back what it took less the refill
+// since it was taken (as if taken from full at its own time); a change of
+// limit keeps the tokens used, and what a held charge still owes, less
+// what of it lay beyond the new burst of debt.
 type refBucket struct {
 	full        *big.Rat
 	rate, burst *big.Rat // tokens per ns, tokens
 }
 
 type refCharge struct {
-	h      int
-	end    *big.Rat // ns at which the charge ends
-	tokens *big.Rat // what it took
-	gen    int
+	h    int
+	end  *big.Rat // ns at which the charge ended when it was made (converted)
+	owed *big.Rat // tokens it owes at from
+	from *big.Rat // ns: when it was taken, or converted by a change of limit
+	gen  int
 }
 
 func ratNsOf(ns int64) *big.Rat { return big.NewRat(ns, 1) }
@@ -56,16 +59,9 @@ func (rb *refBucket) charge(now *big.Rat, w int64) (*big.Rat, *big.Rat) {
 }
 
 func (rb *refBucket) refund(now *big.Rat, c refCharge) {
-	owed := new(big.Rat).Sub(c.end, now)
-	if owed.Sign() <= 0 {
-		return
-	}
-	owed.Mul(owed, rb.rate)
-	if owed.Cmp(c.tokens) > 0 {
-		owed.Set(c.tokens)
-	}
+	owed := c.owedAt(now, rb.rate)
 	ahead := new(big.Rat).Sub(rb.full, now)
-	if ahead.Sign() <= 0 {
+	if owed.Sign() <= 0 || ahead.Sign() <= 0 {
 		return
 	}
 	back := new(big.Rat).Quo(owed, rb.rate)
@@ -73,6 +69,12 @@ func (rb *refBucket) refund(now *big.Rat, c refCharge) {
 		back = ahead
 	}
 	rb.full = new(big.Rat).Sub(rb.full, back)
+}
+
+// owedAt is what c owes at now, refilled at rate since c.from.
+func (c refCharge) owedAt(now, rate *big.Rat) *big.Rat {
+	refill := new(big.Rat).Sub(now, c.from)
+	return refill.Sub(c.owed, refill.Mul(refill, rate))
 }
 
 func (rb *refBucket) setLimit(now *big.Rat, l Limit) {
@@ -166,14 +168,14 @@ func checkAgainstReference(t testing.TB, seed uint64, ops int) {
 					t.Fatalf("seed %d op %d (%v): weight %d granted, the reference holds %s", seed, op, l, w, have.FloatString(4))
 				}
 				add, end := rb.charge(now, w)
-				charges = append(charges, held{res, refCharge{k, end, add, gen}})
+				charges = append(charges, held{res, refCharge{k, end, add, now, gen}})
 			} else if new(big.Rat).Sub(have, tick).Cmp(big.NewRat(w, 1)) >= 0 {
 				t.Fatalf("seed %d op %d (%v): weight %d denied, the reference holds %s", seed, op, l, w, have.FloatString(4))
 			}
 		case 3:
 			_, res := b.Charge(h, w, tm(time.Duration(ns)))
 			add, end := rb.charge(now, w)
-			charges = append(charges, held{res, refCharge{k, end, add, gen}})
+			charges = append(charges, held{res, refCharge{k, end, add, now, gen}})
 		case 4:
 			if len(charges) > 0 {
 				i := r.IntN(len(charges))
@@ -196,13 +198,19 @@ func checkAgainstReference(t testing.TB, seed uint64, ops int) {
 					rf.setLimit(now, l)
 				}
 				// A held charge converts as the counters do: its end
-				// keeps the tokens still ahead of it.
+				// keeps the tokens still ahead of it, and what it owes
+				// loses what of it lay beyond the new burst of debt.
 				for i := range charges {
 					c := &charges[i].ref
+					owed := c.owedAt(now, old)
 					if ahead := new(big.Rat).Sub(c.end, now); ahead.Sign() > 0 {
-						ahead.Mul(ahead, new(big.Rat).Quo(old, refs[c.h].rate))
-						c.end = ahead.Add(ahead, now)
+						ahead.Mul(ahead, old)
+						if beyond := new(big.Rat).Sub(ahead, new(big.Rat).Add(refs[c.h].burst, refs[c.h].burst)); beyond.Sign() > 0 {
+							owed.Sub(owed, beyond)
+						}
+						c.end = ahead.Quo(ahead, refs[c.h].rate).Add(ahead, now)
 					}
+					c.owed, c.from = owed, now
 				}
 				swept = ns
 			}
