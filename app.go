@@ -48,6 +48,8 @@ type App struct {
 	defs map[string]string
 	// live holds every zone of this config; Start applies their limits.
 	live []*zone
+	// warned is set once the zones' warnings are logged (see warn).
+	warned bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -185,8 +187,15 @@ func showField(name string, v json.RawMessage) string {
 // limit the way its operator most likely means (see Zone.warnings), and
 // whether their tables add up to more than bigTotal. It runs at Start, when
 // every module of the config is provisioned, so that it knows the
-// placeholders the config's handlers set.
+// placeholders the config's handlers set. A config that is provisioned
+// and never started (`caddy validate`, which cleans the config up right
+// after provisioning it) warns at Cleanup instead, so that validating shows
+// what running would log.
 func (a *App) warn() {
+	if a.warned {
+		return
+	}
+	a.warned = true
 	set := placeholdersSet(a.ctx)
 	for _, z := range a.live {
 		for _, w := range z.conf.warnings(set) {
@@ -273,8 +282,10 @@ func (a *App) Stop() error {
 	return nil
 }
 
-// Cleanup releases the global zones' tables.
+// Cleanup releases the global zones' tables, after logging the zones'
+// warnings if Start never did (see warn).
 func (a *App) Cleanup() error {
+	a.warn()
 	for _, z := range a.global {
 		z.release()
 	}

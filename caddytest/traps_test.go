@@ -8,6 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // fetch sends a GET to url (its port named as withPorts reads it) through c
@@ -406,5 +411,52 @@ func TestDryRunChangesNothingClientsSee(t *testing.T) {
 		if got := resp.Header.Values("Retry-After"); len(got) > 0 {
 			t.Errorf("request %d: Retry-After %q, want none", i+1, got)
 		}
+	}
+}
+
+// `caddy validate` shows the zone warnings `caddy run` logs: validating
+// provisions the config and cleans it up without starting it, and the
+// warnings need the whole config (the placeholders its map handlers set).
+func TestValidateShowsTheZoneWarnings(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	caddyfile := globals(fmt.Sprintf(`log {
+		output file %s
+		format json
+		level INFO
+	}`, logFile)) + `
+http://localhost:HTTP_PORT {
+	map {header.X-API-Key} {org} {
+		default anonymous
+	}
+	rate_limit {
+		zone validate_constant {
+			key client_ip
+			events 5
+			window 1m
+		}
+		zone validate_map {
+			key {org}
+			events 5
+			window 1m
+		}
+	}
+	respond "ok"
+}`
+	caddyfile = withPorts(caddyfile)
+	adapter := caddyconfig.GetAdapter("caddyfile")
+	cfgJSON, _, err := adapter.Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Validate(&cfg); err != nil {
+		t.Fatalf("validate: %v", err)
+	}
+	got := testcaddy.LogEntries(t, logFile, `zone "validate_`, "level", "zone")
+	if len(got) != 1 || got[0] != "warn validate_constant" {
+		t.Fatalf("caddy validate logged %q, want the constant key's warning once (and none for the map's {org})", got)
 	}
 }
