@@ -48,7 +48,49 @@ const (
 	fleetLockTTL = 10 * time.Second
 )
 
-func newFleet(st certmagic.Storage, n int, interval time.Duration) *fleet {
+// fleetLoad is what a fleet's instances have counted when the benchmark
+// starts: the sketch's width, and the keys instance i of n has hit once
+// each (drawn from rng, which the fleet's instances share in order).
+type fleetLoad struct {
+	width int
+	keys  func(rng *rand.Rand, i, n int) []uint64
+}
+
+// perInstanceKeys is BenchmarkFleet's load: fleetKeys keys of its own per
+// instance, so the cluster's distinct keys grow with N (128,000 at
+// N = 128, more than the 4 × 4,096 counters hold apart).
+var perInstanceKeys = fleetLoad{width: fleetWidth, keys: ownKeys(fleetKeys)}
+
+// ownKeys returns the keys of a load in which every instance hits keys
+// distinct keys of its own.
+func ownKeys(keys int) func(*rand.Rand, int, int) []uint64 {
+	return func(rng *rand.Rand, _, _ int) []uint64 {
+		hs := make([]uint64, keys)
+		for k := range hs {
+			hs[k] = rng.Uint64()
+		}
+		return hs
+	}
+}
+
+// clusterKeys returns the keys of a load in which the cluster hits keys
+// distinct keys whatever N (the same keys at every N): key k on instances
+// k mod N and k+1 mod N, so each instance hits 2 × keys ÷ N of them and
+// the cluster's work (2 × keys hits) is the same at every N.
+func clusterKeys(keys int) func(*rand.Rand, int, int) []uint64 {
+	all := ownKeys(keys)(rand.New(rand.NewPCG(1, 1)), 0, 0)
+	return func(_ *rand.Rand, i, n int) []uint64 {
+		var hs []uint64
+		for k, h := range all {
+			if k%n == i || (k+1)%n == i {
+				hs = append(hs, h)
+			}
+		}
+		return hs
+	}
+}
+
+func newFleet(st certmagic.Storage, n int, interval time.Duration, load fleetLoad) *fleet {
 	// A zone of its own, so that fleets that share a redis-server never
 	// meet.
 	f := &fleet{zone: fmt.Sprintf("fleet-%d", fleetSeq.Add(1)), now: t0.Add(time.Second), interval: interval}
@@ -58,13 +100,13 @@ func newFleet(st certmagic.Storage, n int, interval time.Duration) *fleet {
 	}
 	rng := rand.New(rand.NewPCG(uint64(n), 7))
 	for i := range n {
-		c, err := newCluster(Shape{Zone: f.zone, Window: time.Hour, Width: fleetWidth}, fleetLimit)
+		c, err := newCluster(Shape{Zone: f.zone, Window: time.Hour, Width: load.width}, fleetLimit)
 		if err != nil {
 			panic(err)
 		}
 		c.SplitBursts(true, interval)
-		for range fleetKeys {
-			c.TakeHash(rng.Uint64(), 1, f.now)
+		for _, h := range load.keys(rng, i, n) {
+			c.TakeHash(h, 1, f.now)
 		}
 		cs := &countingStorage{Storage: st}
 		s := NewSyncer(c, cs, fmt.Sprintf("i%03d", i), Intervals{Read: interval, Write: interval, PurgeAge: time.Hour}, zap.NewNop())
@@ -161,9 +203,41 @@ func BenchmarkFleet(b *testing.B) {
 						}
 						st = redis
 					}
-					benchFleet(b, newFleet(st, n, interval))
+					benchFleet(b, newFleet(st, n, interval, perInstanceKeys))
 				})
 			}
+		}
+	}
+}
+
+// BenchmarkFleetKeys separates what BenchmarkFleet's read cost grows with:
+// the number of instances, or the cluster's distinct active keys (which
+// grow with N there, 1,000 per instance) and how full they leave the
+// sketch. The same fleet and metrics, in memory with a sync interval of
+// 1 s, under four loads: BenchmarkFleet's own (keys=inst1000/width=4096,
+// the baseline of the run); 8,192 distinct keys in the whole cluster
+// whatever N, each hit on two instances (keys=cluster8192, see
+// clusterKeys), on BenchmarkFleet's 4 × 4,096 sketch, which they fill most
+// of, and on the default 4 × 16,384, which they leave mostly empty; and
+// 1,000 keys per instance on a 4 × 32,768 sketch, which 128,000 keys do
+// not fill, so that its aggregate grows with the keys it holds. Its names
+// do not begin with BenchmarkFleet/N=, so bench/perf.sh, which runs every
+// Fleet benchmark, leaves its lines out of its table.
+func BenchmarkFleetKeys(b *testing.B) {
+	loads := []struct {
+		name string
+		load fleetLoad
+	}{
+		{"keys=inst1000/width=4096", perInstanceKeys},
+		{"keys=cluster8192/width=4096", fleetLoad{width: fleetWidth, keys: clusterKeys(8192)}},
+		{"keys=cluster8192/width=16384", fleetLoad{width: 16384, keys: clusterKeys(8192)}},
+		{"keys=inst1000/width=32768", fleetLoad{width: 32768, keys: ownKeys(fleetKeys)}},
+	}
+	for _, l := range loads {
+		for _, n := range []int{2, 8, 32, 128} {
+			b.Run(fmt.Sprintf("%s/N=%d", l.name, n), func(b *testing.B) {
+				benchFleet(b, newFleet(newMemStorage(), n, time.Second, l.load))
+			})
 		}
 	}
 }
