@@ -47,7 +47,7 @@ elif [ -z "${PAGE:-}" ]; then
 	printf 'date=%s\ncommit=%s\ncores=%s\narch=%s\n' "$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)" "$(nproc)" "$(uname -m)" >"$data/run.txt"
 	"$OUT/perf" -bins "$OUT" -out "$data" -rounds "$ROUNDS" -duration "$DURATION" -keys "$KEYS" \
 		falsedeny memory throughput timeline | tee "$data/perf.log"
-	go test -run - -bench Fleet -benchtime "$FLEET" ./storage | tee "$data/fleet.txt"
+	go test -run - -bench 'Fleet$' -benchtime "$FLEET" ./storage | tee "$data/fleet.txt"
 	if [ "$SOAK" != 0 ]; then
 		go build -o "$OUT/caddy-cmd" ./cmd/caddy
 		cp "$data/run.txt" "$data/soak-run.txt"
