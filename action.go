@@ -229,27 +229,6 @@ func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
 	return logged
 }
 
-// count adds the request to each zone's counts: allowed where it was
-// charged, denied where an enforcing zone would deny it, logged where a log
-// zone would, delayed where it was held; each with the request's weight. A
-// zone that granted a request another zone denied counts nothing, as it was
-// charged nothing.
-func count(verdicts []verdict, denied bool) {
-	for i := range verdicts {
-		v := &verdicts[i]
-		switch {
-		case v.delayed:
-			v.z.counts.count(outcomeDelayed, v.weight)
-		case v.logged:
-			v.z.counts.count(outcomeLogged, v.weight)
-		case !v.d.Allowed:
-			v.z.counts.count(outcomeDenied, v.weight)
-		case !denied:
-			v.z.counts.count(outcomeAllowed, v.weight)
-		}
-	}
-}
-
 // passLogged lets through a request that a zone with action log would have
 // denied, with what a denial would have set for operators to see what
 // enforcing would do (the placeholders, a log line, the counts), but nothing

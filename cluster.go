@@ -282,34 +282,3 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 func clusterWidth(lines int) int {
 	return min(max(lines, 64), limiter.MaxSketchWidth)
 }
-
-// take charges the key with hash h in the zone's token bucket and, if the
-// zone is distributed, in its cluster estimate, as part of txn: the request
-// passes when both allow it. The decision is the bucket's, with the
-// cluster's denial, wait and remaining count where they are stricter.
-func (z *zone) take(txn *limiter.Txn, h uint64, weight int64, now time.Time) limiter.Decision {
-	d := txn.Take(z.buckets, h, weight, now)
-	if z.dist == nil {
-		return d
-	}
-	return stricter(d, txn.Take(z.dist.cluster, h, weight, now))
-}
-
-// peek answers what take would, charging nothing.
-func (z *zone) peek(h uint64, weight int64, now time.Time) limiter.Decision {
-	d := z.buckets.PeekHash(h, weight, now)
-	if z.dist == nil {
-		return d
-	}
-	return stricter(d, z.dist.cluster.PeekHash(h, weight, now))
-}
-
-// stricter combines the bucket's decision d with the cluster's c. The limit
-// stays the bucket's (the burst the headers advertise).
-func stricter(d, c limiter.Decision) limiter.Decision {
-	d.Allowed = d.Allowed && c.Allowed
-	d.Remaining = min(d.Remaining, c.Remaining)
-	d.RetryAfter = max(d.RetryAfter, c.RetryAfter)
-	d.Reset = max(d.Reset, c.Reset)
-	return d
-}

@@ -5,7 +5,9 @@
 //
 //   - the HTTP handler http.handlers.rate_limit (handler.go), which checks a
 //     request against every zone that applies to it and answers 429 when any
-//     of them is exhausted;
+//     of them is exhausted: the way of a request, from taking every zone to
+//     the verdict, is in decide.go, and what each action (deny, log, delay)
+//     does with a denial in action.go;
 //   - the app rate_limit (app.go), which holds zones defined once in the
 //     Caddyfile's rate_limit global option and shared by any number of sites
 //     and routes, and which applies limit changes when a config goes live;
