@@ -106,33 +106,6 @@ func (zc *Zone) unmarshalQuota(d *caddyfile.Dispenser, where string) error {
 	return nil
 }
 
-// unmarshalAction reads `action deny | log | delay <max>`.
-func (zc *Zone) unmarshalAction(d *caddyfile.Dispenser, where string) error {
-	if !d.NextArg() {
-		return d.ArgErr()
-	}
-	switch a := d.Val(); a {
-	case "deny", "log":
-		if d.NextArg() {
-			return d.ArgErr()
-		}
-		zc.Action = a
-	case "delay":
-		v, err := zoneconf.OneArg(d)
-		if err != nil {
-			return d.Errf("%saction delay: needs the longest delay, e.g. action delay 2s", where)
-		}
-		dur, err := caddy.ParseDuration(v)
-		if err != nil || dur <= 0 {
-			return d.Errf("%saction delay %q: the longest delay must be a positive duration", where, v)
-		}
-		zc.Action, zc.MaxDelay = a, caddy.Duration(dur)
-	default:
-		return d.Errf("%saction %q: must be deny, log or delay <max>", where, a)
-	}
-	return nil
-}
-
 // unmarshalWeight reads the handler's `weight <n|placeholder>`.
 func (rl *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
 	if !d.NextArg() {

@@ -78,7 +78,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 			return err
 		}
 		v.weight = wt
-		if z.action != actionLog {
+		if z.action.enforces() {
 			z.takeAll(&txn, &v, now)
 		}
 		verdicts = append(verdicts, v)
@@ -98,7 +98,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		// Zones that denied note the source in their top sketch.
 		for i := range verdicts {
 			v := &verdicts[i]
-			if v.z.action == actionLog {
+			if !v.z.action.enforces() {
 				continue
 			}
 			if denied && !v.d.Allowed {
@@ -147,7 +147,7 @@ func deciding(verdicts []verdict) int {
 	best, logged := 0, -1
 	for i, v := range verdicts {
 		if !v.d.Allowed {
-			if v.z.action != actionLog {
+			if v.z.action.enforces() {
 				return i
 			}
 			if logged < 0 {
@@ -314,7 +314,7 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 	// of those that deny it (or, for a dry run, would).
 	var wait time.Duration
 	for _, v := range verdicts {
-		if !v.d.Allowed && (v.z.action != actionLog) == enforcing {
+		if !v.d.Allowed && v.z.action.enforces() == enforcing {
 			wait = max(wait, v.d.RetryAfter)
 		}
 	}

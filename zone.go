@@ -235,7 +235,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.unit = `;qu="content-bytes"`
 	}
 	z.action, z.maxDelay = parseAction(zc.Action), time.Duration(zc.MaxDelay)
-	if z.action == actionDelay && !zc.Windowed() {
+	if z.action.holds() && !zc.Windowed() {
 		z.limit.Debt = delayDebt(z.limit, z.maxDelay)
 	}
 	z.burstValue = z.limit.EffectiveBurst()
