@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
@@ -114,4 +115,22 @@ func quotaName(zone string, w time.Duration) string {
 		return zone + "/" + strconv.FormatInt(s/60, 10) + "m"
 	}
 	return zone + "/" + strconv.FormatInt(s, 10) + "s"
+}
+
+// unmarshalQuota reads `quota <n> <duration>`.
+func (zc *Zone) unmarshalQuota(d *caddyfile.Dispenser, where string) error {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return d.Errf("%squota %v: needs a count and a duration, e.g. quota 10000 24h", where, args)
+	}
+	n, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || n < 1 {
+		return d.Errf("%squota %q: the count must be a whole number of at least 1", where, args[0])
+	}
+	dur, err := caddy.ParseDuration(args[1])
+	if err != nil || dur <= 0 {
+		return d.Errf("%squota %s %q: the window must be a positive duration", where, args[0], args[1])
+	}
+	zc.Quotas = append(zc.Quotas, Quota{MaxEvents: n, Window: caddy.Duration(dur)})
+	return nil
 }

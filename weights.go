@@ -1,13 +1,26 @@
+// Weights: what a request costs in a zone, in the zone's terms. The pure
+// core (a weight as configured, read from a placeholder or a response
+// header, and refused when it could pass for free) is package weight; this
+// file holds what needs Caddy and the zone's tables: the zone's weight rules
+// with their request matchers (WeightRule), the handler's weight, their
+// Caddyfile forms, and the weights a response reports after the fact,
+// charged by weightWriter as it is written.
+
 package floodgate
 
 import (
 	"fmt"
+	"io"
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/weight"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // WeightRule is one rule of a zone's weights: the requests its matchers
@@ -26,20 +39,10 @@ type WeightRule struct {
 	MatcherSetsRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
 }
 
-// costRule is a provisioned WeightRule.
-type costRule struct {
+// weightRule is a provisioned WeightRule.
+type weightRule struct {
 	weight   weight.Value
 	matchers caddyhttp.MatcherSets
-}
-
-// grantable is the largest weight the zone can ever grant: its effective
-// burst, or a smaller quota.
-func (zc *Zone) grantable() int64 {
-	g := zc.Rate().EffectiveBurst()
-	for _, q := range zc.Quotas {
-		g = min(g, q.MaxEvents)
-	}
-	return g
 }
 
 // validateWeights checks the weight settings; the limits must be valid.
@@ -61,13 +64,13 @@ func (zc *Zone) validateWeights(where string) error {
 	return nil
 }
 
-// provisionCosts loads the zone's weight rules into z.
-func (z *zone) provisionCosts(ctx caddy.Context, zc *Zone) error {
+// provisionWeights loads the zone's weight rules into z.
+func (z *zone) provisionWeights(ctx caddy.Context, zc *Zone) error {
 	z.grantable = zc.grantable()
 	z.afterHeader = zc.WeightResponseHeader
 	z.afterBytes = zc.WeightResponseBytes
 	for i, rule := range zc.Weights {
-		cr := costRule{weight: rule.Weight}
+		cr := weightRule{weight: rule.Weight}
 		if rule.MatcherSetsRaw != nil {
 			ms, err := ctx.LoadModule(rule, "MatcherSetsRaw")
 			if err != nil {
@@ -79,7 +82,7 @@ func (z *zone) provisionCosts(ctx caddy.Context, zc *Zone) error {
 		} else {
 			z.pricesAll = true
 		}
-		z.costs = append(z.costs, cr)
+		z.weights = append(z.weights, cr)
 	}
 	return nil
 }
@@ -103,7 +106,7 @@ func (z *zone) checkHandlerWeight(w weight.Value) error {
 // that failed.
 func (z *zone) weightOf(r *http.Request, repl *caddy.Replacer, hw weight.Value) (int64, error) {
 	v := hw
-	for _, rule := range z.costs {
+	for _, rule := range z.weights {
 		if len(rule.matchers) > 0 {
 			ok, err := rule.matchers.AnyMatchWithError(r)
 			if err != nil {
@@ -125,3 +128,227 @@ func (z *zone) weightOf(r *http.Request, repl *caddy.Replacer, hw weight.Value) 
 	}
 	return n, nil
 }
+
+// parseWeightValue reads the weight argument the dispenser is on: a whole
+// number, or a placeholder, whose shorthands ({header.X-Cost}) are expanded
+// as Caddy does in site blocks (it does not in global options).
+func parseWeightValue(d *caddyfile.Dispenser, where string) (weight.Value, error) {
+	seg := caddyfile.Segment{d.Token()}
+	httpcaddyfile.NewShorthandReplacer().ApplyToSegment(&seg)
+	v, err := weight.Parse(seg[0].Text)
+	if err != nil {
+		return weight.Value{}, d.Errf("%s%v", where, err)
+	}
+	return v, nil
+}
+
+// unmarshalWeight reads a zone's weight subdirective:
+//
+//	weight <n|placeholder> [{ <matchers> }]
+//	weight response_header <field>
+//	weight response_bytes
+//
+// seen holds the zone's settings so far: response_header and response_bytes
+// may be written once, and a rule after one without matchers (which prices
+// every request) would never apply.
+func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string, seen zoneconf.Fields) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	switch d.Val() {
+	case "response_header", "response_bytes":
+		if err := seen.OnceAs(d, where, "weight "+d.Val()); err != nil {
+			return err
+		}
+	default:
+		if first, ok := seen[everyRequest]; ok {
+			return d.Errf("%sweight %s never applies: the weight rule at %s has no matcher block, so it prices every request (rules are tried in order; give that one a block or keep one)", where, d.Val(), first)
+		}
+	}
+	switch d.Val() {
+	case "response_header":
+		field, err := zoneconf.OneArg(d)
+		if err != nil {
+			return err
+		}
+		zc.WeightResponseHeader = field
+		return nil
+	case "response_bytes":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		zc.WeightResponseBytes = true
+		return nil
+	}
+	v, err := parseWeightValue(d, where)
+	if err != nil {
+		return err
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	rule := &WeightRule{Weight: v}
+	ms, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+	if err != nil {
+		return d.Errf("%sweight %s: %v", where, v, err)
+	}
+	if len(ms) > 0 {
+		rule.MatcherSetsRaw = caddyhttp.RawMatcherSets{ms}
+	} else {
+		seen[everyRequest] = place(d)
+	}
+	zc.Weights = append(zc.Weights, rule)
+	return nil
+}
+
+// everyRequest is where, in a zone's zoneconf.Fields, the zone's weight rule
+// without matchers is recorded.
+const everyRequest = "weight <n> without a matcher block"
+
+// unmarshalWeight reads the handler's `weight <n|placeholder>`.
+func (rl *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	v, err := parseWeightValue(d, "")
+	if err != nil {
+		return err
+	}
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	rl.Weight = v
+	return nil
+}
+
+// afterCharge is a charge a response still owes a zone: the request paid its
+// request-time weight at arrival; the response may report more.
+type afterCharge struct {
+	z    *zone
+	hash uint64
+	paid int64
+}
+
+// settle charges the zone for a response whose reported weight has grown from
+// `from` to `to`, at now, the time it grew: whatever of that growth is
+// beyond what the request paid. Not at the request's arrival: a response
+// may take longer than the key takes to refill, and a charge dated then
+// would be refilled away before it was made (or, on a counter that has moved
+// past that time, read as a debt that far ahead), and a quota would count it
+// in a window that may already weigh nothing. The key may go into debt: at
+// most one burst below empty in the rate (see limiter.Buckets.Charge), and
+// one quota in each quota however many times a response is settled, so a
+// wild report cannot lock a key out for longer than a full refill.
+func (c afterCharge) settle(from, to int64, now time.Time) {
+	before, after := max(from-c.paid, 0), max(to-c.paid, 0)
+	if after <= before {
+		return
+	}
+	c.z.buckets.Charge(c.hash, after-before, now)
+	for _, s := range c.z.quotas {
+		q := s.Quota()
+		s.Add(c.hash, min(after, q)-min(before, q), now)
+	}
+}
+
+// weightWriter watches a response for the weights zones charge after it, and
+// charges each when it is known, at the time read from clock: the value of
+// a header when the header is written (weight response_header), and the
+// body's bytes as they are written (weight response_bytes), each before
+// the client can have them, so that its next request is decided on a key
+// that has paid for this one. Only requests that meet such a zone get one.
+type weightWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	clock   func() time.Time
+	pending []afterCharge
+	inline  [2]afterCharge
+	wrote   bool
+	// countBytes: a pending zone charges the body's bytes; bytes is how
+	// many have been charged.
+	countBytes bool
+	bytes      int64
+}
+
+// serveCharged passes the request on; for zones whose weight the response
+// reports, through a weightWriter that charges it.
+func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts []verdict, next caddyhttp.Handler) error {
+	var ww *weightWriter
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.z.afterHeader == "" && !v.z.afterBytes || v.logged {
+			continue
+		}
+		if ww == nil {
+			ww = &weightWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, clock: h.now}
+			ww.pending = ww.inline[:0]
+		}
+		ww.pending = append(ww.pending, afterCharge{z: v.z, hash: v.c.hash, paid: v.weight})
+		ww.countBytes = ww.countBytes || v.z.afterBytes
+	}
+	if ww == nil {
+		return next.ServeHTTP(w, r)
+	}
+	return next.ServeHTTP(ww, r)
+}
+
+// WriteHeader charges the zones that read a response header, once, at the
+// final (non-1xx) status. A missing or bad value charges nothing more than
+// the request-time weight already paid.
+func (ww *weightWriter) WriteHeader(code int) {
+	if code >= 200 && !ww.wrote {
+		ww.wrote = true
+		for _, c := range ww.pending {
+			if c.z.afterHeader != "" {
+				if n, ok := weight.Count(ww.Header().Get(c.z.afterHeader)); ok {
+					c.settle(0, n, ww.clock())
+				}
+			}
+		}
+	}
+	ww.ResponseWriterWrapper.WriteHeader(code)
+}
+
+// Write charges p's bytes before it passes them on. Bytes the connection
+// then fails to take (a client gone) are charged all the same.
+func (ww *weightWriter) Write(p []byte) (int, error) {
+	if !ww.wrote {
+		ww.WriteHeader(http.StatusOK)
+	}
+	ww.chargeBytes(int64(len(p)))
+	return ww.ResponseWriterWrapper.Write(p)
+}
+
+// chargeBytes charges n more body bytes to the zones that count them.
+func (ww *weightWriter) chargeBytes(n int64) {
+	if !ww.countBytes || n <= 0 {
+		return
+	}
+	from := ww.bytes
+	ww.bytes += n
+	now := ww.clock()
+	for _, c := range ww.pending {
+		if c.z.afterBytes {
+			c.settle(from, ww.bytes, now)
+		}
+	}
+}
+
+// ReadFrom keeps the underlying writer's sendfile path (a file server's
+// body) when no zone counts the body's bytes. When one does, the bytes go
+// through Write, to be charged before they are sent: the price of counting
+// them is the copy that sendfile saves.
+func (ww *weightWriter) ReadFrom(r io.Reader) (int64, error) {
+	if !ww.wrote {
+		ww.WriteHeader(http.StatusOK)
+	}
+	if ww.countBytes {
+		return io.Copy(writerOnly{ww}, r)
+	}
+	return ww.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// writerOnly hides every method of a writer but Write, so that io.Copy
+// uses Write.
+type writerOnly struct{ io.Writer }
+
+var _ http.ResponseWriter = (*weightWriter)(nil)

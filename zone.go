@@ -117,6 +117,16 @@ func (z *Zone) Validate(name string) error {
 	return z.validateAction(where)
 }
 
+// grantable is the largest weight the zone can ever grant: its effective
+// burst, or a smaller quota.
+func (zc *Zone) grantable() int64 {
+	g := zc.Rate().EffectiveBurst()
+	for _, q := range zc.Quotas {
+		g = min(g, q.MaxEvents)
+	}
+	return g
+}
+
 // validZoneName accepts names that can be written in a header's quoted
 // string without escaping: printable ASCII other than quotes and `\`. Single
 // quotes and backquotes are refused too: the Caddyfile does not take `'` as
@@ -175,13 +185,13 @@ type zone struct {
 	keyNames      []string
 	keyNameValues []any
 
-	// costs are the zone's weight rules; pricesAll is set if one of them
-	// matches every request. grantable is the largest weight the zone can
-	// ever grant.
-	costs     []costRule
+	// weights are the zone's weight rules; pricesAll is set if one of
+	// them matches every request. grantable is the largest weight the zone
+	// can ever grant.
+	weights   []weightRule
 	pricesAll bool
 	grantable int64
-	// afterHeader or afterBytes: the cost reported by the response.
+	// afterHeader or afterBytes: the weight reported by the response.
 	afterHeader string
 	afterBytes  bool
 	// unit is the RateLimit-Policy parameter naming the zone's unit, if
@@ -228,7 +238,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 			return nil, fmt.Errorf("zone %q: %v", name, err)
 		}
 	}
-	if err := z.provisionCosts(ctx, zc); err != nil {
+	if err := z.provisionWeights(ctx, zc); err != nil {
 		return nil, err
 	}
 	if z.afterBytes {
