@@ -48,13 +48,6 @@ func Parse(s string) (Value, error) {
 // IsZero reports whether v is unset.
 func (v Value) IsZero() bool { return v.n == 0 && v.template == "" }
 
-// Fixed returns v's weight and true if v is a number, or 0 and false if it
-// is a template (or unset).
-func (v Value) Fixed() (int64, bool) { return v.n, v.n != 0 }
-
-// Template returns v's template, or "" if v is a number.
-func (v Value) Template() string { return v.template }
-
 // String is v as a config writes it.
 func (v Value) String() string {
 	if v.template != "" {
