@@ -60,8 +60,8 @@ type Handler struct {
 
 	// Distributed makes this handler's inline zones cluster-wide: every
 	// instance sharing the storage counts what the others granted (see
-	// package storage and the README's cluster section). Zones of the
-	// rate_limit app are distributed by the app's own setting.
+	// package storage and docs/cluster.md). Zones of the rate_limit app
+	// are distributed by the app's own setting.
 	Distributed *Distributed `json:"distributed,omitempty"`
 
 	// StorageRaw is the storage distributed zones sync through. Default:

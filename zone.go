@@ -64,7 +64,8 @@ type Zone struct {
 
 	// WeightResponseHeader names a response header whose value (a whole
 	// number) the request costs, charged when the response is written on
-	// top of what was charged at arrival. See "Weights" in the README.
+	// top of what was charged at arrival. See "Costs reported by the
+	// response" in docs/keys-weights-quotas-actions.md.
 	WeightResponseHeader string `json:"weight_response_header,omitempty"`
 
 	// WeightResponseBytes charges the size of the response body, each

@@ -71,8 +71,8 @@ type Limit struct {
 	XDP *XDP `json:"xdp,omitempty"`
 }
 
-// The range of rates a zone may have, documented in the README: from one
-// event per MaxWindow to MaxPerSecond events per second.
+// The range of rates a zone may have, documented in docs/limits.md#rates:
+// from one event per MaxWindow to MaxPerSecond events per second.
 const (
 	// MaxWindow is the longest window, a year: slower limits have waits
 	// (Retry-After) of years, which no client honours.
