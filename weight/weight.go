@@ -8,7 +8,10 @@
 // a request through for free: a value that is not a whole number of at least
 // 1, an empty one, or one beyond what the zone can ever grant. Reported does
 // the same for a cost a response reports. The package is pure: expanding
-// placeholders is the caller's, through a function.
+// placeholders is the caller's, through a function. What needs Caddy or a
+// zone's tables is the root package's weights.go: the rules that pick a
+// weight by request matchers (caddyhttp) and the charging of what a
+// response reports.
 package weight
 
 import (
