@@ -37,10 +37,10 @@ func init() {
 //	        match {
 //	            <matchers>
 //	        }
-//	        weight <n|placeholder> [{      # cost of a request; rules tried in order,
+//	        weight <n|placeholder> [{      # weight of a request; rules tried in order,
 //	            <matchers>                 # first match wins; default: the handler's, else 1
 //	        }]
-//	        weight response_header <field> # cost reported by the response, charged after
+//	        weight response_header <field> # weight reported by the response, charged after
 //	        weight response_bytes          # the response body's size, charged after
 //	        quota  <n> <duration>          # also at most n in any rolling duration; repeatable
 //	        action deny | log | delay <max> # default deny
@@ -59,7 +59,7 @@ func init() {
 //	    storage <module...>                # default: the config's storage
 //	    jitter  <fraction>
 //	    log_key
-//	    weight <n|placeholder>             # this route's cost in every zone; a zone's rule wins
+//	    weight <n|placeholder>             # this route's weight in every zone; a zone's rule wins
 //	    sweep_interval <duration>          # accepted; no effect
 //	    disable_metrics
 //	    headers on|off                     # RateLimit headers; default on

@@ -97,7 +97,7 @@ type Handler struct {
 	logger *zap.Logger
 	events emitter
 	// sleep holds a delayed request, and now reads the clock when a
-	// response reports its cost, after the request's decision; tests
+	// response reports its weight, after the request's decision; tests
 	// replace both to drive time.
 	sleep func(context.Context, time.Duration) error
 	now   func() time.Time
