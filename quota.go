@@ -65,13 +65,7 @@ func (zc *Zone) sketchWidth() int {
 	if zc.Memory != 0 {
 		return int(min(max(zc.Memory/(16*sketchRows), 1), limiter.MaxSketchWidth))
 	}
-	sources, fd := float64(limiter.DefaultSources), limiter.DefaultFalseDeny
-	if zc.Sources != 0 {
-		sources = float64(zc.Sources)
-	}
-	if zc.FalseDeny != 0 {
-		fd = zc.FalseDeny
-	}
+	sources, fd := float64(zc.EffectiveSources()), zc.EffectiveFalseDeny()
 	w := -sources / math.Log1p(-math.Pow(fd, 1.0/sketchRows))
 	return int(min(math.Ceil(w), limiter.MaxSketchWidth))
 }
