@@ -1,3 +1,10 @@
+// Actions: what a zone does with a request it would deny. deny answers 429
+// (decide.go); log lets it pass and only shows what enforcing would do
+// (dryRun, passLogged); delay holds it until its tokens return (delay,
+// hold). An action is a constant, its Caddyfile and JSON forms
+// (unmarshalAction, validateAction, parseAction) and its methods (enforces,
+// holds), which are all the decision path asks of it.
+
 package floodgate
 
 import (
@@ -6,9 +13,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // action is what a zone does with a request it would deny.
@@ -19,6 +29,17 @@ const (
 	actionLog                 // let it pass, charging nothing; log and count it
 	actionDelay               // hold it until its tokens return, within max_delay
 )
+
+// enforces reports whether the zone's denial denies the request: the zone is
+// charged with the others in one transaction, advertises its policy in the
+// RateLimit headers, and describes a request it denies. A zone that does not
+// enforce (action log) is decided on its own afterwards, by dryRun.
+func (a action) enforces() bool { return a != actionLog }
+
+// holds reports whether the zone holds a request it would deny until its
+// tokens return (see delay), rather than answering at once. Only an HTTP
+// request can be held: a layer4 matcher decides a connection at its accept.
+func (a action) holds() bool { return a == actionDelay }
 
 // maxHeld is how many requests a zone holds at once with action delay. A
 // held request keeps its goroutine, its connection and a timer; beyond this
@@ -51,6 +72,33 @@ func parseAction(s string) action {
 		return actionDelay
 	}
 	return actionDeny
+}
+
+// unmarshalAction reads `action deny | log | delay <max>`.
+func (zc *Zone) unmarshalAction(d *caddyfile.Dispenser, where string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	switch a := d.Val(); a {
+	case "deny", "log":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		zc.Action = a
+	case "delay":
+		v, err := zoneconf.OneArg(d)
+		if err != nil {
+			return d.Errf("%saction delay: needs the longest delay, e.g. action delay 2s", where)
+		}
+		dur, err := caddy.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			return d.Errf("%saction delay %q: the longest delay must be a positive duration", where, v)
+		}
+		zc.Action, zc.MaxDelay = a, caddy.Duration(dur)
+	default:
+		return d.Errf("%saction %q: must be deny, log or delay <max>", where, a)
+	}
+	return nil
 }
 
 // sleep waits for d or until ctx is done, whichever comes first, and
@@ -88,10 +136,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (bool, time.Duration, error) {
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.z.action == actionLog || v.d.Allowed {
+		if !v.z.action.enforces() || v.d.Allowed {
 			continue
 		}
-		if v.z.action != actionDelay || !v.quotasAllowed() || v.rate.RetryAfter > v.z.maxDelay {
+		if !v.z.action.holds() || !v.quotasAllowed() || v.rate.RetryAfter > v.z.maxDelay {
 			return false, 0, nil
 		}
 	}
@@ -100,11 +148,11 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 	ok := true
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.z.action == actionLog {
+		if !v.z.action.enforces() {
 			continue
 		}
 		held := &v.z.counts.held
-		if v.z.action != actionDelay || v.rate.Allowed {
+		if !v.z.action.holds() || v.rate.Allowed {
 			v.z.take(&txn, v.c.hash, v.weight, now)
 		} else if ok = held.Add(1) <= maxHeld; !ok {
 			held.Add(-1)
@@ -213,7 +261,7 @@ func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
 	var txn limiter.Txn
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.z.action != actionLog {
+		if v.z.action.enforces() {
 			continue
 		}
 		if denied {
@@ -227,27 +275,6 @@ func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
 		}
 	}
 	return logged
-}
-
-// count adds the request to each zone's counts: allowed where it was
-// charged, denied where an enforcing zone would deny it, logged where a log
-// zone would, delayed where it was held; each with the request's weight. A
-// zone that granted a request another zone denied counts nothing, as it was
-// charged nothing.
-func count(verdicts []verdict, denied bool) {
-	for i := range verdicts {
-		v := &verdicts[i]
-		switch {
-		case v.delayed:
-			v.z.counts.count(outcomeDelayed, v.weight)
-		case v.logged:
-			v.z.counts.count(outcomeLogged, v.weight)
-		case !v.d.Allowed:
-			v.z.counts.count(outcomeDenied, v.weight)
-		case !denied:
-			v.z.counts.count(outcomeAllowed, v.weight)
-		}
-	}
 }
 
 // passLogged lets through a request that a zone with action log would have

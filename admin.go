@@ -1,7 +1,6 @@
 package floodgate
 
 import (
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -20,80 +18,6 @@ import (
 
 func init() {
 	caddy.RegisterModule(adminAPI{})
-}
-
-// live is the rate_limit app of the running config, which the admin API and
-// the metrics read at request time: admin modules are provisioned before the
-// apps of their config, and the config they were loaded with may not be the
-// one running when they are asked.
-var live struct {
-	sync.Mutex
-	app *App
-	// prev is the app that ran before app started, while it has not been
-	// stopped: if app's config fails to start, prev runs again.
-	prev *App
-}
-
-// goLive records that a's config is starting.
-func goLive(a *App) {
-	live.Lock()
-	defer live.Unlock()
-	live.prev, live.app = live.app, a
-}
-
-// retire records that a's config has stopped. Caddy stops a config when a
-// newer one has started, when the next config has no rate_limit app, or when
-// another app of a's config failed to start; only in the last case does the
-// config before a run again.
-func retire(a *App) {
-	live.Lock()
-	defer live.Unlock()
-	if live.prev == a {
-		live.prev = nil
-	}
-	if live.app == a {
-		live.app, live.prev = live.prev, nil
-	}
-}
-
-// liveZones returns the zones of the running config, by name.
-func liveZones() []*zone {
-	live.Lock()
-	a := live.app
-	live.Unlock()
-	if a == nil {
-		return nil
-	}
-	// a.live is complete once a's config has been provisioned.
-	zs := slices.Clone(a.live)
-	slices.SortFunc(zs, func(x, y *zone) int { return cmp.Compare(x.name, y.name) })
-	return zs
-}
-
-// A source is what a zone's top sketch keeps for a key: the charge, and the
-// key's text only with log_key (as logs show it: cut at maxShownKey bytes).
-// It is a value, so that recording it allocates nothing.
-type source struct {
-	c    charge
-	text [maxShownKey]byte
-	n    uint16
-}
-
-// topSource describes charge c for the top sketch; shown is the key's text,
-// or empty without log_key.
-func topSource(c charge, shown string) source {
-	s := source{c: c}
-	s.n = uint16(copy(s.text[:], shown))
-	return s
-}
-
-// show returns a source of z as text: the key with log_key, else what the
-// denial log's source field names (z.source).
-func (z *zone) show(s *source) string {
-	if s.n > 0 {
-		return string(s.text[:s.n])
-	}
-	return z.source(s.c)
 }
 
 // chargeOf is what a request whose key expanded to key would be charged:
@@ -161,18 +85,6 @@ func (z *zone) keyedByAddress() bool {
 		}
 	}
 	return len(z.keys) > 0 || z.counts.layer4.Load()
-}
-
-// recordDenied notes in the zone's top sketch that it denied charge c of
-// request q; the text of a key that is not an address is kept only with
-// log_key.
-func (z *zone) recordDenied(now time.Time, q *request, c charge, logKey bool) {
-	var shown string
-	if logKey && !c.addr.IsValid() {
-		// An address is shown as the network it was charged under.
-		shown = z.keyText(q, c)
-	}
-	z.counts.top.Record(now, c.hash, 1, topSource(c, shown))
 }
 
 // adminAPI serves the zones of the running config on Caddy's admin

@@ -1,11 +1,13 @@
 package floodgate
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -291,6 +293,54 @@ func (a *App) Cleanup() error {
 	}
 	a.global = nil
 	return nil
+}
+
+// live is the rate_limit app of the running config, which the admin API and
+// the metrics read at request time: admin modules are provisioned before the
+// apps of their config, and the config they were loaded with may not be the
+// one running when they are asked.
+var live struct {
+	sync.Mutex
+	app *App
+	// prev is the app that ran before app started, while it has not been
+	// stopped: if app's config fails to start, prev runs again.
+	prev *App
+}
+
+// goLive records that a's config is starting.
+func goLive(a *App) {
+	live.Lock()
+	defer live.Unlock()
+	live.prev, live.app = live.app, a
+}
+
+// retire records that a's config has stopped. Caddy stops a config when a
+// newer one has started, when the next config has no rate_limit app, or when
+// another app of a's config failed to start; only in the last case does the
+// config before a run again.
+func retire(a *App) {
+	live.Lock()
+	defer live.Unlock()
+	if live.prev == a {
+		live.prev = nil
+	}
+	if live.app == a {
+		live.app, live.prev = live.prev, nil
+	}
+}
+
+// liveZones returns the zones of the running config, by name.
+func liveZones() []*zone {
+	live.Lock()
+	a := live.app
+	live.Unlock()
+	if a == nil {
+		return nil
+	}
+	// a.live is complete once a's config has been provisioned.
+	zs := slices.Clone(a.live)
+	slices.SortFunc(zs, func(x, y *zone) int { return cmp.Compare(x.name, y.name) })
+	return zs
 }
 
 // Interface guards

@@ -11,9 +11,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -37,10 +37,10 @@ func init() {
 //	        match {
 //	            <matchers>
 //	        }
-//	        weight <n|placeholder> [{      # cost of a request; rules tried in order,
+//	        weight <n|placeholder> [{      # weight of a request; rules tried in order,
 //	            <matchers>                 # first match wins; default: the handler's, else 1
 //	        }]
-//	        weight response_header <field> # cost reported by the response, charged after
+//	        weight response_header <field> # weight reported by the response, charged after
 //	        weight response_bytes          # the response body's size, charged after
 //	        quota  <n> <duration>          # also at most n in any rolling duration; repeatable
 //	        action deny | log | delay <max> # default deny
@@ -59,7 +59,7 @@ func init() {
 //	    storage <module...>                # default: the config's storage
 //	    jitter  <fraction>
 //	    log_key
-//	    weight <n|placeholder>             # this route's cost in every zone; a zone's rule wins
+//	    weight <n|placeholder>             # this route's weight in every zone; a zone's rule wins
 //	    sweep_interval <duration>          # accepted; no effect
 //	    disable_metrics
 //	    headers on|off                     # RateLimit headers; default on
@@ -262,61 +262,6 @@ func (rl *Handler) addInline(name string, zc *Zone, at string, global *App, defs
 	}
 	rl.RateLimits[name] = zc
 	return nil
-}
-
-// parseDistributed reads a distributed block; the dispenser is on its name.
-func parseDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
-	if d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	dist := new(Distributed)
-	for nesting := d.Nesting(); d.NextBlock(nesting); {
-		var dst *caddy.Duration
-		switch d.Val() {
-		case "read_interval":
-			dst = &dist.ReadInterval
-		case "write_interval":
-			dst = &dist.WriteInterval
-		case "purge_age":
-			dst = &dist.PurgeAge
-		case "bursts":
-			if !d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			dist.Bursts = d.Val()
-			if d.NextArg() {
-				return nil, d.ArgErr()
-			}
-			continue
-		default:
-			return nil, d.Errf("distributed: unrecognized subdirective %q", d.Val())
-		}
-		if err := parseDuration(d, dst); err != nil {
-			return nil, err
-		}
-	}
-	if err := dist.Validate(); err != nil {
-		return nil, d.Err(err.Error())
-	}
-	return dist, nil
-}
-
-// parseStorage reads `storage <module> ...`, as Caddy's storage global
-// option does; the dispenser is on the word storage.
-func parseStorage(d *caddyfile.Dispenser) (json.RawMessage, error) {
-	if !d.NextArg() {
-		return nil, d.ArgErr()
-	}
-	modID := "caddy.storage." + d.Val()
-	unm, err := caddyfile.UnmarshalModule(d, modID)
-	if err != nil {
-		return nil, err
-	}
-	storage, ok := unm.(caddy.StorageConverter)
-	if !ok {
-		return nil, d.Errf("storage: module %s is not a caddy.StorageConverter", modID)
-	}
-	return caddyconfig.JSONModuleObject(storage, "module", storage.(caddy.Module).CaddyModule().ID.Name(), nil), nil
 }
 
 // parseGlobal sets up the rate_limit global option, which defines zones that

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
 
@@ -63,6 +65,61 @@ func (d *Distributed) intervals(window time.Duration) storage.Intervals {
 		iv.PurgeAge = max(storage.DefaultMinPurgeAge, 2*window, 2*iv.Write)
 	}
 	return iv
+}
+
+// parseDistributed reads a distributed block; the dispenser is on its name.
+func parseDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	dist := new(Distributed)
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var dst *caddy.Duration
+		switch d.Val() {
+		case "read_interval":
+			dst = &dist.ReadInterval
+		case "write_interval":
+			dst = &dist.WriteInterval
+		case "purge_age":
+			dst = &dist.PurgeAge
+		case "bursts":
+			if !d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			dist.Bursts = d.Val()
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			continue
+		default:
+			return nil, d.Errf("distributed: unrecognized subdirective %q", d.Val())
+		}
+		if err := parseDuration(d, dst); err != nil {
+			return nil, err
+		}
+	}
+	if err := dist.Validate(); err != nil {
+		return nil, d.Err(err.Error())
+	}
+	return dist, nil
+}
+
+// parseStorage reads `storage <module> ...`, as Caddy's storage global
+// option does; the dispenser is on the word storage.
+func parseStorage(d *caddyfile.Dispenser) (json.RawMessage, error) {
+	if !d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	modID := "caddy.storage." + d.Val()
+	unm, err := caddyfile.UnmarshalModule(d, modID)
+	if err != nil {
+		return nil, err
+	}
+	storage, ok := unm.(caddy.StorageConverter)
+	if !ok {
+		return nil, d.Errf("storage: module %s is not a caddy.StorageConverter", modID)
+	}
+	return caddyconfig.JSONModuleObject(storage, "module", storage.(caddy.Module).CaddyModule().ID.Name(), nil), nil
 }
 
 // zoneStorage is the storage distributed zones sync through: st, or, while
@@ -281,35 +338,4 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 // of 16-byte cells take as much memory again as the table.
 func clusterWidth(lines int) int {
 	return min(max(lines, 64), limiter.MaxSketchWidth)
-}
-
-// take charges the key with hash h in the zone's token bucket and, if the
-// zone is distributed, in its cluster estimate, as part of txn: the request
-// passes when both allow it. The decision is the bucket's, with the
-// cluster's denial, wait and remaining count where they are stricter.
-func (z *zone) take(txn *limiter.Txn, h uint64, weight int64, now time.Time) limiter.Decision {
-	d := txn.Take(z.buckets, h, weight, now)
-	if z.dist == nil {
-		return d
-	}
-	return stricter(d, txn.Take(z.dist.cluster, h, weight, now))
-}
-
-// peek answers what take would, charging nothing.
-func (z *zone) peek(h uint64, weight int64, now time.Time) limiter.Decision {
-	d := z.buckets.PeekHash(h, weight, now)
-	if z.dist == nil {
-		return d
-	}
-	return stricter(d, z.dist.cluster.PeekHash(h, weight, now))
-}
-
-// stricter combines the bucket's decision d with the cluster's c. The limit
-// stays the bucket's (the burst the headers advertise).
-func stricter(d, c limiter.Decision) limiter.Decision {
-	d.Allowed = d.Allowed && c.Allowed
-	d.Remaining = min(d.Remaining, c.Remaining)
-	d.RetryAfter = max(d.RetryAfter, c.RetryAfter)
-	d.Reset = max(d.Reset, c.Reset)
-	return d
 }

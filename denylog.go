@@ -15,6 +15,10 @@ import (
 // The connections a layer4 matcher drops go through the same log
 // (layer4.Zone.Note), and the requests refused for their weight through one
 // of their own (Handler.logRefusedWeight).
+//
+// Every denial is also recorded in the zone's top sketch (recordDenied), of
+// which the admin API's top reads the sources denied most, shown as the log
+// names them (zone.show).
 
 const (
 	// denialLogInterval is how often a source that keeps being denied gets
@@ -133,4 +137,42 @@ func logOf(p *atomic.Pointer[denialLog]) *denialLog {
 	}
 	p.CompareAndSwap(nil, newDenialLog())
 	return p.Load()
+}
+
+// A source is what a zone's top sketch keeps for a key: the charge, and the
+// key's text only with log_key (as logs show it: cut at maxShownKey bytes).
+// It is a value, so that recording it allocates nothing.
+type source struct {
+	c    charge
+	text [maxShownKey]byte
+	n    uint16
+}
+
+// topSource describes charge c for the top sketch; shown is the key's text,
+// or empty without log_key.
+func topSource(c charge, shown string) source {
+	s := source{c: c}
+	s.n = uint16(copy(s.text[:], shown))
+	return s
+}
+
+// show returns a source of z as text: the key with log_key, else what the
+// denial log's source field names (z.source).
+func (z *zone) show(s *source) string {
+	if s.n > 0 {
+		return string(s.text[:s.n])
+	}
+	return z.source(s.c)
+}
+
+// recordDenied notes in the zone's top sketch that it denied charge c of
+// request q; the text of a key that is not an address is kept only with
+// log_key.
+func (z *zone) recordDenied(now time.Time, q *request, c charge, logKey bool) {
+	var shown string
+	if logKey && !c.addr.IsValid() {
+		// An address is shown as the network it was charged under.
+		shown = z.keyText(q, c)
+	}
+	z.counts.top.Record(now, c.hash, 1, topSource(c, shown))
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -80,5 +81,20 @@ func TestSizingTableIsCurrent(t *testing.T) {
 	}
 	if page != want {
 		t.Errorf("%s's table is not what the sizing code computes; run go test -run SizingTable -update-sizing . to rewrite it:\n%s", path, sizingTable())
+	}
+}
+
+// TestUnsetSizingMeansTheDefaults checks that a zone without sources or
+// false_deny sizes its table and its quotas' sketches as one that writes the
+// defaults, which the table above lists: the defaults are applied in one
+// place (zoneconf.Limit.EffectiveSources, EffectiveFalseDeny).
+func TestUnsetSizingMeansTheDefaults(t *testing.T) {
+	unset := &Zone{}
+	written := &Zone{Limit: zoneconf.Limit{Sources: limiter.DefaultSources, FalseDeny: limiter.DefaultFalseDeny}}
+	if u, w := unset.Lines(), written.Lines(); u != w {
+		t.Errorf("table: %d lines unset, %d with the defaults written", u, w)
+	}
+	if u, w := unset.sketchWidth(), written.sketchWidth(); u != w {
+		t.Errorf("quota sketch: width %d unset, %d with the defaults written", u, w)
 	}
 }

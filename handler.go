@@ -3,22 +3,17 @@ package floodgate
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
-	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/weight"
 )
 
@@ -65,8 +60,8 @@ type Handler struct {
 
 	// Distributed makes this handler's inline zones cluster-wide: every
 	// instance sharing the storage counts what the others granted (see
-	// package storage and the README's cluster section). Zones of the
-	// rate_limit app are distributed by the app's own setting.
+	// package storage and docs/cluster.md). Zones of the rate_limit app
+	// are distributed by the app's own setting.
 	Distributed *Distributed `json:"distributed,omitempty"`
 
 	// StorageRaw is the storage distributed zones sync through. Default:
@@ -102,7 +97,7 @@ type Handler struct {
 	logger *zap.Logger
 	events emitter
 	// sleep holds a delayed request, and now reads the clock when a
-	// response reports its cost, after the request's decision; tests
+	// response reports its weight, after the request's decision; tests
 	// replace both to drive time.
 	sleep func(context.Context, time.Duration) error
 	now   func() time.Time
@@ -258,345 +253,10 @@ func (h *Handler) Cleanup() error {
 	return nil
 }
 
-// verdict is one zone's answer to one request.
-type verdict struct {
-	z *zone
-	// d is the zone's answer: its rate's and quotas' combined (combine).
-	d limiter.Decision
-	c charge
-	// rate and q are the answers of the zone's rate and of each of its
-	// quotas (the first len(z.quotas) of q). q is an array, not a slice
-	// of a buffer, so that verdicts stay on the stack.
-	rate   limiter.Decision
-	q      [maxQuotas]limiter.Decision
-	weight int64
-	// logged: a zone with action log would have denied the request.
-	// delayed: a zone with action delay held it; debt is its charge.
-	logged, delayed bool
-	debt            limiter.Reservation
-}
-
-// maxInlineVerdicts is how many zones a request can apply without the
-// handler allocating to remember their verdicts.
-const maxInlineVerdicts = limiter.MaxInlinePolicies
-
 // ServeHTTP checks r against every zone that applies to it, reading the
 // clock once for all of them.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	return h.serveAt(w, r, next, time.Now())
-}
-
-// serveAt is ServeHTTP at time now.
-func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, now time.Time) error {
-	if len(h.zones) == 0 {
-		return next.ServeHTTP(w, r)
-	}
-	q := request{r: r}
-	q.repl, _ = r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if q.repl == nil {
-		q.repl = caddy.NewReplacer()
-	}
-	var txn limiter.Txn
-	var buf [maxInlineVerdicts]verdict
-	verdicts := buf[:0]
-	for _, z := range h.zones {
-		if len(z.matchers) > 0 {
-			ok, err := z.matchers.AnyMatchWithError(r)
-			if err != nil {
-				return caddyhttp.Error(http.StatusInternalServerError, err)
-			}
-			if !ok {
-				continue
-			}
-		}
-		v := verdict{z: z, c: z.key(&q)}
-		wt, err := z.weightOf(r, q.repl, h.Weight)
-		if err != nil {
-			txn.Rollback()
-			h.logRefusedWeight(&q, z, v.c, err, now)
-			return err
-		}
-		v.weight = wt
-		if z.action != actionLog {
-			z.takeAll(&txn, &v, now)
-		}
-		verdicts = append(verdicts, v)
-	}
-	if len(verdicts) == 0 {
-		return next.ServeHTTP(w, r)
-	}
-	denied := txn.Denied()
-	if denied {
-		held, wait, err := h.delay(r, verdicts, now)
-		if err != nil {
-			return err
-		}
-		denied, now = !held, now.Add(wait)
-		// Zones that granted before the denial have been refunded, and a
-		// held request waited: ask them again what the key holds now.
-		// Zones that denied note the source in their top sketch.
-		for i := range verdicts {
-			v := &verdicts[i]
-			if v.z.action == actionLog {
-				continue
-			}
-			if denied && !v.d.Allowed {
-				v.z.recordDenied(now, &q, v.c, h.LogKey)
-			}
-			v.z.peekAll(v, held, now)
-			if held {
-				v.d.Allowed, v.d.RetryAfter = true, 0
-			}
-		}
-	}
-	logged := h.dryRun(verdicts, denied, now)
-	if !h.DisableMetrics {
-		count(verdicts, denied)
-	}
-	main := deciding(verdicts)
-	if denied {
-		return h.deny(w, &q, verdicts, main, now)
-	}
-	if logged {
-		return h.passLogged(w, &q, verdicts, main, next, now)
-	}
-	if !h.DisableHeaders {
-		new(responseHeaders).setRateLimit(w.Header(), verdicts)
-	}
-	// Static values: no allocation, and Caddy's replacer holds up to 8 of
-	// them before its map grows.
-	v := verdicts[main]
-	q.repl.Set("http.rate_limit.zone", v.z.nameValue)
-	q.repl.Set("http.rate_limit.limit", v.z.burstValue)
-	q.repl.Set("http.rate_limit.remaining", boxCount(v.d.Remaining))
-	q.repl.Set("http.rate_limit.retry_after", boxCount(0))
-	q.repl.Set("http.rate_limit.key_name", v.z.keyNameValue(v.c))
-	if h.LogKey {
-		q.repl.Set("http.rate_limit.key", v.z.keyText(&q, v.c))
-	} else {
-		q.repl.Set("http.rate_limit.key", "")
-	}
-	return h.serveCharged(w, r, verdicts, next)
-}
-
-// deciding picks the verdict that describes the request: the first denial
-// by a zone that enforces, else the first by a zone with action log, else
-// the zone with the fewest requests left.
-func deciding(verdicts []verdict) int {
-	best, logged := 0, -1
-	for i, v := range verdicts {
-		if !v.d.Allowed {
-			if v.z.action != actionLog {
-				return i
-			}
-			if logged < 0 {
-				logged = i
-			}
-		}
-		if v.d.Remaining < verdicts[best].d.Remaining {
-			best = i
-		}
-	}
-	if logged >= 0 {
-		return logged
-	}
-	return best
-}
-
-// A denial is what the answer to one denied request needs beyond the zone's
-// own values: its header values and its placeholders. It is the denial's one
-// allocation, and its placeholder method the other.
-type denial struct {
-	headers    responseHeaders
-	z          *zone
-	remaining  int64
-	retryAfter int64
-	key        string
-	keyName    string
-}
-
-// placeholder answers the rate_limit placeholders of a denied request.
-// Registering it once (Replacer.Map) instead of setting six values keeps
-// Caddy's map of set values, which the error handling then fills, small
-// enough not to grow.
-func (d *denial) placeholder(name string) (any, bool) {
-	switch name {
-	case "http.rate_limit.exceeded.name", "http.rate_limit.zone":
-		return d.z.nameValue, true
-	case "http.rate_limit.limit":
-		return d.z.burstValue, true
-	case "http.rate_limit.remaining":
-		return d.remaining, true
-	case "http.rate_limit.retry_after":
-		return d.retryAfter, true
-	case "http.rate_limit.key":
-		return d.key, true
-	case "http.rate_limit.key_name":
-		return d.keyName, true
-	}
-	return nil, false
-}
-
-// deny answers a request that some zone denied: Retry-After, the
-// placeholders, a log line (see denialLog), an event if anything listens,
-// and the zone's 429 error, returned unwrapped so handle_errors sees it.
-func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time) error {
-	h.overLimit(w, q, verdicts, main, now, true)
-	return verdicts[main].z.exceeded
-}
-
-// overLimit answers a request over a limit, which enforcing zones deny, or
-// which only zones with action log would deny (not enforcing: the request
-// passes, with everything below for operators to see).
-func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time, enforcing bool) {
-	// The request passes when every zone allows it: wait for the slowest
-	// of those that deny it (or, for a dry run, would).
-	var wait time.Duration
-	for _, v := range verdicts {
-		if !v.d.Allowed && (v.z.action != actionLog) == enforcing {
-			wait = max(wait, v.d.RetryAfter)
-		}
-	}
-	if h.Jitter > 0 && wait < limiter.Never {
-		extra := time.Duration(float64(wait) * h.Jitter * rand.Float64())
-		if extra > 0 && wait <= limiter.Never-extra {
-			wait += extra
-		}
-	}
-	v := verdicts[main]
-	d := &denial{z: v.z, remaining: v.d.Remaining, retryAfter: max(ceilSeconds(wait), 1), keyName: v.z.keyName(v.c)}
-	hdr := w.Header()
-	if enforcing {
-		// A dry run sends no Retry-After: clients see what they would
-		// see without the zones that only log.
-		d.headers.setRetryAfter(hdr, d.retryAfter)
-	}
-	if !h.DisableHeaders {
-		d.headers.setRateLimit(hdr, verdicts)
-	}
-	if h.LogKey {
-		d.key = v.z.keyText(q, v.c)
-	}
-	// A rate_limit handler earlier in this request may have set the
-	// placeholders; they would hide the provider's answers.
-	q.repl.DeleteByPrefix("http.rate_limit.")
-	q.repl.Map(d.placeholder)
-
-	if h.logger.Core().Enabled(zapcore.InfoLevel) {
-		info, suppressed := logOf(&v.z.denials).note(v.c.hash, now)
-		level := zapcore.DebugLevel
-		if info {
-			level = zapcore.InfoLevel
-		}
-		// A dry run's line has a message of its own, so that the
-		// fail2ban and CrowdSec filters of denials never ban for it.
-		msg := "rate limit exceeded"
-		if !enforcing {
-			msg = "rate limit would be exceeded"
-		}
-		if ce := h.logger.Check(level, msg); ce != nil {
-			fields := []zap.Field{
-				zap.String("zone", v.z.name),
-				zap.String("client_ip", q.clientIP().text),
-				zap.String("source", v.z.source(v.c)),
-				zap.String("key_name", d.keyName),
-				zap.Int64("retry_after", d.retryAfter),
-			}
-			if !enforcing {
-				fields = append(fields, zap.String("action", "log"))
-			}
-			if info {
-				fields = append(fields, zap.Int64("suppressed", suppressed))
-			}
-			if h.LogKey {
-				fields = append(fields, zap.String("key", d.key))
-			}
-			ce.Write(fields...)
-		}
-	}
-	if enforcing && h.events != nil && h.events.ShouldEmit(exceededEvent) {
-		data := map[string]any{
-			"zone":        v.z.name,
-			"client_ip":   q.clientIP().text,
-			"source":      v.z.source(v.c),
-			"wait":        wait,
-			"retry_after": d.retryAfter,
-		}
-		if h.LogKey {
-			data["key"] = d.key
-		}
-		h.events.Emit(h.ctx, exceededEvent, data)
-	}
-}
-
-// logRefusedWeight logs a request that z answered with an error because of
-// its weight (a 400 for a weight that is missing or not a number it can
-// grant): at INFO for the first of a source's such requests in each
-// interval of the denial log, which bounds the lines under a flood as for
-// denials (denylog.go), at DEBUG for the others. Without it, a client sent
-// a bare 400 and the operator saw nothing.
-func (h *Handler) logRefusedWeight(q *request, z *zone, c charge, err error, now time.Time) {
-	if !h.logger.Core().Enabled(zapcore.InfoLevel) {
-		return
-	}
-	info, suppressed := logOf(&z.refusals).note(c.hash, now)
-	level := zapcore.DebugLevel
-	if info {
-		level = zapcore.InfoLevel
-	}
-	if ce := h.logger.Check(level, "rate limit weight refused"); ce != nil {
-		var he caddyhttp.HandlerError
-		if errors.As(err, &he) {
-			err = he.Err // without the trace and ID, which say nothing here
-		}
-		fields := []zap.Field{
-			zap.String("zone", z.name),
-			zap.String("client_ip", q.clientIP().text),
-			zap.String("source", z.source(c)),
-			zap.Error(err),
-		}
-		if info {
-			fields = append(fields, zap.Int64("suppressed", suppressed))
-		}
-		ce.Write(fields...)
-	}
-}
-
-// exceededEvent is the name of the event emitted for each denial.
-const exceededEvent = "rate_limit_exceeded"
-
-// denialError makes the error a zone returns for each request it denies. It
-// is made once: Caddy's server only reads a HandlerError (by value, after a
-// type assertion), so one value can answer every denial. That leaves out
-// what caddyhttp.Error adds per call, a random ID and a stack trace: a
-// flood should not pay for a runtime.Caller and a random string per request.
-// `{http.error.id}` is therefore empty for a denial, and the trace names
-// this handler.
-func denialError(zoneName string) error {
-	return caddyhttp.HandlerError{
-		Err:        errors.New("rate limit exceeded in zone " + strconv.Quote(zoneName)),
-		StatusCode: http.StatusTooManyRequests,
-		Trace:      "floodgate.(*Handler).deny",
-	}
-}
-
-// boxedCounts holds small counts converted to interface values once, so that
-// setting a placeholder to one allocates nothing. (Go boxes integers below
-// 256 without allocating; a zone's remaining requests are often more.)
-var boxedCounts = func() (t [4096]any) {
-	for i := range t {
-		t[i] = int64(i)
-	}
-	return t
-}()
-
-// boxCount returns n as an interface value, without allocating if it is
-// small.
-func boxCount(n int64) any {
-	if uint64(n) < uint64(len(boxedCounts)) {
-		return boxedCounts[n]
-	}
-	return n
 }
 
 // Interface guards

@@ -47,7 +47,7 @@ type responseHeaders struct {
 func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 	n := 0
 	for _, v := range verdicts {
-		if v.z.action != actionLog {
+		if v.z.action.enforces() {
 			n++
 		}
 	}
@@ -56,14 +56,14 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 		return
 	case 1:
 		for _, v := range verdicts {
-			if v.z.action != actionLog {
+			if v.z.action.enforces() {
 				h.policy[0] = v.z.policy
 			}
 		}
 	default:
 		b := h.start()
 		for _, v := range verdicts {
-			if v.z.action == actionLog {
+			if !v.z.action.enforces() {
 				continue
 			}
 			if len(b) > 0 {
@@ -75,7 +75,7 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 	}
 	b := h.start()
 	for _, v := range verdicts {
-		if v.z.action == actionLog {
+		if !v.z.action.enforces() {
 			continue
 		}
 		if len(b) > 0 {

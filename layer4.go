@@ -23,7 +23,7 @@ func (a *App) Layer4Zone(name string) (layer4.Zone, error) {
 	if err != nil {
 		return layer4.Zone{}, err
 	}
-	if z.action == actionDelay {
+	if z.action.holds() {
 		return layer4.Zone{}, fmt.Errorf("zone %q has action delay, which holds HTTP requests; a layer4 matcher cannot hold a connection: use a zone with action deny or log", name)
 	}
 	a.sharedWithLayer4(z)
@@ -70,7 +70,7 @@ func (a *App) sharedWithLayer4(z *zone) {
 func (z *zone) layer4() layer4.Zone {
 	z.counts.layer4.Store(true)
 	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6,
-		DryRun: z.action == actionLog, Count: z.counts.countConnection, Note: logOf(&z.denials).note,
+		DryRun: !z.action.enforces(), Count: z.counts.countConnection, Note: logOf(&z.denials).note,
 		SYNCharged: z.table.xdp.synCharged()}
 }
 

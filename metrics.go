@@ -127,8 +127,8 @@ var (
 		"Estimated probability that a rate_limit zone denies a key never seen before, measured at most once a second.",
 		[]string{"zone"}, nil)
 	// The series a dashboard built for caddy-ratelimit reads, without its
-	// per-key label (a raw key never reaches /metrics): see the README's
-	// migration section.
+	// per-key label (a raw key never reaches /metrics): see
+	// docs/migration.md#dashboards.
 	declinedDesc = prometheus.NewDesc("caddy_rate_limit_declined_requests_total",
 		"HTTP requests a rate_limit zone declined with 429, by zone (caddy-ratelimit's series, without its key label).",
 		[]string{"zone"}, nil)

@@ -20,7 +20,7 @@
 //
 // A zone (zone.go) is a named policy: its keys, its rate and burst, its
 // matchers, and a fixed-size table of token buckets from package limiter.
-// Start reading at Zone, then Handler.ServeHTTP.
+// Start reading at Zone, then Handler.ServeHTTP and decide.go.
 //
 // Tables live in a package-level caddy.UsagePool keyed by zone name and table
 // shape, so they survive config reloads: a reload that keeps a zone's name
@@ -29,6 +29,27 @@
 // Start, so it leaves the running state untouched. tables.go holds that pool,
 // the pools of the quotas' sketches and of the zones' counts, and the
 // protocol by which configs take and give back a table's limit.
+//
+// Where things are:
+//
+//   - zone.go: Zone (a zone's configuration), its validation and
+//     provisioning; key.go: how a zone reads a key from a request;
+//     quota.go: quotas; weights.go: weight rules, the handler's weight and
+//     the weights a response reports (the pure core is package weight);
+//     action.go: what a zone does with a request it would deny (deny, log,
+//     delay), as methods the decision path asks;
+//   - handler.go: the HTTP handler's configuration and lifecycle;
+//     decide.go: the way of a request, from taking every zone to the
+//     verdict; headers.go: the RateLimit and Retry-After headers;
+//     denylog.go: the denial log and the record of denied sources;
+//   - app.go: the rate_limit app and the registry of the running config;
+//     tables.go: the state that outlives a config; cluster.go: distributed
+//     zones and their storage; xdp.go: a zone's XDP side;
+//   - caddyfile.go: the Caddyfile directive and global option (each
+//     setting's parser sits beside its concept); warnings.go: checks at
+//     load; admin.go, command.go: the admin API and `caddy rate-limit`;
+//     metrics.go: the Prometheus series; layer4.go: the zones as package
+//     layer4 sees them.
 package floodgate
 
 import (

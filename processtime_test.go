@@ -19,8 +19,8 @@ import (
 // request through ServeHTTP as it is, and the same with a second clock
 // reading after the decision and an observation into a histogram of the
 // incumbent's buckets, serially and from every core at once (the
-// histogram's counters are then shared by all of them). The README's
-// migration section quotes the ratio, which is why floodgate does not serve
+// histogram's counters are then shared by all of them). docs/migration.md
+// (Dashboards) quotes the ratio, which is why floodgate does not serve
 // the series.
 func BenchmarkProcessTime(b *testing.B) {
 	h := newTestHandler(b, nil, map[string]*Zone{"process_time": {Key: "{http.vars.client_ip}",

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
@@ -64,13 +65,7 @@ func (zc *Zone) sketchWidth() int {
 	if zc.Memory != 0 {
 		return int(min(max(zc.Memory/(16*sketchRows), 1), limiter.MaxSketchWidth))
 	}
-	sources, fd := float64(limiter.DefaultSources), limiter.DefaultFalseDeny
-	if zc.Sources != 0 {
-		sources = float64(zc.Sources)
-	}
-	if zc.FalseDeny != 0 {
-		fd = zc.FalseDeny
-	}
+	sources, fd := float64(zc.EffectiveSources()), zc.EffectiveFalseDeny()
 	w := -sources / math.Log1p(-math.Pow(fd, 1.0/sketchRows))
 	return int(min(math.Ceil(w), limiter.MaxSketchWidth))
 }
@@ -116,50 +111,20 @@ func quotaName(zone string, w time.Duration) string {
 	return zone + "/" + strconv.FormatInt(s, 10) + "s"
 }
 
-// takeAll asks every policy of z (its rate, then its quotas) for v's weight
-// in txn, and sets v's decisions.
-func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
-	v.rate = z.take(txn, v.c.hash, v.weight, now)
-	for i, s := range z.quotas {
-		v.q[i] = txn.Take(s, v.c.hash, v.weight, now)
+// unmarshalQuota reads `quota <n> <duration>`.
+func (zc *Zone) unmarshalQuota(d *caddyfile.Dispenser, where string) error {
+	args := d.RemainingArgs()
+	if len(args) != 2 {
+		return d.Errf("%squota %v: needs a count and a duration, e.g. quota 10000 24h", where, args)
 	}
-	v.combine()
-}
-
-// peekAll replaces v's decisions by what z's policies hold now, charging
-// nothing: all of them, or only those that granted (and were refunded
-// since, because another policy denied the request).
-func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
-	if all || v.rate.Allowed {
-		v.rate = z.peek(v.c.hash, v.weight, now)
+	n, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || n < 1 {
+		return d.Errf("%squota %q: the count must be a whole number of at least 1", where, args[0])
 	}
-	for i, s := range z.quotas {
-		if all || v.q[i].Allowed {
-			v.q[i] = s.PeekHash(v.c.hash, v.weight, now)
-		}
+	dur, err := caddy.ParseDuration(args[1])
+	if err != nil || dur <= 0 {
+		return d.Errf("%squota %s %q: the window must be a positive duration", where, args[0], args[1])
 	}
-	v.combine()
-}
-
-// quotas are the decisions of the quotas of v's zone.
-func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
-
-// combine sets v.d, the zone's answer, from its policies': allowed if all
-// allow, the fewest tokens left, the longest wait of those that deny, the
-// latest reset.
-func (v *verdict) combine() {
-	v.d = v.rate
-	for _, q := range v.quotas() {
-		if !q.Allowed {
-			if v.d.Allowed {
-				v.d.Allowed, v.d.RetryAfter = false, q.RetryAfter
-			} else {
-				v.d.RetryAfter = max(v.d.RetryAfter, q.RetryAfter)
-			}
-		}
-		if q.Remaining < v.d.Remaining {
-			v.d.Remaining, v.d.Limit = q.Remaining, q.Limit
-		}
-		v.d.Reset = max(v.d.Reset, q.Reset)
-	}
+	zc.Quotas = append(zc.Quotas, Quota{MaxEvents: n, Window: caddy.Duration(dur)})
+	return nil
 }

@@ -20,7 +20,7 @@ import (
 
 // Checks of configurations that load but do not limit the way an operator
 // most likely means. Each is logged once at load, at WARN, naming the zone
-// (App.warn); the README's "Warnings at load" lists them. They are warnings,
+// (App.warn); docs/troubleshooting.md#warnings-at-load lists them. They are warnings,
 // not errors, because each has a legitimate use: a constant key is
 // caddy-ratelimit's way to write one bucket for all (`key static`), a
 // per-connection key limits requests per connection, another handler may set

@@ -64,7 +64,8 @@ type Zone struct {
 
 	// WeightResponseHeader names a response header whose value (a whole
 	// number) the request costs, charged when the response is written on
-	// top of what was charged at arrival. See "Weights" in the README.
+	// top of what was charged at arrival. See "Costs reported by the
+	// response" in docs/keys-weights-quotas-actions.md.
 	WeightResponseHeader string `json:"weight_response_header,omitempty"`
 
 	// WeightResponseBytes charges the size of the response body, each
@@ -115,6 +116,16 @@ func (z *Zone) Validate(name string) error {
 		return err
 	}
 	return z.validateAction(where)
+}
+
+// grantable is the largest weight the zone can ever grant: its effective
+// burst, or a smaller quota.
+func (zc *Zone) grantable() int64 {
+	g := zc.Rate().EffectiveBurst()
+	for _, q := range zc.Quotas {
+		g = min(g, q.MaxEvents)
+	}
+	return g
 }
 
 // validZoneName accepts names that can be written in a header's quoted
@@ -175,13 +186,13 @@ type zone struct {
 	keyNames      []string
 	keyNameValues []any
 
-	// costs are the zone's weight rules; pricesAll is set if one of them
-	// matches every request. grantable is the largest weight the zone can
-	// ever grant.
-	costs     []costRule
+	// weights are the zone's weight rules; pricesAll is set if one of
+	// them matches every request. grantable is the largest weight the zone
+	// can ever grant.
+	weights   []weightRule
 	pricesAll bool
 	grantable int64
-	// afterHeader or afterBytes: the cost reported by the response.
+	// afterHeader or afterBytes: the weight reported by the response.
 	afterHeader string
 	afterBytes  bool
 	// unit is the RateLimit-Policy parameter naming the zone's unit, if
@@ -228,14 +239,14 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 			return nil, fmt.Errorf("zone %q: %v", name, err)
 		}
 	}
-	if err := z.provisionCosts(ctx, zc); err != nil {
+	if err := z.provisionWeights(ctx, zc); err != nil {
 		return nil, err
 	}
 	if z.afterBytes {
 		z.unit = `;qu="content-bytes"`
 	}
 	z.action, z.maxDelay = parseAction(zc.Action), time.Duration(zc.MaxDelay)
-	if z.action == actionDelay && !zc.Windowed() {
+	if z.action.holds() && !zc.Windowed() {
 		z.limit.Debt = delayDebt(z.limit, z.maxDelay)
 	}
 	z.burstValue = z.limit.EffectiveBurst()

@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// A flood from one client writes one INFO line, in the format the README
-// gives fail2ban and CrowdSec users, through Caddy's own logging.
+// A flood from one client writes one INFO line, in the format
+// docs/operations.md#the-denial-log gives fail2ban and CrowdSec users, through Caddy's own logging.
 func TestDenialLogUnderAFloodIsOneLine(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "rate_limit.log")
 	tc := newTester(t)

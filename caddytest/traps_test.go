@@ -340,8 +340,8 @@ http://c.localhost:HTTP_PORT {
 	}
 }
 
-// TestHeaderPlaceholdersNeedTheDeferredForm checks what the README says
-// about rate_limit placeholders in the header directive: `header` runs before
+// TestHeaderPlaceholdersNeedTheDeferredForm checks what docs/directives.md
+// (Placeholders) says about rate_limit placeholders in the header directive: `header` runs before
 // rate_limit, so only the deferred form (`>Name`), applied as the response is
 // written, sees them.
 func TestHeaderPlaceholdersNeedTheDeferredForm(t *testing.T) {
@@ -371,7 +371,7 @@ func TestHeaderPlaceholdersNeedTheDeferredForm(t *testing.T) {
 		t.Errorf("deferred remaining: %q", got)
 	}
 	// The plain form runs before rate_limit set anything: Caddy leaves the
-	// unknown placeholder as written, as the README says.
+	// unknown placeholder as written, as docs/directives.md says.
 	if got := resp.Header.Get("X-Too-Early"); got != "{http.rate_limit.zone}" {
 		t.Errorf("plain header: %q", got)
 	}

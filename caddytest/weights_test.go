@@ -163,7 +163,7 @@ type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
 
-func TestResponseHeaderCostDrivesBoundedDebt(t *testing.T) {
+func TestResponseHeaderWeightDrivesBoundedDebt(t *testing.T) {
 	tc := newTester(t)
 	tc.InitServer(config("", `
 	rate_limit {
@@ -196,7 +196,7 @@ func TestResponseHeaderCostDrivesBoundedDebt(t *testing.T) {
 	}
 }
 
-func TestReadmeResponseCostExample(t *testing.T) {
+func TestReadmeResponseWeightExample(t *testing.T) {
 	tc := newTester(t)
 	tc.InitServer(readmeConfig(t, "### Costs reported by the response", 0, "", "localhost:4000", costUpstream(t)), "caddyfile")
 	c := clientFrom("127.0.0.21")

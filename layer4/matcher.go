@@ -278,7 +278,7 @@ func (m *Matcher) Match(cx *layer4.Connection) (bool, error) {
 		return false, layer4.ErrConsumedAllPrefetchedBytes
 	case proxyHeaderUnread:
 		if !m.warnedProxy.Swap(true) {
-			m.logger.Warn("a connection begins with a PROXY protocol header that no route before this matcher has read: the matcher limits the proxy, not the client; put the proxy_protocol route first (see the README)",
+			m.logger.Warn("a connection begins with a PROXY protocol header that no route before this matcher has read: the matcher limits the proxy, not the client; put the proxy_protocol route first (see docs/layer4.md#behind-proxy-protocol)",
 				zap.String("zone", m.zone.Name), zap.Stringer("remote", cx.RemoteAddr()))
 		}
 	}

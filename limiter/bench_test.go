@@ -138,7 +138,7 @@ func (x *xrateMap) allow(a netip.Addr) bool {
 	x.mu.Lock()
 	l, ok := x.m[a]
 	if !ok {
-		l = rate.NewLimiter(rate.Limit(benchLimit.PerSecond()), int(benchLimit.EffectiveBurst()))
+		l = rate.NewLimiter(rate.Limit(perSecond(benchLimit)), int(benchLimit.EffectiveBurst()))
 		x.m[a] = l
 	}
 	x.mu.Unlock()

@@ -181,7 +181,7 @@ func TestConcurrentTakesNeverExceedBurstPlusRefill(t *testing.T) {
 		granted.Add(1)
 	}
 	elapsed := time.Duration(totalSteps) * step
-	limit := l.EffectiveBurst() + int64(l.PerSecond()*elapsed.Seconds())
+	limit := l.EffectiveBurst() + int64(perSecond(l)*elapsed.Seconds())
 	if g := granted.Load(); g > limit {
 		t.Fatalf("granted %d tokens in %v, more than burst+refill = %d", g, elapsed, limit)
 	} else if g < limit-2 {

@@ -84,11 +84,6 @@ func (l Limit) Validate() error {
 	return nil
 }
 
-// PerSecond is the sustained rate in tokens per second.
-func (l Limit) PerSecond() float64 {
-	return float64(l.Events) / l.Window.Seconds()
-}
-
 // String formats l as "N/W burst B".
 func (l Limit) String() string {
 	return fmt.Sprintf("%d/%v burst %d", l.Events, l.Window, l.EffectiveBurst())

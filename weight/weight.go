@@ -4,11 +4,16 @@
 // after the fact (an upstream's header, the body's size).
 //
 // Start at Value, the weight a Caddyfile or JSON config writes. Resolve
-// turns a Value into a request's cost, and refuses anything that could let
+// turns a Value into a request's weight, and refuses anything that could let
 // a request through for free: a value that is not a whole number of at least
-// 1, an empty one, or one beyond what the zone can ever grant. Reported does
-// the same for a cost a response reports. The package is pure: expanding
-// placeholders is the caller's, through a function.
+// 1, an empty one, or one beyond what the zone can ever grant. Count reads
+// the weight a response reports in a header, and refuses the same values
+// but the too large, which the caller charges as a debt. The package is
+// pure: expanding
+// placeholders is the caller's, through a function. What needs Caddy or a
+// zone's tables is the root package's weights.go: the rules that pick a
+// weight by request matchers (caddyhttp) and the charging of what a
+// response reports.
 package weight
 
 import (
@@ -47,13 +52,6 @@ func Parse(s string) (Value, error) {
 
 // IsZero reports whether v is unset.
 func (v Value) IsZero() bool { return v.n == 0 && v.template == "" }
-
-// Fixed returns v's weight and true if v is a number, or 0 and false if it
-// is a template (or unset).
-func (v Value) Fixed() (int64, bool) { return v.n, v.n != 0 }
-
-// Template returns v's template, or "" if v is a number.
-func (v Value) Template() string { return v.template }
 
 // String is v as a config writes it.
 func (v Value) String() string {

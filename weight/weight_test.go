@@ -35,8 +35,8 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q): %v", tt.in, err)
 			continue
 		}
-		if n, _ := v.Fixed(); n != tt.fixed || v.Template() != tt.tmpl || v.String() != tt.in {
-			t.Errorf("Parse(%q) = %d %q (%s), want %d %q", tt.in, n, v.Template(), v, tt.fixed, tt.tmpl)
+		if v.n != tt.fixed || v.template != tt.tmpl || v.String() != tt.in {
+			t.Errorf("Parse(%q) = %d %q (%s), want %d %q", tt.in, v.n, v.template, v, tt.fixed, tt.tmpl)
 		}
 	}
 }

@@ -71,8 +71,8 @@ type Limit struct {
 	XDP *XDP `json:"xdp,omitempty"`
 }
 
-// The range of rates a zone may have, documented in the README: from one
-// event per MaxWindow to MaxPerSecond events per second.
+// The range of rates a zone may have, documented in docs/limits.md#rates:
+// from one event per MaxWindow to MaxPerSecond events per second.
 const (
 	// MaxWindow is the longest window, a year: slower limits have waits
 	// (Retry-After) of years, which no client honours.
@@ -123,17 +123,22 @@ func (l *Limit) Lines() int {
 	if l.Memory != 0 {
 		return int(l.Memory / 64)
 	}
-	return limiter.LinesFor(l.sources(), l.falseDeny(), limiter.DefaultK)
+	return limiter.LinesFor(l.EffectiveSources(), l.EffectiveFalseDeny(), limiter.DefaultK)
 }
 
-func (l *Limit) sources() int {
+// EffectiveSources is how many sources l's memory is sized for: sources,
+// or limiter.DefaultSources if unset. It is the one place that default is
+// applied, for the table and for the quotas' sketches.
+func (l *Limit) EffectiveSources() int {
 	if l.Sources == 0 {
 		return limiter.DefaultSources
 	}
 	return l.Sources
 }
 
-func (l *Limit) falseDeny() float64 {
+// EffectiveFalseDeny is the false-deny rate l's memory is sized for:
+// false_deny, or limiter.DefaultFalseDeny if unset.
+func (l *Limit) EffectiveFalseDeny() float64 {
 	if l.FalseDeny == 0 {
 		return limiter.DefaultFalseDeny
 	}
@@ -211,11 +216,11 @@ func (l *Limit) Sizing() string {
 	if l.Memory != 0 {
 		return "memory " + humanize.IBytes(uint64(l.Memory))
 	}
-	fd := "false_deny " + strconv.FormatFloat(l.falseDeny(), 'f', -1, 64)
+	fd := "false_deny " + strconv.FormatFloat(l.EffectiveFalseDeny(), 'f', -1, 64)
 	if l.FalseDeny == 0 {
 		fd += " (the default)"
 	}
-	src := fmt.Sprintf("sources %d", l.sources())
+	src := fmt.Sprintf("sources %d", l.EffectiveSources())
 	if l.Sources == 0 {
 		src += " (the default)"
 	}

@@ -6,8 +6,8 @@ import (
 )
 
 // keylessCaddyfile shares a global zone without a key between the listener
-// wrapper and the site's HTTP handler, as the README's listener-wrapper
-// example once did.
+// wrapper and the site's HTTP handler, as the listener-wrapper example
+// (docs/layer4.md#in-front-of-https-the-listener-wrapper) once did.
 func keylessCaddyfile() string {
 	return httpsCaddyfile(`rate_limit {
 		zone keyless {

@@ -9,14 +9,14 @@ import (
 	"time"
 )
 
-// A cost the upstream reports is charged when the response reports it. The
+// A weight the upstream reports is charged when the response reports it. The
 // upstream here answers only when the test releases it, after the key could
 // have refilled a charge made at the request's arrival a whole burst over:
 // the charge must be there after the response, not refilled away before it
 // was made. The release comes after a real pause, long enough for a charge
 // dated at arrival to have been refilled; what is asserted depends only on
 // the time the test measures after the release.
-func TestSlowResponseCostIsChargedWhenReported(t *testing.T) {
+func TestSlowResponseWeightIsChargedWhenReported(t *testing.T) {
 	arrived, release := make(chan struct{}, 1), make(chan struct{})
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {

@@ -41,9 +41,9 @@ func pass(h *Handler, clock *testclock.Clock, d time.Duration) {
 	}
 }
 
-// slowCost is an upstream of h that answers after taking d, reporting cost
+// slowWeight is an upstream of h that answers after taking d, reporting cost
 // in X-Cost.
-func slowCost(h *Handler, clock *testclock.Clock, d time.Duration, cost string) caddyhttp.Handler {
+func slowWeight(h *Handler, clock *testclock.Clock, d time.Duration, cost string) caddyhttp.Handler {
 	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		pass(h, clock, d)
 		w.Header().Set("X-Cost", cost)
@@ -88,7 +88,7 @@ func remaining(h *Handler) int64 {
 // at the request's arrival: a charge dated seconds in the past would be
 // refilled away already, or be read against a counter time that has moved
 // on since.
-func TestResponseCostIsChargedWhenTheResponseReportsIt(t *testing.T) {
+func TestResponseWeightIsChargedWhenTheResponseReportsIt(t *testing.T) {
 	for _, tt := range []struct {
 		name     string
 		took     time.Duration
@@ -105,7 +105,7 @@ func TestResponseCostIsChargedWhenTheResponseReportsIt(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h, clock := byteRateHandler(t, "slow_"+tt.name, func(z *Zone) { z.WeightResponseHeader = "X-Cost" })
-			if _, err := serveThrough(h, weightedRequest("/"), slowCost(h, clock, tt.took, strconv.FormatInt(tt.cost, 10))); err != nil {
+			if _, err := serveThrough(h, weightedRequest("/"), slowWeight(h, clock, tt.took, strconv.FormatInt(tt.cost, 10))); err != nil {
 				t.Fatal(err)
 			}
 			if got := remaining(h); got < tt.min || got > tt.max {
@@ -206,13 +206,13 @@ func TestResponseBytesAreChargedBeforeTheyAreSent(t *testing.T) {
 }
 
 // A quota counts a reported cost in the window where it was reported.
-func TestResponseCostCountsInTheQuotaWhenReported(t *testing.T) {
+func TestResponseWeightCountsInTheQuotaWhenReported(t *testing.T) {
 	h, clock := byteRateHandler(t, "slow_quota", func(z *Zone) {
 		z.WeightResponseHeader = "X-Cost"
 		z.Quotas = []Quota{{MaxEvents: 200_000, Window: caddy.Duration(time.Minute)}}
 	})
 	// Two windows later, the arrival's window weighs nothing any more.
-	if _, err := serveThrough(h, weightedRequest("/"), slowCost(h, clock, 2*time.Minute, "150000")); err != nil {
+	if _, err := serveThrough(h, weightedRequest("/"), slowWeight(h, clock, 2*time.Minute, "150000")); err != nil {
 		t.Fatal(err)
 	}
 	z := h.zones[0]
