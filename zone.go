@@ -258,11 +258,19 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	}
 	x := z.xdpSpec(zc)
 	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK, window: zc.Windowed(), xdp: x.key()}
+	// A new table is made at the zone's limit, Debt included, so that
+	// Start finds it in force and converts nothing.
+	cfg := zc.Buckets()
+	cfg.Limit = z.limit
 	t, err := acquireTable(z.tkey, func() (limiter.Table, *xdpTable, error) {
 		if x != nil {
-			return newXDPBuckets(name, zc.Buckets(), x.XDP, x.v4, x.v6)
+			return newXDPBuckets(name, cfg, x.XDP, x.v4, x.v6)
 		}
-		tb, err := zc.NewTable()
+		if zc.Windowed() {
+			tb, err := limiter.NewWindows(cfg)
+			return tb, nil, err
+		}
+		tb, err := limiter.NewBuckets(cfg)
 		return tb, nil, err
 	})
 	if err != nil {
