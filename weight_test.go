@@ -361,19 +361,23 @@ func TestDelayReservesSoHeldRequestsNeverOverAdmit(t *testing.T) {
 	}
 }
 
-func TestDelayHoldsAtMostOneBurst(t *testing.T) {
-	h, held := delayHandler(t, "delay_burst", 1, time.Hour)
+// A delay zone holds what returns within max_delay and no more: at 10 a
+// second, burst 1, max_delay 250ms, one request passes, two are held (their
+// tokens return after 100 and 200ms) and the next, whose token returns
+// after 300ms, is denied at once.
+func TestDelayHoldsWhatReturnsWithinMaxDelay(t *testing.T) {
+	h, held := delayHandler(t, "delay_burst", 1, 250*time.Millisecond)
 	held.block = true
 	if _, err := serve(h, weightedRequest("/")); err != nil {
 		t.Fatal(err)
 	}
-	cancel, errs := heldRequests(t, h, held, 1)
+	cancel, errs := heldRequests(t, h, held, 2)
 	defer cancel()
-	// The key is a whole burst in debt: the next request cannot reserve.
 	if err := serveOrGiveUp(h); status(err) != http.StatusTooManyRequests {
-		t.Errorf("with one burst held: %v, want 429", err)
+		t.Errorf("with 200ms of tokens held: %v, want 429", err)
 	}
 	cancel()
+	<-errs
 	<-errs
 }
 
