@@ -2,6 +2,7 @@ package floodgate
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -285,9 +286,19 @@ func (a *App) Stop() error {
 }
 
 // Cleanup releases the global zones' tables, after logging the zones'
-// warnings if Start never did (see warn).
+// warnings if this is `caddy validate` cleaning up a config it provisioned
+// and never starts (see warn). Only then: Caddy also cleans up a config
+// that failed to provision or start, in which the other apps may not be
+// loaded, and looking up the HTTP app's placeholders would load it.
+// caddy.Validate names its cancellation "validation complete"; were that to
+// change, validate would only show no zone warnings again.
 func (a *App) Cleanup() error {
-	a.warn()
+	if a.ctx.Context == nil {
+		return nil // never provisioned: nothing to release
+	}
+	if cause := context.Cause(a.ctx); cause != nil && cause.Error() == "validation complete" {
+		a.warn()
+	}
 	for _, z := range a.global {
 		z.release()
 	}
