@@ -73,8 +73,13 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		v := verdict{z: z, c: z.key(&q)}
 		wt, err := z.weightOf(r, q.repl, h.Weight)
 		if err != nil {
-			txn.Rollback()
 			h.logRefusedWeight(&q, z, v.c, err, now)
+			if !z.action.enforces() {
+				// A dry run changes nothing clients see: the request
+				// would be refused for its weight, and is only logged.
+				continue
+			}
+			txn.Rollback()
 			return err
 		}
 		v.weight = wt
@@ -395,7 +400,8 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 // grant): at INFO for the first of a source's such requests in each
 // interval of the denial log, which bounds the lines under a flood as for
 // denials (denylog.go), at DEBUG for the others. Without it, a client sent
-// a bare 400 and the operator saw nothing.
+// a bare 400 and the operator saw nothing. A dry-run zone (action log)
+// refuses nothing: it logs that it would have.
 func (h *Handler) logRefusedWeight(q *request, z *zone, c charge, err error, now time.Time) {
 	if !h.logger.Core().Enabled(zapcore.InfoLevel) {
 		return
@@ -405,7 +411,11 @@ func (h *Handler) logRefusedWeight(q *request, z *zone, c charge, err error, now
 	if info {
 		level = zapcore.InfoLevel
 	}
-	if ce := h.logger.Check(level, "rate limit weight refused"); ce != nil {
+	msg := "rate limit weight refused"
+	if !z.action.enforces() {
+		msg = "rate limit weight would be refused"
+	}
+	if ce := h.logger.Check(level, msg); ce != nil {
 		var he caddyhttp.HandlerError
 		if errors.As(err, &he) {
 			err = he.Err // without the trace and ID, which say nothing here
