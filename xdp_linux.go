@@ -3,6 +3,7 @@
 package floodgate
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -130,9 +131,23 @@ func (x *xdpTable) synCharged() func(local, remote netip.AddrPort) bool {
 }
 
 // setLimit puts l in force on the table and its program, keeping what each
-// key used (xdp.Table.SetLimit).
+// key used (xdp.Table.SetLimit). If the limit is in force but the kernel
+// refused the new program, the program is detached: it logs that, and the
+// zone's matchers charge every connection again (none came through the
+// program) until a config attaches the table anew.
 func (x *xdpTable) setLimit(l limiter.Limit, now time.Time) error {
-	return x.t.SetLimit(l, now)
+	err := x.t.SetLimit(l, now)
+	var notReplaced *xdp.ProgramNotReplacedError
+	if !errors.As(err, &notReplaced) {
+		return err
+	}
+	x.mu.Lock()
+	x.att = nil
+	x.path.Store(nil)
+	x.mu.Unlock()
+	caddy.Log().Named("rate_limit").Error(fmt.Sprintf("zone %q: limiting connections in Go only: %v", x.zone, err),
+		zap.String("zone", x.zone))
+	return nil
 }
 
 // close detaches the program and releases its maps; the buckets stay

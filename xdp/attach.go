@@ -141,6 +141,18 @@ func (a *Attachment) Close() error {
 	return nil
 }
 
+// detach closes il, taking its program off the interface, and forgets it:
+// the tables attached through it are attached no more (their Attachments'
+// Close finds nothing to do). linksMu is held.
+func detach(il *ifaceLink) {
+	for key, l := range links {
+		if l == il {
+			delete(links, key)
+		}
+	}
+	_ = il.link.Close()
+}
+
 // runningOn returns the link whose running program is t's, or nil; linksMu
 // is held.
 func runningOn(t *Table) *ifaceLink {

@@ -3,6 +3,7 @@
 package xdp
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/floodgate-rl/floodgate/internal/netnstest"
 	"github.com/floodgate-rl/floodgate/limiter"
@@ -230,5 +234,46 @@ func TestReloadReplacesTheProgramOnTheInterface(t *testing.T) {
 	}
 	if strings.Contains(string(out), "xdp") {
 		t.Fatalf("the program is still attached after the last attachment closed:\n%s", out)
+	}
+}
+
+// When the kernel refuses the new program after a limit change, the
+// conversion cannot be undone and the old program would drop every SYN on
+// its all-frozen map: SetLimit detaches it instead, says so, and leaves
+// the limit in force on the table for Go.
+func TestAFailedProgramSwapDetachesRatherThanDropEverySYN(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	if err := netnstest.In(v.Server, func() error {
+		_, err := tb.Attach(v.ServerIf, []uint16{8443})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	xdpOn := func() bool {
+		t.Helper()
+		out, err := exec.Command("ip", "-n", v.Server, "link", "show", "dev", v.ServerIf).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip link show: %v: %s", err, out)
+		}
+		return strings.Contains(string(out), "xdp")
+	}
+	if !xdpOn() {
+		t.Fatal("no XDP program on the interface after Attach")
+	}
+	refused := fmt.Errorf("refused by the test")
+	defer func(f func(link.Link, *ebpf.Program) error) { updateLink = f }(updateLink)
+	updateLink = func(link.Link, *ebpf.Program) error { return refused }
+	raised := limiter.Limit{Events: 5, Window: time.Hour}
+	err := tb.SetLimit(raised, tb.Buckets.Base().Add(time.Second))
+	var notReplaced *ProgramNotReplacedError
+	if !errors.As(err, &notReplaced) || !errors.Is(err, refused) {
+		t.Fatalf("SetLimit with the swap refused: %v, want a ProgramNotReplacedError wrapping the refusal", err)
+	}
+	if xdpOn() {
+		t.Fatal("the old program is still attached, on a map whose every word is frozen: every SYN would be dropped")
+	}
+	if got := tb.Buckets.Limit(); got != raised {
+		t.Fatalf("the table's limit after the failed swap: %v, want %v in force for Go", got, raised)
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/floodgate-rl/floodgate/limiter"
@@ -210,12 +211,35 @@ func (t *Table) SetLimit(l limiter.Limit, now time.Time) error {
 	t.objs, t.params, t.mem, t.counted = objs, params, mem, counts
 	t.mapped.Store(&mem)
 	if il := runningOn(t); il != nil {
-		if err := il.link.Update(objs.Synlimit); err != nil {
-			return explain("replacing the program after a limit change", err)
+		if err := updateLink(il.link, objs.Synlimit); err != nil {
+			// The conversion cannot be undone: the old program runs on a
+			// map whose every word is now frozen, and would drop every
+			// SYN. Detach it instead: SYNs reach the kernel, and the zone
+			// limits connections in Go (the caller stops taking them for
+			// ones the program charged).
+			detach(il)
+			_ = prev.Close()
+			return &ProgramNotReplacedError{Err: explain("replacing the program after a limit change", err)}
 		}
 	}
 	return prev.Close()
 }
+
+// A ProgramNotReplacedError is SetLimit's error when the limit is in force
+// on the table but the new program could not replace the old one on its
+// interface: the program is detached, so SYNs reach the kernel unchecked
+// until the table is attached again (the next config that starts).
+type ProgramNotReplacedError struct{ Err error }
+
+func (e *ProgramNotReplacedError) Error() string {
+	return e.Err.Error() + "; the program is detached: SYNs reach the kernel unlimited until the next reload"
+}
+
+func (e *ProgramNotReplacedError) Unwrap() error { return e.Err }
+
+// updateLink swaps the program on a link; a variable so that a test can
+// make the kernel refuse it.
+var updateLink = func(l link.Link, p *ebpf.Program) error { return l.Update(p) }
 
 // explain wraps a kernel error with what it most likely means.
 func explain(what string, err error) error {
