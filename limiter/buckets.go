@@ -248,7 +248,7 @@ table:
 		ln, sub, index := b.place(p, h)
 		d := Decision{Limit: p.limit.EffectiveBurst()}
 		capT := uint32(p.capT)
-		cost := uint32(p.per) // weight·per ≤ capT ≤ 2²⁹ for a weight that can be granted
+		cost := uint32(p.per) // weight·per ≤ capT < 2³⁰ for a weight that can be granted (capT + debt ≤ 2³⁰)
 		commit := r != nil
 		if weight > d.Limit {
 			d.RetryAfter = Never

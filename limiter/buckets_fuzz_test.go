@@ -17,6 +17,11 @@ var fuzzLimits = []Limit{
 	{Events: MaxRate, Window: time.Second, Burst: 1000},
 	{Events: 1, Window: 24 * time.Hour, Burst: 1},
 	{Events: 10_000, Window: time.Second, Burst: MaxBurst},
+	{Events: 1, Window: time.Hour, Burst: 3, Debt: 40},
+	{Events: 5, Window: 10 * time.Second, Burst: 5, Debt: 1},
+	{Events: 100, Window: time.Minute, Burst: 20, Debt: 500},
+	{Events: 1000, Window: time.Second, Burst: 1000, Debt: MaxBurst},
+	{Events: 1, Window: 24 * time.Hour, Burst: 1, Debt: 3600},
 }
 
 // An event is what the exact reference replays: a charge the table made
@@ -70,7 +75,7 @@ func (x *exactBucket) at(ns int64) *big.Rat {
 		case !e.refunded:
 			tokens.Sub(tokens, e.applied)
 		}
-		if floor := big.NewRat(-l.EffectiveBurst(), 1); tokens.Cmp(floor) < 0 {
+		if floor := big.NewRat(-l.debt(), 1); tokens.Cmp(floor) < 0 {
 			tokens.Set(floor)
 		}
 	}
@@ -84,7 +89,7 @@ func (x *exactBucket) at(ns int64) *big.Rat {
 // charges on top (Reservation.outstanding).
 func (x *exactBucket) setLimit(ns int64, nl Limit) {
 	have := x.at(ns)
-	drop := have.Sub(big.NewRat(-2*nl.EffectiveBurst()+x.limitAt(ns).EffectiveBurst(), 1), have) // tokens below a burst of debt
+	drop := have.Sub(big.NewRat(-nl.EffectiveBurst()-nl.debt()+x.limitAt(ns).EffectiveBurst(), 1), have) // tokens below a burst of debt
 	for i := len(x.events) - 1; i >= 0 && drop.Sign() > 0; i-- {
 		e := &x.events[i]
 		if e.applied == nil || e.refunded {
@@ -148,7 +153,7 @@ func (y *owedBucket) at(ns int64) *big.Rat {
 // it took.
 func (y *owedBucket) charge(ns, w int64) *big.Rat {
 	have := y.at(ns)
-	room := have.Add(have, big.NewRat(y.l.EffectiveBurst(), 1))
+	room := have.Add(have, big.NewRat(y.l.debt(), 1))
 	a := big.NewRat(w, 1)
 	if a.Cmp(room) > 0 {
 		a.Set(room)
@@ -161,7 +166,7 @@ func (y *owedBucket) setLimit(ns int64, l Limit) {
 	used := new(big.Rat).Sub(big.NewRat(y.l.EffectiveBurst(), 1), y.at(ns))
 	y.l = l
 	y.tokens.Sub(big.NewRat(l.EffectiveBurst(), 1), used)
-	if floor := big.NewRat(-l.EffectiveBurst(), 1); y.tokens.Cmp(floor) < 0 {
+	if floor := big.NewRat(-l.debt(), 1); y.tokens.Cmp(floor) < 0 {
 		y.tokens.Set(floor)
 	}
 	y.changes = append(y.changes, event{ns: ns, limit: l})
@@ -188,7 +193,7 @@ func (y *owedBucket) refund(ns int64, paid, end *big.Rat, from int64, l Limit, c
 	for _, c := range y.changes[changes:] {
 		refill(c.ns)
 		l = c.limit
-		if ceil := big.NewRat(2*l.EffectiveBurst(), 1); pos.Cmp(ceil) > 0 {
+		if ceil := big.NewRat(l.EffectiveBurst()+l.debt(), 1); pos.Cmp(ceil) > 0 {
 			owed.Sub(owed, new(big.Rat).Sub(pos, ceil))
 			pos.Set(ceil)
 		}
@@ -333,7 +338,7 @@ func FuzzBucketsAgainstExactReference(f *testing.F) {
 			case 6: // a cost charged after the response
 				w := 1 + int64(a)*int64(a)
 				_, r := b.Charge(h, w, tm(time.Duration(ns)))
-				record(r, min(w, 2*l.EffectiveBurst()))
+				record(r, min(w, l.EffectiveBurst()+l.debt()))
 			case 7: // a fill (the admin API's reset) makes the key full
 				b.Fill(h)
 				have := x.at(ns)
