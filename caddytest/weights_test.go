@@ -349,8 +349,12 @@ func TestReadmeActionsExample(t *testing.T) {
 	if n := metric(t, "trial_limit", "logged"); n != 2 {
 		t.Errorf("trial_limit logged %d, want 2 (the 3rd and 4th requests)", n)
 	}
-	if n := metric(t, "smooth", "delayed"); n != 3 {
-		t.Errorf("smooth delayed %d, want 3", n)
+	// Each request is sent when the one before is answered, just as its
+	// token is spent: held for about 200ms, unless the machine took that
+	// long to send it (then its token is back and it passes at once; a
+	// loaded CI machine did). The elapsed time above holds either way.
+	if n := metric(t, "smooth", "delayed"); n < 1 || n > 3 {
+		t.Errorf("smooth delayed %d, want 1 to 3 of the 3 requests after the first", n)
 	}
 
 	// Five at once, as the text promises: one passes, four are held, each
