@@ -17,7 +17,7 @@ func TestADryRunZoneRefusesNoWeight(t *testing.T) {
 	cost, _ := weight.Parse("{http.request.header.X-Cost}")
 	h := newTestHandler(t, nil, map[string]*Zone{
 		"dry": {Limit: zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(time.Hour), Burst: 2}, Action: "log",
-			Weights: []*WeightRule{{Weight: cost}}},
+			Weights: []*weight.Rule{{Weight: cost}}},
 	})
 	for _, hdr := range []string{"X-Cost: 5", "X-Cost: abc", ""} {
 		var hs []string

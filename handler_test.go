@@ -510,11 +510,11 @@ func BenchmarkServeHTTP(b *testing.B) {
 		return zones
 	}
 	b.Run("allowed_weight_static", func(b *testing.B) {
-		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.Weights = []*WeightRule{{Weight: weight.Static(5)}} })), false)
+		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.Weights = []*weight.Rule{{Weight: weight.Static(5)}} })), false)
 	})
 	b.Run("allowed_weight_placeholder", func(b *testing.B) {
 		cost, _ := weight.Parse("{http.request.header.X-Cost}")
-		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.Weights = []*WeightRule{{Weight: cost}} })), false)
+		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.Weights = []*weight.Rule{{Weight: cost}} })), false)
 	})
 	b.Run("allowed_quota", func(b *testing.B) {
 		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) {

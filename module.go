@@ -34,8 +34,10 @@
 //
 //   - zone.go: Zone (a zone's configuration), its validation and
 //     provisioning; key.go: how a zone reads a key from a request;
-//     quota.go: quotas; weights.go: weight rules, the handler's weight and
-//     the weights a response reports (the pure core is package weight);
+//     quota.go: quotas; weights.go: a zone's weights, checked against what
+//     it can grant, their Caddyfile forms and the charging of what a
+//     response reports (the rules, their matchers and the response writer
+//     are package weight);
 //     action.go: what a zone does with a request it would deny (deny, log,
 //     delay), as methods the decision path asks;
 //   - handler.go: the HTTP handler's configuration and lifecycle;

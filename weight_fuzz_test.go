@@ -39,7 +39,7 @@ func FuzzRequestAndResponseWeights(f *testing.F) {
 		name := "fuzz_cost_" + strconv.FormatInt(n.Add(1), 10)
 		h := newTestHandler(t, clock, map[string]*Zone{name: {
 			Limit:                zoneconf.Limit{MaxEvents: burst, Window: caddy.Duration(time.Hour), Burst: burst, Memory: 4096},
-			Weights:              []*WeightRule{{Weight: cost}},
+			Weights:              []*weight.Rule{{Weight: cost}},
 			WeightResponseHeader: "X-Resp",
 		}})
 		r := weightedRequest("/")

@@ -73,8 +73,8 @@ func TestBadValuesInJSONFailAtValidation(t *testing.T) {
 		edit func(*Zone)
 		want string
 	}{
-		{"weight 6 with events 5", func(z *Zone) { z.Weights = []*WeightRule{{Weight: weight.Static(6)}} }, `zone "z": weight 6: above 5`},
-		{"a rule without a weight", func(z *Zone) { z.Weights = []*WeightRule{{}} }, `zone "z": weights[0]: a weight is required`},
+		{"weight 6 with events 5", func(z *Zone) { z.Weights = []*weight.Rule{{Weight: weight.Static(6)}} }, `zone "z": weight 6: above 5`},
+		{"a rule without a weight", func(z *Zone) { z.Weights = []*weight.Rule{{}} }, `zone "z": weights[0]: a weight is required`},
 		{"quota 0", func(z *Zone) { z.Quotas = []Quota{{MaxEvents: 0, Window: caddy.Duration(time.Hour)}} }, `zone "z": quota 0 1h0m0s: the count must be between 1 and`},
 		{"quota without a window", func(z *Zone) { z.Quotas = []Quota{{MaxEvents: 10}} }, `zone "z": quota 10 0s: the window must be at least 1ms`},
 		{"action explode", func(z *Zone) { z.Action = "explode" }, `zone "z": action "explode": must be deny, log or delay`},
@@ -135,7 +135,7 @@ func weightedRequest(path string, headers ...string) *http.Request {
 func TestPlaceholderWeightsNeverPassForFree(t *testing.T) {
 	cost, _ := weight.Parse("{http.request.header.X-Cost}")
 	h := newTestHandler(t, nil, map[string]*Zone{
-		"placeholder_weight": {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Hour), Burst: 10}, Weights: []*WeightRule{{Weight: cost}}},
+		"placeholder_weight": {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Hour), Burst: 10}, Weights: []*weight.Rule{{Weight: cost}}},
 	})
 	for _, bad := range []string{"", "0", "-1", "2.5", "abc", "11", "99999999999999999999"} {
 		if _, err := serve(h, weightedRequest("/", "X-Cost: "+bad)); status(err) != http.StatusBadRequest {
@@ -154,7 +154,7 @@ func TestPlaceholderWeightsNeverPassForFree(t *testing.T) {
 func TestZoneRuleWinsOverHandlerWeight(t *testing.T) {
 	zones := func(prefix string) map[string]*Zone {
 		return map[string]*Zone{
-			prefix + "_rule":    {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour), Burst: 20}, Weights: []*WeightRule{{Weight: weight.Static(5)}}},
+			prefix + "_rule":    {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour), Burst: 20}, Weights: []*weight.Rule{{Weight: weight.Static(5)}}},
 			prefix + "_no_rule": {Limit: zoneconf.Limit{MaxEvents: 20, Window: caddy.Duration(time.Hour), Burst: 20}},
 		}
 	}

@@ -42,7 +42,7 @@ func TestWindowZoneDelayHoldsForTheNextWindow(t *testing.T) {
 func TestWindowZoneWeightsAndLog(t *testing.T) {
 	cost, _ := weight.Parse("{http.request.header.X-Cost}")
 	h := newTestHandler(t, nil, map[string]*Zone{
-		"window_weight": {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Hour)}, Weights: []*WeightRule{{Weight: cost}}},
+		"window_weight": {Limit: zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Hour)}, Weights: []*weight.Rule{{Weight: cost}}},
 	})
 	w, err := serve(h, weightedRequest("/", "X-Cost: 4"))
 	if err != nil || w.Header().Get("RateLimit") != `"window_weight";r=6;t=3600` || w.Header().Get("RateLimit-Policy") != `"window_weight";q=10;w=3600` {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/storage"
+	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -59,8 +60,8 @@ type Zone struct {
 	// Weights set what a request costs in this zone, in tokens. The rules
 	// are tried in order; the first whose matchers match (a rule without
 	// matchers always does) gives the weight. Default: the handler's
-	// weight, else 1. See WeightRule.
-	Weights []*WeightRule `json:"weights,omitempty"`
+	// weight, else 1. See weight.Rule.
+	Weights []*weight.Rule `json:"weights,omitempty"`
 
 	// WeightResponseHeader names a response header whose value (a whole
 	// number) the request costs, charged when the response is written on
@@ -186,11 +187,9 @@ type zone struct {
 	keyNames      []string
 	keyNameValues []any
 
-	// weights are the zone's weight rules; pricesAll is set if one of
-	// them matches every request. grantable is the largest weight the zone
-	// can ever grant.
-	weights   []weightRule
-	pricesAll bool
+	// weights are the zone's weight rules; grantable is the largest
+	// weight the zone can ever grant.
+	weights   weight.Rules
 	grantable int64
 	// afterHeader or afterBytes: the weight reported by the response.
 	afterHeader string

@@ -8,12 +8,18 @@
 // a request through for free: a value that is not a whole number of at least
 // 1, an empty one, or one beyond what the zone can ever grant. Count reads
 // the weight a response reports in a header, and refuses the same values
-// but the too large, which the caller charges as a debt. The package is
-// pure: expanding
-// placeholders is the caller's, through a function. What needs Caddy or a
-// zone's tables is the root package's weights.go: the rules that pick a
-// weight by request matchers (caddyhttp) and the charging of what a
-// response reports.
+// but the too large, which the caller charges as a debt.
+//
+// Rule is a weight rule as a config writes it (a Value and caddyhttp request
+// matchers); Validate checks a zone's rules and Provision loads them into
+// Rules, whose Of is what a request costs. ResponseWriter watches a response
+// for the weights it declares (a header field, the body's bytes) and reports
+// each to a Reporter as soon as it is known.
+//
+// The package knows Caddy's HTTP types but no zone: the most a zone can
+// grant is passed in, and the tables a weight is charged to stay in the root
+// package (weights.go), which settles what a ResponseWriter reports. So the
+// dependencies point one way: the root imports weight, never the reverse.
 package weight
 
 import (
