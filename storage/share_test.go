@@ -12,10 +12,9 @@ import (
 // published and read each other once: each knows n − 1 live peers.
 func newSplitNodes(t *testing.T, n int, now time.Time) []*node {
 	st, _ := fileStorage(t)
-	nodes := make([]*node, n)
-	for i := range nodes {
-		nodes[i] = newNode(t, st, string(rune('a'+i)))
-		nodes[i].c.SplitBursts(true, testIntervals.Read)
+	nodes := newNodes(t, st, n)
+	for _, n := range nodes {
+		n.c.SplitBursts(true, testIntervals.Read)
 	}
 	syncAll(now, nodes...)
 	return nodes
