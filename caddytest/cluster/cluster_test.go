@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -435,19 +434,8 @@ func (n *node) rateLimit(args ...string) string {
 // answer.
 func (n *node) adminDelete(zone, key string) floodgate.KeyInfo {
 	n.t.Helper()
-	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s/keys/%s", n.admin, zone, key), nil)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var k floodgate.KeyInfo
-	if err := json.NewDecoder(resp.Body).Decode(&k); err != nil || resp.StatusCode != http.StatusOK {
-		n.t.Fatalf("DELETE %s/%s: %d %v", zone, key, resp.StatusCode, err)
-	}
+	testcaddy.JSON(n.t, http.DefaultClient, testcaddy.Request(n.t, http.MethodDelete, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s/keys/%s", n.admin, zone, key)), &k)
 	return k
 }
 

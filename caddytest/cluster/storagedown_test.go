@@ -20,19 +20,8 @@ func zoneBodyWithStorage(storage string) string {
 // reload although it has not changed.
 func (n *node) reload() {
 	n.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://localhost:%d/load", n.admin), strings.NewReader(n.cfg))
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "text/caddyfile")
-	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		n.t.Fatalf("node %d: reload: %d", n.i, resp.StatusCode)
+	if err := testcaddy.Load(n.t, n.admin, n.cfg, "caddyfile", n.http); err != nil {
+		n.t.Fatalf("node %d: reload: %v", n.i, err)
 	}
 }
 
