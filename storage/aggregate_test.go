@@ -200,25 +200,16 @@ func TestSimultaneousBurstIsSplitThroughTheAggregate(t *testing.T) {
 	for _, aggregatorLast := range []bool{false, true} {
 		t.Run(fmt.Sprintf("aggregatorLast=%v", aggregatorLast), func(t *testing.T) {
 			st := newMemStorage()
-			nodes := newNodes(t, st, 5)
-			for _, n := range nodes {
-				n.c.SplitBursts(true, testIntervals.Read)
-			}
 			now := t0.Add(time.Second)
-			syncAll(now, nodes...)
+			nodes := newSplitNodes(t, st, 5, now)
 			if aggregatorLast {
 				nodes = append(nodes[1:], nodes[0])
 			}
 			granted := 0
-			for round := 0; round <= 6; round++ {
-				at := now.Add(time.Duration(round) * testIntervals.Read)
-				if round > 0 {
-					syncAll(at, nodes...)
-				}
-				for _, n := range nodes {
-					granted += n.take("burst", 10, at)
-				}
+			for _, n := range nodes {
+				granted += n.take("burst", 10, now)
 			}
+			granted += burstAtEverySync(nodes, now, 6)
 			t.Logf("a key hit on 5 instances at once, then at every sync: %d granted of a limit of 10", granted)
 			if granted > 10*11/10+1 {
 				t.Fatalf("granted %d of a limit of 10 to a key hit on 5 instances at once", granted)
