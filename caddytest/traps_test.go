@@ -171,11 +171,7 @@ func TestJSONKeyShorthandIsPerClient(t *testing.T) {
 // twice, and reads Caddy's log: each warning is there once, naming its zone.
 func TestWarningsLoggedOnceAtLoad(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	cfg := globals(fmt.Sprintf(`log {
-		output file %s
-		format json
-		level INFO
-	}`, logFile)) + `
+	cfg := globals(testcaddy.JSONLog("", logFile, "level INFO")) + `
 (constant) {
 	rate_limit {
 		zone warn_constant {
@@ -384,11 +380,7 @@ func TestDryRunChangesNothingClientsSee(t *testing.T) {
 // warnings need the whole config (the placeholders its map handlers set).
 func TestValidateShowsTheZoneWarnings(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	caddyfile := globals(fmt.Sprintf(`log {
-		output file %s
-		format json
-		level INFO
-	}`, logFile)) + `
+	caddyfile := globals(testcaddy.JSONLog("", logFile, "level INFO")) + `
 http://localhost:HTTP_PORT {
 	map {header.X-API-Key} {org} {
 		default anonymous

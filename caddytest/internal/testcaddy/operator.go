@@ -34,6 +34,13 @@ func RateLimit(t testing.TB, adminPort int, args ...string) (string, error) {
 	return out.String(), err
 }
 
+// JSONLog returns a global log option that writes the log name (the
+// default log if name is "") to file as JSON, with one more setting such as
+// "level INFO" or "include http.handlers.rate_limit"; LogEntries reads it.
+func JSONLog(name, file, setting string) string {
+	return fmt.Sprintf("log %s {\n\toutput file %s\n\tformat json\n\t%s\n}", name, file, setting)
+}
+
 // LogEntries reads a JSON log file that Caddy wrote and returns the entries
 // whose message starts with msg, each as its fields' values joined with
 // spaces in the order fields names them (e.g. "level", "zone").
