@@ -64,8 +64,7 @@ http://b.localhost:HTTP_PORT {
 	if got := resp.Header.Get("RateLimit-Policy"); got != `"snippet_shared";q=3;w=3600` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
-	admin := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	_, body, _ := do(t, admin, mustRequest(t, adminURL+"/metrics"))
+	body := testcaddy.Metrics(t, adminPort)
 	for _, want := range []string{
 		`caddy_rate_limit_requests_total{outcome="allowed",zone="snippet_shared"} 5`,
 		`caddy_rate_limit_requests_total{outcome="denied",zone="snippet_shared"} 1`,

@@ -276,17 +276,7 @@ func (n *node) get(key string) (int, time.Duration) {
 // admin /metrics.
 func (n *node) metric(name string) float64 {
 	n.t.Helper()
-	_, body, _ := testcaddy.Do(n.t, http.DefaultClient, testcaddy.Request(n.t, http.MethodGet, fmt.Sprintf("http://localhost:%d/metrics", n.admin)))
-	var sum float64
-	for line := range strings.Lines(body) {
-		line = strings.TrimSuffix(line, "\n")
-		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			var v float64
-			fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v)
-			sum += v
-		}
-	}
-	return sum
+	return testcaddy.MetricSum(testcaddy.Metrics(n.t, n.admin), name)
 }
 
 // spread sends total requests for key, one every gap, to the nodes in
