@@ -496,8 +496,7 @@ func TestMetricsCountByZoneAndOutcome(t *testing.T) {
 	if got := codes(t, tc, 3, "/"); got != "200 200 429" {
 		t.Fatalf("requests: %s", got)
 	}
-	req, _ := http.NewRequest(http.MethodGet, adminURL+"/metrics", nil)
-	_, body, _ := do(t, tc.Client, req)
+	body := testcaddy.Metrics(t, adminPort)
 	for _, want := range []string{
 		"\n" + `caddy_rate_limit_requests_total{outcome="allowed",zone="metrics_zone"} 2` + "\n",
 		"\n" + `caddy_rate_limit_requests_total{outcome="denied",zone="metrics_zone"} 1` + "\n",

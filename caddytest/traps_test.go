@@ -16,32 +16,11 @@ import (
 )
 
 // fetch sends a GET to url (its port named as withPorts reads it) through c
-// and returns "body:status", or "closed" if the connection was closed
-// without a response.
-func fetch(c *http.Client, url string, headers ...string) string {
-	req, err := http.NewRequest(http.MethodGet, withPorts(url), nil)
-	if err != nil {
-		return err.Error()
-	}
-	for _, h := range headers {
-		name, value, _ := strings.Cut(h, ": ")
-		req.Header.Set(name, value)
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return "closed"
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	buf := make([]byte, 512)
-	for {
-		n, err := resp.Body.Read(buf)
-		b.Write(buf[:n])
-		if err != nil {
-			break
-		}
-	}
-	return fmt.Sprintf("%s:%d", b.String(), resp.StatusCode)
+// and returns "body:status"; it fails the test if there is no answer.
+func fetch(t *testing.T, c *http.Client, url string) string {
+	t.Helper()
+	code, body, _ := do(t, c, mustRequest(t, url))
+	return fmt.Sprintf("%s:%d", body, code)
 }
 
 // TestSnippetZoneSharedAcrossSites imports one rate_limit snippet into two
@@ -72,26 +51,20 @@ http://b.localhost:HTTP_PORT {
 	c := clientFrom("127.0.0.1")
 	var got []string
 	for _, u := range []string{"http://a.localhost:HTTP_PORT/", "http://b.localhost:HTTP_PORT/", "http://a.localhost:HTTP_PORT/", "http://b.localhost:HTTP_PORT/"} {
-		got = append(got, fetch(c, u))
+		got = append(got, fetch(t, c, u))
 	}
 	if want := "a:200 b:200 a:200 :429"; strings.Join(got, " ") != want {
 		t.Errorf("one client across the two sites: %s, want %s", strings.Join(got, " "), want)
 	}
 	// Another client has its own bucket.
-	if got := fetch(clientFrom("127.0.0.2"), "http://b.localhost:HTTP_PORT/"); got != "b:200" {
+	if got := fetch(t, clientFrom("127.0.0.2"), "http://b.localhost:HTTP_PORT/"); got != "b:200" {
 		t.Errorf("another client: %s", got)
 	}
-	req := mustRequest(t, "http://b.localhost:HTTP_PORT/")
-	resp, err := clientFrom("127.0.0.3").Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	_, _, resp := do(t, clientFrom("127.0.0.3"), mustRequest(t, "http://b.localhost:HTTP_PORT/"))
 	if got := resp.Header.Get("RateLimit-Policy"); got != `"snippet_shared";q=3;w=3600` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
-	admin := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	_, body, _ := do(t, admin, mustRequest(t, adminURL+"/metrics"))
+	body := testcaddy.Metrics(t, adminPort)
 	for _, want := range []string{
 		`caddy_rate_limit_requests_total{outcome="allowed",zone="snippet_shared"} 5`,
 		`caddy_rate_limit_requests_total{outcome="denied",zone="snippet_shared"} 1`,
@@ -105,11 +78,7 @@ http://b.localhost:HTTP_PORT {
 // mustRequest is a GET of url, its port named as withPorts reads it.
 func mustRequest(t *testing.T, url string) *http.Request {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, withPorts(url), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return req
+	return testcaddy.Request(t, http.MethodGet, withPorts(url))
 }
 
 // TestConflictingSnippetZonesNameBothPlaces imports a snippet with an
@@ -188,10 +157,10 @@ func TestJSONKeyShorthandIsPerClient(t *testing.T) {
 	    "routes": [{"handle": [
 	      {"handler": "rate_limit", "rate_limits": {"json_shorthand": {"key": "u-{client_ip}", "max_events": 1, "window": "1h"}}},
 	      {"handler": "static_response", "body": "ok"}]}]}}}}}`, "json")
-	if got := fetch(clientFrom("127.0.0.1"), baseURL) + " " + fetch(clientFrom("127.0.0.1"), baseURL); got != "ok:200 :429" {
+	if got := fetch(t, clientFrom("127.0.0.1"), baseURL) + " " + fetch(t, clientFrom("127.0.0.1"), baseURL); got != "ok:200 :429" {
 		t.Errorf("first client: %s", got)
 	}
-	if got := fetch(clientFrom("127.0.0.2"), baseURL); got != "ok:200" {
+	if got := fetch(t, clientFrom("127.0.0.2"), baseURL); got != "ok:200" {
 		t.Errorf("second client: %s (every client shares one bucket)", got)
 	}
 }
@@ -201,11 +170,7 @@ func TestJSONKeyShorthandIsPerClient(t *testing.T) {
 // twice, and reads Caddy's log: each warning is there once, naming its zone.
 func TestWarningsLoggedOnceAtLoad(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	cfg := globals(fmt.Sprintf(`log {
-		output file %s
-		format json
-		level INFO
-	}`, logFile)) + `
+	cfg := globals(testcaddy.JSONLog("", logFile, "level INFO")) + `
 (constant) {
 	rate_limit {
 		zone warn_constant {
@@ -358,12 +323,7 @@ func TestHeaderPlaceholdersNeedTheDeferredForm(t *testing.T) {
 		}
 	}
 	respond "ok"`), "caddyfile")
-	req := mustRequest(t, baseURL)
-	resp, err := clientFrom("127.0.0.1").Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	_, _, resp := do(t, clientFrom("127.0.0.1"), mustRequest(t, baseURL))
 	if got := resp.Header.Get("X-RateLimit-Zone"); got != "header_deferred" {
 		t.Errorf("deferred header: %q", got)
 	}
@@ -419,11 +379,7 @@ func TestDryRunChangesNothingClientsSee(t *testing.T) {
 // warnings need the whole config (the placeholders its map handlers set).
 func TestValidateShowsTheZoneWarnings(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	caddyfile := globals(fmt.Sprintf(`log {
-		output file %s
-		format json
-		level INFO
-	}`, logFile)) + `
+	caddyfile := globals(testcaddy.JSONLog("", logFile, "level INFO")) + `
 http://localhost:HTTP_PORT {
 	map {header.X-API-Key} {org} {
 		default anonymous

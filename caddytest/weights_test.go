@@ -309,18 +309,7 @@ func TestFallbackKeySaysWhichKeyWasUsed(t *testing.T) {
 // metric returns the value of a caddy_rate_limit_requests_total series.
 func metric(t *testing.T, zone, outcome string) int {
 	t.Helper()
-	code, body, _ := do(t, http.DefaultClient, mustRequest(t, adminURL+"/metrics"))
-	if code != 200 {
-		t.Fatalf("/metrics: %d", code)
-	}
-	prefix := fmt.Sprintf(`caddy_rate_limit_requests_total{outcome=%q,zone=%q} `, outcome, zone)
-	for line := range strings.SplitSeq(body, "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
-			n, _ := strconv.Atoi(v)
-			return n
-		}
-	}
-	return 0
+	return int(testcaddy.MetricSum(testcaddy.Metrics(t, adminPort), fmt.Sprintf(`caddy_rate_limit_requests_total{outcome=%q,zone=%q}`, outcome, zone)))
 }
 
 func TestReadmeActionsExample(t *testing.T) {

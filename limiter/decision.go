@@ -58,15 +58,3 @@ type Reservation struct {
 // Charged reports whether the reservation holds a charge that Refund would
 // return.
 func (r Reservation) Charged() bool { return r.units > 0 }
-
-// ceilDuration converts nanoseconds held in a float64 to a Duration, rounding
-// up and saturating at Never.
-func ceilDuration(ns float64) time.Duration {
-	if ns <= 0 {
-		return 0
-	}
-	if ns >= float64(Never) {
-		return Never
-	}
-	return time.Duration(math.Ceil(ns))
-}

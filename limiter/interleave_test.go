@@ -1,12 +1,12 @@
 package limiter
 
 import (
-	"fmt"
 	"math/big"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/floodgate-rl/floodgate/internal/schedtest"
 )
 
 // A stepper runs goroutines one atomic step at a time. Each goroutine runs
@@ -117,41 +117,17 @@ func everySchedule(t *testing.T, setup func() (watch func(int, unsafe.Pointer) b
 		path, runnable, stuck := runSchedule(watch, fs, prefix)
 		n++
 		if stuck {
-			t.Fatalf("schedule %s: every goroutine left waits for a SetLimit that never comes", scheduleString(path))
+			t.Fatalf("schedule %s: every goroutine left waits for a SetLimit that never comes", schedtest.String(path))
 		}
-		check(scheduleString(path))
+		check(schedtest.String(path))
 		if t.Failed() {
 			return n
 		}
-		// Next schedule: the last step that had a later choice takes it.
-		i := len(path) - 1
-		for ; i >= 0; i-- {
-			if next := nextAfter(runnable[i], path[i]); next >= 0 {
-				prefix = append(append(prefix[:0], path[:i]...), next)
-				break
-			}
-		}
-		if i < 0 {
+		var more bool
+		if prefix, more = schedtest.Next(path, runnable); !more {
 			return n
 		}
 	}
-}
-
-func nextAfter(ids []int, g int) int {
-	for _, id := range ids {
-		if id > g {
-			return id
-		}
-	}
-	return -1
-}
-
-func scheduleString(path []int) string {
-	var sb strings.Builder
-	for _, g := range path {
-		fmt.Fprintf(&sb, "%c", 'X'+g)
-	}
-	return sb.String()
 }
 
 // A race is two or three requests of one key run through every

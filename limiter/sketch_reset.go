@@ -179,8 +179,13 @@ func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int
 	return epoch, nil
 }
 
-// MergeBinaryForgetting is MergeBinary less the snapshot's counts of the
-// keys in forget, as AddBinaryForgetting leaves them out.
+// MergeBinaryForgetting adds a snapshot in binary form (untrusted input)
+// into the sketch's own counters, its windows aligned to now as in a
+// SketchSum, less the snapshot's counts of the keys in forget, as
+// AddBinaryForgetting leaves them out: for an instance restoring what it
+// published before a restart. It is an error, and adds nothing, if the
+// snapshot is not well formed or not of the sketch's shape and window.
+// Merging the same snapshot twice counts it twice.
 func (s *Sketch) MergeBinaryForgetting(data []byte, now time.Time, forget []Forget) error {
 	sum := s.NewSketchSum(now)
 	if _, err := sum.AddBinaryForgetting(data, forget); err != nil {

@@ -157,7 +157,7 @@ func TestAddBinaryForgettingIsAddingTheResetSnapshot(t *testing.T) {
 		}
 		forget = append(forget, forget[0]) // a key twice: the second finds nothing
 		reset := newSumTestSketch(t, 1<<20, window, 4, 128)
-		if err := reset.MergeBinary(snap, taken); err != nil {
+		if err := reset.mergeBinary(snap, taken); err != nil {
 			t.Fatal(err)
 		}
 		for _, f := range forget {

@@ -174,10 +174,15 @@ func DecodeSketchSnapshot(data []byte, maxCells int) (*SketchSnapshot, error) {
 	return o, nil
 }
 
-// MergeBinary, which instances use to restore what they published, adds
-// what the reference Merge adds: the same counts into the same windows,
-// whether the snapshot is of the merging sketch's window, one or two
-// windows old, or one window ahead (a peer whose clock leads).
+// mergeBinary is MergeBinaryForgetting with nothing to forget.
+func (s *Sketch) mergeBinary(data []byte, now time.Time) error {
+	return s.MergeBinaryForgetting(data, now, nil)
+}
+
+// MergeBinaryForgetting, which instances use to restore what they
+// published, adds what the reference Merge adds: the same counts into the
+// same windows, whether the snapshot is of the merging sketch's window, one
+// or two windows old, or one window ahead (a peer whose clock leads).
 func TestMergeBinaryMatchesTheReferenceMerge(t *testing.T) {
 	const window = 10 * time.Second
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -211,7 +216,7 @@ func TestMergeBinaryMatchesTheReferenceMerge(t *testing.T) {
 			if err := reference.Merge(snap, at); err != nil {
 				t.Fatal(err)
 			}
-			if err := restored.MergeBinary(enc, at); err != nil {
+			if err := restored.mergeBinary(enc, at); err != nil {
 				t.Fatal(err)
 			}
 			assertSameSketch(t, restored, reference, at)

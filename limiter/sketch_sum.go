@@ -178,16 +178,6 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 	return dst, e
 }
 
-// MergeBinary adds a snapshot in binary form (untrusted input) into the
-// sketch's own counters, its windows aligned to now as in a SketchSum: for
-// an instance restoring what it published before a restart. It is an
-// error, and adds nothing, if the snapshot is not well formed or not of
-// the sketch's shape and window. Merging the same snapshot twice counts it
-// twice.
-func (s *Sketch) MergeBinary(data []byte, now time.Time) error {
-	return s.MergeBinaryForgetting(data, now, nil)
-}
-
 // A cluster may publish the sum of its instances' snapshots as one
 // aggregate, for each instance to read instead of every snapshot: the sum
 // in the binary form of a snapshot (AppendBinary), of the sum's own

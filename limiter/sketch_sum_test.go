@@ -66,7 +66,7 @@ func TestSketchSumDecidesAsOneSketch(t *testing.T) {
 			// are all that is left of them.
 			all = newSumTestSketch(t, 1<<20, window, 4, 512)
 			for _, s := range append([]*Sketch{own}, peers...) {
-				if err := all.MergeBinary(must(s.AppendSnapshot(nil, t1)), t1); err != nil {
+				if err := all.mergeBinary(must(s.AppendSnapshot(nil, t1)), t1); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -9,17 +9,6 @@ import (
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
-// newFleetNodes returns n nodes ("a", "b", ...) of zone z/1 (events 10
-// per minute) over st, each a process of its own.
-func newFleetNodes(t *testing.T, st *memStorage, n int) []*node {
-	t.Helper()
-	nodes := make([]*node, n)
-	for i := range nodes {
-		nodes[i] = newNode(t, st, string(rune('a'+i)))
-	}
-	return nodes
-}
-
 // aggregator returns the nodes that hold the aggregator lock.
 func aggregators(nodes []*node) []string {
 	var names []string
@@ -68,7 +57,7 @@ func fullView(t *testing.T, st *memStorage, n *node, now time.Time) []byte {
 // puts over its limit.
 func TestAggregateGivesEachInstanceThePeersSum(t *testing.T) {
 	st := newMemStorage()
-	nodes := newFleetNodes(t, st, 5)
+	nodes := newNodes(t, st, 5)
 	now := t0.Add(time.Second)
 	for i, n := range nodes {
 		n.take("k", i+1, now) // 15 in all, of a limit of 10
@@ -107,7 +96,7 @@ func TestAggregateGivesEachInstanceThePeersSum(t *testing.T) {
 // everywhere after the next sync, the block with it.
 func TestAggregateCarriesBlocksAndResets(t *testing.T) {
 	st := newMemStorage()
-	nodes := newFleetNodes(t, st, 5)
+	nodes := newNodes(t, st, 5)
 	now := t0.Add(time.Second)
 	syncAll(now, nodes...)
 	b, e := nodes[1], nodes[4]
@@ -141,7 +130,7 @@ func TestAggregateCarriesBlocksAndResets(t *testing.T) {
 // over, and the others read its aggregate.
 func TestAggregatorDeathIsAbsorbed(t *testing.T) {
 	st := newMemStorage()
-	nodes := newFleetNodes(t, st, 6)
+	nodes := newNodes(t, st, 6)
 	a, rest := nodes[0], nodes[1:]
 	now := t0.Add(time.Second)
 	syncAll(now, nodes...)
@@ -211,25 +200,16 @@ func TestSimultaneousBurstIsSplitThroughTheAggregate(t *testing.T) {
 	for _, aggregatorLast := range []bool{false, true} {
 		t.Run(fmt.Sprintf("aggregatorLast=%v", aggregatorLast), func(t *testing.T) {
 			st := newMemStorage()
-			nodes := newFleetNodes(t, st, 5)
-			for _, n := range nodes {
-				n.c.SplitBursts(true, testIntervals.Read)
-			}
 			now := t0.Add(time.Second)
-			syncAll(now, nodes...)
+			nodes := newSplitNodes(t, st, 5, now)
 			if aggregatorLast {
 				nodes = append(nodes[1:], nodes[0])
 			}
 			granted := 0
-			for round := 0; round <= 6; round++ {
-				at := now.Add(time.Duration(round) * testIntervals.Read)
-				if round > 0 {
-					syncAll(at, nodes...)
-				}
-				for _, n := range nodes {
-					granted += n.take("burst", 10, at)
-				}
+			for _, n := range nodes {
+				granted += n.take("burst", 10, now)
 			}
+			granted += burstAtEverySync(nodes, now, 6)
 			t.Logf("a key hit on 5 instances at once, then at every sync: %d granted of a limit of 10", granted)
 			if granted > 10*11/10+1 {
 				t.Fatalf("granted %d of a limit of 10 to a key hit on 5 instances at once", granted)
@@ -244,7 +224,7 @@ func TestSimultaneousBurstIsSplitThroughTheAggregate(t *testing.T) {
 func TestBurstAfterQuietSyncsIsSplitThroughTheAggregate(t *testing.T) {
 	for quiet := 0; quiet <= 8; quiet++ {
 		st := newMemStorage()
-		nodes := newFleetNodes(t, st, 5)
+		nodes := newNodes(t, st, 5)
 		for _, n := range nodes {
 			n.c.SplitBursts(true, testIntervals.Read)
 			n.take(fmt.Sprint("own", n.s.instance), 1, t0)
@@ -346,7 +326,7 @@ func TestHostileAggregateImposesNoMoreThanAPeer(t *testing.T) {
 // aggregate summed, and so reads the aggregate alone.
 func TestAggregateWithWritesMoreFrequentThanReads(t *testing.T) {
 	st := newMemStorage()
-	nodes := newFleetNodes(t, st, 5)
+	nodes := newNodes(t, st, 5)
 	iv := Intervals{Read: 5 * time.Second, Write: time.Second, PurgeAge: time.Minute}
 	for _, n := range nodes {
 		n.s.iv = iv
@@ -372,7 +352,7 @@ func TestAggregateWithWritesMoreFrequentThanReads(t *testing.T) {
 // next instance to read takes over at once.
 func TestAggregateGoesWithTheFleetOrTheAggregator(t *testing.T) {
 	st := newMemStorage()
-	nodes := newFleetNodes(t, st, 5)
+	nodes := newNodes(t, st, 5)
 	now := t0.Add(time.Second)
 	syncAll(now, nodes...)
 	a := nodes[0]

@@ -1,12 +1,10 @@
 package storage
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"sync"
@@ -19,6 +17,7 @@ import (
 	redisstorage "github.com/pberkel/caddy-storage-redis"
 	"go.uber.org/zap"
 
+	"github.com/floodgate-rl/floodgate/internal/redistest"
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
@@ -392,36 +391,17 @@ func (c *countingStorage) totals() (loaded, stored int64) {
 // returns a caddy-storage-redis storage of it, or nil and why if there is
 // no redis-server.
 func redisForBench(b *testing.B) (certmagic.Storage, string) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, "no redis-server on PATH: the fleet over Redis is not measured (apt-get install redis-server)"
-	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	dir := b.TempDir()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-		"--save", "", "--appendonly", "no")
-	var out bytes.Buffer // its log, shown if it fails to start (not in the benchmark's output)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
+	r, err := redistest.New(b, port)
+	if err != nil {
+		return nil, fmt.Sprintf("%v: the fleet over Redis is not measured", err)
 	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for i := 0; ; i++ {
-		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err == nil {
-			c.Close()
-			break
-		}
-		if i == 100 {
-			b.Fatalf("redis-server did not listen on port %d: %v\n%s", port, err, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	r.Start()
 	rs := redisstorage.New()
 	rs.Port = []string{strconv.Itoa(port)}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})

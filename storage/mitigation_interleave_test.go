@@ -2,9 +2,10 @@ package storage
 
 import (
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/floodgate-rl/floodgate/internal/schedtest"
 )
 
 // The mitigation cache's changes (add, addPeer, remove, dropStalePeers)
@@ -78,34 +79,15 @@ func everySlotSchedule(t *testing.T, setup func() (m *mitigation, h uint64, fs [
 		m, h, fs, check := setup()
 		a, b := m.pair(h)
 		path, live := runSlotSchedule(func(s *atomic.Pointer[mitEntry]) bool { return s == a || s == b }, fs, prefix)
-		var sb strings.Builder
-		for _, g := range path {
-			sb.WriteByte(byte('X' + g))
-		}
-		check(sb.String())
+		check(schedtest.String(path))
 		if t.Failed() || n == 10_000 {
 			return n
 		}
-		i := len(path) - 1
-		for ; i >= 0; i-- {
-			if next := laterID(live[i], path[i]); next >= 0 {
-				prefix = append(append(prefix[:0], path[:i]...), next)
-				break
-			}
-		}
-		if i < 0 {
+		var more bool
+		if prefix, more = schedtest.Next(path, live); !more {
 			return n
 		}
 	}
-}
-
-func laterID(ids []int, g int) int {
-	for _, id := range ids {
-		if id > g {
-			return id
-		}
-	}
-	return -1
 }
 
 // entryOf returns the key's entry in the cache, if any.

@@ -48,8 +48,7 @@ func listed(t *testing.T, dir, instance string) []reset {
 // once, and on another after one write of the first and one read of its
 // own; it then has its whole limit again, cluster-wide, and no more.
 func TestResetPassesHereAtOnceAndThereAfterASync(t *testing.T) {
-	st, dir := fileStorage(t)
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	a, b, _, dir := newPair(t)
 	now := t0.Add(time.Second)
 	if a.take("k", 5, now)+b.take("k", 5, now) != 10 {
 		t.Fatal("the first 10 were not granted")
@@ -97,8 +96,8 @@ func TestResetPassesHereAtOnceAndThereAfterASync(t *testing.T) {
 // or its block back: not on the instance that reset the key, not on one
 // that learned of it, and not on itself once it reads.
 func TestResetIgnoresSnapshotsThatPredateIt(t *testing.T) {
-	st, _ := fileStorage(t)
-	a, b, c := newNode(t, st, "a"), newNode(t, st, "b"), newNode(t, st, "c")
+	a, b, st, _ := newPair(t)
+	c := newNode(t, st, "c")
 	now := t0.Add(time.Second)
 	if c.take("k", 11, now) != 10 { // 10, then a denial: c blocks k
 		t.Fatal("c did not exhaust k")
@@ -147,8 +146,8 @@ func TestResetIgnoresSnapshotsThatPredateIt(t *testing.T) {
 // applied once: reading it again, from any number of snapshots, never
 // forgets what was taken after it.
 func TestResetIsGossipedAndAppliedOnce(t *testing.T) {
-	st, dir := fileStorage(t)
-	a, b, c := newNode(t, st, "a"), newNode(t, st, "b"), newNode(t, st, "c")
+	a, b, st, dir := newPair(t)
+	c := newNode(t, st, "c")
 	calls := map[string][]uint64{}
 	for name, n := range map[string]*node{"a": a, "b": b, "c": c} {
 		n.c.OnReset(func(h uint64) { calls[name] = append(calls[name], h) })
@@ -203,8 +202,7 @@ func TestResetIsGossipedAndAppliedOnce(t *testing.T) {
 // every count from before it has aged out; until then it is published and
 // learned, afterwards neither.
 func TestResetExpires(t *testing.T) {
-	st, dir := fileStorage(t)
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	a, b, st, dir := newPair(t)
 	now := t0.Add(30 * time.Second)
 	a.c.Reset(hk, now)
 	last := t0.Add(2*testWindow - time.Nanosecond)
@@ -267,8 +265,7 @@ func TestResetTableIsBounded(t *testing.T) {
 // listing no reset; a snapshot listing more resets than a zone keeps is
 // skipped whole.
 func TestResetsAndOtherSnapshotVersions(t *testing.T) {
-	st, _ := fileStorage(t)
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	a, b, st, _ := newPair(t)
 	now := t0.Add(time.Second)
 	old := newNode(t, st, "old")
 	old.take("k", 10, now)
@@ -315,8 +312,7 @@ func TestResetsAndOtherSnapshotVersions(t *testing.T) {
 // does not apply them again to the counts it restores; a reset applied
 // before the restore is applied to the restored counts.
 func TestRestoreKeepsResets(t *testing.T) {
-	st, _ := fileStorage(t)
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	a, b, st, _ := newPair(t)
 	now := t0.Add(time.Second)
 	a.take("k", 10, now)
 	a.c.Reset(hk, now)
@@ -374,8 +370,7 @@ func TestResetRaceWithABlock(t *testing.T) {
 // (it replaces it), and once they are over the key passes with its whole
 // limit after one more reset.
 func TestResetConcurrently(t *testing.T) {
-	st, _ := fileStorage(t)
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	a, b, _, _ := newPair(t)
 	now := t0.Add(time.Second)
 	b.take("k", 5, now)
 	b.s.Write(bg, now)

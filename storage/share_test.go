@@ -5,20 +5,36 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/certmagic"
+
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
-// newSplitNodes returns n nodes of one storage, bursts split, that have
-// published and read each other once: each knows n − 1 live peers.
-func newSplitNodes(t *testing.T, n int, now time.Time) []*node {
-	st, _ := fileStorage(t)
-	nodes := make([]*node, n)
-	for i := range nodes {
-		nodes[i] = newNode(t, st, string(rune('a'+i)))
-		nodes[i].c.SplitBursts(true, testIntervals.Read)
+// newSplitNodes returns n nodes of st, bursts split, that have published
+// and read each other once at now: each knows n − 1 live peers.
+func newSplitNodes(t *testing.T, st certmagic.Storage, n int, now time.Time) []*node {
+	t.Helper()
+	nodes := newNodes(t, st, n)
+	for _, n := range nodes {
+		n.c.SplitBursts(true, testIntervals.Read)
 	}
 	syncAll(now, nodes...)
 	return nodes
+}
+
+// burstAtEverySync has every node sync and then take 10 of key "burst" at
+// each of rounds read intervals after now, and returns how many were
+// granted.
+func burstAtEverySync(nodes []*node, now time.Time, rounds int) int {
+	granted := 0
+	for round := 1; round <= rounds; round++ {
+		at := now.Add(time.Duration(round) * testIntervals.Read)
+		syncAll(at, nodes...)
+		for _, n := range nodes {
+			granted += n.take("burst", 10, at)
+		}
+	}
+	return granted
 }
 
 // A key hit on every instance at the same instant gets at most its limit
@@ -26,7 +42,8 @@ func newSplitNodes(t *testing.T, n int, now time.Time) []*node {
 // keep it there.
 func TestSimultaneousBurstIsSplit(t *testing.T) {
 	now := t0.Add(time.Second)
-	nodes := newSplitNodes(t, 3, now)
+	st, _ := fileStorage(t)
+	nodes := newSplitNodes(t, st, 3, now)
 	granted := 0
 	for _, n := range nodes {
 		granted += n.take("burst", 10, now)
@@ -38,13 +55,7 @@ func TestSimultaneousBurstIsSplit(t *testing.T) {
 	a.s.Write(bg, early)
 	a.s.Read(bg, early)
 	granted += a.take("burst", 10, early)
-	for round := 1; round <= 5; round++ {
-		at := now.Add(time.Duration(round) * testIntervals.Read)
-		syncAll(at, nodes...)
-		for _, n := range nodes {
-			granted += n.take("burst", 10, at)
-		}
-	}
+	granted += burstAtEverySync(nodes, now, 5)
 	t.Logf("a key hit on 3 instances at once, then at every sync: %d granted of a limit of 10", granted)
 	if granted > 10*11/10+1 {
 		t.Fatalf("granted %d of a limit of 10 to a key hit on 3 instances at once", granted)
@@ -71,7 +82,8 @@ func TestSimultaneousBurstIsSplit(t *testing.T) {
 // and nowhere else leaves it all.
 func TestSingleInstanceKeyGetsItsWholeLimitAfterTwoSyncs(t *testing.T) {
 	now := t0.Add(time.Second)
-	nodes := newSplitNodes(t, 3, now)
+	st, _ := fileStorage(t)
+	nodes := newSplitNodes(t, st, 3, now)
 	a := nodes[0]
 	first := a.take("sticky", 10, now)
 	got, rounds := first, 0
@@ -98,7 +110,8 @@ func TestSingleInstanceKeyGetsItsWholeLimitAfterTwoSyncs(t *testing.T) {
 // rows of 256 cells, about one key in 10,000.)
 func TestFreshKeyBesideOwnKeysIsSplit(t *testing.T) {
 	now := t0.Add(time.Second)
-	nodes := newSplitNodes(t, 2, now)
+	st, _ := fileStorage(t)
+	nodes := newSplitNodes(t, st, 2, now)
 	for i, n := range nodes {
 		for k := range 30 {
 			n.take(fmt.Sprintf("own-%d-%d", i, k), 1, now)
@@ -135,7 +148,8 @@ func TestReadsDuringABurstKeepTheOthersShares(t *testing.T) {
 	for _, order := range orders {
 		t.Run(fmt.Sprint(order), func(t *testing.T) {
 			now := t0.Add(time.Second)
-			nodes := newSplitNodes(t, 3, now)
+			st, _ := fileStorage(t)
+			nodes := newSplitNodes(t, st, 3, now)
 			granted := 0
 			for _, i := range order {
 				granted += nodes[i].take("burst", 10, now)

@@ -63,11 +63,31 @@ func fileStorage(t *testing.T) (*certmagic.FileStorage, string) {
 	return &certmagic.FileStorage{Path: dir}, dir
 }
 
+// newNodes returns n nodes ("a", "b", ...) of zone z/1 (events 10 per
+// minute) over st, each a process of its own.
+func newNodes(t *testing.T, st certmagic.Storage, n int) []*node {
+	t.Helper()
+	nodes := make([]*node, n)
+	for i := range nodes {
+		nodes[i] = newNode(t, st, string(rune('a'+i)))
+	}
+	return nodes
+}
+
+// newPair returns nodes "a" and "b" sharing a fresh file storage, with that
+// storage (for a test that adds nodes) and its directory (for one that looks
+// at the files).
+func newPair(t *testing.T) (a, b *node, st *certmagic.FileStorage, dir string) {
+	t.Helper()
+	st, dir = fileStorage(t)
+	nodes := newNodes(t, st, 2)
+	return nodes[0], nodes[1], st, dir
+}
+
 var bg = context.Background()
 
 func TestClusterSharesTheLimit(t *testing.T) {
-	st, _ := fileStorage(t)
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	a, b, _, _ := newPair(t)
 	now := t0.Add(time.Second)
 	if got := a.take("k", 7, now); got != 7 {
 		t.Fatalf("a granted %d of 7", got)
@@ -97,8 +117,8 @@ func TestClusterSharesTheLimit(t *testing.T) {
 // instance that reads it denies the key even though the counts it read
 // leave room (they were published before the key went over).
 func TestBlocksArePublished(t *testing.T) {
-	st, _ := fileStorage(t)
-	a, b, c := newNode(t, st, "a"), newNode(t, st, "b"), newNode(t, st, "c")
+	a, b, st, _ := newPair(t)
+	c := newNode(t, st, "c")
 	now := t0.Add(10 * time.Second)
 	a.take("k", 4, now)
 	a.s.Write(bg, now)
@@ -132,8 +152,7 @@ func TestBlocksArePublished(t *testing.T) {
 // A dead instance's counts age out with its windows; its file goes after
 // purge_age.
 func TestDeadInstanceAgesOutAndIsPurged(t *testing.T) {
-	st, dir := fileStorage(t)
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	a, b, _, dir := newPair(t)
 	now := t0.Add(30 * time.Second)
 	a.take("k", 10, now)
 	a.s.Write(bg, now) // then a dies
@@ -165,8 +184,7 @@ func TestDeadInstanceAgesOutAndIsPurged(t *testing.T) {
 // Whatever else lies under the zone's directory is skipped and counted,
 // and the real snapshots still count.
 func TestJunkIsSkipped(t *testing.T) {
-	st, dir := fileStorage(t)
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	a, b, _, dir := newPair(t)
 	now := t0.Add(time.Second)
 	a.take("k", 10, now)
 	a.s.Write(bg, now)

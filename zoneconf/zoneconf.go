@@ -95,14 +95,6 @@ func (l *Limit) Rate() limiter.Limit {
 // bucket.
 func (l *Limit) Windowed() bool { return l.Burst == 0 }
 
-// NewTable makes l's table: a limiter.Windows or a limiter.Buckets.
-func (l *Limit) NewTable() (limiter.Table, error) {
-	if l.Windowed() {
-		return limiter.NewWindows(l.Buckets())
-	}
-	return limiter.NewBuckets(l.Buckets())
-}
-
 func (l *Limit) Prefixes(v4, v6 int) (int, int) {
 	if l.IPv4Prefix != nil {
 		v4 = *l.IPv4Prefix

@@ -169,7 +169,7 @@ func TestWithoutBurstIsAWindow(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		table, err := l.NewTable()
+		table, err := newTable(&l)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,6 +177,15 @@ func TestWithoutBurstIsAWindow(t *testing.T) {
 			t.Errorf("events %d burst %d: table %T", tc.events, tc.burst, table)
 		}
 	}
+}
+
+// newTable makes l's table as the root package does: a limiter.Windows or a
+// limiter.Buckets.
+func newTable(l *Limit) (limiter.Table, error) {
+	if l.Windowed() {
+		return limiter.NewWindows(l.Buckets())
+	}
+	return limiter.NewBuckets(l.Buckets())
 }
 
 func TestRequireNamesTheMissingField(t *testing.T) {

@@ -33,7 +33,7 @@ func TestAggregatorKilledClusterStillLimits(t *testing.T) {
 		t.Run(store, func(t *testing.T) {
 			storage := fileStorage(t.TempDir())
 			if store == "redis" {
-				storage = startRedis(t).storage()
+				storage = redisStorage(startRedis(t))
 			}
 			nodes := startCluster(t, 5, storage, zoneBody(exhaustWindow, "1m"))
 			var dead *node

@@ -1,21 +1,18 @@
 package cluster
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/floodgate-rl/floodgate"
 	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
+	"github.com/floodgate-rl/floodgate/internal/redistest"
 )
 
 // epsilon is the over-admission the tests accept for three instances
@@ -273,96 +270,52 @@ func (n *node) rateLimitWarnings() int {
 	return k
 }
 
-// redis is a redis-server on loopback, on a port and in a directory of its
-// own.
-type redis struct {
-	t    *testing.T
-	port int
-	dir  string
-	cmd  *exec.Cmd
+// startRedis starts a redis-server on a free port, or skips the test if
+// there is none.
+func startRedis(t *testing.T) *redistest.Server {
+	t.Helper()
+	r := newRedis(t)
+	r.Start()
+	return r
 }
 
-// startRedis starts a redis-server on a free port.
-func startRedis(t *testing.T) *redis {
+// newRedis returns a redis-server for a free port, not started, or skips
+// the test if there is none.
+func newRedis(t *testing.T) *redistest.Server {
 	t.Helper()
 	ports, err := testcaddy.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &redis{t: t, port: ports[0], dir: t.TempDir()}
-	r.start()
+	r, err := redistest.New(t, ports[0])
+	if err != nil {
+		t.Skipf("%v (.ci/run installs it): skipping the Redis cluster test", err)
+	}
 	return r
 }
 
-// start starts (or starts again) the server on its port.
-func (r *redis) start() {
-	t := r.t
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Skip("redis-server is not installed (apt-get install redis-server; .ci/run installs it): skipping the Redis cluster test")
-	}
-	r.cmd = exec.Command(bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r.dir)
-	if err := r.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.stop)
-	waitFor(t, 10*time.Second, "redis-server listening", func() bool {
-		_, err := r.keys("*")
-		return err == nil
-	})
-}
-
-// storage is the Caddyfile storage option of a Redis storage on r.
-func (r *redis) storage() string {
+// redisStorage is the Caddyfile storage option of a Redis storage on r.
+func redisStorage(r *redistest.Server) string {
 	return fmt.Sprintf(`storage redis {
 		address 127.0.0.1:%d
 		key_prefix floodgate-test
 		timeout 1
-	}`, r.port)
-}
-
-func (r *redis) stop() {
-	if r.cmd != nil {
-		_ = r.cmd.Process.Kill()
-		_ = r.cmd.Wait()
-		r.cmd = nil
-	}
-}
-
-// keys returns the number of keys matching pattern (RESP, no client
-// library needed).
-func (r *redis) keys(pattern string) (int, error) {
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", r.port), time.Second)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	fmt.Fprintf(c, "*2\r\n$4\r\nKEYS\r\n$%d\r\n%s\r\n", len(pattern), pattern)
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return 0, err
-	}
-	if !strings.HasPrefix(line, "*") {
-		return 0, fmt.Errorf("KEYS: %q", line)
-	}
-	return strconv.Atoi(strings.TrimSpace(line[1:]))
+	}`, r.Port)
 }
 
 func TestRedisClusterSharesTheLimitAndSurvivesAnOutage(t *testing.T) {
 	r := startRedis(t)
-	nodes := startCluster(t, 3, r.storage(), zoneBody("1m", "1m"))
+	nodes := startCluster(t, 3, redisStorage(r), zoneBody("1m", "1m"))
 	const snapshots = "floodgate-test/rate_limit/shared/*"
 	waitFor(t, 10*time.Second, "three snapshots in Redis", func() bool {
-		n, err := r.keys(snapshots)
+		n, err := r.Keys(snapshots)
 		return err == nil && n >= 3
 	})
 	checkShared(t, nodes, "redis", "redis")
 
 	// Outage: every request is still answered at once, under each
 	// instance's own limits.
-	r.stop()
+	r.Stop()
 	outage := time.Now()
 	for _, n := range nodes {
 		waitFor(t, 10*time.Second, fmt.Sprintf("node %d noticing the outage", n.i), func() bool {
@@ -399,10 +352,10 @@ func TestRedisClusterSharesTheLimitAndSurvivesAnOutage(t *testing.T) {
 	}
 
 	// Redis returns (empty): the cluster is whole again.
-	r.start()
+	r.Start()
 	down := time.Since(outage)
 	waitFor(t, 20*time.Second, "three snapshots back in Redis", func() bool {
-		n, err := r.keys(snapshots)
+		n, err := r.Keys(snapshots)
 		return err == nil && n >= 3
 	})
 	for _, n := range nodes {
@@ -435,19 +388,8 @@ func (n *node) rateLimit(args ...string) string {
 // answer.
 func (n *node) adminDelete(zone, key string) floodgate.KeyInfo {
 	n.t.Helper()
-	req, err := http.NewRequest(http.MethodDelete, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s/keys/%s", n.admin, zone, key), nil)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var k floodgate.KeyInfo
-	if err := json.NewDecoder(resp.Body).Decode(&k); err != nil || resp.StatusCode != http.StatusOK {
-		n.t.Fatalf("DELETE %s/%s: %d %v", zone, key, resp.StatusCode, err)
-	}
+	testcaddy.JSON(n.t, http.DefaultClient, testcaddy.Request(n.t, http.MethodDelete, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s/keys/%s", n.admin, zone, key)), &k)
 	return k
 }
 

@@ -262,45 +262,21 @@ func (n *node) exited() bool {
 // its status and how long it took.
 func (n *node) get(key string) (int, time.Duration) {
 	n.t.Helper()
-	req, err := http.NewRequest(http.MethodGet, "http://"+n.addr()+"/", nil)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	req.Header.Set("X-Key", key)
+	req := testcaddy.Request(n.t, http.MethodGet, "http://"+n.addr()+"/", "X-Key: "+key)
 	req.Close = true
 	start := time.Now()
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
-	if err != nil {
-		n.t.Fatalf("node %d: %v", n.i, err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	code, _, resp := testcaddy.Do(n.t, &http.Client{Timeout: 10 * time.Second}, req)
 	if got := resp.Header.Get("X-Node"); got != n.token {
 		n.t.Fatalf("node %d: answered by another process (X-Node %q, want %q): its port was taken", n.i, got, n.token)
 	}
-	return resp.StatusCode, time.Since(start)
+	return code, time.Since(start)
 }
 
 // metric returns the sum of the values of a metric's series on the node's
 // admin /metrics.
 func (n *node) metric(name string) float64 {
 	n.t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://localhost:%d/metrics", n.admin))
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			var v float64
-			fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v)
-			sum += v
-		}
-	}
-	return sum
+	return testcaddy.MetricSum(testcaddy.Metrics(n.t, n.admin), name)
 }
 
 // spread sends total requests for key, one every gap, to the nodes in

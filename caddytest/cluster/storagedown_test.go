@@ -20,19 +20,8 @@ func zoneBodyWithStorage(storage string) string {
 // reload although it has not changed.
 func (n *node) reload() {
 	n.t.Helper()
-	req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://localhost:%d/load", n.admin), strings.NewReader(n.cfg))
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "text/caddyfile")
-	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		n.t.Fatalf("node %d: reload: %d", n.i, resp.StatusCode)
+	if err := testcaddy.Load(n.t, n.admin, n.cfg, "caddyfile", n.http); err != nil {
+		n.t.Fatalf("node %d: reload: %v", n.i, err)
 	}
 }
 
@@ -40,12 +29,8 @@ func (n *node) reload() {
 // reloads: Caddy starts and reloads all the same, the zone limits locally
 // and says so once per load, and it joins the cluster once Redis answers.
 func TestZoneStorageDownAtStartAndReload(t *testing.T) {
-	ports, err := testcaddy.FreePorts(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &redis{t: t, port: ports[0], dir: t.TempDir()} // not started
-	body := zoneBodyWithStorage(r.storage())
+	r := newRedis(t) // not started
+	body := zoneBodyWithStorage(redisStorage(r))
 	nodes := startCluster(t, 2, "", body)
 	const warning = "the zones' storage is not available"
 	for _, n := range nodes {
@@ -71,14 +56,14 @@ func TestZoneStorageDownAtStartAndReload(t *testing.T) {
 			t.Fatalf("node %d after a reload logged the storage being down %d times, want once per load", n.i, got)
 		}
 	}
-	r.start()
+	r.Start()
 	for _, n := range nodes {
 		waitFor(t, 20*time.Second, fmt.Sprintf("node %d joining the cluster", n.i), func() bool {
 			return strings.Contains(n.logs(), "cluster storage answers: this instance joins the cluster")
 		})
 	}
 	waitFor(t, 10*time.Second, "two snapshots in Redis", func() bool {
-		k, err := r.keys("floodgate-test/rate_limit/shared/*")
+		k, err := r.Keys("floodgate-test/rate_limit/shared/*")
 		return err == nil && k >= 2
 	})
 	checkShared(t, nodes, "joined", "redis that was down at start")

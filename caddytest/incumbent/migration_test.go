@@ -85,7 +85,7 @@ func TestDashboardSeriesHaveNoKeyLabel(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	_, _, body := get(t, fmt.Sprintf("http://localhost:%d/metrics", caddytest.AdminPort))
+	body := testcaddy.Metrics(t, caddytest.AdminPort)
 	for _, want := range []string{
 		`caddy_rate_limit_declined_requests_total{zone="dash_zone"} 1`,
 		`caddy_rate_limit_config{ipv4_prefix="24",ipv6_prefix="64",max_events="2",window="1m0s",zone="dash_zone"} 1`,
@@ -204,7 +204,7 @@ func TestRollingMigrationSharesStorage(t *testing.T) {
 	skippedRE := regexp.MustCompile(`caddy_rate_limit_cluster_skipped_total\{zone="instances"\} ([1-9][0-9]*)`)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, _, metrics := get(t, fmt.Sprintf("http://localhost:%d/metrics", caddytest.AdminPort))
+		metrics := testcaddy.Metrics(t, caddytest.AdminPort)
 		ours, _ := filepath.Glob(filepath.Join(dir, "rate_limit", "*", "*"))
 		if skippedRE.MatchString(metrics) && len(ours) >= 3 {
 			break

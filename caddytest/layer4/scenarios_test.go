@@ -253,12 +253,7 @@ func TestProxyProtocolMatcherRouteFirstLimitsTheClient(t *testing.T) {
 // fix it.
 func TestRateLimitBeforeProxyProtocolWarns(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	load(t, withAPI(proxyLimit+fmt.Sprintf(`
-	log {
-		output file %s
-		format json
-		level WARN
-	}`, logFile), `@flood rate_limit zone behind_lb
+	load(t, withAPI(proxyLimit+"\n"+testcaddy.JSONLog("", logFile, "level WARN"), `@flood rate_limit zone behind_lb
 			route @flood {
 				close
 			}
@@ -285,11 +280,7 @@ func TestLayer4WrapperBeforeProxyProtocolWrapperWarns(t *testing.T) {
 	load(t, fmt.Sprintf(`{
 	admin off
 	persist_config off
-	log {
-		output file %s
-		format json
-		level WARN
-	}
+	%s
 	%s
 	servers 127.0.0.1:%d {
 		listener_wrappers {
@@ -311,7 +302,7 @@ http://127.0.0.1:%d {
 	bind 127.0.0.1
 	respond "OK" 200
 }
-`, logFile, proxyLimit, httpPort, httpPort))
+`, testcaddy.JSONLog("", logFile, "level WARN"), proxyLimit, httpPort, httpPort))
 	logs, err := os.ReadFile(logFile)
 	if err != nil {
 		t.Fatal(err)
@@ -327,11 +318,7 @@ http://127.0.0.1:%d {
 // rate-limit zones` shows the connections of a zone only layer4 uses.
 func TestConnectionFloodIsLoggedAndListed(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "l4.log")
-	load(t, withAPI(fmt.Sprintf(`log l4 {
-		output file %s
-		format json
-		include layer4.matchers.rate_limit
-	}`, file), `@flood rate_limit {
+	load(t, withAPI(testcaddy.JSONLog("l4", file, "include layer4.matchers.rate_limit"), `@flood rate_limit {
 				name l4_logged
 				events 2
 				burst 2

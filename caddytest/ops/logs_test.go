@@ -64,11 +64,7 @@ func denialLog(t *testing.T, requests map[string][]string) []string {
 		fmt.Fprintf(&body, "\trate_limit /z%d {\n\t\tzone log_z%d {\n\t\t\tkey {client_ip}\n\t\t\tevents 1\n\t\t\twindow 1h\n\t\t}\n\t}\n", i, i)
 	}
 	body.WriteString("\trespond \"ok\"")
-	mustLoad(t, caddyfile(fmt.Sprintf(`log floodgate {
-		output file %s
-		format json
-		include http.handlers.rate_limit
-	}`, file), body.String()))
+	mustLoad(t, caddyfile(testcaddy.JSONLog("floodgate", file, "include http.handlers.rate_limit"), body.String()))
 	for _, ip := range slices.Sorted(maps.Keys(requests)) {
 		c := from(ip)
 		for _, path := range requests[ip] {
@@ -275,11 +271,7 @@ func TestOperationsPageLinksTheFilters(t *testing.T) {
 // line per interval however many it sends, as denials do.
 func TestRefusedWeightSaysWhy(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "weights.log")
-	mustLoad(t, caddyfile(fmt.Sprintf(`log floodgate {
-		output file %s
-		format json
-		include http.handlers.rate_limit
-	}`, file), `	rate_limit {
+	mustLoad(t, caddyfile(testcaddy.JSONLog("floodgate", file, "include http.handlers.rate_limit"), `	rate_limit {
 		zone wlog {
 			key {client_ip}
 			events 10

@@ -105,9 +105,5 @@ func adminJSON(t *testing.T, method, path string, v any) {
 // metrics returns the admin endpoint's /metrics.
 func metrics(t *testing.T) string {
 	t.Helper()
-	code, body := adminDo(t, http.MethodGet, "/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("/metrics: %d %s", code, body)
-	}
-	return body
+	return testcaddy.Metrics(t, adminPort)
 }

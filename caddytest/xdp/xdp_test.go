@@ -71,7 +71,11 @@ func config(v *netnstest.VethPair, events int, xdp string) string {
 `, adminAddr, v.ServerAddr, port, zoneName, events, xdp)
 }
 
-// load runs a Caddyfile in this process from the server namespace.
+// load runs a Caddyfile in this process from the server namespace. It is
+// not testcaddy.Load: a config posted to the admin endpoint is loaded on one
+// of net/http's goroutines, in this process's namespace, so its listeners
+// and the XDP attach would land outside the veth pair; caddy.Load runs on
+// the thread netnstest.In holds in the server namespace.
 func load(v *netnstest.VethPair, caddyfile string) error {
 	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
 	if err != nil {
@@ -85,7 +89,8 @@ func load(v *netnstest.VethPair, caddyfile string) error {
 // net/http dials from goroutines of its own, in this process's namespace.
 // Right after a reload the replaced admin server may still hold the port
 // and reset the connection, so a failed connection is tried again, at most
-// ten times.
+// ten times (testcaddy.Do fails the test at the first error, and dials from
+// net/http's goroutines).
 func admin(t *testing.T, v *netnstest.VethPair, path string) string {
 	t.Helper()
 	var err error

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -32,6 +33,42 @@ func RateLimit(t testing.TB, adminPort int, args ...string) (string, error) {
 	c.SetArgs(args)
 	err := c.Execute()
 	return out.String(), err
+}
+
+// Metrics returns the /metrics page of the admin endpoint on
+// localhost:adminPort, asked on a connection of its own (none outlives a
+// config load); it fails the test unless the page is served.
+func Metrics(t testing.TB, adminPort int) string {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	code, body, _ := Do(t, c, Request(t, http.MethodGet, fmt.Sprintf("http://localhost:%d/metrics", adminPort)))
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	return body
+}
+
+// MetricSum returns the sum of the values of the series of metrics, a page
+// that Metrics returned, named series: a metric's name, for all its series,
+// or one series with its labels as /metrics writes them.
+func MetricSum(metrics, series string) float64 {
+	var sum float64
+	for line := range strings.Lines(metrics) {
+		line = strings.TrimSuffix(line, "\n")
+		if strings.HasPrefix(line, series+"{") || strings.HasPrefix(line, series+" ") {
+			var v float64
+			fmt.Sscanf(line[strings.LastIndexByte(line, ' ')+1:], "%g", &v)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// JSONLog returns a global log option that writes the log name (the
+// default log if name is "") to file as JSON, with one more setting such as
+// "level INFO" or "include http.handlers.rate_limit"; LogEntries reads it.
+func JSONLog(name, file, setting string) string {
+	return fmt.Sprintf("log %s {\n\toutput file %s\n\tformat json\n\t%s\n}", name, file, setting)
 }
 
 // LogEntries reads a JSON log file that Caddy wrote and returns the entries
