@@ -301,7 +301,8 @@ func (f *failingStorage) List(ctx context.Context, p string, r bool) ([]string, 
 func TestStorageFailureDegradesAndRecovers(t *testing.T) {
 	fs, _ := fileStorage(t)
 	st := &failingStorage{Storage: fs}
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	nodes := newNodes(t, st, 2)
+	a, b := nodes[0], nodes[1]
 	now := t0.Add(time.Second)
 	a.take("k", 6, now)
 	a.s.Write(bg, now)

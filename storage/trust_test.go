@@ -103,7 +103,8 @@ func (l *loadCounter) Load(ctx context.Context, k string) ([]byte, error) {
 func TestOversizedEntryIsNotLoaded(t *testing.T) {
 	fs, dir := fileStorage(t)
 	st := &loadCounter{Storage: fs}
-	a, b := newNode(t, st, "a"), newNode(t, st, "b")
+	nodes := newNodes(t, st, 2)
+	a, b := nodes[0], nodes[1]
 	now := t0.Add(time.Second)
 	b.take("k", 10, now)
 	b.s.Write(bg, now)

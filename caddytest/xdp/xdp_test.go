@@ -37,7 +37,10 @@ import (
 )
 
 const (
-	port      = 8443
+	port = 8443
+	// adminAddr is in the server end's network namespace, which each test
+	// makes for itself: no other process, nor a second copy of the suite,
+	// listens there.
 	adminAddr = "127.0.0.1:2500"
 	zoneName  = "syn"
 )
