@@ -620,11 +620,13 @@ func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) 
 // shares (see SplitBursts): without a view of the others they cannot be
 // re-balanced, and the instance limits with its own counts and the peers'
 // last ones, as it would without shares.
+// The shares go before the warning is logged, so that whoever reads the
+// warning finds the instance on its local limit.
 func (s *Syncer) readFailed(now time.Time, err error) {
-	s.failed(OpRead, now, err)
 	s.c.rmu.Lock()
 	s.c.shared.Store(s.c.peers.Load())
 	s.c.rmu.Unlock()
+	s.failed(OpRead, now, err)
 }
 
 func (s *Syncer) skipped(key string, err error) {

@@ -224,6 +224,25 @@ func (n *node) logs() string {
 	return n.log.String()
 }
 
+// logged reports whether one line of n's log holds every one of parts.
+func (n *node) logged(parts ...string) bool {
+	for line := range strings.Lines(n.logs()) {
+		if all(line, parts) {
+			return true
+		}
+	}
+	return false
+}
+
+func all(line string, parts []string) bool {
+	for _, p := range parts {
+		if !strings.Contains(line, p) {
+			return false
+		}
+	}
+	return true
+}
+
 // kill9 kills the process at once, as a crash would.
 func (n *node) kill() {
 	if n.alive {
