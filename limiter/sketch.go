@@ -95,6 +95,8 @@ type Sketch struct {
 	// 2(r·width+c) and that of odd windows right after it, so the two
 	// counters of a cell share a cache line.
 	slots []atomic.Uint64
+	// live indexes the cells that may count something (sketch_live.go).
+	live sketchLive
 }
 
 var _ Policy = (*Sketch)(nil)
@@ -125,6 +127,7 @@ func NewSketch(c SketchConfig) (*Sketch, error) {
 		rows:   c.Rows,
 		width:  uint64(c.Width),
 		slots:  make([]atomic.Uint64, 2*c.Rows*c.Width),
+		live:   newSketchLive(c.Rows * c.Width),
 	}
 	s.quota.Store(c.Quota)
 	return s, nil
@@ -154,8 +157,9 @@ func (s *Sketch) SetQuota(q int64) error {
 // Window returns the length of the rolling window.
 func (s *Sketch) Window() time.Duration { return time.Duration(s.window) }
 
-// Memory returns the bytes held by the counters, which is all a sketch
-// grows with: 16 × Rows × Width.
+// Memory returns the bytes held by the counters, which is what a sketch
+// grows with: 16 × Rows × Width. The index of the cells in use adds a
+// sixty-fourth of that, and 4 bytes per cell in use.
 func (s *Sketch) Memory() int { return 8 * len(s.slots) }
 
 // TakeHash grants weight tokens to the key with hash h if its estimate plus
@@ -344,6 +348,7 @@ func (s *Sketch) add(cols *sketchCols, e int64, n uint64) {
 	p := uint64(e & 1)
 	for i := 0; i < s.rows; i++ {
 		sketchAddSlot(&s.slots[cols[i]+p], e, n)
+		s.live.mark(cols[i] / 2)
 	}
 }
 

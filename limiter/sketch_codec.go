@@ -3,6 +3,7 @@ package limiter
 import (
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"math"
 	"time"
 )
@@ -34,11 +35,12 @@ func appendSketchHeader(dst []byte, rows, width int, window time.Duration, epoch
 }
 
 // appendSketchCells appends one window's list of nonzero cells, reading
-// each of the cells counts once: the entries are written first, after room
-// for the longest entry count, and moved back once the count is known. So
-// a live sketch's counters, which may change while they are read, still
-// give a consistent list.
-func appendSketchCells(dst []byte, cells int, count func(int) uint32) []byte {
+// the count of each of cells (in increasing order, a superset of the
+// nonzero ones) once: the entries are written first, after room for the
+// longest entry count, and moved back once the count is known. So a live
+// sketch's counters, which may change while they are read, still give a
+// consistent list.
+func appendSketchCells(dst []byte, cells iter.Seq[int], count func(int) uint32) []byte {
 	start := len(dst)
 	dst = append(dst, make([]byte, binary.MaxVarintLen64)...)
 	n, last := 0, -1
@@ -55,6 +57,28 @@ func appendSketchCells(dst []byte, cells int, count func(int) uint32) []byte {
 	copy(dst[start:], head[:k])
 	m := copy(dst[start+k:], dst[start+binary.MaxVarintLen64:])
 	return dst[:start+k+m]
+}
+
+// everyCell is the cells of a shape of n cells, in order.
+func everyCell(n int) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for i := range n {
+			if !yield(i) {
+				return
+			}
+		}
+	}
+}
+
+// listedCells is the cells listed, in their order.
+func listedCells(list []int32) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for _, i := range list {
+			if !yield(int(i)) {
+				return
+			}
+		}
+	}
 }
 
 // sketchHeader is what the binary form says before its counts.

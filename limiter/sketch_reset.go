@@ -196,6 +196,7 @@ func (s *Sketch) MergeBinaryForgetting(data []byte, now time.Time, forget []Forg
 		for i := range len(sum.counts) / 2 {
 			if c := sum.counts[2*i+k]; c != 0 {
 				sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
+				s.live.mark(uint64(i))
 			}
 		}
 	}

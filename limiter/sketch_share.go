@@ -120,14 +120,16 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 }
 
 // AppendCounted appends a bitmap of the cells in which s counts something
-// at now (bit i%64 of word i/64 for cell i), reusing dst.
+// at now (bit i%64 of word i/64 for cell i), reusing dst. It looks only at
+// the cells that count something (liveCells).
 func (s *Sketch) AppendCounted(dst []uint64, now time.Time) []uint64 {
 	cells := s.rows * int(s.width)
 	dst = append(dst[:0], make([]uint64, (cells+63)/64)...)
 	e, _ := s.clock(now)
 	cp, pp := uint64(e&1), uint64((e-1)&1)
 	ct, pt := sketchTag(e), sketchTag(e-1)
-	for i := range cells {
+	for _, c := range s.liveCells(now) {
+		i := int(c)
 		if sketchCount(s.slots[2*i+int(pp)].Load(), pt)+sketchCount(s.slots[2*i+int(cp)].Load(), ct) != 0 {
 			dst[i/64] |= 1 << (i % 64)
 		}

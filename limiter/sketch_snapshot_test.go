@@ -117,6 +117,7 @@ func (s *Sketch) addCells(counts []uint32, e int64) {
 	for i, c := range counts {
 		if c != 0 {
 			sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
+			s.live.mark(uint64(i))
 		}
 	}
 }
@@ -130,8 +131,8 @@ func (o *SketchSnapshot) AppendBinary(dst []byte) ([]byte, error) {
 		return dst, err
 	}
 	dst = appendSketchHeader(dst, o.Rows, o.Width, o.Window, o.Epoch)
-	dst = appendSketchCells(dst, len(o.Prev), func(i int) uint32 { return o.Prev[i] })
-	dst = appendSketchCells(dst, len(o.Curr), func(i int) uint32 { return o.Curr[i] })
+	dst = appendSketchCells(dst, everyCell(len(o.Prev)), func(i int) uint32 { return o.Prev[i] })
+	dst = appendSketchCells(dst, everyCell(len(o.Curr)), func(i int) uint32 { return o.Curr[i] })
 	return dst, nil
 }
 

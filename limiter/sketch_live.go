@@ -1,0 +1,93 @@
+package limiter
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A sync walks the cells that count something, not the whole sketch: a
+// cluster's snapshot, shares and own-count bitmap cost what its keys
+// counted, however large the sketch (sized for the floods it must
+// withstand) is. The cells that may count something are the ones that did
+// at the last walk plus the ones charged since, which every charge marks
+// in a bitmap of one bit per cell after adding its count.
+//
+// A walk takes the marks before it reads the counts: a charge whose mark
+// it took has its count seen, and one that marks after the walk took the
+// bits is marked again for the next walk. So no cell with a count is ever
+// left out of a walk, and a cell listed that no longer counts anything
+// (its windows have passed, or it was refunded) is dropped by the next.
+
+// sketchLive is a sketch's index of the cells that may count something.
+type sketchLive struct {
+	// marked holds a bit per cell, set when a count is added to it (and
+	// only then written, so that hot cells cost a decision one load).
+	marked []atomic.Uint64
+	mu     sync.Mutex
+	// cells is, in increasing order, the cells that counted something in
+	// a window at least as recent as the one before the last walk's, and
+	// bits a scratch bitmap of cells, all zero between walks.
+	cells []int32
+	bits  []uint64
+}
+
+func newSketchLive(cells int) sketchLive {
+	words := (cells + 63) / 64
+	return sketchLive{marked: make([]atomic.Uint64, words), bits: make([]uint64, words)}
+}
+
+// mark notes that cell i has been charged.
+func (l *sketchLive) mark(i uint64) {
+	w, bit := &l.marked[i/64], uint64(1)<<(i%64)
+	if w.Load()&bit == 0 {
+		w.Or(bit)
+	}
+}
+
+// liveCells returns, in increasing order, every cell of s that counts
+// something in window e − 1 of now or later, and possibly a few that no
+// longer do. The slice is the caller's to read; it is never changed.
+// It costs a pass over the marks (one bit per cell) and a look at each
+// cell listed.
+func (s *Sketch) liveCells(now time.Time) []int32 {
+	l := &s.live
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, _ := s.clock(now)
+	n := len(l.cells)
+	for _, i := range l.cells {
+		l.bits[i/64] |= 1 << (i % 64)
+	}
+	for w := range l.marked {
+		if l.marked[w].Load() != 0 {
+			b := l.marked[w].Swap(0)
+			l.bits[w] |= b
+			n += bits.OnesCount64(b)
+		}
+	}
+	// Window e − 1 or later: the window a counter word holds (its tag and
+	// the counter's parity, modulo 2^33 as tags are) at or after e − 1,
+	// within the horizon of a clock ahead (sketchAddSlot).
+	live := func(word uint64, parity int64) bool {
+		w := int64(word>>32)<<1 | parity
+		return word&sketchCountMask != 0 && uint64(w-(e-1))&(1<<33-1) < 2*sketchStaleHorizon
+	}
+	cells := make([]int32, 0, n)
+	for w, b := range l.bits {
+		if b == 0 {
+			continue
+		}
+		l.bits[w] = 0
+		for b != 0 {
+			i := w*64 + bits.TrailingZeros64(b)
+			b &= b - 1
+			if live(s.slots[2*i].Load(), 0) || live(s.slots[2*i+1].Load(), 1) {
+				cells = append(cells, int32(i))
+			}
+		}
+	}
+	l.cells = cells
+	return cells
+}
