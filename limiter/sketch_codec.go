@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -76,6 +77,19 @@ func listedCells(list []int32) iter.Seq[int] {
 		for _, i := range list {
 			if !yield(int(i)) {
 				return
+			}
+		}
+	}
+}
+
+// setCells is the cells whose bits are set in the bitmap bm, in order.
+func setCells(bm []uint64) iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for w, b := range bm {
+			for ; b != 0; b &= b - 1 {
+				if !yield(w*64 + bits.TrailingZeros64(b)) {
+					return
+				}
 			}
 		}
 	}

@@ -27,10 +27,13 @@ type sketchLive struct {
 	marked []atomic.Uint64
 	mu     sync.Mutex
 	// cells is, in increasing order, the cells that counted something in
-	// a window at least as recent as the one before the last walk's, and
-	// bits a scratch bitmap of cells, all zero between walks.
+	// a window at least as recent as the one before epoch, or were marked
+	// since, and bits a scratch bitmap of cells, all zero between walks.
 	cells []int32
 	bits  []uint64
+	// epoch is the window of the walk that last checked every cell
+	// listed.
+	epoch int64
 }
 
 func newSketchLive(cells int) sketchLive {
@@ -49,13 +52,19 @@ func (l *sketchLive) mark(i uint64) {
 // liveCells returns, in increasing order, every cell of s that counts
 // something in window e − 1 of now or later, and possibly a few that no
 // longer do. The slice is the caller's to read; it is never changed.
-// It costs a pass over the marks (one bit per cell) and a look at each
-// cell listed.
+// Within a window it costs a pass over the marks (one bit per cell) and
+// a merge of the cells marked since the last walk; the first walk of a
+// window also looks at every cell listed, to drop those whose windows
+// have passed.
 func (s *Sketch) liveCells(now time.Time) []int32 {
 	l := &s.live
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, _ := s.clock(now)
+	if e == l.epoch && l.cells != nil {
+		return l.addMarked()
+	}
+	l.epoch = e
 	n := len(l.cells)
 	for _, i := range l.cells {
 		l.bits[i/64] |= 1 << (i % 64)
@@ -90,4 +99,41 @@ func (s *Sketch) liveCells(now time.Time) []int32 {
 	}
 	l.cells = cells
 	return cells
+}
+
+// addMarked merges the cells marked since the last walk into the list, in
+// the window of the last walk (whose cells all still count, or did in
+// this window: a refund may have emptied one, which stays listed until
+// the next window's walk). l.mu is held.
+func (l *sketchLive) addMarked() []int32 {
+	var marked []int32
+	for w := range l.marked {
+		if l.marked[w].Load() == 0 {
+			continue
+		}
+		for b := l.marked[w].Swap(0); b != 0; b &= b - 1 {
+			marked = append(marked, int32(w*64+bits.TrailingZeros64(b)))
+		}
+	}
+	if len(marked) == 0 {
+		return l.cells
+	}
+	merged := make([]int32, 0, len(l.cells)+len(marked))
+	i, j := 0, 0
+	for i < len(l.cells) || j < len(marked) {
+		switch {
+		case j == len(marked) || i < len(l.cells) && l.cells[i] < marked[j]:
+			merged = append(merged, l.cells[i])
+			i++
+		case i == len(l.cells) || marked[j] < l.cells[i]:
+			merged = append(merged, marked[j])
+			j++
+		default: // listed and marked
+			merged = append(merged, marked[j])
+			i++
+			j++
+		}
+	}
+	l.cells = merged
+	return merged
 }

@@ -94,10 +94,11 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 	}
 	c := *t
 	c.counts = slices.Clone(t.counts)
+	c.used = t.used // never added to again: shared
 	c.ForgetHash(h, at)
 	// The reservations WithShares carries are measured against the counts
 	// as they were: the next re-balance starts afresh.
-	c.keep, c.since, c.owned = nil, nil, nil
+	c.shares = nil
 	return &c
 }
 
@@ -193,7 +194,7 @@ func (s *Sketch) MergeBinaryForgetting(data []byte, now time.Time, forget []Forg
 	}
 	for k, e := range [2]int64{sum.epoch - 1, sum.epoch} {
 		p := int(e & 1)
-		for i := range len(sum.counts) / 2 {
+		for i := range setCells(sum.used) {
 			if c := sum.counts[2*i+k]; c != 0 {
 				sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
 				s.live.mark(uint64(i))

@@ -39,84 +39,194 @@ import (
 // keys, gets the rest of its quota a share per hold once it is denied.
 //
 // The sum itself, which deciders may be reading, is unchanged. The copy
-// allocates 20 bytes per cell (8 of NewSketchSum's and 12 for the
-// reservations), and walks every cell once. A nil sum, or n < 2, gives
-// the sum itself.
+// allocates as much as NewSketchSum, plus 16 bytes per cell in use. Its
+// work follows the cells in use (counted by s or the sum, or holding what
+// the previous copy left the others): every other cell counts nothing and
+// is left what every such cell is, which is settled once and added to
+// them all in one pass at memory speed. A cell that counts nothing and is
+// left that much joins them, taking their hold for its own: a quiet cell's
+// hold only sets how soon, once the instances are fewer, a reservation
+// larger than a fresh one lapses, and every hold still running began less
+// than a hold ago. A nil sum, or n < 2, gives the sum itself.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
 	if t == nil || n < 2 {
 		return t
 	}
 	c := *t
 	c.counts = slices.Clone(t.counts)
+	c.used = t.used // never added to again: shared
+	c.shares = nil
 	e, el := s.clock(now)
 	if e != t.epoch {
 		return &c // a sum of another window: nothing to share on
 	}
 	cells := s.rows * int(s.width)
-	c.keep, c.since, c.owned = make([]uint32, cells), make([]uint32, cells), make([]uint32, cells)
-	carried := prev != nil && prev.epoch == e && len(prev.keep) == cells && len(prev.owned) == cells
+	var p *shareState
+	if prev != nil && prev.shares != nil && prev.epoch == e && len(prev.counts) == 2*cells {
+		p = prev.shares
+	}
 	unit := max(int64(time.Millisecond), s.window>>32) // so that any time in the window fits 32 bits
-	at, holdUnits := uint32(el/unit), uint32(min(int64(hold)/unit, 1<<32-1))
-	q := uint64(s.quota.Load())
+	b := shareBalance{
+		n: uint64(n), rank: uint64(rank), q: uint64(s.quota.Load()),
+		at: uint32(el / unit), hold: uint32(min(int64(hold)/unit, 1<<32-1)),
+	}
+
+	// Every cell that counts nothing anywhere and held the previous
+	// default is in the same state: it is settled once, here, and the
+	// cells that are not are settled one by one below.
+	st := &shareState{}
+	if p != nil {
+		held, since := b.carry(p.def, p.defSince, 0, uint64(p.def), 0, 0)
+		st.def, st.defSince = b.settle(b.q, held, since)
+	} else {
+		st.def, st.defSince = b.settle(b.q, 0, b.at)
+	}
+	if st.def != 0 {
+		for i := 1; i < len(c.counts); i += 2 {
+			c.counts[i] = uint32(min(uint64(c.counts[i])+uint64(st.def), MaxSketchQuota))
+		}
+	}
+
+	// The cells in use, in order: counted by s or by the sum, or listed
+	// by the previous copy.
+	marks := slices.Clone(t.used)
+	for _, i := range s.liveCells(now) {
+		marks[i/64] |= 1 << (i % 64)
+	}
+	if p != nil {
+		for _, c := range p.cells {
+			marks[c.i/64] |= 1 << (c.i % 64)
+		}
+	}
+	used := 0
+	for _, m := range marks {
+		used += bits.OnesCount64(m)
+	}
+	st.cells = make([]shareCell, 0, used)
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
 	cp, pp := uint64(e&1), uint64((e-1)&1)
 	ct, pt := sketchTag(e), sketchTag(e-1)
-	for i := range cells {
-		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
-		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
-		peerPrev, peerCurr := uint64(c.counts[2*i]), uint64(c.counts[2*i+1])
-		c.owned[i] = uint32(min(ownCurr, MaxSketchQuota))
-		// What the previous copy left the others, less what the sum has
-		// counted of theirs since; gone once unused for hold.
-		var held uint64
-		since := at
-		if carried && prev.keep[i] != 0 {
-			then := uint64(prev.counts[2*i+1]) - min(uint64(prev.keep[i]), uint64(prev.counts[2*i+1]))
-			if used := peerCurr - min(peerCurr, then); used != 0 {
-				held = uint64(prev.keep[i]) - min(used, uint64(prev.keep[i]))
-			} else if ownCurr > uint64(prev.owned[i]) {
-				// This instance granted in the cell since: the others
-				// may have too, at the same moment, unseen yet; the
-				// hold starts again.
-				held = uint64(prev.keep[i])
-			} else if at-min(at, prev.since[i]) < holdUnits {
-				held, since = uint64(prev.keep[i]), prev.since[i]
+	j := 0 // p.cells[j] is the first of the previous copy's cells not passed yet
+	for wi, m := range marks {
+		for m != 0 {
+			i := wi*64 + bits.TrailingZeros64(m)
+			m &= m - 1
+			ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
+			ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
+			peerPrev, peerCurr := uint64(t.counts[2*i]), uint64(t.counts[2*i+1])
+			// What the previous copy left the others here: listed, or
+			// its default.
+			var held uint64
+			since := b.at
+			if p != nil {
+				pk, ps, po := p.def, p.defSince, uint32(0)
+				for j < len(p.cells) && int(p.cells[j].i) < i {
+					j++
+				}
+				if j < len(p.cells) && int(p.cells[j].i) == i {
+					pc := &p.cells[j]
+					pk, ps, po = pc.keep, pc.since, pc.owned
+				}
+				held, since = b.carry(pk, ps, po, uint64(prev.counts[2*i+1]), peerCurr, ownCurr)
 			}
+			// The cell's estimate, rounded up, as sketchView.remaining
+			// takes it.
+			var est uint64
+			if ownPrev|ownCurr|peerPrev|peerCurr != 0 {
+				hi, lo := bits.Mul64(ownPrev+peerPrev, rest)
+				h2, l2 := bits.Mul64(ownCurr+peerCurr, w)
+				lo, carry := bits.Add64(lo, l2, 0)
+				hi, _ = bits.Add64(hi, h2, carry)
+				var rem uint64
+				if est, rem = bits.Div64(hi, lo, w); rem != 0 {
+					est++
+				}
+			}
+			keep, since := b.settle(b.q-min(est, b.q), held, since)
+			owned := uint32(min(ownCurr, MaxSketchQuota))
+			if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 {
+				// As every cell that counts nothing: the default's,
+				// down to when its hold began, which only decides how
+				// soon a reservation larger than a fresh one lapses,
+				// and a quiet cell's is as good as any.
+				continue
+			}
+			st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})
+			c.counts[2*i+1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota))
 		}
-		// The cell's estimate, rounded up, as sketchView.remaining takes it.
-		hi, lo := bits.Mul64(ownPrev+peerPrev, rest)
-		h2, l2 := bits.Mul64(ownCurr+peerCurr, w)
-		lo, carry := bits.Add64(lo, l2, 0)
-		hi, _ = bits.Add64(hi, h2, carry)
-		est, rem := bits.Div64(hi, lo, w)
-		if rem != 0 {
-			est++
-		}
-		// The n shares add up to what is left: the remainder of the
-		// division goes one each to the instances ranked first, so the
-		// last requests of a key spread over the instances still pass.
-		left := q - min(est, q)
-		share := left / uint64(n)
-		if uint64(rank) < left%uint64(n) {
-			share++
-		}
-		// The others keep what they were left before, if more than their
-		// shares now: what they may still grant unseen is not shared
-		// again, nor left them twice.
-		keep := left - share
-		if held >= keep {
-			keep = held
-		} else {
-			since = at
-		}
-		if keep = min(keep, MaxSketchQuota); keep == 0 {
-			continue
-		}
-		c.keep[i], c.since[i] = uint32(keep), since
-		p := &c.counts[2*i+1]
-		*p = uint32(min(uint64(*p)+keep, MaxSketchQuota))
 	}
+	c.shares = st
 	return &c
+}
+
+// A shareState is what a copy made by WithShares left the other instances:
+// in each cell listed in cells (in increasing order), its keep, from its
+// since (in units of the window's time, see WithShares) on, while the own
+// sketch counted its owned in the cell's current window; in every other
+// cell def, from defSince, with nothing owned. Each is counted in the
+// copy's current window.
+type shareState struct {
+	def, defSince uint32
+	cells         []shareCell
+}
+
+type shareCell struct {
+	i                  int32
+	keep, since, owned uint32
+}
+
+// shareBalance is what WithShares settles each cell's reservation with:
+// the instances and this one's rank among them, the quota, and the time
+// into the window and the hold, in the units of shareState.
+type shareBalance struct {
+	n, rank, q uint64
+	at, hold   uint32
+}
+
+// carry returns what a reservation of pk, made or seen used at ps, while
+// the own sketch counted po, still holds for the others, and since when:
+// less what the sum (whose count of the cell was prevCount with the
+// reservation) has counted of theirs since; all of it again from now if
+// this instance granted in the cell since (the others may have too, at
+// the same moment, unseen yet); all of it until hold passes; then nothing.
+func (b shareBalance) carry(pk, ps, po uint32, prevCount, peerCurr, ownCurr uint64) (held uint64, since uint32) {
+	if pk == 0 {
+		return 0, b.at
+	}
+	then := prevCount - min(uint64(pk), prevCount)
+	switch used := peerCurr - min(peerCurr, then); {
+	case used != 0:
+		return uint64(pk) - min(used, uint64(pk)), b.at
+	case ownCurr > uint64(po):
+		return uint64(pk), b.at
+	case b.at-min(b.at, ps) < b.hold:
+		return uint64(pk), ps
+	}
+	return 0, b.at
+}
+
+// settle returns what a cell with left of the quota leaves the others, and
+// since when: all but this instance's share, the n shares adding up to
+// left (the remainder of the division going one each to the instances
+// ranked first, so the last requests of a key spread over the instances
+// still pass), or what they were left before, held since since, if more:
+// what they may still grant unseen is not shared again, nor left them
+// twice.
+func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32) {
+	share := left / b.n
+	if b.rank < left%b.n {
+		share++
+	}
+	k := left - share
+	if held >= k {
+		k = held
+	} else {
+		since = b.at
+	}
+	if k = min(k, MaxSketchQuota); k == 0 {
+		return 0, 0
+	}
+	return uint32(k), since
 }
 
 // AppendCounted appends a bitmap of the cells in which s counts something

@@ -99,7 +99,7 @@ func TestWithSharesCarriesTheOthersSharesForHold(t *testing.T) {
 	}
 	// A reset drops what is carried: the next copy shares what is left.
 	shared = shared.WithoutHash(HashString("other"), at)
-	if shared.keep != nil {
+	if shared.shares != nil {
 		t.Fatal("a copy less a key's counts kept the reservations")
 	}
 }

@@ -29,19 +29,18 @@ type SketchSum struct {
 	// counts holds cell c's count of window epoch − 1 at 2c and of window
 	// epoch at 2c + 1, so that a decision finds both in one cache line.
 	counts []uint32
-	// keep and since are set on a copy made by WithShares: what it left
-	// the other instances in each cell (counted in counts' current
-	// window), and when the reservation was made or last seen used, in
-	// milliseconds (or window/2³², if longer) into window epoch. The next
-	// WithShares carries what they have not been seen to use (see there).
-	keep, since []uint32
-	// owned is, in a copy made by WithShares, the own sketch's count of
-	// each cell's current window then.
-	owned []uint32
+	// used has a bit per cell (bit i%64 of word i/64), set for every cell
+	// that an added snapshot counted (subtracting may leave some at zero),
+	// so that the work done on a sum follows its cells in use, not its
+	// size.
+	used []uint64
+	// shares is set on a copy made by WithShares: what it left the other
+	// instances, for the next WithShares to carry.
+	shares *shareState
 }
 
 // NewSketchSum returns an empty sum for snapshots of s, of the window of
-// now. It allocates 8 bytes per cell of s.
+// now. It allocates 8 bytes and a bit per cell of s.
 func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
 	e, _ := s.clock(now)
 	return &SketchSum{
@@ -50,6 +49,7 @@ func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
 		width:  int(s.width),
 		epoch:  e,
 		counts: make([]uint32, 2*s.rows*int(s.width)),
+		used:   make([]uint64, (s.rows*int(s.width)+63)/64),
 	}
 }
 
@@ -92,6 +92,7 @@ func (t *SketchSum) addBinary(data []byte, seen func(curr bool, i int, c uint32)
 			k++
 		}
 		if k == 0 || k == 1 {
+			t.used[i/64] |= 1 << (i % 64)
 			p := &t.counts[2*i+int(k)]
 			*p = uint32(min(uint64(*p)+uint64(c), MaxSketchQuota))
 		}
@@ -189,9 +190,9 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 
 // AppendBinary appends the sum in the binary form of a SketchSnapshot of
 // the sum's windows (Epoch − 1 and Epoch), as SketchSnapshot.AppendBinary
-// would write it.
+// would write it. It reads only the cells the sum may count something in.
 func (t *SketchSum) AppendBinary(dst []byte) []byte {
-	cells := everyCell(t.rows * t.width)
+	cells := setCells(t.used)
 	dst = appendSketchHeader(dst, t.rows, t.width, t.window, t.epoch)
 	dst = appendSketchCells(dst, cells, func(i int) uint32 { return t.counts[2*i] })
 	return appendSketchCells(dst, cells, func(i int) uint32 { return t.counts[2*i+1] })
@@ -212,7 +213,7 @@ func (s *Sketch) SketchSumOfBinary(data []byte) (*SketchSum, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.counts = make([]uint32, 2*cells)
+	t.counts, t.used = make([]uint32, 2*cells), make([]uint64, (cells+63)/64)
 	if _, err := t.AddBinary(data); err != nil {
 		return nil, err
 	}
@@ -224,7 +225,8 @@ func (t *SketchSum) Epoch() int64 { return t.epoch }
 
 // Empty returns an empty sum of the same shape and windows as t.
 func (t *SketchSum) Empty() *SketchSum {
-	return &SketchSum{window: t.window, rows: t.rows, width: t.width, epoch: t.epoch, counts: make([]uint32, len(t.counts))}
+	return &SketchSum{window: t.window, rows: t.rows, width: t.width, epoch: t.epoch,
+		counts: make([]uint32, len(t.counts)), used: make([]uint64, len(t.used))}
 }
 
 // Clone returns a copy of the sum's counts, without what WithShares left
@@ -232,7 +234,8 @@ func (t *SketchSum) Empty() *SketchSum {
 func (t *SketchSum) Clone() *SketchSum {
 	c := *t
 	c.counts = slices.Clone(t.counts)
-	c.keep, c.since, c.owned = nil, nil, nil
+	c.used = slices.Clone(t.used)
+	c.shares = nil
 	return &c
 }
 
