@@ -350,17 +350,18 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 // windows, so a storage outage degrades to local limiting.
 //
 // Key resets that a snapshot lists and this instance does not know yet are
-// applied to its own counts first; then the sum is built, each snapshot
-// less its counts of the keys of known resets that it does not list (see
-// resets.go). A snapshot may list a reset that one read before it lacks,
-// so the snapshots are all loaded before the sum is built: for the
-// duration of a read, this holds every peer's stored snapshot in memory
-// at once (at most about 6 bytes per sketch cell each, usually much less).
+// applied to its own counts, and the sum is built of each snapshot less
+// its counts of the keys of known resets that it does not list (see
+// resets.go). Each snapshot is added as it is loaded, so a read holds one
+// peer's snapshot at a time (at most about 6 bytes per sketch cell, usually
+// much less); a read on which a snapshot lists a reset learned after
+// others were added is done again holding them all (sumSnapshots).
 func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer func() { clear(s.snaps) }() // no snapshot outlives its read
+	s.lifted = s.lifted[:0]
 	found := aggregateNone
 	defer func() { s.lastRead = found }()
 	if !s.aggregating {
@@ -376,8 +377,67 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		s.readFailed(now, err)
 		return
 	}
+	sum, mine, seq, ok := s.sumSnapshots(ctx, now, keys, true)
+	if ok && sum == nil {
+		// A snapshot listed a reset that this instance learned only after
+		// it had added others, which may count the key: read again, holding
+		// them all until every reset they list is known.
+		sum, mine, seq, ok = s.sumSnapshots(ctx, now, keys, false)
+	}
+	if !ok {
+		return
+	}
+	added := s.snaps
+	// The instances live now, those that published within liveWrites
+	// write intervals, and this one's rank among them by name, for the
+	// shares.
+	live, rank := 1, 0
+	for _, snap := range added {
+		if now.Sub(snap.written) <= liveWrites*s.iv.Write {
+			live++
+			if snap.instance < own {
+				rank++
+			}
+		}
+	}
+	switch {
+	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers &&
+		(s.aggregating || found == aggregateNone && s.tryAggregator(ctx)):
+		s.publishAggregate(ctx, now, sum, added, mine)
+	case s.aggregating:
+		// Too few instances (or too many) for an aggregate: it goes, so
+		// that nobody loads a stale one at every read, and so does the
+		// lock, for whoever finds the fleet large enough again.
+		s.dropAggregate(ctx)
+	}
+	s.replaceView(now, sum, live, rank, seq, added, 0)
+	s.ok(OpRead, now)
+}
+
+// sumSnapshots loads the snapshots under keys (the zone's listing) and
+// returns the sum of the peers' ones as at now, less their counts of the
+// keys of the resets they do not list (see resets.go), with this
+// instance's own stored snapshot (nil if none) and learnResets' sequence
+// number; s.snaps holds the snapshots added, without their sketches if
+// stream is set. ok is false if the storage failed (the failure is
+// handled).
+//
+// If stream is set, each snapshot is added to the sum as soon as it is
+// loaded, so that a read holds one peer's snapshot at a time, however many
+// instances there are. A snapshot may list a reset that this instance
+// learns from it only after it has added others that may count the key:
+// then it returns a nil sum, for Read to read again without stream, which
+// loads every snapshot and learns every reset they list before it adds
+// any of them up (resets are rare: the admin API's, and the peers').
+func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string, stream bool) (sum *limiter.SketchSum, mine *snapshot, seq uint64, ok bool) {
+	c := s.c
+	dir := Dir(c.shape.Zone)
+	own := s.proc.name(s.instance)
 	s.snaps = s.snaps[:0]
-	var mine *snapshot
+	if stream {
+		seq = s.learnResets(now, nil)
+		sum = c.sketch.NewSketchSum(now)
+	}
 	for _, key := range keys {
 		name := path.Base(key)
 		if path.Dir(key) != dir {
@@ -394,7 +454,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 			}
 			if ctx.Err() != nil {
 				s.readFailed(now, err)
-				return
+				return nil, nil, 0, false
 			}
 			s.skipped(key, err) // a directory, an unreadable file, one too large
 			continue
@@ -426,48 +486,64 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 			}
 			continue
 		}
+		if stream {
+			if s.teaches(now, snap) {
+				if len(s.snaps) > 0 {
+					return nil, nil, 0, true // see Read
+				}
+				seq = s.learnResets(now, []*snapshot{snap})
+			}
+			if !s.addTo(sum, snap) {
+				continue
+			}
+			snap.sketch = nil // added: what is kept of it is small
+		}
 		s.snaps = append(s.snaps, snap)
 	}
-
-	seq := s.learnResets(now, s.snaps)
-	sum := c.sketch.NewSketchSum(now)
+	if stream {
+		return sum, mine, seq, true
+	}
+	seq = s.learnResets(now, s.snaps)
+	sum = c.sketch.NewSketchSum(now)
 	added := s.snaps[:0]
 	for _, snap := range s.snaps {
-		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
-		if _, err := sum.AddBinaryForgetting(snap.sketch, s.forget); err != nil {
-			s.skipped(Key(c.shape.Zone, snap.instance), err)
-			continue
-		}
-		added = append(added, snap)
-	}
-	// The instances live now, those that published within liveWrites
-	// write intervals, and this one's rank among them by name, for the
-	// shares.
-	live, rank := 1, 0
-	for _, snap := range added {
-		if now.Sub(snap.written) <= liveWrites*s.iv.Write {
-			live++
-			if snap.instance < own {
-				rank++
-			}
+		if s.addTo(sum, snap) {
+			added = append(added, snap)
 		}
 	}
-	switch {
-	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers &&
-		(s.aggregating || found == aggregateNone && s.tryAggregator(ctx)):
-		s.publishAggregate(ctx, now, sum, added, mine)
-	case s.aggregating:
-		// Too few instances (or too many) for an aggregate: it goes, so
-		// that nobody loads a stale one at every read, and so does the
-		// lock, for whoever finds the fleet large enough again.
-		s.dropAggregate(ctx)
+	s.snaps = added
+	return sum, mine, seq, true
+}
+
+// addTo adds snap's sketch to sum, less its counts of the keys of the
+// resets known here that it does not list, and reports whether it could
+// (a sketch that is not well formed is skipped and counted).
+func (s *Syncer) addTo(sum *limiter.SketchSum, snap *snapshot) bool {
+	s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
+	if _, err := sum.AddBinaryForgetting(snap.sketch, s.forget); err != nil {
+		s.skipped(Key(s.c.shape.Zone, snap.instance), err)
+		return false
 	}
-	s.replaceView(now, sum, live, rank, seq, added, 0)
-	s.ok(OpRead, now)
+	return true
+}
+
+// teaches reports whether snap lists a reset this instance does not know
+// and would learn (learnResets).
+func (s *Syncer) teaches(now time.Time, snap *snapshot) bool {
+	c := s.c
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	for _, r := range snap.resets {
+		if c.learnableLocked(r, now.UnixNano()) {
+			return true
+		}
+	}
+	return false
 }
 
 // learnResets applies to this instance's counts the resets that the
-// sources list and it does not know yet, noting their keys in s.lifted,
+// sources list and it does not know yet, adding their keys to s.lifted
+// (which Read empties when it starts),
 // fills s.latest with every key's latest known reset, and returns the
 // reset table's sequence number then. The caller holds c.mu.
 func (s *Syncer) learnResets(now time.Time, srcs []*snapshot) uint64 {
@@ -476,7 +552,6 @@ func (s *Syncer) learnResets(now time.Time, srcs []*snapshot) uint64 {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	c.pruneLocked(n)
-	s.lifted = s.lifted[:0]
 	for _, snap := range srcs {
 		for _, r := range snap.resets {
 			if c.learnableLocked(r, n) {
