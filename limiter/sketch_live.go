@@ -55,7 +55,10 @@ func (l *sketchLive) mark(i uint64) {
 // Within a window it costs a pass over the marks (one bit per cell) and
 // a merge of the cells marked since the last walk; the first walk of a
 // window also looks at every cell listed, to drop those whose windows
-// have passed.
+// have passed. A walk in an earlier window than the last one's (a clock
+// behind, or a sync that read the clock before another took the lock)
+// looks at every cell, since the list has dropped what that window still
+// counts, and leaves the index as it is.
 func (s *Sketch) liveCells(now time.Time) []int32 {
 	l := &s.live
 	l.mu.Lock()
@@ -63,6 +66,15 @@ func (s *Sketch) liveCells(now time.Time) []int32 {
 	e, _ := s.clock(now)
 	if e == l.epoch && l.cells != nil {
 		return l.addMarked()
+	}
+	if e < l.epoch {
+		var cells []int32
+		for i := range s.rows * int(s.width) {
+			if s.liveWord(s.slots[2*i].Load(), 0, e) || s.liveWord(s.slots[2*i+1].Load(), 1, e) {
+				cells = append(cells, int32(i))
+			}
+		}
+		return cells
 	}
 	l.epoch = e
 	n := len(l.cells)
@@ -76,13 +88,6 @@ func (s *Sketch) liveCells(now time.Time) []int32 {
 			n += bits.OnesCount64(b)
 		}
 	}
-	// Window e − 1 or later: the window a counter word holds (its tag and
-	// the counter's parity, modulo 2^33 as tags are) at or after e − 1,
-	// within the horizon of a clock ahead (sketchAddSlot).
-	live := func(word uint64, parity int64) bool {
-		w := int64(word>>32)<<1 | parity
-		return word&sketchCountMask != 0 && uint64(w-(e-1))&(1<<33-1) < 2*sketchStaleHorizon
-	}
 	cells := make([]int32, 0, n)
 	for w, b := range l.bits {
 		if b == 0 {
@@ -92,13 +97,22 @@ func (s *Sketch) liveCells(now time.Time) []int32 {
 		for b != 0 {
 			i := w*64 + bits.TrailingZeros64(b)
 			b &= b - 1
-			if live(s.slots[2*i].Load(), 0) || live(s.slots[2*i+1].Load(), 1) {
+			if s.liveWord(s.slots[2*i].Load(), 0, e) || s.liveWord(s.slots[2*i+1].Load(), 1, e) {
 				cells = append(cells, int32(i))
 			}
 		}
 	}
 	l.cells = cells
 	return cells
+}
+
+// liveWord reports whether a counter word of the given parity counts
+// something in window e − 1 or later: the window it holds (its tag and
+// the parity, modulo 2^33 as tags are) at or after e − 1, within the
+// horizon of a clock ahead (sketchAddSlot).
+func (s *Sketch) liveWord(word uint64, parity, e int64) bool {
+	w := int64(word>>32)<<1 | parity
+	return word&sketchCountMask != 0 && uint64(w-(e-1))&(1<<33-1) < 2*sketchStaleHorizon
 }
 
 // addMarked merges the cells marked since the last walk into the list, in

@@ -44,10 +44,11 @@ import (
 // the previous copy left the others): every other cell counts nothing and
 // is left what every such cell is, which is settled once and added to
 // them all in one pass at memory speed. A cell that counts nothing and is
-// left that much joins them, taking their hold for its own: a quiet cell's
-// hold only sets how soon, once the instances are fewer, a reservation
-// larger than a fresh one lapses, and every hold still running began less
-// than a hold ago. A nil sum, or n < 2, gives the sum itself.
+// left that much joins them if its hold began no later than theirs (a
+// later one runs from a grant here, since refunded): taking theirs
+// lengthens its hold, and the default's begins afresh at least once a
+// hold, so quiet cells join within a hold. A nil sum, or n < 2, gives the
+// sum itself.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
 	if t == nil || n < 2 {
 		return t
@@ -144,11 +145,10 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			}
 			keep, since := b.settle(b.q-min(est, b.q), held, since)
 			owned := uint32(min(ownCurr, MaxSketchQuota))
-			if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 {
-				// As every cell that counts nothing: the default's,
-				// down to when its hold began, which only decides how
-				// soon a reservation larger than a fresh one lapses,
-				// and a quiet cell's is as good as any.
+			if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 && since <= st.defSince {
+				// As every cell that counts nothing, its hold having
+				// begun no later than theirs: taking theirs lengthens
+				// it, never shortens it.
 				continue
 			}
 			st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})

@@ -91,8 +91,8 @@ func withSharesDense(t *SketchSum, s *Sketch, n, rank int, now time.Time, prev *
 			pk, ps, po, prevCount = prev.keep[i], prev.since[i], prev.owned[i], uint64(prev.counts[2*i+1])
 		}
 		keep, since := settle(ownPrev, ownCurr, peerPrev, peerCurr, pk, ps, po, prevCount)
-		if ownPrev|ownCurr|peerPrev|peerCurr == 0 && keep == d.quietKeep {
-			since = d.quietAt // a quiet cell's hold is the quiet one's
+		if ownPrev|ownCurr|peerPrev|peerCurr == 0 && keep == d.quietKeep && since <= d.quietAt {
+			since = d.quietAt // a quiet cell whose hold began no later takes the quiet one's
 		}
 		d.keep[i], d.since[i], d.owned[i] = keep, since, uint32(min(ownCurr, MaxSketchQuota))
 		d.counts[2*i+1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota))

@@ -103,3 +103,42 @@ func TestWithSharesCarriesTheOthersSharesForHold(t *testing.T) {
 		t.Fatal("a copy less a key's counts kept the reservations")
 	}
 }
+
+// A grant here restarts the hold of what this copy left the others in the
+// grant's cells; refunded to nothing, the cell counts nothing again, but
+// the others may have granted alongside it, unseen: what they were left
+// stays theirs for a hold from the grant, also once the instances are
+// fewer, not from whenever the cells that never counted anything began
+// theirs.
+func TestWithSharesKeepsTheHoldOfARefundedGrant(t *testing.T) {
+	own, err := NewSketch(SketchConfig{Quota: 30, Window: 10 * time.Second, Rows: 3, Width: 61})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Unix(1_700_000_000, 0)
+	at := func(ms int) time.Time { return base.Add(time.Duration(ms) * time.Millisecond) }
+	const hold = 4 * time.Second
+	h := HashString("refunded")
+	read := func(ms, n int, prev *SketchSum) *SketchSum {
+		return own.NewSketchSum(at(ms)).WithShares(own, n, 0, at(ms), prev, hold)
+	}
+	shared := read(1000, 3, nil) // 20 of 30 left the two others
+	_, res := own.TakeHashWith(h, 1, at(3000), shared)
+	if res == (Reservation{}) {
+		t.Fatal("the grant was denied")
+	}
+	shared = read(3500, 3, shared) // the grant seen: the hold starts again
+	own.Refund(res)
+	shared = read(4500, 2, shared) // one instance fewer: a share is 15
+	shared = read(5100, 2, shared)
+	granted := 0
+	for range 30 {
+		if d, _ := own.TakeHashWith(h, 1, at(5200), shared); d.Allowed {
+			granted++
+		}
+	}
+	// 2.2 s after the grant, within the hold: the others keep their 20.
+	if granted != 10 {
+		t.Errorf("granted %d at 5.2 s, want 10: what the others were left lapsed before a hold from the grant", granted)
+	}
+}

@@ -511,6 +511,7 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 			added = append(added, snap)
 		}
 	}
+	clear(s.snaps[len(added):]) // Read clears only what is left in s.snaps
 	s.snaps = added
 	return sum, mine, seq, true
 }
