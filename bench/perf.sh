@@ -219,9 +219,11 @@ here is $fleet_max. Below 1 at many instances is the sketch, not the sync: 128,0
 counters per row put about 30 other keys' counts in each of a key's cells (noise ÷ limit: the key's
 estimate before its first request), and a count-min sketch only over-estimates. Reset: the intervals
 until a reset on one instance had taken the key's counts out of every instance's view. Failover: the
-simulated seconds from the aggregator's death until another one publishes and every instance reads it
-(the lock expiring as FileStorage's does, 10 s), and what the fleet granted meanwhile of a key already
-at its limit. Traffic and CPU are per instance per interval; the most read is the aggregator's.
+seconds from the aggregator's death until another one publishes and every instance reads it, and what
+the fleet granted meanwhile of a key already at its limit; in memory the lock expires as FileStorage's
+does (10 s after its last refresh, on the simulated clock), over Redis as caddy-storage-redis's does
+(5 s, in real time, the rounds kept one interval apart; a dash over Redis where one process could not
+keep the rounds in real time, see [the cluster page](cluster.md#fleets)). Traffic and CPU are per instance per interval; the most read is the aggregator's.
 Output: [docs/perf/fleet.txt](perf/fleet.txt).
 
 | storage | sync (s) | instances | spread: allowed ÷ limit | burst: allowed ÷ limit | noise ÷ limit | read per instance (kB) | most read (kB) | written (kB) | CPU per sync (ms) | reset (intervals) | failover (s) | granted in failover |

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"path"
 	"runtime"
 	"strconv"
 	"sync"
@@ -29,10 +30,15 @@ import (
 type fleet struct {
 	zone     string
 	mem      *memStorage // nil over redis
+	redis    *fleetRedis // nil in memory
 	nodes    []*Syncer
 	counts   []*countingStorage
 	now      time.Time
 	interval time.Duration
+	parallel bool // writes run at once, then reads (but the aggregator's)
+	// realtime, if set, makes the fleet's clock the real one from wall
+	// on, at sim: each round is at sim plus the real time since wall.
+	realtime *struct{ sim, wall time.Time }
 }
 
 // fleetSeq numbers the fleets.
@@ -117,21 +123,38 @@ func newFleet(st certmagic.Storage, n int, interval time.Duration, load fleetLoa
 }
 
 func (f *fleet) round() {
-	f.now = f.now.Add(f.interval)
+	if f.realtime != nil {
+		f.now = f.realtime.sim.Add(time.Since(f.realtime.wall))
+	} else {
+		f.now = f.now.Add(f.interval)
+	}
 	if f.mem != nil {
 		f.mem.setNow(f.now)
 	}
+	var wg sync.WaitGroup
 	for _, s := range f.nodes {
+		if f.parallel {
+			wg.Go(func() { s.Write(context.Background(), f.now) })
+			continue
+		}
 		s.Write(context.Background(), f.now)
 	}
+	wg.Wait()
 	var last []*Syncer
 	for _, s := range f.nodes {
 		if s.aggregating {
 			last = append(last, s)
 			continue
 		}
+		if f.parallel {
+			// As instances do, each on its own: over Redis a read that
+			// fails to take the aggregator lock waits for it a while.
+			wg.Go(func() { s.Read(context.Background(), f.now) })
+			continue
+		}
 		s.Read(context.Background(), f.now)
 	}
+	wg.Wait()
 	for _, s := range last {
 		s.Read(context.Background(), f.now)
 		if f.mem != nil {
@@ -183,10 +206,14 @@ func (f *fleet) aggregated() bool {
 // after each of 5 syncs); the spread key's count-min estimate before its
 // first request (the other keys' counts in its cells, which it is denied
 // early by); the intervals until a reset on one instance has taken the
-// key's counts out of every instance's view; and, in memory, the seconds
-// from the aggregator's death until another one publishes and every
-// instance reads it again, with the lock expiring as FileStorage's does, and
-// what the fleet granted meanwhile of a key already at its limit.
+// key's counts out of every instance's view; and the seconds from the
+// aggregator's death until another one publishes and every instance reads
+// it again, and what the fleet granted meanwhile of a key already at its
+// limit: in memory with the lock expiring as FileStorage's does (10 s
+// after its last refresh, on the fleet's clock), over Redis as
+// caddy-storage-redis's does (5 s, in real time: those rounds keep to the
+// clock, one interval apart, each instance syncing on its own), where the
+// simulation can keep up (see killAggregator).
 func BenchmarkFleet(b *testing.B) {
 	// One redis-server for every fleet, started before any of them, so
 	// that its client's log is not in a benchmark's line.
@@ -200,9 +227,13 @@ func BenchmarkFleet(b *testing.B) {
 						if redis == nil {
 							b.Skip(noRedis)
 						}
-						st = redis
+						st = redis.storage
 					}
-					benchFleet(b, newFleet(st, n, interval, perInstanceKeys))
+					f := newFleet(st, n, interval, perInstanceKeys)
+					if store == "redis" {
+						f.redis = redis
+					}
+					benchFleet(b, f)
 				})
 			}
 		}
@@ -303,10 +334,11 @@ func benchFleet(b *testing.B, f *fleet) {
 	b.ReportMetric(float64(noise)/fleetLimit, "spread-noise/limit")
 	b.ReportMetric(float64(burst)/fleetLimit, "burst-allowed/limit")
 	b.ReportMetric(float64(resetIntervals), "reset-intervals")
-	if f.mem != nil && n >= AggregateFrom {
-		secs, granted := f.killAggregator()
-		b.ReportMetric(secs, "failover-s")
-		b.ReportMetric(float64(granted), "failover-granted")
+	if n >= AggregateFrom {
+		if secs, granted, ok := f.killAggregator(); ok {
+			b.ReportMetric(secs, "failover-s")
+			b.ReportMetric(float64(granted), "failover-granted")
+		}
 	}
 	b.ReportMetric(0, "ns/op")
 	for _, s := range f.nodes {
@@ -318,8 +350,13 @@ func benchFleet(b *testing.B, f *fleet) {
 // aggregator (it writes, reads and refreshes its lock no more), and runs
 // rounds until another aggregates and every instance reads its aggregate,
 // each instance asking for the key once per round. It returns the time
-// that took and how many of those requests were granted.
-func (f *fleet) killAggregator() (secs float64, granted int) {
+// that took and how many of those requests were granted, or false if the
+// fleet did not settle within 100 rounds, or over Redis within a minute:
+// one process on a couple of cores cannot keep up with a large fleet's
+// rounds in real time while every instance reads every snapshot (as each
+// does while there is no fresh aggregate), and once a round outlasts two
+// intervals every aggregate is stale when it is read.
+func (f *fleet) killAggregator() (secs float64, granted int, ok bool) {
 	key := limiter.HashString("failover")
 	for left := fleetLimit; left > 0; {
 		got := 0
@@ -341,15 +378,49 @@ func (f *fleet) killAggregator() (secs float64, granted int) {
 		}
 	}
 	f.nodes = alive
-	start := f.now
-	for range 100 {
+	start, wall := f.now, time.Now()
+	if f.redis != nil {
+		f.redis.die(f.zone)
+		// Redis expires the lock in real time: the fleet's clock is the
+		// real one, its rounds one interval apart (or back to back, if
+		// one takes longer), each instance reading on its own.
+		f.parallel, f.realtime = true, &struct{ sim, wall time.Time }{start, wall}
+		defer func() { f.parallel, f.realtime = false, nil }()
+	}
+	for k := 1; k <= 100; k++ {
+		if f.redis != nil {
+			time.Sleep(time.Until(wall.Add(time.Duration(k) * f.interval)))
+		}
 		f.round()
 		granted += f.request(key, 1)
 		if f.aggregated() {
+			return f.now.Sub(start).Seconds(), granted, true
+		}
+		if f.redis != nil && time.Since(wall) > time.Minute {
 			break
 		}
 	}
-	return f.now.Sub(start).Seconds(), granted
+	return 0, granted, false
+}
+
+// fleetRedis is the redis-server a fleet's storage is on, for what the
+// storage's API cannot do: let an aggregator die without releasing its
+// lock.
+type fleetRedis struct {
+	storage *redisstorage.RedisStorage
+	server  *redistest.Server
+	prefix  string // the storage's key prefix
+}
+
+// die leaves the zone's aggregator lock as its holder's death would:
+// refreshed last now, to expire when caddy-storage-redis's locks do (5 s
+// after their last refresh). Its holder's refresher, finding the lock no
+// longer its own, stops at its next refresh without releasing it.
+func (r *fleetRedis) die(zone string) {
+	key := path.Join(r.prefix, "locks", AggregateKey(zone))
+	if _, err := r.server.Do("SET", key, "dead", "PX", "5000", "XX"); err != nil {
+		panic(fmt.Sprintf("the aggregator lock %s: %v", key, err))
+	}
 }
 
 // countingStorage counts what one instance loads and stores through a
@@ -388,9 +459,9 @@ func (c *countingStorage) totals() (loaded, stored int64) {
 }
 
 // redisForBench starts a redis-server on a free port for the benchmark and
-// returns a caddy-storage-redis storage of it, or nil and why if there is
-// no redis-server.
-func redisForBench(b *testing.B) (certmagic.Storage, string) {
+// returns it with a caddy-storage-redis storage of it, or nil and why if
+// there is no redis-server.
+func redisForBench(b *testing.B) (*fleetRedis, string) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -409,5 +480,5 @@ func redisForBench(b *testing.B) (certmagic.Storage, string) {
 	if err := rs.Provision(ctx); err != nil {
 		b.Fatal(err)
 	}
-	return rs, ""
+	return &fleetRedis{storage: rs, server: r, prefix: rs.KeyPrefix}, ""
 }

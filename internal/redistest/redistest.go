@@ -73,22 +73,44 @@ func (s *Server) Stop() {
 	}
 }
 
-// Keys returns the number of keys matching pattern (RESP, no client
-// library needed).
+// Keys returns the number of keys matching pattern.
 func (s *Server) Keys(pattern string) (int, error) {
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.Port), time.Second)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	fmt.Fprintf(c, "*2\r\n$4\r\nKEYS\r\n$%d\r\n%s\r\n", len(pattern), pattern)
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := s.Do("KEYS", pattern)
 	if err != nil {
 		return 0, err
 	}
 	if !strings.HasPrefix(line, "*") {
 		return 0, fmt.Errorf("KEYS: %q", line)
 	}
-	return strconv.Atoi(strings.TrimSpace(line[1:]))
+	return strconv.Atoi(line[1:])
+}
+
+// Do sends the server one command and returns the first line of its
+// answer, without its line end (RESP, no client library needed): "+OK", a
+// count such as "*3" or ":1", or an error "-ERR …", which is returned as an
+// error.
+func (s *Server) Do(args ...string) (string, error) {
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.Port), time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	var cmd strings.Builder
+	fmt.Fprintf(&cmd, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&cmd, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(cmd.String())); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimSpace(line)
+	if strings.HasPrefix(line, "-") {
+		return "", fmt.Errorf("%s: %s", args[0], line[1:])
+	}
+	return line, nil
 }
