@@ -34,10 +34,22 @@ import (
 	_ "github.com/floodgate-rl/floodgate"
 )
 
-const (
-	plainAddr   = "127.0.0.1:9580"
-	limitedAddr = "127.0.0.1:9581"
-)
+// plainAddr and limitedAddr are the two servers' addresses, on loopback
+// ports free when the program starts (freePort), so that it runs beside
+// anything else on the machine.
+var plainAddr, limitedAddr = freePort(), freePort()
+
+// freePort returns a loopback address on a port that was free a moment
+// ago.
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
 
 var config = fmt.Sprintf(`{
 	admin off
