@@ -228,7 +228,7 @@ Output: [docs/perf/fleet.txt](perf/fleet.txt).
 
 | storage | sync (s) | instances | spread: allowed ÷ limit | burst: allowed ÷ limit | noise ÷ limit | read per instance (kB) | most read (kB) | written (kB) | CPU per sync (ms) | reset (intervals) | failover (s) | granted in failover |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|
-$(awk -F, 'NR > 1 { printf "| %s | %s | %s | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.2f | %g | %s | %s |\n", $1, $2, $3, $4, $5, $12, $6 / 1000, $7 / 1000, $8 / 1000, $9 / 1e6, $11, ($13 == "" ? "–" : $13), ($14 == "" ? "–" : $14) }' "$data/fleet.csv")
+$(awk -F, 'NR > 1 { printf "| %s | %s | %s | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.2f | %g | %s | %s |\n", $1, $2, $3, $4, $5, $12, $6 / 1000, $7 / 1000, $8 / 1000, $9 / 1e6, $11, ($13 == "" ? "–" : sprintf("%.0f", $13)), ($14 == "" ? "–" : $14) }' "$data/fleet.csv")
 
 EOF
 	fi
