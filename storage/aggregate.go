@@ -408,8 +408,11 @@ func (s *Syncer) releaseAggregator(ctx context.Context) {
 // dropAggregate deletes the aggregate this instance publishes and gives up
 // the lock: at Stop, so that another instance takes over at its next read
 // rather than once the aggregate is stale, and when the fleet is too small
-// for one.
-func (s *Syncer) dropAggregate(ctx context.Context) {
+// (or too large) for one. It says so, and why, in the log, where the
+// aggregator's hand-overs can be followed.
+func (s *Syncer) dropAggregate(ctx context.Context, why string, live int) {
 	_ = s.st.Delete(ctx, AggregateKey(s.c.shape.Zone))
 	s.releaseAggregator(ctx)
+	s.log.Info("this instance no longer aggregates the zone's cluster state",
+		zap.String("zone", s.c.shape.Zone), zap.String("why", why), zap.Int("live_instances", live))
 }

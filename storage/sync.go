@@ -178,7 +178,7 @@ func (s *Syncer) Stop() {
 	defer cancel()
 	s.Write(ctx, time.Now())
 	if s.aggregating {
-		s.dropAggregate(ctx)
+		s.dropAggregate(ctx, "stopping", 0)
 	}
 }
 
@@ -408,7 +408,11 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		// Too few instances (or too many) for an aggregate: it goes, so
 		// that nobody loads a stale one at every read, and so does the
 		// lock, for whoever finds the fleet large enough again.
-		s.dropAggregate(ctx)
+		why := "too few live instances"
+		if live >= s.aggregateFrom {
+			why = "too many instances for one aggregate"
+		}
+		s.dropAggregate(ctx, why, live)
 	}
 	s.replaceView(now, sum, live, rank, seq, added, 0)
 	s.ok(OpRead, now)

@@ -1,24 +1,55 @@
 package cluster
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 )
 
-// aggregatingLog is what an instance logs when it becomes its zone's
-// aggregator (storage/aggregate.go).
-const aggregatingLog = "this instance aggregates the zone's cluster state"
+// aggregatingLog and notAggregatingLog are what an instance logs when it
+// becomes its zone's aggregator and when it gives that up
+// (storage/aggregate.go).
+const (
+	aggregatingLog    = "this instance aggregates the zone's cluster state"
+	notAggregatingLog = "this instance no longer aggregates the zone's cluster state"
+)
 
-// aggregators returns the nodes that have logged becoming the aggregator.
+// aggregators returns the nodes whose last word on it is that they
+// aggregate: an aggregator gives up when it finds too few instances live,
+// which a loaded machine's late writes can make it find for a while, and
+// another one takes over.
 func aggregators(nodes []*node) []*node {
 	var found []*node
 	for _, n := range nodes {
-		if strings.Contains(n.logs(), aggregatingLog) {
+		logs := n.logs()
+		if strings.LastIndex(logs, aggregatingLog) > strings.LastIndex(logs, notAggregatingLog) {
 			found = append(found, n)
 		}
 	}
 	return found
+}
+
+// oneAggregator waits until exactly one of nodes aggregates and returns it,
+// or fails with how often each became the aggregator and gave it up.
+func oneAggregator(t *testing.T, nodes []*node, limit time.Duration) *node {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		if found := aggregators(nodes); len(found) == 1 {
+			return found[0]
+		}
+		if time.Now().After(deadline) {
+			var seen []string
+			for _, n := range nodes {
+				logs := n.logs()
+				seen = append(seen, fmt.Sprintf("node %d: became it %d times, gave it up %d", n.i,
+					strings.Count(logs, aggregatingLog), strings.Count(logs, notAggregatingLog)))
+			}
+			t.Fatalf("no single aggregator within %v: %s", limit, strings.Join(seen, "; "))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Five instances on one storage elect an aggregator, which publishes the
@@ -36,27 +67,21 @@ func TestAggregatorKilledClusterStillLimits(t *testing.T) {
 				storage = redisStorage(startRedis(t))
 			}
 			nodes := startCluster(t, 5, storage, zoneBody(exhaustWindow, "1m"))
-			var dead *node
-			waitFor(t, 20*time.Second, "an aggregator", func() bool {
-				found := aggregators(nodes)
-				if len(found) == 1 {
-					dead = found[0]
-				}
-				return len(found) == 1
-			})
+			oneAggregator(t, nodes, 20*time.Second)
+			checkShared(t, nodes, "before", store+", with an aggregator")
+
+			dead := oneAggregator(t, nodes, 20*time.Second) // the one now
 			var rest []*node
 			for _, n := range nodes {
 				if n != dead {
 					rest = append(rest, n)
 				}
 			}
-			checkShared(t, nodes, "before", store+", with an aggregator")
-
 			dead.kill()
 			killed := time.Now()
 			// At once, while its lock is held and its aggregate goes stale.
 			checkShared(t, rest, "during", store+", the aggregator killed")
-			waitFor(t, 40*time.Second, "another instance aggregating", func() bool { return len(aggregators(rest)) == 1 })
+			oneAggregator(t, rest, 40*time.Second)
 			t.Logf("%s: another instance aggregated within %v of the aggregator's death", store, time.Since(killed).Round(100*time.Millisecond))
 			checkShared(t, rest, "after", store+", after the aggregator's failover")
 			for _, n := range rest {
