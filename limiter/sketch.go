@@ -385,11 +385,28 @@ type sketchView struct {
 
 // num returns row i's estimate times W.
 func (v *sketchView) num(i int) (hi, lo uint64) {
-	h1, l1 := bits.Mul64(v.rows[i].prev, v.w-v.t)
-	h2, l2 := bits.Mul64(v.rows[i].curr, v.w)
+	return sketchNum(v.rows[i].prev, v.rows[i].curr, v.w, v.w-v.t)
+}
+
+// sketchNum returns prev·rest + curr·w in 128 bits: a count's estimate
+// times the window w, rest being what is left of the current window.
+func sketchNum(prev, curr, w, rest uint64) (hi, lo uint64) {
+	h1, l1 := bits.Mul64(prev, rest)
+	h2, l2 := bits.Mul64(curr, w)
 	lo, c := bits.Add64(l1, l2, 0)
 	hi, _ = bits.Add64(h1, h2, c)
 	return hi, lo
+}
+
+// sketchCeil returns the estimate sketchNum's hi, lo stand for, rounded
+// up, as a request's remaining takes it. The estimate is below
+// prev + curr < 2^34, so the quotient fits.
+func sketchCeil(hi, lo, w uint64) uint64 {
+	est, rem := bits.Div64(hi, lo, w)
+	if rem != 0 {
+		est++
+	}
+	return est
 }
 
 // rowFits reports whether row i's estimate is at most limit.
@@ -431,15 +448,10 @@ func (v *sketchView) remove(w uint64) {
 // remaining is floor(q − estimate), at least zero.
 func (v *sketchView) remaining(q uint64) int64 {
 	hi, lo := v.num(v.minRow())
-	// The estimate is below prev + curr < 2^34, so the quotient fits.
-	est, rem := bits.Div64(hi, lo, v.w)
-	if rem != 0 {
-		est++
+	if est := sketchCeil(hi, lo, v.w); est < q {
+		return int64(q - est)
 	}
-	if est >= q {
-		return 0
-	}
-	return int64(q - est)
+	return 0
 }
 
 // reset is the time until the estimate is zero: the earliest time any row

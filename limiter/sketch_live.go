@@ -70,7 +70,7 @@ func (s *Sketch) liveCells(now time.Time) []int32 {
 	if e < l.epoch {
 		var cells []int32
 		for i := range s.rows * int(s.width) {
-			if s.liveWord(s.slots[2*i].Load(), 0, e) || s.liveWord(s.slots[2*i+1].Load(), 1, e) {
+			if s.cellLive(i, e) {
 				cells = append(cells, int32(i))
 			}
 		}
@@ -81,38 +81,44 @@ func (s *Sketch) liveCells(now time.Time) []int32 {
 	for _, i := range l.cells {
 		l.bits[i/64] |= 1 << (i % 64)
 	}
-	for w := range l.marked {
-		if l.marked[w].Load() != 0 {
-			b := l.marked[w].Swap(0)
-			l.bits[w] |= b
-			n += bits.OnesCount64(b)
-		}
-	}
+	l.takeMarks(func(w int, b uint64) {
+		l.bits[w] |= b
+		n += bits.OnesCount64(b)
+	})
 	cells := make([]int32, 0, n)
-	for w, b := range l.bits {
-		if b == 0 {
-			continue
-		}
-		l.bits[w] = 0
-		for b != 0 {
-			i := w*64 + bits.TrailingZeros64(b)
-			b &= b - 1
-			if s.liveWord(s.slots[2*i].Load(), 0, e) || s.liveWord(s.slots[2*i+1].Load(), 1, e) {
-				cells = append(cells, int32(i))
-			}
+	for i := range setCells(l.bits) {
+		if s.cellLive(i, e) {
+			cells = append(cells, int32(i))
 		}
 	}
+	clear(l.bits)
 	l.cells = cells
 	return cells
 }
 
-// liveWord reports whether a counter word of the given parity counts
-// something in window e − 1 or later: the window it holds (its tag and
-// the parity, modulo 2^33 as tags are) at or after e − 1, within the
-// horizon of a clock ahead (sketchAddSlot).
-func (s *Sketch) liveWord(word uint64, parity, e int64) bool {
-	w := int64(word>>32)<<1 | parity
-	return word&sketchCountMask != 0 && uint64(w-(e-1))&(1<<33-1) < 2*sketchStaleHorizon
+// cellLive reports whether cell i counts something in window e − 1 or
+// later: one of its counter words holds such a window (its tag and the
+// counter's parity, modulo 2^33 as tags are: at or after e − 1, within the
+// horizon of a clock ahead, see sketchAddSlot) with a count.
+func (s *Sketch) cellLive(i int, e int64) bool {
+	for parity := range int64(2) {
+		word := s.slots[2*i+int(parity)].Load()
+		w := int64(word>>32)<<1 | parity
+		if word&sketchCountMask != 0 && uint64(w-(e-1))&(1<<33-1) < 2*sketchStaleHorizon {
+			return true
+		}
+	}
+	return false
+}
+
+// takeMarks clears the marks, passing each word of them that had any set
+// to f with its index.
+func (l *sketchLive) takeMarks(f func(w int, b uint64)) {
+	for w := range l.marked {
+		if l.marked[w].Load() != 0 {
+			f(w, l.marked[w].Swap(0))
+		}
+	}
 }
 
 // addMarked merges the cells marked since the last walk into the list, in
@@ -121,14 +127,11 @@ func (s *Sketch) liveWord(word uint64, parity, e int64) bool {
 // the next window's walk). l.mu is held.
 func (l *sketchLive) addMarked() []int32 {
 	var marked []int32
-	for w := range l.marked {
-		if l.marked[w].Load() == 0 {
-			continue
-		}
-		for b := l.marked[w].Swap(0); b != 0; b &= b - 1 {
+	l.takeMarks(func(w int, b uint64) {
+		for ; b != 0; b &= b - 1 {
 			marked = append(marked, int32(w*64+bits.TrailingZeros64(b)))
 		}
-	}
+	})
 	if len(marked) == 0 {
 		return l.cells
 	}

@@ -93,8 +93,7 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 		return nil
 	}
 	c := *t
-	c.counts = slices.Clone(t.counts)
-	c.used = t.used // never added to again: shared
+	c.counts = slices.Clone(t.counts) // c.used stays t's: no sum is added to once read
 	c.ForgetHash(h, at)
 	// The reservations WithShares carries are measured against the counts
 	// as they were: the next re-balance starts afresh.

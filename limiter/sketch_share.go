@@ -54,8 +54,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		return t
 	}
 	c := *t
-	c.counts = slices.Clone(t.counts)
-	c.used = t.used // never added to again: shared
+	c.counts = slices.Clone(t.counts) // c.used stays t's: no sum is added to once read
 	c.shares = nil
 	e, el := s.clock(now)
 	if e != t.epoch {
@@ -108,52 +107,42 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	cp, pp := uint64(e&1), uint64((e-1)&1)
 	ct, pt := sketchTag(e), sketchTag(e-1)
 	j := 0 // p.cells[j] is the first of the previous copy's cells not passed yet
-	for wi, m := range marks {
-		for m != 0 {
-			i := wi*64 + bits.TrailingZeros64(m)
-			m &= m - 1
-			ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
-			ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
-			peerPrev, peerCurr := uint64(t.counts[2*i]), uint64(t.counts[2*i+1])
-			// What the previous copy left the others here: listed, or
-			// its default.
-			var held uint64
-			since := b.at
-			if p != nil {
-				pk, ps, po := p.def, p.defSince, uint32(0)
-				for j < len(p.cells) && int(p.cells[j].i) < i {
-					j++
-				}
-				if j < len(p.cells) && int(p.cells[j].i) == i {
-					pc := &p.cells[j]
-					pk, ps, po = pc.keep, pc.since, pc.owned
-				}
-				held, since = b.carry(pk, ps, po, uint64(prev.counts[2*i+1]), peerCurr, ownCurr)
+	for i := range setCells(marks) {
+		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
+		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
+		peerPrev, peerCurr := uint64(t.counts[2*i]), uint64(t.counts[2*i+1])
+		// What the previous copy left the others here: listed, or
+		// its default.
+		var held uint64
+		since := b.at
+		if p != nil {
+			pk, ps, po := p.def, p.defSince, uint32(0)
+			for j < len(p.cells) && int(p.cells[j].i) < i {
+				j++
 			}
-			// The cell's estimate, rounded up, as sketchView.remaining
-			// takes it.
-			var est uint64
-			if ownPrev|ownCurr|peerPrev|peerCurr != 0 {
-				hi, lo := bits.Mul64(ownPrev+peerPrev, rest)
-				h2, l2 := bits.Mul64(ownCurr+peerCurr, w)
-				lo, carry := bits.Add64(lo, l2, 0)
-				hi, _ = bits.Add64(hi, h2, carry)
-				var rem uint64
-				if est, rem = bits.Div64(hi, lo, w); rem != 0 {
-					est++
-				}
+			if j < len(p.cells) && int(p.cells[j].i) == i {
+				pc := &p.cells[j]
+				pk, ps, po = pc.keep, pc.since, pc.owned
 			}
-			keep, since := b.settle(b.q-min(est, b.q), held, since)
-			owned := uint32(min(ownCurr, MaxSketchQuota))
-			if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 && since <= st.defSince {
-				// As every cell that counts nothing, its hold having
-				// begun no later than theirs: taking theirs lengthens
-				// it, never shortens it.
-				continue
-			}
-			st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})
-			c.counts[2*i+1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota))
+			held, since = b.carry(pk, ps, po, uint64(prev.counts[2*i+1]), peerCurr, ownCurr)
 		}
+		// The cell's estimate, rounded up, as sketchView.remaining
+		// takes it.
+		var est uint64
+		if ownPrev|ownCurr|peerPrev|peerCurr != 0 {
+			hi, lo := sketchNum(ownPrev+peerPrev, ownCurr+peerCurr, w, rest)
+			est = sketchCeil(hi, lo, w)
+		}
+		keep, since := b.settle(b.q-min(est, b.q), held, since)
+		owned := uint32(min(ownCurr, MaxSketchQuota))
+		if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 && since <= st.defSince {
+			// As every cell that counts nothing, its hold having
+			// begun no later than theirs: taking theirs lengthens
+			// it, never shortens it.
+			continue
+		}
+		st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})
+		c.counts[2*i+1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota))
 	}
 	c.shares = st
 	return &c
