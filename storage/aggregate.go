@@ -44,8 +44,9 @@ import (
 // the aggregator dies its aggregate goes stale (aggregateMaxAge), every
 // instance falls back to reading every snapshot, limiting as before, and
 // the first to try the lock once it has expired takes over. Two
-// aggregators at once (a lock lost during a stall) publish alternately;
-// each publishes a true sum.
+// aggregators at once (a FileStorage lock taken twice, a lock lost during
+// a stall) each publish a true sum, and are soon down to one through the
+// aggregator's claim (below).
 //
 // The view an aggregate gives is older than a direct read by up to the
 // aggregator's read interval: the over-admission bound grows by that
@@ -405,14 +406,129 @@ func (s *Syncer) releaseAggregator(ctx context.Context) {
 	_ = s.st.Unlock(ctx, AggregateKey(s.c.shape.Zone))
 }
 
-// dropAggregate deletes the aggregate this instance publishes and gives up
-// the lock: at Stop, so that another instance takes over at its next read
+// dropAggregate deletes the aggregate this instance publishes and its
+// claim, and gives up the lock: at Stop, so that another instance takes over at its next read
 // rather than once the aggregate is stale, and when the fleet is too small
 // (or too large) for one. It says so, and why, in the log, where the
 // aggregator's hand-overs can be followed.
 func (s *Syncer) dropAggregate(ctx context.Context, why string, live int) {
 	_ = s.st.Delete(ctx, AggregateKey(s.c.shape.Zone))
+	_ = s.st.Delete(ctx, ClaimKey(s.c.shape.Zone))
 	s.releaseAggregator(ctx)
+	s.gaveUp(why, live)
+}
+
+// gaveUp logs that this instance no longer aggregates, and why.
+func (s *Syncer) gaveUp(why string, live int, fields ...zap.Field) {
 	s.log.Info("this instance no longer aggregates the zone's cluster state",
-		zap.String("zone", s.c.shape.Zone), zap.String("why", why), zap.Int("live_instances", live))
+		append([]zap.Field{zap.String("zone", s.c.shape.Zone), zap.String("why", why), zap.Int("live_instances", live)}, fields...)...)
+}
+
+// The aggregator's claim. The storage's lock elects one aggregator, but
+// not always only one: certmagic's FileStorage removes a lock file it finds
+// stale and creates it again, so two instances that find the dead
+// aggregator's lock stale at once can both end up holding it (and its
+// Unlock removes the lock file whoever created it); any storage's lock is
+// lost during a long enough stall. Two aggregators each publish a true
+// sum, but each reads every snapshot, which the aggregate is there to
+// save. So before it publishes, an aggregator reads the zone's claim, a
+// small entry under ClaimKey naming the instance that last published and
+// when. A fresh claim (aggregateMaxAge, dated at most MaxClockSkew ahead)
+// naming another instance whose name sorts before this one's makes it
+// give the role up, leaving the aggregate and the claim to the other;
+// otherwise it stores its own claim and publishes. So two aggregators are
+// down to one within about two read intervals of both publishing.
+//
+// A claim is an input from a peer like any: size-checked and checksummed.
+// Forged claims can make every aggregator give up, which costs each
+// instance a read of every snapshot, as without an aggregate, and imposes
+// nothing on the counts.
+
+// ClaimKey is where the instance that aggregates a zone's cluster state
+// names itself. It is in a directory of its own, so that no zone's name
+// can make it another zone's aggregate or snapshot.
+func ClaimKey(zone string) string { return Prefix + "_aggregator/" + url.PathEscape(zone) }
+
+// The stored form of a claim is
+//
+//	"FGAC" version=1
+//	uvarint len(name), name, varint at (Unix nanoseconds)
+//	4-byte little-endian CRC-32C of everything before it
+const (
+	claimMagic   = "FGAC"
+	claimVersion = 1
+	maxClaimSize = len(claimMagic) + 1 + binary.MaxVarintLen64 + maxInstanceLen + binary.MaxVarintLen64 + 4
+)
+
+func appendClaim(dst []byte, name string, at time.Time) []byte {
+	start := len(dst)
+	dst = append(dst, claimMagic...)
+	dst = append(dst, claimVersion)
+	dst = binary.AppendUvarint(dst, uint64(len(name)))
+	dst = append(dst, name...)
+	dst = binary.AppendVarint(dst, at.UnixNano())
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// decodeClaim decodes the stored form of a claim. data is untrusted: it
+// never panics and rejects anything appendClaim would not have written.
+func decodeClaim(data []byte) (name string, at time.Time, err error) {
+	if len(data) < len(claimMagic)+1+4 || string(data[:len(claimMagic)]) != claimMagic {
+		return "", time.Time{}, fmt.Errorf("not a floodgate aggregator claim")
+	}
+	if v := data[len(claimMagic)]; v != claimVersion {
+		return "", time.Time{}, fmt.Errorf("aggregator claim version %d, want %d", v, claimVersion)
+	}
+	body := data[:len(data)-4]
+	if sum := binary.LittleEndian.Uint32(data[len(body):]); sum != crc32.Checksum(body, castagnoli) {
+		return "", time.Time{}, fmt.Errorf("aggregator claim checksum mismatch (truncated or corrupt, %d bytes)", len(data))
+	}
+	r := reader{data: body, off: len(claimMagic) + 1}
+	n, err := r.uvarint("claim name length")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if n == 0 || n > maxInstanceLen {
+		return "", time.Time{}, fmt.Errorf("aggregator claim name length %d: must be between 1 and %d", n, maxInstanceLen)
+	}
+	b, err := r.bytes(n, "claim name")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	ns, err := r.varint("claim time")
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	if r.off != len(body) {
+		return "", time.Time{}, fmt.Errorf("aggregator claim has %d trailing bytes", len(body)-r.off)
+	}
+	return string(b), time.Unix(0, ns), nil
+}
+
+// claimAggregator is an aggregator's check, before it publishes at now,
+// that no other instance it should leave the role to aggregates: it
+// returns the name of one, named by a fresh claim and sorting before this
+// instance's name; else it stores this instance's claim and returns "".
+// The caller holds c.mu.
+func (s *Syncer) claimAggregator(ctx context.Context, now time.Time) (other string) {
+	key := ClaimKey(s.c.shape.Zone)
+	own := s.proc.name(s.instance)
+	data, err := s.load(ctx, key, int64(maxClaimSize))
+	switch {
+	case err == nil:
+		name, at, err := decodeClaim(data)
+		if err != nil {
+			s.skipped(key, err)
+			break
+		}
+		if age := now.Sub(at); name < own && age <= aggregateMaxAge(s.iv) && -age <= MaxClockSkew {
+			return name
+		}
+	case !errors.Is(err, fs.ErrNotExist) && ctx.Err() == nil:
+		s.skipped(key, err)
+	}
+	if err := s.st.Store(ctx, key, appendClaim(nil, own, now)); err != nil {
+		s.failed(OpWrite, now, err)
+	}
+	return ""
 }

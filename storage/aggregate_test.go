@@ -2,7 +2,10 @@ package storage
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
+	"slices"
 	"testing"
 	"time"
 
@@ -381,5 +384,141 @@ func TestAggregateGoesWithTheFleetOrTheAggregator(t *testing.T) {
 	}
 	if _, err := st.Load(bg, AggregateKey("z/1")); err == nil {
 		t.Fatal("the aggregate outlives the fleet that needed it")
+	}
+}
+
+// A lock can elect two aggregators (certmagic's FileStorage: two instances
+// that find a dead holder's lock file stale at once both create it). Both
+// publish true sums, and through the claim they are down to one, the one
+// whose name sorts first, within two syncs, whichever of them read first
+// and whichever was the aggregator before; the others then read the
+// survivor's aggregate alone.
+func TestTwoAggregatorsAreDownToOne(t *testing.T) {
+	for _, tc := range []struct {
+		first, second int // the aggregator, and the instance that takes its lock too
+		backwards     bool
+	}{
+		{0, 3, false}, {0, 3, true}, {2, 1, false}, {2, 1, true},
+	} {
+		t.Run(fmt.Sprintf("%d_then_%d_backwards_%v", tc.first, tc.second, tc.backwards), func(t *testing.T) {
+			st := newMemStorage()
+			nodes := newNodes(t, st, 5)
+			now := t0.Add(time.Second)
+			for _, n := range nodes {
+				n.take("k", 2, now) // 10 granted: the limit
+				n.s.Write(bg, now)
+			}
+			nodes[tc.first].s.Read(bg, now)
+			syncAll(now, nodes...)
+			want := nodes[min(tc.first, tc.second)].s.instance
+			if got := aggregators(nodes); len(got) != 1 || got[0] != nodes[tc.first].s.instance {
+				t.Fatalf("aggregators %v, want [%s]", got, nodes[tc.first].s.instance)
+			}
+			nodes[tc.second].s.aggregating = true // its Lock succeeded too
+			order := slices.Clone(nodes)
+			if tc.backwards {
+				slices.Reverse(order)
+			}
+			for round := 1; round <= 2; round++ {
+				now = now.Add(testIntervals.Read)
+				syncAll(now, order...)
+			}
+			if got := aggregators(nodes); len(got) != 1 || got[0] != want {
+				t.Fatalf("aggregators %v two syncs after two took the lock, want [%s]", got, want)
+			}
+			if name, _, err := decodeClaim(st.data[ClaimKey("z/1")]); err != nil || name != want {
+				t.Fatalf("the claim names %q (%v), want %s", name, err, want)
+			}
+			now = now.Add(testIntervals.Read)
+			for _, n := range nodes {
+				n.s.Write(bg, now)
+			}
+			var agg *node
+			var rest []*node
+			for _, n := range nodes {
+				if n.s.instance == want {
+					agg = n
+				} else {
+					rest = append(rest, n)
+				}
+			}
+			agg.s.Read(bg, now)
+			if loads := readsLoad(st, now, rest); loads != int64(len(rest)) {
+				t.Errorf("%d instances loaded %d entries, want one each: the survivor's aggregate", len(rest), loads)
+			}
+			for _, n := range nodes {
+				if d := n.c.PeekHash(hk, 1, now); d.Allowed {
+					t.Errorf("%s grants a key at its limit: %+v", n.s.instance, d)
+				}
+			}
+		})
+	}
+}
+
+// A claim is an input from a peer: one that is not well-formed, or dated
+// further ahead than the tolerated skew, is no claim (the malformed one
+// counted as skipped) and the aggregator publishes over it; a forged claim
+// for a name that sorts first makes the aggregator give up, which costs
+// reads and leaves the counts whole.
+func TestAggregatorClaimsAreCheckedLikeAnyPeerInput(t *testing.T) {
+	good := appendClaim(nil, "0", t0)
+	if name, at, err := decodeClaim(good); err != nil || name != "0" || !at.Equal(t0) {
+		t.Fatalf("a claim decodes as %q %v %v", name, at, err)
+	}
+	bad := map[string][]byte{
+		"empty":     nil,
+		"magic":     append([]byte("FGAX"), good[4:]...),
+		"version":   append([]byte("FGAC\x02"), good[5:]...),
+		"checksum":  append(slices.Clone(good[:len(good)-1]), good[len(good)-1]^1),
+		"truncated": good[:len(good)-3],
+		"no name":   appendClaim(nil, "", t0),
+		"long name": appendClaim(nil, string(make([]byte, maxInstanceLen+1)), t0),
+		"trailing": func() []byte {
+			b := slices.Clone(good[:len(good)-4])
+			b = append(b, 0)
+			return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+		}(),
+	}
+	for what, data := range bad {
+		if _, _, err := decodeClaim(data); err == nil {
+			t.Errorf("%s: a claim decoded", what)
+		}
+	}
+	if len(appendClaim(nil, string(make([]byte, maxInstanceLen)), time.Unix(0, -1<<63))) > maxClaimSize {
+		t.Error("the largest claim is over maxClaimSize")
+	}
+
+	for _, tc := range []struct {
+		what    string
+		claim   []byte
+		gives   bool
+		skipped uint64
+	}{
+		{"malformed", []byte("FGAC\x01junk"), false, 1},
+		{"from the future", appendClaim(nil, "0", t0.Add(time.Second+MaxClockSkew+time.Second)), false, 0},
+		{"stale", appendClaim(nil, "0", t0.Add(time.Second-aggregateMaxAge(testIntervals)-time.Nanosecond)), false, 0},
+		{"forged, fresh", appendClaim(nil, "0", t0.Add(time.Second)), true, 0},
+	} {
+		t.Run(tc.what, func(t *testing.T) {
+			st := newMemStorage()
+			nodes := newNodes(t, st, 4)
+			now := t0.Add(time.Second)
+			st.data[ClaimKey("z/1")] = tc.claim
+			for _, n := range nodes {
+				n.take("k", 3, now) // 12 of a limit of 10
+			}
+			syncAll(now, nodes...)
+			if got := aggregators(nodes); (len(got) == 0) != tc.gives {
+				t.Errorf("aggregators %v with a %s claim", got, tc.what)
+			}
+			if got := nodes[0].c.Skipped(); got != tc.skipped {
+				t.Errorf("the aggregator skipped %d entries, want %d", got, tc.skipped)
+			}
+			for _, n := range nodes {
+				if d := n.c.PeekHash(hk, 1, now); d.Allowed {
+					t.Errorf("%s grants a key over its limit: %+v", n.s.instance, d)
+				}
+			}
+		})
 	}
 }

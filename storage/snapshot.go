@@ -18,7 +18,8 @@
 // and replaces the sum with a new one built from them, so a snapshot is
 // never counted twice and a dead instance's counts age out with its
 // windows. From AggregateFrom live instances on, one of them, elected
-// through the storage's lock, publishes the sum of every snapshot as one
+// through the storage's lock (and kept the only one by its claim),
+// publishes the sum of every snapshot as one
 // aggregate, and the others read that instead and take their own
 // snapshot back out of it (aggregate.go), so that what an instance reads
 // per interval does not grow with the fleet. A key reset (Cluster.Reset, resets.go) spreads through the

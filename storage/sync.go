@@ -403,6 +403,13 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	switch {
 	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers &&
 		(s.aggregating || found == aggregateNone && s.tryAggregator(ctx)):
+		if other := s.claimAggregator(ctx, now); other != "" {
+			// Another aggregator, which keeps the role: its aggregate
+			// and claim stay; this instance reads them from now on.
+			s.releaseAggregator(ctx)
+			s.gaveUp("another instance aggregates", live, zap.String("aggregator", other))
+			break
+		}
 		s.publishAggregate(ctx, now, sum, added, mine)
 	case s.aggregating:
 		// Too few instances (or too many) for an aggregate: it goes, so

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -91,4 +93,55 @@ func TestAggregatorKilledClusterStillLimits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// file_system's lock can elect two aggregators: certmagic removes a lock
+// file it finds stale and creates it again, so two instances that find the
+// dead holder's file stale at once can both hold it, and its Unlock removes
+// the file whoever created it. The test does to the storage what that race
+// does, while the aggregator lives: it removes the lock file and the
+// aggregate until another instance finds neither and takes the lock. The
+// two are down to one through the aggregator's claim within seconds, and
+// the cluster holds its limit.
+func TestTwoAggregatorsOnTheFileSystemAreDownToOne(t *testing.T) {
+	dir := t.TempDir()
+	nodes := startCluster(t, 5, fileStorage(dir), zoneBody(exhaustWindow, "1m"))
+	first := oneAggregator(t, nodes, 20*time.Second)
+	others := func() (n int) {
+		for _, o := range nodes {
+			if o != first {
+				n += strings.Count(o.logs(), aggregatingLog)
+			}
+		}
+		return n
+	}
+	before := others()
+	deadline := time.Now().Add(20 * time.Second)
+	for others() == before {
+		if time.Now().After(deadline) {
+			t.Fatal("no other instance took the aggregator lock in 20 s of removing it and the aggregate")
+		}
+		locks, _ := filepath.Glob(filepath.Join(dir, "locks", "*aggregate*"))
+		for _, l := range append(locks, filepath.Join(dir, "rate_limit_aggregate", "shared")) {
+			_ = os.Remove(l)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(aggregators([]*node{first})) != 1 {
+		t.Fatalf("the first aggregator gave the role up on its own:\n%s", first.logs())
+	}
+	one := oneAggregator(t, nodes, 10*time.Second)
+	t.Logf("node %d aggregated beside node %d; node %d aggregates now", firstOther(nodes, first), first.i, one.i)
+	checkShared(t, nodes, "after", "file_system, after two aggregators")
+}
+
+// firstOther is the first of nodes other than n that has become an
+// aggregator.
+func firstOther(nodes []*node, n *node) int {
+	for _, o := range nodes {
+		if o != n && strings.Contains(o.logs(), aggregatingLog) {
+			return o.i
+		}
+	}
+	return -1
 }
