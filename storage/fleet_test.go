@@ -217,7 +217,7 @@ func (f *fleet) aggregated() bool {
 func BenchmarkFleet(b *testing.B) {
 	// One redis-server for every fleet, started before any of them, so
 	// that its client's log is not in a benchmark's line.
-	redis, noRedis := redisForBench(b)
+	redis, noRedis := startRedis(b)
 	for _, store := range []string{"memory", "redis"} {
 		for _, interval := range []time.Duration{time.Second, 5 * time.Second} {
 			for _, n := range []int{2, 8, 32, 128} {
@@ -458,10 +458,10 @@ func (c *countingStorage) totals() (loaded, stored int64) {
 	return c.loaded, c.stored
 }
 
-// redisForBench starts a redis-server on a free port for the benchmark and
-// returns it with a caddy-storage-redis storage of it, or nil and why if
-// there is no redis-server.
-func redisForBench(b *testing.B) (*fleetRedis, string) {
+// startRedis starts a redis-server on a free port for a test or benchmark
+// and returns it with a caddy-storage-redis storage of it, or nil and why
+// if there is no redis-server.
+func startRedis(b testing.TB) (*fleetRedis, string) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	mathbits "math/bits"
 	"net/url"
 	"path"
+	"reflect"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -644,14 +645,18 @@ var errTooLarge = errors.New("larger than any snapshot of the zone")
 // load loads the entry under key if the storage reports it no larger than
 // max, the largest snapshot (or aggregate) of the zone's shape: an entry
 // that is not one (a stray file, a peer gone wrong) never costs more
-// memory than a real one.
+// memory than a real one. A storage whose Stat fetches the whole entry
+// (statLoads) is not asked for it: the entry is loaded once and refused
+// after, at no more memory than its Stat would have cost.
 func (s *Syncer) load(ctx context.Context, key string, max int64) ([]byte, error) {
-	info, err := s.st.Stat(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	if info.Size > max {
-		return nil, fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, info.Size, max)
+	if !statLoads(s.st) {
+		info, err := s.st.Stat(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if info.Size > max {
+			return nil, fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, info.Size, max)
+		}
 	}
 	data, err := s.st.Load(ctx, key)
 	if err == nil && int64(len(data)) > max {
@@ -659,6 +664,21 @@ func (s *Syncer) load(ctx context.Context, key string, max int64) ([]byte, error
 		return nil, fmt.Errorf("%w: %d bytes", errTooLarge, len(data))
 	}
 	return data, err
+}
+
+// statLoads reports whether st's Stat fetches the whole entry to report
+// its size, as caddy-storage-redis's does (a GET of the stored value and
+// its decoding): asking it before each Load would double what a read
+// moves, and guard no memory. Stat is cheap on the file system.
+func statLoads(st certmagic.Storage) bool {
+	t := reflect.TypeOf(st)
+	if t == nil {
+		return false
+	}
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.PkgPath() == "github.com/pberkel/caddy-storage-redis"
 }
 
 // sole returns the bitmap of the cells that this instance counted at
