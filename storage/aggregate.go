@@ -39,7 +39,8 @@ import (
 // (certmagic.Locker, on AggregateKey): an instance that finds no fresh
 // aggregate reads every snapshot, as without one, and tries the lock
 // without waiting for it; it holds the lock while it runs and releases it
-// at Stop. The storage expires the lock of a dead holder (FileStorage
+// at Stop (or when it yields to another aggregator, below, which then
+// runs without the lock while its claim keeps the others from it). The storage expires the lock of a dead holder (FileStorage
 // after 10 s without its refresh, caddy-storage-redis after 5 s), so when
 // the aggregator dies its aggregate goes stale (aggregateMaxAge), every
 // instance falls back to reading every snapshot, limiting as before, and
@@ -407,13 +408,17 @@ func (s *Syncer) releaseAggregator(ctx context.Context) {
 }
 
 // dropAggregate deletes the aggregate this instance publishes and its
-// claim, and gives up the lock: at Stop, so that another instance takes over at its next read
+// claim (unless another instance's claim is there), and gives up the lock: at Stop, so that another instance takes over at its next read
 // rather than once the aggregate is stale, and when the fleet is too small
 // (or too large) for one. It says so, and why, in the log, where the
 // aggregator's hand-overs can be followed.
 func (s *Syncer) dropAggregate(ctx context.Context, why string, live int) {
-	_ = s.st.Delete(ctx, AggregateKey(s.c.shape.Zone))
-	_ = s.st.Delete(ctx, ClaimKey(s.c.shape.Zone))
+	if cl, ok := s.loadClaim(ctx); !ok || s.ownClaim(cl.name) {
+		// Not while another aggregator claims the role: the aggregate
+		// is then likely its.
+		_ = s.st.Delete(ctx, AggregateKey(s.c.shape.Zone))
+		_ = s.st.Delete(ctx, ClaimKey(s.c.shape.Zone))
+	}
 	s.releaseAggregator(ctx)
 	s.gaveUp(why, live)
 }
@@ -431,13 +436,19 @@ func (s *Syncer) gaveUp(why string, live int, fields ...zap.Field) {
 // Unlock removes the lock file whoever created it); any storage's lock is
 // lost during a long enough stall. Two aggregators each publish a true
 // sum, but each reads every snapshot, which the aggregate is there to
-// save. So before it publishes, an aggregator reads the zone's claim, a
-// small entry under ClaimKey naming the instance that last published and
-// when. A fresh claim (aggregateMaxAge, dated at most MaxClockSkew ahead)
-// naming another instance whose name sorts before this one's makes it
-// give the role up, leaving the aggregate and the claim to the other;
-// otherwise it stores its own claim and publishes. So two aggregators are
-// down to one within about two read intervals of both publishing.
+// save. So an aggregator names itself, before each publish, in a small
+// entry under ClaimKey, with the time. A claim is fresh while it is dated
+// at most aggregateMaxAge before the reader's clock (and MaxClockSkew
+// after), or while the reader has seen it change within that age by its
+// own clock: so instances whose clocks disagree by more than the age still
+// see each other's claims. An aggregator that finds a fresh claim naming
+// another instance whose id sorts before its own gives the role up,
+// leaving that one's aggregate and claim; an instance that finds no fresh
+// aggregate but a fresh claim by another does not try the lock, which a
+// yield may have freed while the claimant aggregates on. So two
+// aggregators are down to one within about two read intervals of both
+// publishing. An aggregator that stops or finds the fleet too small
+// deletes the aggregate and the claim only if the claim is its own.
 //
 // A claim is an input from a peer like any: size-checked and checksummed.
 // Forged claims can make every aggregator give up, which costs each
@@ -505,30 +516,69 @@ func decodeClaim(data []byte) (name string, at time.Time, err error) {
 	return string(b), time.Unix(0, ns), nil
 }
 
-// claimAggregator is an aggregator's check, before it publishes at now,
-// that no other instance it should leave the role to aggregates: it
-// returns the name of one, named by a fresh claim and sorting before this
-// instance's name; else it stores this instance's claim and returns "".
-// The caller holds c.mu.
-func (s *Syncer) claimAggregator(ctx context.Context, now time.Time) (other string) {
+// A claim is the aggregator's name and when it claimed the role.
+type claim struct {
+	name string
+	at   int64 // Unix nanoseconds
+}
+
+// loadClaim returns the zone's claim, if there is a well-formed one.
+func (s *Syncer) loadClaim(ctx context.Context) (claim, bool) {
 	key := ClaimKey(s.c.shape.Zone)
-	own := s.proc.name(s.instance)
 	data, err := s.load(ctx, key, int64(maxClaimSize))
-	switch {
-	case err == nil:
-		name, at, err := decodeClaim(data)
-		if err != nil {
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) && ctx.Err() == nil {
 			s.skipped(key, err)
-			break
 		}
-		if age := now.Sub(at); name < own && age <= aggregateMaxAge(s.iv) && -age <= MaxClockSkew {
-			return name
-		}
-	case !errors.Is(err, fs.ErrNotExist) && ctx.Err() == nil:
-		s.skipped(key, err)
+		return claim{}, false
 	}
-	if err := s.st.Store(ctx, key, appendClaim(nil, own, now)); err != nil {
-		s.failed(OpWrite, now, err)
+	name, at, err := decodeClaim(data)
+	if err != nil {
+		s.skipped(key, err)
+		return claim{}, false
+	}
+	return claim{name: name, at: at.UnixNano()}, true
+}
+
+// ownClaim reports whether name is this instance's: its name, or the id
+// it shares with another process (whose claim it may have made before it
+// took an alias, identity.go).
+func (s *Syncer) ownClaim(name string) bool {
+	return name == s.proc.name(s.instance) || name == s.instance
+}
+
+// otherClaim reads the zone's claim at now and returns the instance it
+// names, if that is another one and the claim is fresh: dated at most
+// aggregateMaxAge before now and MaxClockSkew after, or seen to change
+// within aggregateMaxAge of now by this instance's clock (to an instance
+// whose clock runs ahead of the claimant's by more than that age, every
+// claim would look stale by its date). The caller holds c.mu.
+func (s *Syncer) otherClaim(ctx context.Context, now time.Time) string {
+	cl, ok := s.loadClaim(ctx)
+	if !ok {
+		return ""
+	}
+	if s.claimSeen.name != "" && cl != s.claimSeen {
+		s.claimMoved = now
+	}
+	s.claimSeen = cl
+	if s.ownClaim(cl.name) {
+		return ""
+	}
+	age, maxAge := now.Sub(time.Unix(0, cl.at)), aggregateMaxAge(s.iv)
+	if age <= maxAge && -age <= MaxClockSkew || !s.claimMoved.IsZero() && now.Sub(s.claimMoved) <= maxAge {
+		return cl.name
 	}
 	return ""
+}
+
+// storeClaim names this instance the zone's aggregator as of now. The
+// caller holds c.mu.
+func (s *Syncer) storeClaim(ctx context.Context, now time.Time) {
+	cl := claim{name: s.proc.name(s.instance), at: now.UnixNano()}
+	if err := s.st.Store(ctx, ClaimKey(s.c.shape.Zone), appendClaim(nil, cl.name, now)); err != nil {
+		s.failed(OpWrite, now, err)
+		return
+	}
+	s.claimSeen = cl
 }

@@ -451,7 +451,87 @@ func TestTwoAggregatorsAreDownToOne(t *testing.T) {
 					t.Errorf("%s grants a key at its limit: %+v", n.s.instance, d)
 				}
 			}
+			// The yield freed the lock (memStorage's Unlock, as
+			// FileStorage's, removes it whoever took it): an aggregate
+			// missing once sends nobody after it while the survivor's
+			// claim is fresh.
+			became := func() (k int) {
+				for _, n := range rest {
+					k += n.logs.FilterMessage(aggregatingLog).Len()
+				}
+				return k
+			}
+			before := became()
+			st.expire(AggregateKey("z/1"))
+			delete(st.data, AggregateKey("z/1"))
+			now = now.Add(testIntervals.Read)
+			syncAll(now, order...)
+			if got := aggregators(nodes); len(got) != 1 || got[0] != want || became() != before {
+				t.Errorf("aggregators %v, %d more taken, after the survivor's aggregate went missing once, want [%s] and none", got, became()-before, want)
+			}
 		})
+	}
+}
+
+// aggregatingLog is what an instance logs when it becomes the aggregator.
+const aggregatingLog = "this instance aggregates the zone's cluster state"
+
+// Two aggregators whose clocks disagree by more than an aggregate's age
+// (d's runs 3 read intervals ahead) still see each other's claims, by
+// their change, and are down to one.
+func TestTwoAggregatorsWithSkewedClocksAreDownToOne(t *testing.T) {
+	st := newMemStorage()
+	nodes := newNodes(t, st, 5)
+	skew := 3 * testIntervals.Read
+	clock := func(n *node, now time.Time) time.Time {
+		if n.s.instance == "d" {
+			return now.Add(skew)
+		}
+		return now
+	}
+	round := func(now time.Time) {
+		for _, n := range nodes {
+			n.s.Write(bg, clock(n, now))
+		}
+		for _, n := range nodes {
+			n.s.Read(bg, clock(n, now))
+		}
+	}
+	now := t0.Add(time.Second)
+	round(now)
+	if got := aggregators(nodes); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("aggregators %v, want [a]", got)
+	}
+	nodes[3].s.aggregating = true // d took the lock too
+	for range 3 {
+		now = now.Add(testIntervals.Read)
+		round(now)
+	}
+	if got := aggregators(nodes); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("aggregators %v three syncs after d, its clock %v ahead, took the lock too, want [a]", got, skew)
+	}
+}
+
+// A second aggregator that stops (or finds the fleet too small) before it
+// has yielded leaves the first one's aggregate and claim where they are.
+func TestASecondAggregatorStoppingLeavesTheFirstOnesAggregate(t *testing.T) {
+	st := newMemStorage()
+	nodes := newNodes(t, st, 5)
+	now := t0.Add(time.Second)
+	syncAll(now, nodes...)
+	if got := aggregators(nodes); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("aggregators %v, want [a]", got)
+	}
+	d := nodes[3]
+	d.s.aggregating = true // it took the lock too, and stops at once
+	d.s.stop, d.s.done, d.s.cancel = make(chan struct{}), make(chan struct{}), func() {}
+	close(d.s.done)
+	d.s.Stop()
+	if _, err := st.Load(bg, AggregateKey("z/1")); err != nil {
+		t.Errorf("a's aggregate is gone after d stopped: %v", err)
+	}
+	if name, _, err := decodeClaim(st.data[ClaimKey("z/1")]); err != nil || name != "a" {
+		t.Errorf("the claim names %q (%v) after d stopped, want a", name, err)
 	}
 }
 

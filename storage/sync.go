@@ -96,6 +96,11 @@ type Syncer struct {
 	// instances for an aggregate (AggregateFrom; tests change it).
 	aggregating   bool
 	aggregateFrom int
+	// claimSeen is the aggregator's claim as this instance last read or
+	// stored it, and claimMoved when (by its clock) it last saw the claim
+	// change (aggregate.go).
+	claimSeen  claim
+	claimMoved time.Time
 	// aggLatest maps a key hash to its latest reset an aggregate lists.
 	aggLatest map[uint64]int64
 	// lastRead is what the last Read did with the aggregate.
@@ -402,16 +407,22 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 	}
 	switch {
-	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers &&
-		(s.aggregating || found == aggregateNone && s.tryAggregator(ctx)):
-		if other := s.claimAggregator(ctx, now); other != "" {
-			// Another aggregator, which keeps the role: its aggregate
-			// and claim stay; this instance reads them from now on.
+	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers && (s.aggregating || found == aggregateNone):
+		// An instance that another's fresh claim names the aggregator
+		// leaves the lock alone (a yield may have freed it while that
+		// one still aggregates); an aggregator yields to it if its id
+		// sorts first (aggregate.go).
+		other := s.otherClaim(ctx, now)
+		switch {
+		case s.aggregating && other != "" && other < own:
+			// Its aggregate and claim stay; this instance reads them
+			// from now on.
 			s.releaseAggregator(ctx)
 			s.gaveUp("another instance aggregates", live, zap.String("aggregator", other))
-			break
+		case s.aggregating || other == "" && s.tryAggregator(ctx):
+			s.storeClaim(ctx, now)
+			s.publishAggregate(ctx, now, sum, added, mine)
 		}
-		s.publishAggregate(ctx, now, sum, added, mine)
 	case s.aggregating:
 		// Too few instances (or too many) for an aggregate: it goes, so
 		// that nobody loads a stale one at every read, and so does the
@@ -647,7 +658,8 @@ var errTooLarge = errors.New("larger than any snapshot of the zone")
 // that is not one (a stray file, a peer gone wrong) never costs more
 // memory than a real one. A storage whose Stat fetches the whole entry
 // (statLoads) is not asked for it: the entry is loaded once and refused
-// after, at no more memory than its Stat would have cost.
+// after, its Stat having held it in memory as well (caddy-storage-redis
+// also bounds what it decompresses to 4 MiB).
 func (s *Syncer) load(ctx context.Context, key string, max int64) ([]byte, error) {
 	if !statLoads(s.st) {
 		info, err := s.st.Stat(ctx, key)

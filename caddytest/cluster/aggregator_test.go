@@ -99,8 +99,10 @@ func TestAggregatorKilledClusterStillLimits(t *testing.T) {
 // file it finds stale and creates it again, so two instances that find the
 // dead holder's file stale at once can both hold it, and its Unlock removes
 // the file whoever created it. The test does to the storage what that race
-// does, while the aggregator lives: it removes the lock file and the
-// aggregate until another instance finds neither and takes the lock. The
+// does, while the aggregator lives: it removes the lock file, the
+// aggregate and the aggregator's claim (as if all three were a dead
+// aggregator's, gone stale) until another instance finds none of them and
+// takes the lock. The
 // two are down to one through the aggregator's claim within seconds, and
 // the cluster holds its limit.
 func TestTwoAggregatorsOnTheFileSystemAreDownToOne(t *testing.T) {
@@ -122,7 +124,7 @@ func TestTwoAggregatorsOnTheFileSystemAreDownToOne(t *testing.T) {
 			t.Fatal("no other instance took the aggregator lock in 20 s of removing it and the aggregate")
 		}
 		locks, _ := filepath.Glob(filepath.Join(dir, "locks", "*aggregate*"))
-		for _, l := range append(locks, filepath.Join(dir, "rate_limit_aggregate", "shared")) {
+		for _, l := range append(locks, filepath.Join(dir, "rate_limit_aggregate", "shared"), filepath.Join(dir, "rate_limit_aggregator", "shared")) {
 			_ = os.Remove(l)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -130,8 +132,10 @@ func TestTwoAggregatorsOnTheFileSystemAreDownToOne(t *testing.T) {
 	if len(aggregators([]*node{first})) != 1 {
 		t.Fatalf("the first aggregator gave the role up on its own:\n%s", first.logs())
 	}
+	two := time.Now()
 	one := oneAggregator(t, nodes, 10*time.Second)
-	t.Logf("node %d aggregated beside node %d; node %d aggregates now", firstOther(nodes, first), first.i, one.i)
+	t.Logf("node %d aggregated beside node %d; within %v, node %d alone aggregates", firstOther(nodes, first), first.i,
+		time.Since(two).Round(10*time.Millisecond), one.i)
 	checkShared(t, nodes, "after", "file_system, after two aggregators")
 }
 
