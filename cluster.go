@@ -306,6 +306,12 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 		return fmt.Errorf("zone %q: distributed: instance id: %v", z.name, err)
 	}
 	shape := storage.Shape{Zone: z.name, Window: z.limit.Window, Width: clusterWidth(z.tkey.lines)}
+	if st.lazy == nil {
+		// A storage opened later is checked when it opens (Syncer).
+		if err := storage.CheckStorage(st.st, shape); err != nil {
+			return fmt.Errorf("zone %q: distributed: %v", z.name, err)
+		}
+	}
 	c, created, err := storage.Acquire(shape, z.limit.Events)
 	if err != nil {
 		return fmt.Errorf("zone %q: distributed: %v", z.name, err)

@@ -3,12 +3,17 @@ package storage
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	redisstorage "github.com/pberkel/caddy-storage-redis"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/floodgate-rl/floodgate/limiter"
 )
 
 // getCounter counts the GETs a go-redis client sends, per key.
@@ -75,5 +80,47 @@ func TestRedisReadFetchesEachEntryOnce(t *testing.T) {
 	// 9 granted of 10: the peers' 6 read, its own 3.
 	if d := b.c.PeekHash(hk, 1, now); !d.Allowed || d.Remaining != 1 {
 		t.Errorf("b after the read: %+v, want 1 remaining (the peers' counts read)", d)
+	}
+}
+
+// What CheckStorage guards against: caddy-storage-redis with compression
+// on stores a value of over 4 MiB and then refuses to load it. A zone that
+// could write one is refused; a small zone, the same storage without
+// compression, and the file system are not.
+func TestCheckStorageRefusesWhatCompressedRedisCannotLoad(t *testing.T) {
+	r, why := startRedis(t)
+	if r == nil {
+		t.Skipf("%s (.ci/run installs redis-server)", why)
+	}
+	rs := redisstorage.New()
+	rs.Port = []string{strconv.Itoa(r.server.Port)}
+	rs.Compression = redisstorage.CompressionFlate
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := rs.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, maxDecompressed+1)
+	if err := rs.Store(bg, "big", big); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rs.Load(bg, "big"); err == nil {
+		t.Fatal("compressed Redis loaded a value over 4 MiB: the check guards nothing")
+	}
+
+	large := Shape{Zone: "z", Window: time.Minute, Width: limiter.MaxSketchWidth}
+	small := Shape{Zone: "z", Window: time.Minute, Width: 256}
+	if err := CheckStorage(rs, large); err == nil || !strings.Contains(err.Error(), "turn compression off") {
+		t.Errorf("a zone of %.0f MiB entries on compressed Redis: %v", float64(maxAggregateSize(large))/(1<<20), err)
+	}
+	if err := CheckStorage(rs, small); err != nil {
+		t.Errorf("a zone of %d-byte entries on compressed Redis: %v", maxAggregateSize(small), err)
+	}
+	if err := CheckStorage(r.storage, large); err != nil {
+		t.Errorf("uncompressed Redis: %v", err)
+	}
+	fs, _ := fileStorage(t)
+	if err := CheckStorage(fs, large); err != nil {
+		t.Errorf("the file system: %v", err)
 	}
 }

@@ -218,6 +218,14 @@ func (s *Syncer) waitOpen(ctx context.Context) bool {
 		st, err := s.open(octx)
 		cancel()
 		if err == nil {
+			if err := CheckStorage(st, s.c.shape); err != nil {
+				// Not a fault that a retry mends: the zone stays on
+				// this instance's counts, and says why.
+				s.c.failed[OpRead].Add(1)
+				s.log.Error("cluster storage cannot hold this zone: this instance limits on its own counts",
+					zap.String("zone", s.c.shape.Zone), zap.Error(err))
+				return false
+			}
 			s.st = st
 			s.log.Info("cluster storage answers: this instance joins the cluster", zap.String("zone", s.c.shape.Zone))
 			return true
@@ -691,6 +699,35 @@ func statLoads(st certmagic.Storage) bool {
 		t = t.Elem()
 	}
 	return t.PkgPath() == "github.com/pberkel/caddy-storage-redis"
+}
+
+// maxDecompressed is the most caddy-storage-redis decompresses of one
+// value when its compression is on: a larger value fails to load.
+const maxDecompressed = 4 << 20
+
+// CheckStorage returns an error if st cannot hold a zone of shape s's
+// cluster entries: caddy-storage-redis with compression on refuses to load
+// a value that decompresses to more than 4 MiB, and an instance would
+// skip every snapshot or aggregate over that, counting nothing of it.
+// Other storages hold any size.
+func CheckStorage(st certmagic.Storage, s Shape) error {
+	if !statLoads(st) {
+		return nil
+	}
+	v := reflect.ValueOf(st)
+	if v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	f := v.FieldByName("Compression")
+	if !f.IsValid() || f.Kind() != reflect.String || f.String() == "" || f.String() == "false" {
+		return nil
+	}
+	if most := max(maxSnapshotSize(s), maxAggregateSize(s)); most > maxDecompressed {
+		return fmt.Errorf("the Redis storage has compression on (%s), and caddy-storage-redis loads no value that decompresses to more than 4 MiB, "+
+			"but this zone's cluster entries can reach %.1f MiB: turn compression off in the storage, or give the zone less memory",
+			f.String(), float64(most)/(1<<20))
+	}
+	return nil
 }
 
 // sole returns the bitmap of the cells that this instance counted at

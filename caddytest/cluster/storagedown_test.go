@@ -3,6 +3,9 @@ package cluster
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +74,46 @@ func TestZoneStorageDownAtStartAndReload(t *testing.T) {
 		if n.exited() {
 			t.Fatalf("node %d exited:\n%s", n.i, n.logs())
 		}
+	}
+}
+
+// caddy-storage-redis with compression on loads no value that decompresses
+// to more than 4 MiB, so a zone whose snapshots can be larger would skip
+// its peers' counts. Such a zone is refused when the config loads, with
+// what to change; a small zone on the same storage loads; and a zone
+// whose Redis was down at the config's load says so in the log when the
+// storage answers, and limits on its own counts.
+func TestRedisCompressionRefusesZonesItCannotHold(t *testing.T) {
+	r := newRedis(t) // not started yet
+	compressed := strings.Replace(redisStorage(r), "timeout 1", "timeout 1\n\t\tcompression true", 1)
+	large := strings.Replace(zoneBodyWithStorage(compressed), "\t\t\tmemory 64KiB\n", "", 1)
+	if large == zoneBodyWithStorage(compressed) {
+		t.Fatal("the zone body has no memory setting to drop")
+	}
+	down := startCluster(t, 1, "", large)[0]
+	r.Start()
+	waitFor(t, 20*time.Second, "the zone refusing the compressed storage once it answers", func() bool {
+		return strings.Contains(down.logs(), "cluster storage cannot hold this zone") &&
+			strings.Contains(down.logs(), "turn compression off")
+	})
+	exhaust(t, down, "local") // on its own counts
+
+	validate := func(body string) (string, error) {
+		n := newNode(t, 1, t.TempDir(), "", body)
+		file := filepath.Join(n.home, "Caddyfile")
+		if err := os.WriteFile(file, []byte(n.cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(caddyBin, "validate", "--config", file, "--adapter", "caddyfile")
+		cmd.Env = append(os.Environ(), "XDG_DATA_HOME="+n.home, "XDG_CONFIG_HOME="+n.home, "HOME="+n.home)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := validate(large)
+	if err == nil || !strings.Contains(out, "compression on") || !strings.Contains(out, "turn compression off") {
+		t.Fatalf("a large zone on a compressed Redis storage validated (%v):\n%s", err, out)
+	}
+	if out, err := validate(zoneBodyWithStorage(compressed)); err != nil {
+		t.Fatalf("a 64 KiB zone on a compressed Redis storage did not validate: %v\n%s", err, out)
 	}
 }
