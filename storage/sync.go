@@ -714,9 +714,9 @@ func CheckStorage(st certmagic.Storage, s Shape) error {
 	if !statLoads(st) {
 		return nil
 	}
-	v := reflect.ValueOf(st)
-	if v.Kind() == reflect.Pointer {
-		v = v.Elem()
+	v := reflect.Indirect(reflect.ValueOf(st))
+	if v.Kind() != reflect.Struct {
+		return nil
 	}
 	f := v.FieldByName("Compression")
 	if !f.IsValid() || f.Kind() != reflect.String || f.String() == "" || f.String() == "false" {
