@@ -20,7 +20,8 @@
 # benchmark's -benchtime), SOAK (10m), OUT (binaries);
 # PAGE=1 only plots and writes the page from the data already in docs/perf;
 # SOAK_ONLY=1 runs only the soak (recording its own date and commit in
-# docs/perf/soak-run.txt), then plots and writes the page.
+# docs/perf/soak-run.txt), FLEET_ONLY=1 only the fleet benchmark (in
+# docs/perf/fleet-run.txt), then plots and writes the page.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -38,6 +39,9 @@ if [ -n "${SOAK_ONLY:-}" ]; then
 	printf 'date=%s\ncommit=%s\n' "$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)" >"$data/soak-run.txt"
 	(cd bench/soak && go run . -caddy "$OUT/caddy-cmd" -duration "$SOAK" -out "../../$data/soak.csv") |
 		tee "$data/soak.txt" || true
+elif [ -n "${FLEET_ONLY:-}" ]; then
+	printf 'date=%s\ncommit=%s\n' "$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)" >"$data/fleet-run.txt"
+	go test -run - -bench 'Fleet$' -benchtime "$FLEET" ./storage | tee "$data/fleet.txt"
 elif [ -z "${PAGE:-}" ]; then
 	. bench/caddies.sh
 	# One benchmark at a time on the machine (see bench/deny.sh).
@@ -47,6 +51,7 @@ elif [ -z "${PAGE:-}" ]; then
 	printf 'date=%s\ncommit=%s\ncores=%s\narch=%s\n' "$(date -u +%Y-%m-%d)" "$(git rev-parse --short HEAD)" "$(nproc)" "$(uname -m)" >"$data/run.txt"
 	"$OUT/perf" -bins "$OUT" -out "$data" -rounds "$ROUNDS" -duration "$DURATION" -keys "$KEYS" \
 		falsedeny memory throughput timeline | tee "$data/perf.log"
+	cp "$data/run.txt" "$data/fleet-run.txt"
 	go test -run - -bench 'Fleet$' -benchtime "$FLEET" ./storage | tee "$data/fleet.txt"
 	if [ "$SOAK" != 0 ]; then
 		go build -o "$OUT/caddy-cmd" ./cmd/caddy
@@ -207,7 +212,8 @@ EOF
 ![Fleet: allowed ÷ limit and storage traffic against instances](perf-fleet.png)
 
 From the fleet benchmark (\`go test -run - -bench Fleet -benchtime $FLEET ./storage\`, storage's
-\`BenchmarkFleet\`): 2 to 128 instances of one distributed zone (events 100 per hour, sketch 4 × 4096,
+\`BenchmarkFleet\`, run on $(sed -n 's/^date=//p' "$data/fleet-run.txt") at commit $(sed -n 's/^commit=//p' "$data/fleet-run.txt");
+\`FLEET_ONLY=1 bench/perf.sh\` runs it alone and rewrites this page): 2 to 128 instances of one distributed zone (events 100 per hour, sketch 4 × 4096,
 1,000 active keys per instance, bursts split across the instances) in one process, over an in-memory
 storage and over a real redis-server, syncing every 1 s or 5 s: every instance writes, then every
 instance reads, the aggregator last (so the others read the previous sync's aggregate: the most lag an
