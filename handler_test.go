@@ -562,7 +562,10 @@ func expandedKeyHash(z *zone, tmpl string, r *http.Request, repl *caddy.Replacer
 	if s == "" {
 		return limiter.Hash(nil)
 	}
-	if a, err := netip.ParseAddr(s); err == nil {
+	// An address is at most maxIPText bytes, zone included: a longer
+	// text is a key like any other, though netip would parse it (a zone
+	// may be of any length).
+	if a, err := netip.ParseAddr(s); err == nil && len(s) <= maxIPText {
 		nk := limiter.NetworkKey(a.WithZone(""), z.v4, z.v6)
 		return limiter.Hash(nk.Bytes())
 	}

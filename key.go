@@ -69,7 +69,9 @@ const maxKeyHashed = 8 << 10
 const maxShownKey = 256
 
 // maxIPText is the length of the longest IP address text worth parsing
-// (a full IPv6 address with an embedded IPv4 part and a zone).
+// (a full IPv6 address with an embedded IPv4 part and a zone). A longer key
+// is hashed as text even if it parses, since an IPv6 zone may be of any
+// length: a key is an address only up to here.
 const maxIPText = 64
 
 const headerPlaceholder = "http.request.header."
