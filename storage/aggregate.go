@@ -40,7 +40,8 @@ import (
 // aggregate reads every snapshot, as without one, and tries the lock
 // without waiting for it; it holds the lock while it runs and releases it
 // at Stop (or when it yields to another aggregator, below, which then
-// runs without the lock while its claim keeps the others from it). The storage expires the lock of a dead holder (FileStorage
+// runs without the lock while its claim keeps the others from it). The
+// storage expires the lock of a dead holder (FileStorage
 // after 10 s without its refresh, caddy-storage-redis after 5 s), so when
 // the aggregator dies its aggregate goes stale (aggregateMaxAge), every
 // instance falls back to reading every snapshot, limiting as before, and
@@ -408,7 +409,8 @@ func (s *Syncer) releaseAggregator(ctx context.Context) {
 }
 
 // dropAggregate deletes the aggregate this instance publishes and its
-// claim (unless another instance's claim is there), and gives up the lock: at Stop, so that another instance takes over at its next read
+// claim (unless another instance's claim is there), and gives up the
+// lock: at Stop, so that another instance takes over at its next read
 // rather than once the aggregate is stale, and when the fleet is too small
 // (or too large) for one. It says so, and why, in the log, where the
 // aggregator's hand-overs can be followed.
@@ -440,8 +442,8 @@ func (s *Syncer) gaveUp(why string, live int, fields ...zap.Field) {
 // entry under ClaimKey, with the time. A claim is fresh while it is dated
 // at most aggregateMaxAge before the reader's clock (and MaxClockSkew
 // after), or while the reader has seen it change within that age by its
-// own clock: so instances whose clocks disagree by more than the age still
-// see each other's claims. An aggregator that finds a fresh claim naming
+// own clock between two looks within that age: so instances whose clocks
+// disagree by more than the age still see each other's claims. An aggregator that finds a fresh claim naming
 // another instance whose id sorts before its own gives the role up,
 // leaving that one's aggregate and claim; an instance that finds no fresh
 // aggregate but a fresh claim by another does not try the lock, which a
@@ -471,6 +473,12 @@ const (
 	maxClaimSize = len(claimMagic) + 1 + binary.MaxVarintLen64 + maxInstanceLen + binary.MaxVarintLen64 + 4
 )
 
+// A claim is the aggregator's name and when it claimed the role.
+type claim struct {
+	name string
+	at   int64 // Unix nanoseconds
+}
+
 func appendClaim(dst []byte, name string, at time.Time) []byte {
 	start := len(dst)
 	dst = append(dst, claimMagic...)
@@ -483,43 +491,37 @@ func appendClaim(dst []byte, name string, at time.Time) []byte {
 
 // decodeClaim decodes the stored form of a claim. data is untrusted: it
 // never panics and rejects anything appendClaim would not have written.
-func decodeClaim(data []byte) (name string, at time.Time, err error) {
+func decodeClaim(data []byte) (claim, error) {
 	if len(data) < len(claimMagic)+1+4 || string(data[:len(claimMagic)]) != claimMagic {
-		return "", time.Time{}, fmt.Errorf("not a floodgate aggregator claim")
+		return claim{}, fmt.Errorf("not a floodgate aggregator claim")
 	}
 	if v := data[len(claimMagic)]; v != claimVersion {
-		return "", time.Time{}, fmt.Errorf("aggregator claim version %d, want %d", v, claimVersion)
+		return claim{}, fmt.Errorf("aggregator claim version %d, want %d", v, claimVersion)
 	}
 	body := data[:len(data)-4]
 	if sum := binary.LittleEndian.Uint32(data[len(body):]); sum != crc32.Checksum(body, castagnoli) {
-		return "", time.Time{}, fmt.Errorf("aggregator claim checksum mismatch (truncated or corrupt, %d bytes)", len(data))
+		return claim{}, fmt.Errorf("aggregator claim checksum mismatch (truncated or corrupt, %d bytes)", len(data))
 	}
 	r := reader{data: body, off: len(claimMagic) + 1}
 	n, err := r.uvarint("claim name length")
 	if err != nil {
-		return "", time.Time{}, err
+		return claim{}, err
 	}
 	if n == 0 || n > maxInstanceLen {
-		return "", time.Time{}, fmt.Errorf("aggregator claim name length %d: must be between 1 and %d", n, maxInstanceLen)
+		return claim{}, fmt.Errorf("aggregator claim name length %d: must be between 1 and %d", n, maxInstanceLen)
 	}
 	b, err := r.bytes(n, "claim name")
 	if err != nil {
-		return "", time.Time{}, err
+		return claim{}, err
 	}
 	ns, err := r.varint("claim time")
 	if err != nil {
-		return "", time.Time{}, err
+		return claim{}, err
 	}
 	if r.off != len(body) {
-		return "", time.Time{}, fmt.Errorf("aggregator claim has %d trailing bytes", len(body)-r.off)
+		return claim{}, fmt.Errorf("aggregator claim has %d trailing bytes", len(body)-r.off)
 	}
-	return string(b), time.Unix(0, ns), nil
-}
-
-// A claim is the aggregator's name and when it claimed the role.
-type claim struct {
-	name string
-	at   int64 // Unix nanoseconds
+	return claim{name: string(b), at: ns}, nil
 }
 
 // loadClaim returns the zone's claim, if there is a well-formed one.
@@ -532,12 +534,12 @@ func (s *Syncer) loadClaim(ctx context.Context) (claim, bool) {
 		}
 		return claim{}, false
 	}
-	name, at, err := decodeClaim(data)
+	cl, err := decodeClaim(data)
 	if err != nil {
 		s.skipped(key, err)
 		return claim{}, false
 	}
-	return claim{name: name, at: at.UnixNano()}, true
+	return cl, true
 }
 
 // ownClaim reports whether name is this instance's: its name, or the id
@@ -552,21 +554,24 @@ func (s *Syncer) ownClaim(name string) bool {
 // aggregateMaxAge before now and MaxClockSkew after, or seen to change
 // within aggregateMaxAge of now by this instance's clock (to an instance
 // whose clock runs ahead of the claimant's by more than that age, every
-// claim would look stale by its date). The caller holds c.mu.
+// claim would look stale by its date) since a look within that age. The
+// caller holds c.mu.
 func (s *Syncer) otherClaim(ctx context.Context, now time.Time) string {
 	cl, ok := s.loadClaim(ctx)
 	if !ok {
 		return ""
 	}
-	if s.claimSeen.name != "" && cl != s.claimSeen {
+	maxAge := aggregateMaxAge(s.iv)
+	if s.claimSeen.name != "" && cl != s.claimSeen && now.Sub(s.claimSeenAt) <= maxAge {
+		// Changed between two looks close enough together that the
+		// claimant lives; after a longer gap only its date can tell.
 		s.claimMoved = now
 	}
-	s.claimSeen = cl
+	s.claimSeen, s.claimSeenAt = cl, now
 	if s.ownClaim(cl.name) {
 		return ""
 	}
-	age, maxAge := now.Sub(time.Unix(0, cl.at)), aggregateMaxAge(s.iv)
-	if age <= maxAge && -age <= MaxClockSkew || !s.claimMoved.IsZero() && now.Sub(s.claimMoved) <= maxAge {
+	if age := now.Sub(time.Unix(0, cl.at)); age <= maxAge && -age <= MaxClockSkew || !s.claimMoved.IsZero() && now.Sub(s.claimMoved) <= maxAge {
 		return cl.name
 	}
 	return ""
@@ -580,5 +585,5 @@ func (s *Syncer) storeClaim(ctx context.Context, now time.Time) {
 		s.failed(OpWrite, now, err)
 		return
 	}
-	s.claimSeen = cl
+	s.claimSeen, s.claimSeenAt = cl, now
 }

@@ -426,8 +426,8 @@ func TestTwoAggregatorsAreDownToOne(t *testing.T) {
 			if got := aggregators(nodes); len(got) != 1 || got[0] != want {
 				t.Fatalf("aggregators %v two syncs after two took the lock, want [%s]", got, want)
 			}
-			if name, _, err := decodeClaim(st.data[ClaimKey("z/1")]); err != nil || name != want {
-				t.Fatalf("the claim names %q (%v), want %s", name, err, want)
+			if cl, err := decodeClaim(st.data[ClaimKey("z/1")]); err != nil || cl.name != want {
+				t.Fatalf("the claim names %q (%v), want %s", cl.name, err, want)
 			}
 			now = now.Add(testIntervals.Read)
 			for _, n := range nodes {
@@ -530,8 +530,8 @@ func TestASecondAggregatorStoppingLeavesTheFirstOnesAggregate(t *testing.T) {
 	if _, err := st.Load(bg, AggregateKey("z/1")); err != nil {
 		t.Errorf("a's aggregate is gone after d stopped: %v", err)
 	}
-	if name, _, err := decodeClaim(st.data[ClaimKey("z/1")]); err != nil || name != "a" {
-		t.Errorf("the claim names %q (%v) after d stopped, want a", name, err)
+	if cl, err := decodeClaim(st.data[ClaimKey("z/1")]); err != nil || cl.name != "a" {
+		t.Errorf("the claim names %q (%v) after d stopped, want a", cl.name, err)
 	}
 }
 
@@ -542,8 +542,8 @@ func TestASecondAggregatorStoppingLeavesTheFirstOnesAggregate(t *testing.T) {
 // reads and leaves the counts whole.
 func TestAggregatorClaimsAreCheckedLikeAnyPeerInput(t *testing.T) {
 	good := appendClaim(nil, "0", t0)
-	if name, at, err := decodeClaim(good); err != nil || name != "0" || !at.Equal(t0) {
-		t.Fatalf("a claim decodes as %q %v %v", name, at, err)
+	if cl, err := decodeClaim(good); err != nil || cl != (claim{name: "0", at: t0.UnixNano()}) {
+		t.Fatalf("a claim decodes as %+v %v", cl, err)
 	}
 	bad := map[string][]byte{
 		"empty":     nil,
@@ -560,7 +560,7 @@ func TestAggregatorClaimsAreCheckedLikeAnyPeerInput(t *testing.T) {
 		}(),
 	}
 	for what, data := range bad {
-		if _, _, err := decodeClaim(data); err == nil {
+		if _, err := decodeClaim(data); err == nil {
 			t.Errorf("%s: a claim decoded", what)
 		}
 	}
@@ -600,5 +600,30 @@ func TestAggregatorClaimsAreCheckedLikeAnyPeerInput(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A claim seen to change counts as fresh only between two looks close
+// together: an instance that last looked long ago (it read an aggregate
+// all along) and now finds a claim that changed since, but whose date is
+// stale, takes it for a dead aggregator's and may try the lock.
+func TestAClaimChangedAfterALongGapIsJudgedByItsDate(t *testing.T) {
+	st := newMemStorage()
+	b := newNode(t, st, "b")
+	st.data[ClaimKey("z/1")] = appendClaim(nil, "a", t0)
+	if got := b.s.otherClaim(bg, t0); got != "a" {
+		t.Fatalf("a fresh claim by a: %q", got)
+	}
+	later := t0.Add(time.Hour)
+	st.data[ClaimKey("z/1")] = appendClaim(nil, "0", later.Add(-time.Minute))
+	if got := b.s.otherClaim(bg, later); got != "" {
+		t.Fatalf("a claim dated a minute back, changed since a look an hour ago, taken for fresh: %q", got)
+	}
+	// Between two looks one read interval apart, a change is fresh
+	// whatever its date (the claimant's clock may run behind).
+	next := later.Add(testIntervals.Read)
+	st.data[ClaimKey("z/1")] = appendClaim(nil, "0", later.Add(-time.Minute+time.Nanosecond))
+	if got := b.s.otherClaim(bg, next); got != "0" {
+		t.Fatalf("a claim changed since a look one read interval ago: %q", got)
 	}
 }

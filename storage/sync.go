@@ -97,10 +97,10 @@ type Syncer struct {
 	aggregating   bool
 	aggregateFrom int
 	// claimSeen is the aggregator's claim as this instance last read or
-	// stored it, and claimMoved when (by its clock) it last saw the claim
-	// change (aggregate.go).
-	claimSeen  claim
-	claimMoved time.Time
+	// stored it, at claimSeenAt, and claimMoved when (by its clock) it
+	// last saw the claim change (aggregate.go).
+	claimSeen               claim
+	claimSeenAt, claimMoved time.Time
 	// aggLatest maps a key hash to its latest reset an aggregate lists.
 	aggLatest map[uint64]int64
 	// lastRead is what the last Read did with the aggregate.
@@ -722,7 +722,7 @@ func CheckStorage(st certmagic.Storage, s Shape) error {
 	if !f.IsValid() || f.Kind() != reflect.String || f.String() == "" || f.String() == "false" {
 		return nil
 	}
-	if most := max(maxSnapshotSize(s), maxAggregateSize(s)); most > maxDecompressed {
+	if most := maxAggregateSize(s); most > maxDecompressed { // the largest entry, above any snapshot
 		return fmt.Errorf("the Redis storage has compression on (%s), and caddy-storage-redis loads no value that decompresses to more than 4 MiB, "+
 			"but this zone's cluster entries can reach %.1f MiB: turn compression off in the storage, or give the zone less memory",
 			f.String(), float64(most)/(1<<20))
