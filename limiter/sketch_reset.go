@@ -75,9 +75,12 @@ func (t *SketchSum) ForgetHash(h uint64, at time.Time) {
 		if t.epoch-1+int64(k) > last {
 			continue
 		}
+		// A count of window epoch is held less def (curr), which
+		// subtracting m from keeps.
+		bias := t.def * uint32(k)
 		m := uint32(math.MaxUint32)
 		for i := 0; i < t.rows; i++ {
-			m = min(m, t.counts[cols[i]+uint64(k)])
+			m = min(m, t.counts[cols[i]+uint64(k)]+bias)
 		}
 		for i := 0; i < t.rows; i++ {
 			t.counts[cols[i]+uint64(k)] -= m

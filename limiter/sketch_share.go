@@ -39,27 +39,32 @@ import (
 // keys, gets the rest of its quota a share per hold once it is denied.
 //
 // The sum itself, which deciders may be reading, is unchanged. The copy
-// allocates as much as NewSketchSum, plus 16 bytes per cell in use. Its
-// work follows the cells in use (counted by s or the sum, or holding what
-// the previous copy left the others): every other cell counts nothing and
-// is left what every such cell is, which is settled once and added to
-// them all in one pass at memory speed. A cell that counts nothing and is
-// left that much joins them if its hold began no later than theirs (a
-// later one runs from a grant here, since refunded): taking theirs
-// lengthens its hold, and the default's begins afresh at least once a
-// hold, so quiet cells join within a hold. A nil sum, or n < 2, gives the
-// sum itself.
+// allocates as much as NewSketchSum (zeroed by the runtime, the only pass
+// over the whole table), plus 16 bytes per cell in use. Its work follows
+// the cells in use (counted by s or the sum, or holding what the previous
+// copy left the others): every other cell counts nothing and is left what
+// every such cell is, which is settled once and kept as the copy's
+// default, added to a cell's count as it is read, so that no such cell is
+// written. A cell that counts nothing and is left that much joins them if
+// its hold began no later than theirs (a later one runs from a grant here,
+// since refunded): taking theirs lengthens its hold, and the default's
+// begins afresh at least once a hold, so quiet cells join within a hold.
+// A nil sum, or n < 2, gives the sum itself.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
 	if t == nil || n < 2 {
 		return t
 	}
 	c := *t
-	c.counts = slices.Clone(t.counts) // c.used stays t's: no sum is added to once read
 	c.shares = nil
 	e, el := s.clock(now)
 	if e != t.epoch {
+		c.counts = slices.Clone(t.counts)
 		return &c // a sum of another window: nothing to share on
 	}
+	// Every cell t counts something in is in use, below, and written
+	// there: the others stay zero. c.used stays t's: no sum is added to
+	// once read.
+	c.counts = make([]uint32, len(t.counts))
 	cells := s.rows * int(s.width)
 	var p *shareState
 	if prev != nil && prev.shares != nil && prev.epoch == e && len(prev.counts) == 2*cells {
@@ -81,11 +86,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	} else {
 		st.def, st.defSince = b.settle(b.q, 0, b.at)
 	}
-	if st.def != 0 {
-		for i := 1; i < len(c.counts); i += 2 {
-			c.counts[i] = uint32(min(uint64(c.counts[i])+uint64(st.def), MaxSketchQuota))
-		}
-	}
+	c.def = st.def // every cell not written below: 0 + def
 
 	// The cells in use, in order: counted by s or by the sum, or listed
 	// by the previous copy.
@@ -110,7 +111,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	for i := range setCells(marks) {
 		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
 		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
-		peerPrev, peerCurr := uint64(t.counts[2*i]), uint64(t.counts[2*i+1])
+		peerPrev, peerCurr := uint64(t.counts[2*i]), uint64(t.curr(i))
 		// What the previous copy left the others here: listed, or
 		// its default.
 		var held uint64
@@ -124,7 +125,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 				pc := &p.cells[j]
 				pk, ps, po = pc.keep, pc.since, pc.owned
 			}
-			held, since = b.carry(pk, ps, po, uint64(prev.counts[2*i+1]), peerCurr, ownCurr)
+			held, since = b.carry(pk, ps, po, uint64(prev.curr(i)), peerCurr, ownCurr)
 		}
 		// The cell's estimate, rounded up, as sketchView.remaining
 		// takes it.
@@ -142,7 +143,8 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			continue
 		}
 		st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})
-		c.counts[2*i+1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota))
+		c.counts[2*i] = uint32(peerPrev)
+		c.counts[2*i+1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota)) - c.def
 	}
 	c.shares = st
 	return &c
@@ -249,4 +251,4 @@ func (s *Sketch) KeyCells(h uint64, cells *[MaxSketchRows]int) int {
 
 // CellZero reports whether the sum counts nothing in cell i, in either
 // window.
-func (t *SketchSum) CellZero(i int) bool { return t.counts[2*i]|t.counts[2*i+1] == 0 }
+func (t *SketchSum) CellZero(i int) bool { return t.counts[2*i]|t.curr(i) == 0 }

@@ -37,7 +37,16 @@ type SketchSum struct {
 	// shares is set on a copy made by WithShares: what it left the other
 	// instances, for the next WithShares to carry.
 	shares *shareState
+	// def is added to every count of window epoch as it is read (mod
+	// 2³², so a cell may hold less than def): a copy made by WithShares
+	// leaves every cell it does not list def for the other instances, and
+	// that way it leaves it them without touching those cells (curr). It
+	// is 0 in a sum.
+	def uint32
 }
+
+// curr returns cell i's count of window epoch.
+func (t *SketchSum) curr(i int) uint32 { return t.counts[2*i+1] + t.def }
 
 // NewSketchSum returns an empty sum for snapshots of s, of the window of
 // now. It allocates 8 bytes and a bit per cell of s.
@@ -113,11 +122,11 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 		for i := 0; i < v.n; i++ {
 			c := cols[i] // 2 × the cell's index
 			v.rows[i].prev += uint64(t.counts[c])
-			v.rows[i].curr += uint64(t.counts[c+1])
+			v.rows[i].curr += uint64(t.counts[c+1] + t.def)
 		}
 	case 1:
 		for i := 0; i < v.n; i++ {
-			v.rows[i].prev += uint64(t.counts[cols[i]+1])
+			v.rows[i].prev += uint64(t.counts[cols[i]+1] + t.def)
 		}
 	case -1:
 		for i := 0; i < v.n; i++ {
@@ -190,12 +199,13 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 
 // AppendBinary appends the sum in the binary form of a SketchSnapshot of
 // the sum's windows (Epoch − 1 and Epoch), as SketchSnapshot.AppendBinary
-// would write it. It reads only the cells the sum may count something in.
+// would write it. It reads only the cells the sum may count something in,
+// so it is for a sum, not a copy made by WithShares.
 func (t *SketchSum) AppendBinary(dst []byte) []byte {
 	cells := setCells(t.used)
 	dst = appendSketchHeader(dst, t.rows, t.width, t.window, t.epoch)
 	dst = appendSketchCells(dst, cells, func(i int) uint32 { return t.counts[2*i] })
-	return appendSketchCells(dst, cells, func(i int) uint32 { return t.counts[2*i+1] })
+	return appendSketchCells(dst, cells, t.curr)
 }
 
 // SketchSumOfBinary returns a sum of snapshots of s holding the snapshot in
@@ -223,10 +233,22 @@ func (s *Sketch) SketchSumOfBinary(data []byte) (*SketchSum, error) {
 // Epoch is the number of the sum's current window (WindowNumber).
 func (t *SketchSum) Epoch() int64 { return t.epoch }
 
-// Empty returns an empty sum of the same shape and windows as t.
-func (t *SketchSum) Empty() *SketchSum {
-	return &SketchSum{window: t.window, rows: t.rows, width: t.width, epoch: t.epoch,
-		counts: make([]uint32, len(t.counts)), used: make([]uint64, len(t.used))}
+// Empty returns an empty sum of the same shape and windows as t, reusing
+// reuse (nil for none) if it is of the same shape: its cells that count
+// something are zeroed one by one, so that emptying a sum costs what it
+// holds, not the table's size. reuse must not be read any more.
+func (t *SketchSum) Empty(reuse *SketchSum) *SketchSum {
+	if reuse == nil || len(reuse.counts) != len(t.counts) {
+		return &SketchSum{window: t.window, rows: t.rows, width: t.width, epoch: t.epoch,
+			counts: make([]uint32, len(t.counts)), used: make([]uint64, len(t.used))}
+	}
+	for i := range setCells(reuse.used) {
+		reuse.counts[2*i], reuse.counts[2*i+1] = 0, 0
+	}
+	clear(reuse.used)
+	*reuse = SketchSum{window: t.window, rows: t.rows, width: t.width, epoch: t.epoch,
+		counts: reuse.counts, used: reuse.used}
+	return reuse
 }
 
 // Clone returns a copy of the sum's counts, without what WithShares left
@@ -241,15 +263,18 @@ func (t *SketchSum) Clone() *SketchSum {
 
 // Subtract takes o's counts out of t, cell by cell and never below zero;
 // a cell saturated in t (MaxSketchQuota) stays so, since what it held is
-// not known. o must be a sum of the same shape and windows (Empty), else
-// Subtract does nothing and reports false.
+// not known. It visits only the cells o may count something in. Both must
+// be sums (not copies made by WithShares) of the same shape and windows
+// (Empty), else Subtract does nothing and reports false.
 func (t *SketchSum) Subtract(o *SketchSum) bool {
-	if o.epoch != t.epoch || o.window != t.window || len(o.counts) != len(t.counts) {
+	if o.epoch != t.epoch || o.window != t.window || len(o.counts) != len(t.counts) || t.def|o.def != 0 {
 		return false
 	}
-	for i, c := range o.counts {
-		if p := &t.counts[i]; *p != MaxSketchQuota {
-			*p -= min(*p, c)
+	for i := range setCells(o.used) {
+		for _, j := range [2]int{2 * i, 2*i + 1} {
+			if p := &t.counts[j]; *p != MaxSketchQuota {
+				*p -= min(*p, o.counts[j])
+			}
 		}
 	}
 	return true
