@@ -112,13 +112,29 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 // snapshot's cells of those keys as they go by, in a few bytes per key and
 // row.
 func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int64, err error) {
+	return t.applyBinary(data, forget, true)
+}
+
+// SubtractBinaryForgetting takes out of the sum what AddBinaryForgetting
+// of the same snapshot and keys added to it, cell by cell and never below
+// zero; a cell saturated at MaxSketchQuota stays so, since what it held is
+// not known. It visits only the snapshot's cells, so that taking an
+// instance's own contribution out of an aggregate costs what that
+// contribution holds, not the table's size.
+func (t *SketchSum) SubtractBinaryForgetting(data []byte, forget []Forget) (epoch int64, err error) {
+	return t.applyBinary(data, forget, false)
+}
+
+// forgotten returns the cells of the keys in forget (sorted, without
+// repeats) and the snapshot's counts of them, well formed data of window
+// epoch, less what forgetting the keys in order takes (see
+// AddBinaryForgetting): vals[j] for the previous window, vals[len(idx)+j]
+// for the current one. Nothing to forget gives nil.
+func (t *SketchSum) forgotten(data []byte, epoch int64, forget []Forget) (idx []int, vals []uint32) {
 	if len(forget) == 0 {
-		return t.AddBinary(data)
+		return nil, nil
 	}
-	// The cells of the forgotten keys, sorted, and the snapshot's counts
-	// of them: vals[i] for the previous window, vals[len(idx)+i] for the
-	// current one.
-	idx := make([]int, 0, len(forget)*t.rows)
+	idx = make([]int, 0, len(forget)*t.rows)
 	var cols sketchCols
 	for _, f := range forget {
 		sketchColumns(f.Hash, t.rows, uint64(t.width), &cols)
@@ -128,9 +144,9 @@ func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int
 	}
 	slices.Sort(idx)
 	idx = slices.Compact(idx)
-	vals := make([]uint32, 2*len(idx))
+	vals = make([]uint32, 2*len(idx))
 	j, inCurr := 0, false
-	epoch, err = t.addBinary(data, func(curr bool, i int, c uint32) {
+	_ = walkSketchBinary(data, t.rows*t.width, func(sketchHeader) error { return nil }, func(curr bool, i int, c uint32) {
 		if curr != inCurr {
 			j, inCurr = 0, curr
 		}
@@ -145,9 +161,6 @@ func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int
 			}
 		}
 	})
-	if err != nil {
-		return epoch, err
-	}
 	var pos [MaxSketchRows]int
 	for _, f := range forget {
 		last := WindowNumber(f.At, t.window)
@@ -155,8 +168,6 @@ func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int
 		for i := 0; i < t.rows; i++ {
 			pos[i], _ = slices.BinarySearch(idx, int(cols[i]/2))
 		}
-		// The snapshot's window epoch − 1 + k is the sum's slot
-		// epoch − 1 + k − (t.epoch − 1).
 		for k := range 2 {
 			if epoch-1+int64(k) > last {
 				continue
@@ -166,20 +177,12 @@ func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int
 			for i := 0; i < t.rows; i++ {
 				m = min(m, v[pos[i]])
 			}
-			if m == 0 {
-				continue
-			}
-			slot := epoch - t.epoch + int64(k)
 			for i := 0; i < t.rows; i++ {
 				v[pos[i]] -= m
-				if slot == 0 || slot == 1 {
-					p := &t.counts[cols[i]+uint64(slot)]
-					*p -= min(*p, m)
-				}
 			}
 		}
 	}
-	return epoch, nil
+	return idx, vals
 }
 
 // MergeBinaryForgetting adds a snapshot in binary form (untrusted input)

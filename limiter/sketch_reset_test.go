@@ -127,7 +127,8 @@ func TestSketchSumWithoutHash(t *testing.T) {
 // Adding a snapshot forgetting keys gives the sum that adding the
 // snapshot of the same sketch reset for those keys gives, cell for cell,
 // whatever the snapshot's window relative to the sum's, and leaves the
-// counts other snapshots add for the keys.
+// counts other snapshots add for the keys; subtracting it forgetting the
+// same keys takes out exactly that.
 func TestAddBinaryForgettingIsAddingTheResetSnapshot(t *testing.T) {
 	const window = 10 * time.Second
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -186,6 +187,16 @@ func TestAddBinaryForgettingIsAddingTheResetSnapshot(t *testing.T) {
 		if lag < 2 && slices.Equal(got.counts, plain.counts) {
 			t.Fatalf("lag %d: nothing was forgotten", lag)
 		}
+		// Taken out again, forgetting the same keys, as an instance takes
+		// its own snapshot out of an aggregate: the other's sum is left.
+		if e, err := got.SubtractBinaryForgetting(snap, forget); err != nil || e != WindowNumber(taken, window) {
+			t.Fatalf("lag %d: SubtractBinaryForgetting = %d, %v", lag, e, err)
+		}
+		alone := own.NewSketchSum(at)
+		_, _ = alone.AddBinary(must(other.AppendSnapshot(nil, taken)))
+		if !slices.Equal(got.counts, alone.counts) {
+			t.Fatalf("lag %d: the sum less the snapshot, forgetting the same keys, is not the other's", lag)
+		}
 		// MergeBinaryForgetting restores the same reset counts.
 		merged := newSumTestSketch(t, 1<<20, window, 4, 128)
 		if err := merged.MergeBinaryForgetting(snap, taken, forget); err != nil {
@@ -195,6 +206,9 @@ func TestAddBinaryForgettingIsAddingTheResetSnapshot(t *testing.T) {
 	}
 	if _, err := own.NewSketchSum(t0).AddBinaryForgetting([]byte("junk"), []Forget{{Hash: 1, At: t0}}); err == nil {
 		t.Fatal("junk was added")
+	}
+	if _, err := own.NewSketchSum(t0).SubtractBinaryForgetting([]byte("junk"), nil); err == nil {
+		t.Fatal("junk was taken out")
 	}
 }
 

@@ -49,7 +49,9 @@ import (
 // its hold began no later than theirs (a later one runs from a grant here,
 // since refunded): taking theirs lengthens its hold, and the default's
 // begins afresh at least once a hold, so quiet cells join within a hold.
-// A nil sum, or n < 2, gives the sum itself.
+// A nil sum, or n < 2, gives the sum itself. t is a sum (NewSketchSum,
+// SketchSumOfBinary), not a copy made by WithShares: every cell it does
+// not count something in is taken to hold zero.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
 	if t == nil || n < 2 {
 		return t

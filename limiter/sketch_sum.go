@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -41,7 +42,8 @@ type SketchSum struct {
 	// 2³², so a cell may hold less than def): a copy made by WithShares
 	// leaves every cell it does not list def for the other instances, and
 	// that way it leaves it them without touching those cells (curr). It
-	// is 0 in a sum.
+	// is 0 in a sum, and kept by the copies (Clone, WithoutHash) of a copy
+	// made by WithShares, which no snapshot is added to.
 	def uint32
 }
 
@@ -67,13 +69,20 @@ func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
 // shape or window, or not well formed, is rejected with an error and adds
 // nothing.
 func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
-	return t.addBinary(data, nil)
+	return t.applyBinary(data, nil, true)
 }
 
-// addBinary is AddBinary, also passing each cell of the snapshot to seen, if
-// not nil, once the snapshot is known to be well formed (as
-// walkSketchBinary's cell does).
-func (t *SketchSum) addBinary(data []byte, seen func(curr bool, i int, c uint32)) (epoch int64, err error) {
+// applyBinary adds the snapshot in binary form data (untrusted input) to
+// the sum, or takes it out (add false: each cell never below zero, and a
+// cell saturated at MaxSketchQuota stays so, since what it held is not
+// known), less the snapshot's own counts of the keys in forget
+// (AddBinaryForgetting), and returns its window number. A snapshot of
+// another shape or window, or not well formed, is rejected with an error
+// and changes nothing. It visits only the snapshot's cells.
+func (t *SketchSum) applyBinary(data []byte, forget []Forget, add bool) (epoch int64, err error) {
+	if t.def != 0 {
+		return 0, errors.New("sketch sum: a copy made by WithShares is not added to")
+	}
 	begin := func(h sketchHeader) error {
 		if h.rows != t.rows || h.width != t.width || h.window != t.window {
 			return fmt.Errorf("sketch snapshot: a %d×%d snapshot of %v windows does not fit a %d×%d sketch of %v windows",
@@ -92,18 +101,38 @@ func (t *SketchSum) addBinary(data []byte, seen func(curr bool, i int, c uint32)
 	if d < -1 || d > 1 {
 		return epoch, nil
 	}
+	idx, vals := t.forgotten(data, epoch, forget)
+	j, inCurr := 0, false
 	_ = walkSketchBinary(data, cells, begin, func(isCurr bool, i int, c uint32) {
-		if seen != nil {
-			seen(isCurr, i, c)
+		if len(idx) > 0 {
+			if isCurr != inCurr {
+				j, inCurr = 0, isCurr
+			}
+			for j < len(idx) && idx[j] < i {
+				j++
+			}
+			if j < len(idx) && idx[j] == i {
+				if isCurr {
+					c = vals[len(idx)+j]
+				} else {
+					c = vals[j]
+				}
+			}
 		}
 		k := d
 		if isCurr {
 			k++
 		}
-		if k == 0 || k == 1 {
+		if k != 0 && k != 1 {
+			return
+		}
+		p := &t.counts[2*i+int(k)]
+		switch {
+		case add:
 			t.used[i/64] |= 1 << (i % 64)
-			p := &t.counts[2*i+int(k)]
 			*p = uint32(min(uint64(*p)+uint64(c), MaxSketchQuota))
+		case *p != MaxSketchQuota:
+			*p -= min(*p, c)
 		}
 	})
 	return epoch, nil
@@ -193,9 +222,9 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 // aggregate, for each instance to read instead of every snapshot: the sum
 // in the binary form of a snapshot (AppendBinary), of the sum's own
 // windows. A reader loads it with SketchSumOfBinary and takes its own
-// contribution back out with Subtract, both in the aggregate's windows, so
-// that what it subtracts is exactly what was added, whatever window the
-// reader is in by then.
+// snapshots back out with SubtractBinaryForgetting, both in the
+// aggregate's windows, so that what it subtracts is exactly what was
+// added, whatever window the reader is in by then.
 
 // AppendBinary appends the sum in the binary form of a SketchSnapshot of
 // the sum's windows (Epoch − 1 and Epoch), as SketchSnapshot.AppendBinary
@@ -233,24 +262,6 @@ func (s *Sketch) SketchSumOfBinary(data []byte) (*SketchSum, error) {
 // Epoch is the number of the sum's current window (WindowNumber).
 func (t *SketchSum) Epoch() int64 { return t.epoch }
 
-// Empty returns an empty sum of the same shape and windows as t, reusing
-// reuse (nil for none) if it is of the same shape: its cells that count
-// something are zeroed one by one, so that emptying a sum costs what it
-// holds, not the table's size. reuse must not be read any more.
-func (t *SketchSum) Empty(reuse *SketchSum) *SketchSum {
-	if reuse == nil || len(reuse.counts) != len(t.counts) {
-		return &SketchSum{window: t.window, rows: t.rows, width: t.width, epoch: t.epoch,
-			counts: make([]uint32, len(t.counts)), used: make([]uint64, len(t.used))}
-	}
-	for i := range setCells(reuse.used) {
-		reuse.counts[2*i], reuse.counts[2*i+1] = 0, 0
-	}
-	clear(reuse.used)
-	*reuse = SketchSum{window: t.window, rows: t.rows, width: t.width, epoch: t.epoch,
-		counts: reuse.counts, used: reuse.used}
-	return reuse
-}
-
 // Clone returns a copy of the sum's counts, without what WithShares left
 // the other instances.
 func (t *SketchSum) Clone() *SketchSum {
@@ -259,23 +270,4 @@ func (t *SketchSum) Clone() *SketchSum {
 	c.used = slices.Clone(t.used)
 	c.shares = nil
 	return &c
-}
-
-// Subtract takes o's counts out of t, cell by cell and never below zero;
-// a cell saturated in t (MaxSketchQuota) stays so, since what it held is
-// not known. It visits only the cells o may count something in. Both must
-// be sums (not copies made by WithShares) of the same shape and windows
-// (Empty), else Subtract does nothing and reports false.
-func (t *SketchSum) Subtract(o *SketchSum) bool {
-	if o.epoch != t.epoch || o.window != t.window || len(o.counts) != len(t.counts) || t.def|o.def != 0 {
-		return false
-	}
-	for i := range setCells(o.used) {
-		for _, j := range [2]int{2 * i, 2*i + 1} {
-			if p := &t.counts[j]; *p != MaxSketchQuota {
-				*p -= min(*p, o.counts[j])
-			}
-		}
-	}
-	return true
 }

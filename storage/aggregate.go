@@ -299,9 +299,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 				return aggregateForeign
 			}
 			s.forget = appendForgets(s.forget[:0], s.aggLatest, snap.resets, s.listed)
-			mine := sum.Empty(s.mine)
-			s.mine = mine // never published: the next read empties it again
-			if _, err := mine.AddBinaryForgetting(snap.sketch, s.forget); err != nil || !sum.Subtract(mine) {
+			if _, err := sum.SubtractBinaryForgetting(snap.sketch, s.forget); err != nil {
 				return aggregateForeign
 			}
 			continue

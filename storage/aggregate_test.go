@@ -88,7 +88,41 @@ func TestAggregateGivesEachInstanceThePeersSum(t *testing.T) {
 			t.Errorf("%s grants a key the five instances have granted 15 times, of a limit of 10: %+v", n.s.instance, d)
 		}
 		if d := n.c.PeekHash(limiter.HashString("own0"), 1, now); !d.Allowed || d.Remaining != 7 {
-			t.Errorf("%s: a key granted 3 times has %+v, want 7 remaining", n.s.instance, d)
+			t.Errorf("%s: a key granted 3 times has %+v, want 8 remaining", n.s.instance, d)
+		}
+	}
+}
+
+// An instance whose own snapshot predates a reset that the aggregate lists
+// takes that snapshot out of the aggregate as the aggregator added it,
+// less the reset key's counts: it is left with the sum it would have read
+// from every snapshot, not one short of the other instances' counts of the
+// key's cells.
+func TestOwnSnapshotBeforeAResetIsTakenOutOfTheAggregateAsAdded(t *testing.T) {
+	st := newMemStorage()
+	nodes := newNodes(t, st, 5)
+	now := t0.Add(time.Second)
+	for i, n := range nodes {
+		n.take("k", i+1, now)
+		n.s.Write(bg, now)
+	}
+	b := nodes[1]
+	b.c.Reset(hk, now) // listed by b's next snapshot only
+	b.take("k", 2, now)
+	b.s.Write(bg, now)
+	nodes[0].s.Read(bg, now)
+	if got := aggregators(nodes); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("aggregators %v after a's read, want [a]", got)
+	}
+	for _, n := range nodes[2:] {
+		n.s.Read(bg, now)
+		via := n.c.peers.Load().AppendBinary(nil)
+		if full := fullView(t, st, n, now); !bytes.Equal(via, full) {
+			t.Errorf("%s: the peers' sum from the aggregate differs from the one read from every snapshot", n.s.instance)
+		}
+		// b's 2 since the reset; every count before it forgotten.
+		if d := n.c.PeekHash(hk, 1, now); !d.Allowed || d.Remaining != 10-2 {
+			t.Errorf("%s: the key after its reset and 2 grants: %+v, want 8 remaining", n.s.instance, d)
 		}
 	}
 }

@@ -235,55 +235,75 @@ func BenchmarkDecision(b *testing.B) {
 
 // BenchmarkSyncCPU reports the time one instance spends per write and per
 // read of a sync (each a single goroutine's CPU: the storage is in memory),
-// against the keys active in the window on each of three instances, at the
-// default sketch size, with bursts split (the default). A sync's cost
-// should follow the keys active, not the sketch's size.
+// against the keys active in the window on each instance, at the default
+// sketch size, with bursts split (the default): three instances, which
+// read every snapshot, and five (inst=5), of which four read the
+// aggregate the fifth publishes (the mean includes the aggregator's
+// read). A sync's cost should follow the keys active, not the sketch's
+// size.
 func BenchmarkSyncCPU(b *testing.B) {
-	for _, keys := range []int{0, 1_000, 100_000} {
-		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
-			st := newMemStorage()
-			now := t0.Add(30 * time.Second)
-			var syncers []*Syncer
-			for i := range 3 {
-				c, err := newCluster(Shape{Zone: "z", Window: time.Minute, Width: benchWidth}, 100)
-				if err != nil {
-					b.Fatal(err)
-				}
-				c.SplitBursts(true, testIntervals.Read)
-				rng := rand.New(rand.NewPCG(uint64(i), 7))
-				for range keys {
-					c.sketch.TakeHashWith(rng.Uint64(), 1, now, nil)
-				}
-				s := NewSyncer(c, st, fmt.Sprintf("i%d", i), testIntervals, zap.NewNop())
-				s.proc = newProcess()
-				syncers = append(syncers, s)
+	for _, inst := range []int{3, 5} {
+		for _, keys := range []int{0, 1_000, 100_000} {
+			name := fmt.Sprintf("keys=%d", keys)
+			if inst != 3 {
+				name = fmt.Sprintf("inst=%d/%s", inst, name)
 			}
-			ctx := context.Background()
-			for _, s := range syncers { // the restores and first reads
-				s.Write(ctx, now)
-				s.Read(ctx, now)
+			b.Run(name, func(b *testing.B) { benchSyncCPU(b, inst, keys) })
+		}
+	}
+}
+
+func benchSyncCPU(b *testing.B, inst, keys int) {
+	st := newMemStorage()
+	now := t0.Add(30 * time.Second)
+	var syncers []*Syncer
+	for i := range inst {
+		c, err := newCluster(Shape{Zone: "z", Window: time.Minute, Width: benchWidth}, 100)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.SplitBursts(true, testIntervals.Read)
+		rng := rand.New(rand.NewPCG(uint64(i), 7))
+		for range keys {
+			c.sketch.TakeHashWith(rng.Uint64(), 1, now, nil)
+		}
+		s := NewSyncer(c, st, fmt.Sprintf("i%d", i), testIntervals, zap.NewNop())
+		s.proc = newProcess()
+		syncers = append(syncers, s)
+	}
+	ctx := context.Background()
+	for _, s := range syncers { // the restores and first reads
+		s.Write(ctx, now)
+		s.Read(ctx, now)
+	}
+	var write, read time.Duration
+	b.ResetTimer()
+	for n := range b.N {
+		at := now.Add(time.Duration(n+1) * testIntervals.Read)
+		for i, s := range syncers {
+			// A few requests between syncs, as live traffic makes.
+			s.c.sketch.TakeHashWith(uint64(n*3+i)*0x9e3779b97f4a7c15, 1, at, nil)
+			start := time.Now()
+			s.Write(ctx, at)
+			write += time.Since(start)
+		}
+		for _, s := range syncers {
+			start := time.Now()
+			s.Read(ctx, at)
+			read += time.Since(start)
+		}
+	}
+	ops := float64(b.N * len(syncers))
+	b.ReportMetric(float64(write.Microseconds())/ops, "µs/write")
+	b.ReportMetric(float64(read.Microseconds())/ops, "µs/read")
+	b.ReportMetric(float64(benchWidth*SketchRows*16), "sketch-B")
+	if inst >= AggregateFrom {
+		aggregating := 0
+		for _, s := range syncers {
+			if s.aggregating {
+				aggregating++
 			}
-			var write, read time.Duration
-			b.ResetTimer()
-			for n := range b.N {
-				at := now.Add(time.Duration(n+1) * testIntervals.Read)
-				for i, s := range syncers {
-					// A few requests between syncs, as live traffic makes.
-					s.c.sketch.TakeHashWith(uint64(n*3+i)*0x9e3779b97f4a7c15, 1, at, nil)
-					start := time.Now()
-					s.Write(ctx, at)
-					write += time.Since(start)
-				}
-				for _, s := range syncers {
-					start := time.Now()
-					s.Read(ctx, at)
-					read += time.Since(start)
-				}
-			}
-			ops := float64(b.N * len(syncers))
-			b.ReportMetric(float64(write.Microseconds())/ops, "µs/write")
-			b.ReportMetric(float64(read.Microseconds())/ops, "µs/read")
-			b.ReportMetric(float64(benchWidth*SketchRows*16), "sketch-B")
-		})
+		}
+		b.ReportMetric(float64(aggregating), "aggregators")
 	}
 }

@@ -75,10 +75,6 @@ type Syncer struct {
 	snaps   []*snapshot
 	forget  []limiter.Forget
 	lifted  []uint64
-	// mine is the sum of this instance's own snapshots that a read of an
-	// aggregate takes out of it, kept so that the next read empties only
-	// the cells it counted rather than allocating the whole table again.
-	mine *limiter.SketchSum
 	// latest and listed map a key hash to its latest reset: known here,
 	// and listed by the snapshot at hand.
 	latest, listed map[uint64]int64
