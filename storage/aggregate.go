@@ -386,17 +386,45 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 }
 
 // tryAggregator tries to take the zone's aggregator lock without waiting
-// for it, and reports whether this instance is the aggregator.
-func (s *Syncer) tryAggregator(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, aggregateLockTry)
+// for it, and reports whether this instance is the aggregator. heldSince
+// is when the attempts of the reads before this one began to fail (zero
+// if the last read made none, or did not fail): once they have failed for
+// orphanLockAge, this instance aggregates without the lock.
+func (s *Syncer) tryAggregator(ctx context.Context, now, heldSince time.Time) bool {
+	lctx, cancel := context.WithTimeout(ctx, aggregateLockTry)
 	defer cancel()
-	if err := s.st.Lock(ctx, AggregateKey(s.c.shape.Zone)); err != nil {
-		return false
+	if err := s.st.Lock(lctx, AggregateKey(s.c.shape.Zone)); err != nil {
+		if heldSince.IsZero() {
+			heldSince = now
+		}
+		s.lockHeldSince = heldSince
+		if now.Sub(heldSince) < orphanLockAge(s.iv) {
+			return false
+		}
+		s.lockHeldSince = time.Time{}
+		s.log.Warn("the aggregator lock is held, but nobody has aggregated or claimed the role since: this instance aggregates without the lock",
+			zap.String("zone", s.c.shape.Zone), zap.Duration("held_for", now.Sub(heldSince)), zap.Error(err))
 	}
 	s.aggregating = true
 	s.log.Info("this instance aggregates the zone's cluster state", zap.String("zone", s.c.shape.Zone))
 	return true
 }
+
+// orphanLockAge is how long an instance tries the aggregator lock in vain,
+// at every read, finding no aggregate and no claim by another instance,
+// before it aggregates without the lock. The lock is only the first step
+// of the election (the claim settles it, see below), and a storage's lock
+// can outlive every holder: in our tests on certmagic's FileStorage, after
+// the last aggregator had given the lock up, every instance found its lock
+// file fresh for 40 s on end, none holding it (the goroutine that keeps a
+// lock file fresh outlives Unlock and freshens whatever file is at that
+// path when it wakes), and no instance would have aggregated again. The
+// age is twice the longest a lock of a dead holder lasts in the storages
+// we know (FileStorage: 10 s; caddy-storage-redis: 5 s), so a dead
+// aggregator's lock is taken over through the storage first; an
+// aggregator that holds the lock and publishes keeps it from ever being
+// reached.
+func orphanLockAge(iv Intervals) time.Duration { return max(20*time.Second, 4*iv.Read) }
 
 // releaseAggregator gives up the aggregator lock, if held.
 func (s *Syncer) releaseAggregator(ctx context.Context) {

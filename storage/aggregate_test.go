@@ -661,3 +661,59 @@ func TestAClaimChangedAfterALongGapIsJudgedByItsDate(t *testing.T) {
 		t.Fatalf("a claim changed since a look one read interval ago: %q", got)
 	}
 }
+
+// A lock that nobody is seen to use does not stop the fleet from
+// aggregating for good. A ghost holds the aggregator lock (as a lock file
+// kept fresh after its holder let it go does) and publishes nothing. The
+// instances try the lock at every read in vain; while the ghost names
+// itself in a fresh claim they leave it alone, and the wait starts again;
+// once it does not, after orphanLockAge of failed attempts, the first to
+// read aggregates without the lock, and the others read its aggregate.
+func TestALockNobodyUsesIsAggregatedWithout(t *testing.T) {
+	st := newMemStorage()
+	nodes := newNodes(t, st, 5)
+	if err := st.Lock(bg, AggregateKey("z/1")); err != nil {
+		t.Fatal(err)
+	}
+	before := t0.Add(time.Second)
+	age := orphanLockAge(testIntervals)
+	for at := before; at.Sub(before) < age*3/4; at = at.Add(testIntervals.Read) {
+		syncAll(at, nodes...)
+		if got := aggregators(nodes); len(got) != 0 {
+			t.Fatalf("aggregators %v %v after the lock was first found held, want none before %v", got, at.Sub(before), age)
+		}
+	}
+	now := before.Add(age)
+	for at := now; at.Sub(now) <= 2*age; at = at.Add(testIntervals.Read) {
+		if err := st.Store(bg, ClaimKey("z/1"), appendClaim(nil, "ghost", at)); err != nil {
+			t.Fatal(err)
+		}
+		syncAll(at, nodes...)
+		if got := aggregators(nodes); len(got) != 0 {
+			t.Fatalf("aggregators %v %v after the ghost's fresh claim began, want none", got, at.Sub(now))
+		}
+	}
+	if err := st.Delete(bg, ClaimKey("z/1")); err != nil {
+		t.Fatal(err)
+	}
+	start := now.Add(2*age + testIntervals.Read)
+	for at := start; ; at = at.Add(testIntervals.Read) {
+		syncAll(at, nodes...)
+		got := aggregators(nodes)
+		if at.Sub(start) < age {
+			if len(got) != 0 {
+				t.Fatalf("aggregators %v %v after the lock was first found held, want none before %v", got, at.Sub(start), age)
+			}
+			continue
+		}
+		if len(got) != 1 || got[0] != "a" {
+			t.Fatalf("aggregators %v %v after the lock was first found held, want [a]", got, at.Sub(start))
+		}
+		for _, n := range nodes[1:] {
+			if n.s.lastRead != aggregateUsed {
+				t.Errorf("%s did not read a's aggregate", n.s.instance)
+			}
+		}
+		break
+	}
+}

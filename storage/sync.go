@@ -101,6 +101,10 @@ type Syncer struct {
 	// last saw the claim change (aggregate.go).
 	claimSeen               claim
 	claimSeenAt, claimMoved time.Time
+	// lockHeldSince is when this instance's lock attempts began to fail
+	// at every read, with no aggregate and no claim to be seen: kept only
+	// by a read whose attempt fails (see orphanLockAge).
+	lockHeldSince time.Time
 	// aggLatest maps a key hash to its latest reset an aggregate lists.
 	aggLatest map[uint64]int64
 	// lastRead is what the last Read did with the aggregate.
@@ -378,6 +382,8 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	s.lifted = s.lifted[:0]
 	found := aggregateNone
 	defer func() { s.lastRead = found }()
+	heldSince := s.lockHeldSince
+	s.lockHeldSince = time.Time{}
 	if !s.aggregating {
 		if found = s.readAggregate(ctx, now); found == aggregateUsed {
 			s.ok(OpRead, now)
@@ -427,7 +433,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 			// from now on.
 			s.releaseAggregator(ctx)
 			s.gaveUp("another instance aggregates", live, zap.String("aggregator", other))
-		case s.aggregating || other == "" && s.tryAggregator(ctx):
+		case s.aggregating || other == "" && s.tryAggregator(ctx, now, heldSince):
 			s.storeClaim(ctx, now)
 			s.publishAggregate(ctx, now, sum, added, mine)
 		}

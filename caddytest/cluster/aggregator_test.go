@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,16 +44,61 @@ func oneAggregator(t *testing.T, nodes []*node, limit time.Duration) *node {
 			return found[0]
 		}
 		if time.Now().After(deadline) {
-			var seen []string
+			var seen, why []string
 			for _, n := range nodes {
 				logs := n.logs()
-				seen = append(seen, fmt.Sprintf("node %d: became it %d times, gave it up %d", n.i,
+				state := ""
+				if n.exited() {
+					state = " (exited)"
+				}
+				seen = append(seen, fmt.Sprintf("node %d%s: became it %d times, gave it up %d", n.i, state,
 					strings.Count(logs, aggregatingLog), strings.Count(logs, notAggregatingLog)))
+				// What the rate limiter said of the aggregate, and any
+				// warning or error: the lines that tell why.
+				for line := range strings.Lines(logs) {
+					if strings.Contains(line, "aggregat") || strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
+						why = append(why, fmt.Sprintf("node %d: %s", n.i, strings.TrimSpace(line)))
+					}
+				}
 			}
-			t.Fatalf("no single aggregator within %v: %s", limit, strings.Join(seen, "; "))
+			t.Fatalf("no single aggregator within %v: %s\n%s\n%s", limit, strings.Join(seen, "; "), strings.Join(why, "\n"), syncStacks(nodes))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// syncStacks returns, for each live node, the stacks of its goroutines
+// that run floodgate's cluster code, from the admin API's pprof endpoint:
+// where each node's syncs were when a test gave up on them.
+func syncStacks(nodes []*node) string {
+	var out []string
+	client := &http.Client{Timeout: 5 * time.Second}
+	for _, n := range nodes {
+		if !n.alive {
+			continue
+		}
+		resp, err := client.Get(fmt.Sprintf("http://localhost:%d/debug/pprof/goroutine?debug=2", n.admin))
+		if err != nil {
+			out = append(out, fmt.Sprintf("node %d: %v", n.i, err))
+			continue
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+		resp.Body.Close()
+		for stack := range strings.SplitSeq(string(body), "\n\n") {
+			if strings.Contains(stack, "floodgate/storage") || strings.Contains(stack, "keepLockfileFresh") {
+				out = append(out, fmt.Sprintf("node %d: %s", n.i, stack))
+			}
+		}
+	}
+	// The file system storage's lock files, and who last freshened them.
+	if dir, ok := strings.CutPrefix(nodes[0].storage, "storage file_system "); ok {
+		locks, _ := filepath.Glob(filepath.Join(dir, "locks", "*"))
+		for _, l := range locks {
+			data, err := os.ReadFile(l)
+			out = append(out, fmt.Sprintf("lock file %s: %q %v (at %v)", filepath.Base(l), data, err, time.Now().Format(time.StampMicro)))
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // Five instances on one storage elect an aggregator, which publishes the
@@ -60,7 +107,10 @@ func oneAggregator(t *testing.T, nodes []*node, limit time.Duration) *node {
 // its aggregate is stale, so the cluster keeps its limit, and once the
 // storage expires the lock (FileStorage: 10 s without its refresh;
 // caddy-storage-redis: 5 s) another instance takes over, and the cluster
-// still holds its limit through the new aggregate.
+// still holds its limit through the new aggregate. On a loaded machine the
+// new aggregator may find too few instances live and give up, and its lock
+// file stay fresh with nobody holding it; then an instance aggregates
+// without the lock after orphanLockAge (20 s), hence the 60 s allowed.
 func TestAggregatorKilledClusterStillLimits(t *testing.T) {
 	for _, store := range []string{"file_system", "redis"} {
 		t.Run(store, func(t *testing.T) {
@@ -83,7 +133,7 @@ func TestAggregatorKilledClusterStillLimits(t *testing.T) {
 			killed := time.Now()
 			// At once, while its lock is held and its aggregate goes stale.
 			checkShared(t, rest, "during", store+", the aggregator killed")
-			oneAggregator(t, rest, 40*time.Second)
+			oneAggregator(t, rest, 60*time.Second)
 			t.Logf("%s: another instance aggregated within %v of the aggregator's death", store, time.Since(killed).Round(100*time.Millisecond))
 			checkShared(t, rest, "after", store+", after the aggregator's failover")
 			for _, n := range rest {
