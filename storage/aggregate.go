@@ -393,7 +393,14 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 func (s *Syncer) tryAggregator(ctx context.Context, now, heldSince time.Time) bool {
 	lctx, cancel := context.WithTimeout(ctx, aggregateLockTry)
 	defer cancel()
-	if err := s.st.Lock(lctx, AggregateKey(s.c.shape.Zone)); err != nil {
+	err := s.st.Lock(lctx, AggregateKey(s.c.shape.Zone))
+	if err != nil {
+		if ctx.Err() != nil {
+			// The read ran out of time, or Stop ended it: not the
+			// lock's doing. The wait goes on as it was.
+			s.lockHeldSince = heldSince
+			return false
+		}
 		if heldSince.IsZero() {
 			heldSince = now
 		}
@@ -405,7 +412,7 @@ func (s *Syncer) tryAggregator(ctx context.Context, now, heldSince time.Time) bo
 		s.log.Warn("the aggregator lock is held, but nobody has aggregated or claimed the role since: this instance aggregates without the lock",
 			zap.String("zone", s.c.shape.Zone), zap.Duration("held_for", now.Sub(heldSince)), zap.Error(err))
 	}
-	s.aggregating = true
+	s.aggregating, s.locked = true, err == nil
 	s.log.Info("this instance aggregates the zone's cluster state", zap.String("zone", s.c.shape.Zone))
 	return true
 }
@@ -422,17 +429,25 @@ func (s *Syncer) tryAggregator(ctx context.Context, now, heldSince time.Time) bo
 // age is twice the longest a lock of a dead holder lasts in the storages
 // we know (FileStorage: 10 s; caddy-storage-redis: 5 s), so a dead
 // aggregator's lock is taken over through the storage first; an
-// aggregator that holds the lock and publishes keeps it from ever being
-// reached.
+// aggregator that holds the lock and publishes, every instance reading at
+// the zone's one read_interval, keeps it from being reached (its aggregate
+// or its claim is fresh at each read). An instance that aggregates
+// without the lock never unlocks it (releaseAggregator).
 func orphanLockAge(iv Intervals) time.Duration { return max(20*time.Second, 4*iv.Read) }
 
-// releaseAggregator gives up the aggregator lock, if held.
+// releaseAggregator gives up the role, and the aggregator lock if this
+// instance took it.
 func (s *Syncer) releaseAggregator(ctx context.Context) {
 	if !s.aggregating {
 		return
 	}
 	s.aggregating = false
-	_ = s.st.Unlock(ctx, AggregateKey(s.c.shape.Zone))
+	if s.locked {
+		// Only a lock this instance took: file_system's Unlock removes
+		// the lock file whoever holds it.
+		s.locked = false
+		_ = s.st.Unlock(ctx, AggregateKey(s.c.shape.Zone))
+	}
 }
 
 // dropAggregate deletes the aggregate this instance publishes and its

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
@@ -668,7 +669,9 @@ func TestAClaimChangedAfterALongGapIsJudgedByItsDate(t *testing.T) {
 // instances try the lock at every read in vain; while the ghost names
 // itself in a fresh claim they leave it alone, and the wait starts again;
 // once it does not, after orphanLockAge of failed attempts, the first to
-// read aggregates without the lock, and the others read its aggregate.
+// read aggregates without the lock (not on a read its context ended), and
+// the others read its aggregate. Giving the role up, it leaves the lock
+// to its holder.
 func TestALockNobodyUsesIsAggregatedWithout(t *testing.T) {
 	st := newMemStorage()
 	nodes := newNodes(t, st, 5)
@@ -698,6 +701,16 @@ func TestALockNobodyUsesIsAggregatedWithout(t *testing.T) {
 	}
 	start := now.Add(2*age + testIntervals.Read)
 	for at := start; ; at = at.Add(testIntervals.Read) {
+		if at.Sub(start) >= age {
+			// A read ended by its context (Stop) neither aggregates
+			// without the lock nor ends the wait.
+			ctx, cancel := context.WithCancel(bg)
+			cancel()
+			nodes[0].s.Read(ctx, at)
+			if got := aggregators(nodes); len(got) != 0 {
+				t.Fatalf("aggregators %v after a read whose context had ended", got)
+			}
+		}
 		syncAll(at, nodes...)
 		got := aggregators(nodes)
 		if at.Sub(start) < age {
@@ -713,6 +726,12 @@ func TestALockNobodyUsesIsAggregatedWithout(t *testing.T) {
 			if n.s.lastRead != aggregateUsed {
 				t.Errorf("%s did not read a's aggregate", n.s.instance)
 			}
+		}
+		// Giving the role up, a leaves the lock it never took to its
+		// holder (file_system's Unlock would remove the holder's file).
+		nodes[0].s.dropAggregate(bg, "stopping", 0)
+		if err := st.Lock(bg, AggregateKey("z/1")); err == nil {
+			t.Fatal("the instance that aggregated without the lock freed it when it gave the role up")
 		}
 		break
 	}

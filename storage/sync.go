@@ -91,11 +91,12 @@ type Syncer struct {
 	// skewLogged is when the purge of a snapshot from a clock too far ahead
 	// was last logged: at most once per purge_age.
 	skewLogged time.Time
-	// aggregating is set while this instance holds the zone's aggregator
-	// lock (aggregate.go); aggregateFrom is the least number of live
-	// instances for an aggregate (AggregateFrom; tests change it).
-	aggregating   bool
-	aggregateFrom int
+	// aggregating is set while this instance aggregates the zone, and
+	// locked while it holds the zone's aggregator lock, which it may not
+	// (orphanLockAge; aggregate.go); aggregateFrom is the least number of
+	// live instances for an aggregate (AggregateFrom; tests change it).
+	aggregating, locked bool
+	aggregateFrom       int
 	// claimSeen is the aggregator's claim as this instance last read or
 	// stored it, at claimSeenAt, and claimMoved when (by its clock) it
 	// last saw the claim change (aggregate.go).
