@@ -145,20 +145,10 @@ func (t *SketchSum) forgotten(data []byte, epoch int64, forget []Forget) (idx []
 	slices.Sort(idx)
 	idx = slices.Compact(idx)
 	vals = make([]uint32, 2*len(idx))
-	j, inCurr := 0, false
+	at := cellCursor{idx: idx}
 	_ = walkSketchBinary(data, t.rows*t.width, func(sketchHeader) error { return nil }, func(curr bool, i int, c uint32) {
-		if curr != inCurr {
-			j, inCurr = 0, curr
-		}
-		for j < len(idx) && idx[j] < i {
-			j++
-		}
-		if j < len(idx) && idx[j] == i {
-			if curr {
-				vals[len(idx)+j] = c
-			} else {
-				vals[j] = c
-			}
+		if v := at.find(curr, i); v >= 0 {
+			vals[v] = c
 		}
 	})
 	var pos [MaxSketchRows]int
@@ -207,4 +197,31 @@ func (s *Sketch) MergeBinaryForgetting(data []byte, now time.Time, forget []Forg
 		}
 	}
 	return nil
+}
+
+// A cellCursor finds the cells of a sorted list (idx) as a walk of a
+// snapshot passes them, in increasing order within each of its windows.
+type cellCursor struct {
+	idx  []int
+	j    int
+	curr bool
+}
+
+// find returns where cell i of the window curr goes in a list of values
+// for idx's cells (the previous window's, then the current one's), or −1
+// if i is not in idx.
+func (k *cellCursor) find(curr bool, i int) int {
+	if curr != k.curr {
+		k.j, k.curr = 0, curr
+	}
+	for k.j < len(k.idx) && k.idx[k.j] < i {
+		k.j++
+	}
+	if k.j == len(k.idx) || k.idx[k.j] != i {
+		return -1
+	}
+	if curr {
+		return len(k.idx) + k.j
+	}
+	return k.j
 }

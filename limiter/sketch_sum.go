@@ -102,22 +102,10 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, add bool) (epoch i
 		return epoch, nil
 	}
 	idx, vals := t.forgotten(data, epoch, forget)
-	j, inCurr := 0, false
+	at := cellCursor{idx: idx}
 	_ = walkSketchBinary(data, cells, begin, func(isCurr bool, i int, c uint32) {
-		if len(idx) > 0 {
-			if isCurr != inCurr {
-				j, inCurr = 0, isCurr
-			}
-			for j < len(idx) && idx[j] < i {
-				j++
-			}
-			if j < len(idx) && idx[j] == i {
-				if isCurr {
-					c = vals[len(idx)+j]
-				} else {
-					c = vals[j]
-				}
-			}
+		if v := at.find(isCurr, i); v >= 0 {
+			c = vals[v]
 		}
 		k := d
 		if isCurr {
