@@ -64,8 +64,9 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		return &c // a sum of another window: nothing to share on
 	}
 	// Every cell t counts something in is in use, below, and written
-	// there: the others stay zero. c.used stays t's: no sum is added to
-	// once read.
+	// there unless it counts nothing after all (subtracting can leave a
+	// cell at zero); every other cell holds zero in t too. c.used stays
+	// t's: no sum is added to once read.
 	c.counts = make([]uint32, len(t.counts))
 	cells := s.rows * int(s.width)
 	var p *shareState

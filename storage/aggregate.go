@@ -41,14 +41,15 @@ import (
 // without waiting for it; it holds the lock while it runs and releases it
 // at Stop (or when it yields to another aggregator, below, which then
 // runs without the lock while its claim keeps the others from it). The
-// storage expires the lock of a dead holder (FileStorage
-// after 10 s without its refresh, caddy-storage-redis after 5 s), so when
-// the aggregator dies its aggregate goes stale (aggregateMaxAge), every
+// storage expires the lock of a dead holder (FileStorage after 10 s
+// without its refresh, caddy-storage-redis after 5 s), so when the
+// aggregator dies its aggregate goes stale (aggregateMaxAge), every
 // instance falls back to reading every snapshot, limiting as before, and
-// the first to try the lock once it has expired takes over. Two
+// the first to try the lock once it has expired takes over; a lock that
+// nobody is seen to use for orphanLockAge is done without. Two
 // aggregators at once (a FileStorage lock taken twice, a lock lost during
-// a stall) each publish a true sum, and are soon down to one through the
-// aggregator's claim (below).
+// a stall, one that went without the lock) each publish a true sum, and
+// are soon down to one through the aggregator's claim (below).
 //
 // The view an aggregate gives is older than a direct read by up to the
 // aggregator's read interval: the over-admission bound grows by that
@@ -395,20 +396,15 @@ func (s *Syncer) tryAggregator(ctx context.Context, now, heldSince time.Time) bo
 	defer cancel()
 	err := s.st.Lock(lctx, AggregateKey(s.c.shape.Zone))
 	if err != nil {
-		if ctx.Err() != nil {
-			// The read ran out of time, or Stop ended it: not the
-			// lock's doing. The wait goes on as it was.
+		// A read that ran out of time, or that Stop ended, failed by
+		// no doing of the lock's: the wait goes on as it was.
+		if heldSince.IsZero() && ctx.Err() == nil {
+			heldSince = now
+		}
+		if ctx.Err() != nil || now.Sub(heldSince) < orphanLockAge(s.iv) {
 			s.lockHeldSince = heldSince
 			return false
 		}
-		if heldSince.IsZero() {
-			heldSince = now
-		}
-		s.lockHeldSince = heldSince
-		if now.Sub(heldSince) < orphanLockAge(s.iv) {
-			return false
-		}
-		s.lockHeldSince = time.Time{}
 		s.log.Warn("the aggregator lock is held, but nobody has aggregated or claimed the role since: this instance aggregates without the lock",
 			zap.String("zone", s.c.shape.Zone), zap.Duration("held_for", now.Sub(heldSince)), zap.Error(err))
 	}
@@ -485,8 +481,9 @@ func (s *Syncer) gaveUp(why string, live int, fields ...zap.Field) {
 // at most aggregateMaxAge before the reader's clock (and MaxClockSkew
 // after), or while the reader has seen it change within that age by its
 // own clock between two looks within that age: so instances whose clocks
-// disagree by more than the age still see each other's claims. An aggregator that finds a fresh claim naming
-// another instance whose id sorts before its own gives the role up,
+// disagree by more than the age still see each other's claims. An
+// aggregator that finds a fresh claim naming another instance whose id
+// sorts before its own gives the role up,
 // leaving that one's aggregate and claim; an instance that finds no fresh
 // aggregate but a fresh claim by another does not try the lock, which a
 // yield may have freed while the claimant aggregates on. So two

@@ -68,8 +68,9 @@ func oneAggregator(t *testing.T, nodes []*node, limit time.Duration) *node {
 }
 
 // syncStacks returns, for each live node, the stacks of its goroutines
-// that run floodgate's cluster code, from the admin API's pprof endpoint:
-// where each node's syncs were when a test gave up on them.
+// that run floodgate's cluster code or keep a lock file fresh, from the
+// admin API's pprof endpoint (where each node's syncs were when a test
+// gave up on them), and the file system storage's lock files.
 func syncStacks(nodes []*node) string {
 	var out []string
 	client := &http.Client{Timeout: 5 * time.Second}
@@ -90,7 +91,8 @@ func syncStacks(nodes []*node) string {
 			}
 		}
 	}
-	// The file system storage's lock files, and who last freshened them.
+	// The file system storage's lock files, with when each was made and
+	// last freshened.
 	if dir, ok := strings.CutPrefix(nodes[0].storage, "storage file_system "); ok {
 		locks, _ := filepath.Glob(filepath.Join(dir, "locks", "*"))
 		for _, l := range locks {
