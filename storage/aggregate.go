@@ -249,9 +249,10 @@ const (
 	// aggregateNone: no fresh, well-formed aggregate; read every
 	// snapshot, and try to become the aggregator.
 	aggregateNone aggregateRead = iota
-	// aggregateForeign: a fresh aggregate that lists a snapshot under this
-	// instance's name that it cannot take out (another process's, or one
-	// it no longer remembers): read every snapshot, which sorts that out.
+	// aggregateForeign: a fresh aggregate that lists a snapshot of this
+	// process's that it cannot take out (one it no longer remembers), or
+	// another process's under this instance's name: read every snapshot,
+	// which sorts that out.
 	aggregateForeign
 	// aggregateUsed: the Cluster's view was replaced from the aggregate.
 	aggregateUsed
@@ -305,7 +306,13 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 			}
 			continue
 		}
-		if any, _ := s.proc.wrote(k, time.Time{}, nil); any || m.name == own {
+		// Under this instance's name, a snapshot it does not hold:
+		// another process's, or one it no longer remembers. Under a name
+		// it published as before its alias, one it stored: its own past
+		// state. The full read sorts out either. Any other snapshot is a
+		// peer's, even under a name this process once used: the other
+		// process's, which keeps the instance id.
+		if m.name == own || s.proc.ours(k, m.w) {
 			return aggregateForeign
 		}
 		if now.Sub(time.Unix(0, m.w.at)) <= liveWrites*s.iv.Write {

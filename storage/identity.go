@@ -81,23 +81,26 @@ func (p *process) noteWrite(key string, at time.Time, data []byte) {
 	r[0] = writtenOf(at, data)
 }
 
-// wrote reports whether this process has stored a snapshot under key, and
-// whether data, a snapshot written at at, is among the last it stored
-// there (data is nil to ask only the first).
-func (p *process) wrote(key string, at time.Time, data []byte) (any, ours bool) {
+// stored reports whether this process has stored a snapshot under key.
+func (p *process) stored(key string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r := p.writes[key]
-	if r == nil || data == nil {
-		return r != nil, false
-	}
-	w := writtenOf(at, data)
-	for _, e := range r {
-		if e == w {
-			return true, true
+	return p.writes[key] != nil
+}
+
+// ours reports whether w identifies one of the last snapshots this process
+// stored under key.
+func (p *process) ours(key string, w written) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r := p.writes[key]; r != nil {
+		for _, e := range r {
+			if e == w {
+				return true
+			}
 		}
 	}
-	return true, false
+	return false
 }
 
 // name is what the process publishes as, given its instance id: the id, or
@@ -125,7 +128,7 @@ func (p *process) alias() bool {
 // above), logging an error the first time. It returns the snapshot if it
 // is this process's (for an aggregate), else nil. The caller holds c.mu.
 func (s *Syncer) checkOwn(ctx context.Context, key string) *snapshot {
-	if any, _ := s.proc.wrote(key, time.Time{}, nil); !any {
+	if !s.proc.stored(key) {
 		return nil // nothing stored here yet: a restart finds its predecessor's
 	}
 	data, err := s.load(ctx, key, maxSnapshotSize(s.c.shape))
@@ -136,7 +139,7 @@ func (s *Syncer) checkOwn(ctx context.Context, key string) *snapshot {
 	if err != nil {
 		return nil
 	}
-	if _, ours := s.proc.wrote(key, snap.written, data); ours {
+	if s.proc.ours(key, writtenOf(snap.written, data)) {
 		return snap
 	}
 	c := s.c

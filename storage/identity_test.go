@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"testing"
 	"time"
 
@@ -41,5 +42,79 @@ func TestTwoProcessesWithOneInstanceIDShareTheLimit(t *testing.T) {
 	a2.s.Read(bg, later)
 	if got := a2.take("k", 10, later); got != 0 {
 		t.Fatalf("a restarted process granted %d more of k", got)
+	}
+}
+
+// In a fleet with an aggregate, the process that switched to its alias
+// reads the aggregate like every other instance: the aggregate goes on
+// listing the other process under the instance id, a name this one once
+// published under, but that snapshot is the other's, a peer's, not this
+// process's own state to take out. Read in full at every sync instead, it
+// would load every snapshot for the rest of its life.
+func TestAnAliasedProcessReadsTheAggregate(t *testing.T) {
+	st := newMemStorage()
+	nodes := append(newNodes(t, st, 5), newNode(t, st, "x"), newNode(t, st, "x"))
+	now := t0.Add(time.Second)
+	var early []byte // nodes[5]'s first snapshot, stored under x
+	for i := range 4 {
+		at := now.Add(time.Duration(i) * time.Second)
+		nodes[5].take("x5", 1, at) // the two write snapshots that differ
+		nodes[6].take("x6", 1, at)
+		if i == 0 {
+			nodes[5].s.Write(bg, at)
+			st.mu.Lock()
+			early = st.data[Key("z/1", "x")]
+			st.mu.Unlock()
+		}
+		syncAll(at, nodes...)
+	}
+	now = now.Add(4 * time.Second)
+	var aliased *node
+	for _, n := range nodes[5:] {
+		if n.s.proc.name("x") != "x" {
+			aliased = n
+		}
+	}
+	if aliased == nil || nodes[5].c.Conflicts()+nodes[6].c.Conflicts() != 1 {
+		t.Fatalf("the two processes named x: aliased %v, conflicts %d and %d, want one aliased after one conflict",
+			aliased != nil, nodes[5].c.Conflicts(), nodes[6].c.Conflicts())
+	}
+	for _, n := range nodes {
+		n.take("k", 2, now) // 14 of a limit of 10
+		n.s.Write(bg, now)
+	}
+	nodes[0].s.Read(bg, now)
+	if got := aggregators(nodes); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("aggregators %v, want [a]", got)
+	}
+	if loads := readsLoad(st, now, []*node{aliased}); loads != 1 {
+		t.Errorf("the aliased process loaded %d entries to read, want 1: the aggregate", loads)
+	}
+	via := aliased.c.peers.Load().AppendBinary(nil)
+	if full := fullView(t, st, aliased, now); !bytes.Equal(via, full) {
+		t.Error("the aliased process's peers' sum from the aggregate differs from the one read from every snapshot")
+	}
+	if d := aliased.c.PeekHash(hk, 1, now); d.Allowed {
+		t.Errorf("the aliased process grants a key the fleet granted 14 times, of a limit of 10: %+v", d)
+	}
+
+	// A store of nodes[5]'s under x, from before its alias, that lands
+	// late (a store that timed out): the aggregate lists it under x, but
+	// it is nodes[5]'s own past state, which its own counts hold already.
+	if aliased != nodes[5] {
+		t.Fatal("nodes[6] stored under x last, so nodes[5] should have found it there and taken the alias")
+	}
+	now = now.Add(time.Second)
+	for _, n := range nodes {
+		n.s.Write(bg, now)
+	}
+	st.mu.Lock()
+	st.data[Key("z/1", "x")] = early
+	st.mu.Unlock()
+	nodes[0].s.Read(bg, now)
+	aliased.s.Read(bg, now)
+	via = aliased.c.peers.Load().AppendBinary(nil)
+	if full := fullView(t, st, aliased, now); !bytes.Equal(via, full) {
+		t.Error("the aliased process counted its own past snapshot, listed by the aggregate under x, as a peer's")
 	}
 }

@@ -505,7 +505,7 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 			s.skipped(key, err)
 			continue
 		}
-		if _, ours := s.proc.wrote(key, snap.written, data); ours {
+		if s.proc.ours(key, writtenOf(snap.written, data)) {
 			continue // this process's state under the name it published as before its alias
 		}
 		if ahead := snap.written.Sub(now); ahead > MaxClockSkew {
