@@ -108,14 +108,15 @@ plot falsedeny "set title 'False denials as a 1 MiB table fills with flooding so
 # The fleet benchmark's metrics, by unit (go test prints them in any order),
 # one line per storage, sync interval and fleet size.
 if [ -s "$data/fleet.txt" ]; then
-	awk 'BEGIN { print "storage,interval_s,instances,spread_allowed_per_limit,burst_allowed_per_limit,read_B_per_inst_interval,max_read_B_per_inst_interval,written_B_per_inst_interval,ns_per_inst_sync,heap_B_per_inst,reset_intervals,spread_noise_per_limit,failover_s,failover_granted" }
+	awk 'BEGIN { print "storage,interval_s,instances,spread_allowed_per_limit,burst_allowed_per_limit,read_B_per_inst_interval,max_read_B_per_inst_interval,written_B_per_inst_interval,ns_per_inst_sync,retained_B_per_inst,reset_intervals,spread_noise_per_limit,failover_s,failover_granted,cpu_ns_per_inst_sync,aggregator_read_ns,max_sync_alloc_B" }
 		/^BenchmarkFleet\/N=/ {
 			split($1, p, "/"); n = p[2]; iv = p[3]; st = p[4]
 			sub(/^N=/, "", n); sub(/^interval=/, "", iv); sub(/s$/, "", iv); sub(/^storage=/, "", st); sub(/-[0-9]+$/, "", st)
 			delete m; for (i = 3; i < NF; i += 2) m[$(i + 1)] = $i
-			printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", st, iv, n, m["spread-allowed/limit"], m["burst-allowed/limit"],
+			printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", st, iv, n, m["spread-allowed/limit"], m["burst-allowed/limit"],
 				m["read-B/inst/interval"], m["max-read-B/inst/interval"], m["written-B/inst/interval"], m["ns/inst/sync"],
-				m["heap-B/inst"], m["reset-intervals"], m["spread-noise/limit"], m["failover-s"], m["failover-granted"]
+				m["retained-B/inst"], m["reset-intervals"], m["spread-noise/limit"], m["failover-s"], m["failover-granted"],
+				m["cpu-ns/inst/sync"], m["aggregator-read-ns"], m["max-sync-alloc-B"]
 		}' "$data/fleet.txt" >"$data/fleet.csv"
 	# Plot (e): over-admission against instances, one line per sync
 	# interval (in-memory storage), and the storage traffic per instance.
@@ -230,11 +231,15 @@ the fleet granted meanwhile of a key already at its limit; in memory the lock ex
 does (10 s after its last refresh, on the simulated clock), over Redis as caddy-storage-redis's does
 (5 s, in real time, the rounds kept one interval apart; a dash over Redis where one process could not
 keep the rounds in real time, see [the cluster page](cluster.md#fleets)). Traffic and CPU are per instance per interval; the most read is the aggregator's.
+CPU is the process's on every core (garbage collection included) over the instances' syncs; the
+aggregator's read is timed alone. Memory: what an instance holds between syncs (the heap after a
+collection over the instances, the in-memory storage's copy of the snapshots included) and the most one
+sync allocated (the aggregator's read, where there is one): an instance's peak is at most the two added.
 Output: [docs/perf/fleet.txt](perf/fleet.txt).
 
-| storage | sync (s) | instances | spread: allowed ÷ limit | burst: allowed ÷ limit | noise ÷ limit | read per instance (kB) | most read (kB) | written (kB) | CPU per sync (ms) | reset (intervals) | failover (s) | granted in failover |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
-$(awk -F, 'NR > 1 { printf "| %s | %s | %s | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.2f | %g | %s | %s |\n", $1, $2, $3, $4, $5, $12, $6 / 1000, $7 / 1000, $8 / 1000, $9 / 1e6, $11, ($13 == "" ? "–" : sprintf("%.0f", $13)), ($14 == "" ? "–" : $14) }' "$data/fleet.csv")
+| storage | sync (s) | instances | spread: allowed ÷ limit | burst: allowed ÷ limit | noise ÷ limit | read per instance (kB) | most read (kB) | written (kB) | CPU per sync (ms) | aggregator's read (ms) | held (kB) | most a sync allocated (kB) | reset (intervals) | failover (s) | granted in failover |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+$(awk -F, 'NR > 1 { printf "| %s | %s | %s | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.2f | %s | %.0f | %.0f | %g | %s | %s |\n", $1, $2, $3, $4, $5, $12, $6 / 1000, $7 / 1000, $8 / 1000, $15 / 1e6, ($16 == "" ? "–" : sprintf("%.2f", $16 / 1e6)), $10 / 1000, $17 / 1000, $11, ($13 == "" ? "–" : sprintf("%.0f", $13)), ($14 == "" ? "–" : $14) }' "$data/fleet.csv")
 
 EOF
 	fi

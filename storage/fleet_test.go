@@ -7,6 +7,7 @@ import (
 	"net"
 	"path"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,24 @@ type fleet struct {
 	// realtime, if set, makes the fleet's clock the real one from wall
 	// on, at sim: each round is at sim plus the real time since wall.
 	realtime *struct{ sim, wall time.Time }
+	// probe, if set, is told what each sync call of a round took, in
+	// time and in bytes allocated (serial rounds only).
+	probe func(s *Syncer, took time.Duration, alloc uint64)
+}
+
+// do runs one sync call of s, through the probe if there is one.
+func (f *fleet) do(s *Syncer, call func(ctx context.Context, now time.Time)) {
+	if f.probe == nil {
+		call(context.Background(), f.now)
+		return
+	}
+	sample := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(sample)
+	before, start := sample[0].Value.Uint64(), time.Now()
+	call(context.Background(), f.now)
+	took := time.Since(start)
+	metrics.Read(sample)
+	f.probe(s, took, sample[0].Value.Uint64()-before)
 }
 
 // fleetSeq numbers the fleets.
@@ -137,7 +156,7 @@ func (f *fleet) round() {
 			wg.Go(func() { s.Write(context.Background(), f.now) })
 			continue
 		}
-		s.Write(context.Background(), f.now)
+		f.do(s, s.Write)
 	}
 	wg.Wait()
 	var last []*Syncer
@@ -152,11 +171,11 @@ func (f *fleet) round() {
 			wg.Go(func() { s.Read(context.Background(), f.now) })
 			continue
 		}
-		s.Read(context.Background(), f.now)
+		f.do(s, s.Read)
 	}
 	wg.Wait()
 	for _, s := range last {
-		s.Read(context.Background(), f.now)
+		f.do(s, s.Read)
 		if f.mem != nil {
 			f.mem.refresh(AggregateKey(f.zone)) // a live holder keeps its lock
 		}
@@ -198,8 +217,11 @@ func (f *fleet) aggregated() bool {
 // over a real redis-server (started on a free port; skipped if there is
 // no redis-server), with sync intervals of 1 s and 5 s, one sync round per
 // iteration. Per instance and interval, it reports the bytes read (the
-// mean, and the most any instance read: the aggregator's) and written, the
-// CPU time and the bytes allocated by a sync, and the heap per instance.
+// mean, and the most any instance read: the aggregator's) and written,
+// the time a sync took (ns/inst/sync, the round's wall clock) and the
+// process's CPU time on every core, garbage collection included
+// (cpu-ns/inst/sync); the aggregator's read timed alone; the heap per
+// instance after a collection, and the most one sync call allocated.
 // From rounds run before the timer: allowed ÷ limit for a key spread over
 // the instances (one request per instance per second) and for a
 // simultaneous burst (the limit sent to every instance at once, then again
@@ -306,18 +328,16 @@ func benchFleet(b *testing.B, f *fleet) {
 		resetIntervals++
 	}
 
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
 	for _, c := range f.counts {
 		c.reset()
 	}
+	cpu0, cpuOK := processCPU()
 	b.ResetTimer()
 	for range b.N {
 		f.round()
 	}
 	b.StopTimer()
-	runtime.ReadMemStats(&after)
+	cpu1, _ := processCPU()
 	var loaded, stored, most int64
 	for _, c := range f.counts {
 		l, s := c.totals()
@@ -328,8 +348,38 @@ func benchFleet(b *testing.B, f *fleet) {
 	b.ReportMetric(float64(most)/float64(b.N), "max-read-B/inst/interval")
 	b.ReportMetric(float64(stored)/perInst, "written-B/inst/interval")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/perInst, "ns/inst/sync")
-	b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/perInst, "alloc-B/inst/sync")
-	b.ReportMetric(float64(after.HeapInuse)/float64(n), "heap-B/inst")
+	if cpuOK {
+		b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/perInst, "cpu-ns/inst/sync")
+	}
+
+	// Memory: what the instances hold between syncs (the heap after a
+	// collection, over N: it includes the in-memory storage's copy of
+	// the snapshots, about one per instance), and the most one sync call
+	// allocated (the aggregator's read, where there is one): an
+	// instance's peak is at most the one plus the other. The aggregator's
+	// read, timed alone, is the CPU the aggregate costs its instance.
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.HeapInuse)/float64(n), "retained-B/inst")
+	var maxAlloc uint64
+	var aggTook time.Duration
+	aggReads := 0
+	f.probe = func(s *Syncer, took time.Duration, alloc uint64) {
+		maxAlloc = max(maxAlloc, alloc)
+		if s.aggregating {
+			aggTook += took
+			aggReads++
+		}
+	}
+	for range 3 {
+		f.round()
+	}
+	f.probe = nil
+	b.ReportMetric(float64(maxAlloc), "max-sync-alloc-B")
+	if aggReads > 0 {
+		b.ReportMetric(float64(aggTook.Nanoseconds())/float64(aggReads), "aggregator-read-ns")
+	}
 	b.ReportMetric(float64(allowed)/fleetLimit, "spread-allowed/limit")
 	b.ReportMetric(float64(noise)/fleetLimit, "spread-noise/limit")
 	b.ReportMetric(float64(burst)/fleetLimit, "burst-allowed/limit")
