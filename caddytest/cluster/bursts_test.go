@@ -72,6 +72,11 @@ func TestSimultaneousBurstOnThreeInstances(t *testing.T) {
 			if max := limit*11/10 + 1; allowed > max {
 				t.Fatalf("bursts split: %d allowed, want at most %d", allowed, max)
 			}
+			// The shares add up to what is left: the cluster grants about
+			// the limit at once, not a fraction of it.
+			if least := limit * 3 / 4; allowed < least {
+				t.Fatalf("bursts split: %d allowed at once, want at least %d: the shares should add up to about the limit", allowed, least)
+			}
 			// One instance alone: a burst there gets its share at once, the
 			// rest after a sync or two.
 			start := time.Now()
