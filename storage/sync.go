@@ -745,7 +745,10 @@ func CheckStorage(st certmagic.Storage, s Shape) error {
 // A key all of whose cells are is let off its share (Cluster.TakeHash).
 // It is nil while no bitmap of the own counts is that old yet. A new one
 // is taken once the newest is that old, so a key that only reaches this
-// instance is known as such within two write and two read intervals.
+// instance is known as such within two such ages and a read interval
+// after each (reads come on their own ticks): 2 × (write + 2 × read +
+// lag), 2 × (write + read + lag) when those are multiples of the read
+// interval.
 func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) []uint64 {
 	age := s.iv.Write + s.iv.Read + lag
 	newest, other := &s.counted[0], &s.counted[1]
