@@ -142,3 +142,49 @@ func TestWithSharesKeepsTheHoldOfARefundedGrant(t *testing.T) {
 		t.Errorf("granted %d at 5.2 s, want 10: what the others were left lapsed before a hold from the grant", granted)
 	}
 }
+
+// A copy with the shares writes the cells in use and no other: every other
+// cell is left the default reservation, which a count of it adds as it is
+// read. So a read's work follows the keys in use, not the sketch's size
+// (the runtime's zeroing of the new table aside).
+func TestWithSharesWritesOnlyTheCellsInUse(t *testing.T) {
+	now := time.Unix(1_700_000_040, 0).Add(10 * time.Second)
+	s, err := NewSketch(SketchConfig{Quota: 10, Window: time.Minute, Rows: 4, Width: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := NewSketch(SketchConfig{Quota: 10, Window: time.Minute, Rows: 4, Width: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		s.TakeHashWith(HashString(k), 2, now, nil)
+	}
+	peer.TakeHashWith(HashString("d"), 1, now, nil)
+	sum := s.NewSketchSum(now)
+	snap, _ := peer.AppendSnapshot(nil, now)
+	if _, err := sum.AddBinary(snap); err != nil {
+		t.Fatal(err)
+	}
+	c := sum.WithShares(s, 3, 0, now, nil, 0)
+	if c.def == 0 {
+		t.Fatal("no default reservation: the others' shares of a quiet cell are 2/3 of 10")
+	}
+	written := 0
+	for _, v := range c.counts {
+		if v != 0 {
+			written++
+		}
+	}
+	// 4 keys × 4 rows, each cell with its two windows.
+	if most := 4 * 4 * 2; written == 0 || written > most {
+		t.Fatalf("the copy wrote %d counts of %d, want at most the %d of the 16 cells in use", written, len(c.counts), most)
+	}
+	if len(c.shares.cells) > 16 {
+		t.Fatalf("the copy settled %d cells one by one, want at most the 16 in use", len(c.shares.cells))
+	}
+	// And a quiet cell reads as the default: what the others are left.
+	if got := s.PeekHashWith(HashString("quiet"), 1, now, c).Remaining; got != 10-int64(c.def) {
+		t.Fatalf("a quiet key has %d left, want %d: the quota less the others' shares", got, 10-int64(c.def))
+	}
+}

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -34,15 +35,29 @@ func burst(t *testing.T, nodes []*node, key string, perNode int) int {
 	return allowed
 }
 
-// waitSynced waits until every node has read every other's snapshot.
-func waitSynced(t *testing.T, store string, nodes []*node) {
+// lastSuccess returns when the node's zone "shared" last succeeded at op
+// (read or write), from its metrics.
+func (n *node) lastSuccess(op string) time.Time {
+	n.t.Helper()
+	secs := n.metric(`caddy_rate_limit_cluster_last_success_timestamp_seconds{op="` + op + `",zone="shared"}`)
+	return time.Unix(0, int64(secs*1e9))
+}
+
+// waitSynced waits until every node has read every other's snapshot, in
+// any storage: every node writes after now, then every node finishes a
+// read that began after all those writes (the second read that ends after
+// they were seen: a node reads one read at a time).
+func waitSynced(t *testing.T, nodes []*node) {
 	t.Helper()
-	now := time.Now()
+	since := time.Now()
 	for _, n := range nodes {
-		n.waitWritten(store, now)
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d publishing", n.i), func() bool { return n.lastSuccess("write").After(since) })
 	}
-	for _, n := range nodes {
-		n.waitRead(store, now)
+	for range 2 {
+		since = time.Now()
+		for _, n := range nodes {
+			waitFor(t, 10*time.Second, fmt.Sprintf("node %d reading", n.i), func() bool { return n.lastSuccess("read").After(since) })
+		}
 	}
 }
 
@@ -51,15 +66,19 @@ func waitSynced(t *testing.T, store string, nodes []*node) {
 // each instance grants it a whole limit. A key that only reaches one
 // instance still gets its whole limit, after a sync or two.
 func TestSimultaneousBurstOnThreeInstances(t *testing.T) {
-	for _, mode := range []string{"split", "free"} {
-		t.Run(mode, func(t *testing.T) {
-			store := t.TempDir()
+	for _, c := range []struct{ mode, store string }{{"split", "file_system"}, {"split", "redis"}, {"free", "file_system"}} {
+		mode := c.mode
+		t.Run(mode+"/"+c.store, func(t *testing.T) {
+			storage := fileStorage(t.TempDir())
+			if c.store == "redis" {
+				storage = redisStorage(startRedis(t))
+			}
 			body := zoneBody("1m", "1m")
 			if mode == "free" {
 				body = freeBursts(body)
 			}
-			nodes := startCluster(t, 3, fileStorage(store), body)
-			waitSynced(t, store, nodes)
+			nodes := startCluster(t, 3, storage, body)
+			waitSynced(t, nodes)
 			allowed := burst(t, nodes, "simultaneous", limit)
 			t.Logf("bursts %s: a fresh key, %d requests on each of 3 instances at once: %d allowed for a limit of %d (ratio %.2f)",
 				mode, limit, allowed, limit, float64(allowed)/limit)

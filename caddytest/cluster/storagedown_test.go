@@ -28,13 +28,32 @@ func (n *node) reload() {
 	}
 }
 
+// globalZone is zoneBody's zone "shared" defined in the rate_limit global
+// option with storage, for a site that names it.
+func globalZone(storage string) (global, body string) {
+	def := strings.TrimSuffix(strings.TrimSpace(zoneBody("1m", "1m")), `respond "ok"`)
+	def = strings.Replace(strings.TrimSpace(def), "\t\tdistributed {", "\t\t"+storage+"\n\t\tdistributed {", 1)
+	return def, "rate_limit shared\n\trespond \"ok\""
+}
+
 // A zone whose own storage (Redis) is down when Caddy starts and when it
 // reloads: Caddy starts and reloads all the same, the zone limits locally
-// and says so once per load, and it joins the cluster once Redis answers.
+// and says so once per load, and it joins the cluster once Redis answers;
+// whether the storage is the handler's own or the rate_limit global
+// option's.
 func TestZoneStorageDownAtStartAndReload(t *testing.T) {
+	for _, where := range []string{"handler", "global_option"} {
+		t.Run(where, func(t *testing.T) { testZoneStorageDown(t, where) })
+	}
+}
+
+func testZoneStorageDown(t *testing.T, where string) {
 	r := newRedis(t) // not started
-	body := zoneBodyWithStorage(redisStorage(r))
-	nodes := startCluster(t, 2, "", body)
+	global, body := "", zoneBodyWithStorage(redisStorage(r))
+	if where == "global_option" {
+		global, body = globalZone(redisStorage(r))
+	}
+	nodes := startCluster(t, 2, global, body)
 	const warning = "the zones' storage is not available"
 	for _, n := range nodes {
 		waitFor(t, 5*time.Second, fmt.Sprintf("node %d logging the storage being down", n.i), func() bool {
