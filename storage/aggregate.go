@@ -460,7 +460,7 @@ func (s *Syncer) releaseAggregator(ctx context.Context) {
 // (or too large) for one. It says so, and why, in the log, where the
 // aggregator's hand-overs can be followed.
 func (s *Syncer) dropAggregate(ctx context.Context, why string, live int) {
-	if cl, ok := s.loadClaim(ctx); !ok || s.ownClaim(cl.name) {
+	if cl, ok := s.loadClaim(ctx); !ok || s.ownClaim(cl) {
 		// Not while another aggregator claims the role: the aggregate
 		// is then likely its.
 		_ = s.st.Delete(ctx, AggregateKey(s.c.shape.Zone))
@@ -588,11 +588,12 @@ func (s *Syncer) loadClaim(ctx context.Context) (claim, bool) {
 	return cl, true
 }
 
-// ownClaim reports whether name is this instance's: its name, or the id
-// it shares with another process (whose claim it may have made before it
-// took an alias, identity.go).
-func (s *Syncer) ownClaim(name string) bool {
-	return name == s.proc.name(s.instance) || name == s.instance
+// ownClaim reports whether cl is this instance's: under the name it
+// publishes as, or the last claim it stored (under the instance id, before
+// it took an alias: identity.go). Any other claim under the id is the
+// other process's, which keeps the id.
+func (s *Syncer) ownClaim(cl claim) bool {
+	return cl.name == s.proc.name(s.instance) || cl == s.claimStored
 }
 
 // otherClaim reads the zone's claim at now and returns the instance it
@@ -614,7 +615,7 @@ func (s *Syncer) otherClaim(ctx context.Context, now time.Time) string {
 		s.claimMoved = now
 	}
 	s.claimSeen, s.claimSeenAt = cl, now
-	if s.ownClaim(cl.name) {
+	if s.ownClaim(cl) {
 		return ""
 	}
 	if age := now.Sub(time.Unix(0, cl.at)); age <= maxAge && -age <= MaxClockSkew || !s.claimMoved.IsZero() && now.Sub(s.claimMoved) <= maxAge {
@@ -631,5 +632,5 @@ func (s *Syncer) storeClaim(ctx context.Context, now time.Time) {
 		s.failed(OpWrite, now, err)
 		return
 	}
-	s.claimSeen, s.claimSeenAt = cl, now
+	s.claimSeen, s.claimSeenAt, s.claimStored = cl, now, cl
 }

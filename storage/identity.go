@@ -26,7 +26,10 @@ import (
 // publishes every zone as <instance id>-<process nonce>, a name no other
 // process uses, so the two share the limit again. The other process keeps the
 // instance id. A snapshot this process stored, found under a name it no
-// longer publishes as, is its own past state and is not counted again.
+// longer publishes as, is its own past state and is not counted again;
+// any other under the id, in a listing or an aggregate, is the other
+// process's, a peer's. So is an aggregator's claim under the id, unless it
+// is the last this process stored (Syncer.ownClaim).
 
 // A process is what this process knows of its own publishing: a test
 // makes several to play several processes.

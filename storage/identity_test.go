@@ -2,6 +2,7 @@ package storage
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -116,5 +117,74 @@ func TestAnAliasedProcessReadsTheAggregate(t *testing.T) {
 	via = aliased.c.peers.Load().AppendBinary(nil)
 	if full := fullView(t, st, aliased, now); !bytes.Equal(via, full) {
 		t.Error("the aliased process counted its own past snapshot, listed by the aggregate under x, as a peer's")
+	}
+}
+
+// Nor does the process that took its alias take the other process's claim
+// for its own: named by the instance id, the claim is the other's. Two
+// aggregators, the other process and the aliased one, are down to one, the
+// other (the id sorts before the alias), as any two are.
+func TestAnAliasedProcessYieldsToTheOtherProcessesClaim(t *testing.T) {
+	st := newMemStorage()
+	aliased, keeper := newNode(t, st, "x"), newNode(t, st, "x")
+	nodes := []*node{keeper, aliased, newNode(t, st, "y1"), newNode(t, st, "y2"), newNode(t, st, "y3")}
+	now := t0.Add(time.Second)
+	for i := range 3 {
+		now = now.Add(time.Second)
+		aliased.take(fmt.Sprint("p", i), 1, now) // the two write snapshots that differ
+		keeper.take(fmt.Sprint("k", i), 1, now)
+		aliased.s.Write(bg, now) // then the keeper over it: the aliased one finds the keeper's
+		for _, n := range nodes {
+			if n != aliased {
+				n.s.Write(bg, now)
+			}
+		}
+		for _, n := range nodes { // the keeper reads first: the aggregator
+			n.s.Read(bg, now)
+		}
+	}
+	if aliased.s.proc.name("x") == "x" || keeper.s.proc.name("x") != "x" {
+		t.Fatalf("names %q and %q, want the second process aliased", aliased.s.proc.name("x"), keeper.s.proc.name("x"))
+	}
+	if !keeper.s.aggregating || aliased.s.aggregating {
+		t.Fatalf("aggregating: keeper %v, aliased %v; want the keeper alone", keeper.s.aggregating, aliased.s.aggregating)
+	}
+	aliased.s.aggregating = true // its Lock succeeded too
+	for range 2 {
+		now = now.Add(testIntervals.Read)
+		syncAll(now, nodes...)
+	}
+	if !keeper.s.aggregating || aliased.s.aggregating {
+		t.Fatalf("aggregating two syncs after the aliased process took the lock too: keeper %v, aliased %v; want the keeper alone",
+			keeper.s.aggregating, aliased.s.aggregating)
+	}
+	if cl, err := decodeClaim(st.data[ClaimKey("z/1")]); err != nil || cl.name != "x" {
+		t.Fatalf("the claim names %q (%v), want x, the keeper", cl.name, err)
+	}
+}
+
+// An aggregator whose process takes an alias (another of its syncers, of
+// the config a reload replaces, found the other process) and which then
+// stops still knows its claim under the instance id for its own, and
+// takes it away with its aggregate: left behind, they would name the other
+// process for a while.
+func TestAnAggregatorThatTookAnAliasStillDropsItsOwnClaim(t *testing.T) {
+	st := newMemStorage()
+	p := newNode(t, st, "x")
+	nodes := append([]*node{p}, newNodes(t, st, 4)...)
+	now := t0.Add(time.Second)
+	syncAll(now, nodes...)
+	if !p.s.aggregating {
+		t.Fatalf("aggregators %v, want x, which read first", aggregators(nodes))
+	}
+	p.s.proc.alias()
+	p.s.dropAggregate(bg, "stopping", 0)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if _, ok := st.data[ClaimKey("z/1")]; ok {
+		t.Error("the claim x stored is still there after it stopped aggregating")
+	}
+	if _, ok := st.data[AggregateKey("z/1")]; ok {
+		t.Error("the aggregate x published is still there after it stopped aggregating")
 	}
 }

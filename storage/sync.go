@@ -102,6 +102,8 @@ type Syncer struct {
 	// last saw the claim change (aggregate.go).
 	claimSeen               claim
 	claimSeenAt, claimMoved time.Time
+	// claimStored is the last claim this instance stored.
+	claimStored claim
 	// lockHeldSince is when this instance's lock attempts began to fail
 	// at every read, with no aggregate and no claim to be seen: kept only
 	// by a read whose attempt fails (see orphanLockAge).
