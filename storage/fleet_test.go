@@ -40,13 +40,14 @@ type fleet struct {
 	// realtime, if set, makes the fleet's clock the real one from wall
 	// on, at sim: each round is at sim plus the real time since wall.
 	realtime *struct{ sim, wall time.Time }
-	// probe, if set, is told what each sync call of a round took, in
-	// time and in bytes allocated (serial rounds only).
-	probe func(s *Syncer, took time.Duration, alloc uint64)
+	// probe, if set, is told what each sync call of a round (a read, or
+	// a write) took, in time and in bytes allocated (serial rounds only).
+	probe func(s *Syncer, read bool, took time.Duration, alloc uint64)
 }
 
-// do runs one sync call of s, through the probe if there is one.
-func (f *fleet) do(s *Syncer, call func(ctx context.Context, now time.Time)) {
+// do runs one sync call of s, a read or a write, through the probe if
+// there is one.
+func (f *fleet) do(s *Syncer, read bool, call func(ctx context.Context, now time.Time)) {
 	if f.probe == nil {
 		call(context.Background(), f.now)
 		return
@@ -57,7 +58,7 @@ func (f *fleet) do(s *Syncer, call func(ctx context.Context, now time.Time)) {
 	call(context.Background(), f.now)
 	took := time.Since(start)
 	metrics.Read(sample)
-	f.probe(s, took, sample[0].Value.Uint64()-before)
+	f.probe(s, read, took, sample[0].Value.Uint64()-before)
 }
 
 // fleetSeq numbers the fleets.
@@ -156,7 +157,7 @@ func (f *fleet) round() {
 			wg.Go(func() { s.Write(context.Background(), f.now) })
 			continue
 		}
-		f.do(s, s.Write)
+		f.do(s, false, s.Write)
 	}
 	wg.Wait()
 	var last []*Syncer
@@ -171,11 +172,11 @@ func (f *fleet) round() {
 			wg.Go(func() { s.Read(context.Background(), f.now) })
 			continue
 		}
-		f.do(s, s.Read)
+		f.do(s, true, s.Read)
 	}
 	wg.Wait()
 	for _, s := range last {
-		f.do(s, s.Read)
+		f.do(s, true, s.Read)
 		if f.mem != nil {
 			f.mem.refresh(AggregateKey(f.zone)) // a live holder keeps its lock
 		}
@@ -365,9 +366,9 @@ func benchFleet(b *testing.B, f *fleet) {
 	var maxAlloc uint64
 	var aggTook time.Duration
 	aggReads := 0
-	f.probe = func(s *Syncer, took time.Duration, alloc uint64) {
+	f.probe = func(s *Syncer, read bool, took time.Duration, alloc uint64) {
 		maxAlloc = max(maxAlloc, alloc)
-		if s.aggregating {
+		if read && s.aggregating {
 			aggTook += took
 			aggReads++
 		}

@@ -749,8 +749,8 @@ func CheckStorage(st certmagic.Storage, s Shape) error {
 // is taken once the newest is that old, so a key that only reaches this
 // instance is known as such within two such ages and a read interval
 // after each (reads come on their own ticks): 2 × (write + 2 × read +
-// lag), 2 × (write + read + lag) when those are multiples of the read
-// interval.
+// lag). Only reads that fall exactly on the ages, as a test's clock makes
+// them, save the read intervals.
 func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) []uint64 {
 	age := s.iv.Write + s.iv.Read + lag
 	newest, other := &s.counted[0], &s.counted[1]
