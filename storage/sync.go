@@ -67,6 +67,8 @@ type Syncer struct {
 	// open gives st, which is nil until it has (NewSyncerOpening). Only
 	// the goroutine sets st; Stop reads it after the goroutine is done.
 	open func(context.Context) (certmagic.Storage, error)
+	// after is time.After for waitOpen's waits (a test's clock, if set).
+	after func(time.Duration) <-chan time.Time
 
 	// Used only by the goroutine (or by a test calling Write and Read).
 	buf, sk []byte
@@ -238,12 +240,14 @@ func (s *Syncer) waitOpen(ctx context.Context) bool {
 			return true
 		}
 		s.c.failed[OpRead].Add(1)
-		t := time.NewTimer(wait)
+		after := s.after
+		if after == nil {
+			after = time.After
+		}
 		select {
 		case <-s.stop:
-			t.Stop()
 			return false
-		case <-t.C:
+		case <-after(wait):
 		}
 		wait = min(2*wait, MaxOpenRetry)
 	}
