@@ -589,9 +589,9 @@ func (s *Syncer) loadClaim(ctx context.Context) (claim, bool) {
 }
 
 // ownClaim reports whether cl is this instance's: under the name it
-// publishes as, or the last claim it stored (under the instance id, before
-// it took an alias: identity.go). Any other claim under the id is the
-// other process's, which keeps the id.
+// publishes as, or the last claim it stored, or tried to (under the
+// instance id, before it took an alias: identity.go). Any other claim
+// under the id is another process's.
 func (s *Syncer) ownClaim(cl claim) bool {
 	return cl.name == s.proc.name(s.instance) || cl == s.claimStored
 }
@@ -628,9 +628,12 @@ func (s *Syncer) otherClaim(ctx context.Context, now time.Time) string {
 // caller holds c.mu.
 func (s *Syncer) storeClaim(ctx context.Context, now time.Time) {
 	cl := claim{name: s.proc.name(s.instance), at: now.UnixNano()}
+	// Known for this instance's before it is stored: a store that fails
+	// (times out) may still land.
+	s.claimStored = cl
 	if err := s.st.Store(ctx, ClaimKey(s.c.shape.Zone), appendClaim(nil, cl.name, now)); err != nil {
 		s.failed(OpWrite, now, err)
 		return
 	}
-	s.claimSeen, s.claimSeenAt, s.claimStored = cl, now, cl
+	s.claimSeen, s.claimSeenAt = cl, now
 }

@@ -20,16 +20,19 @@ import (
 // granted, and the cluster grants a key once per process.
 //
 // This process remembers the snapshots it stored under each key, by time
-// and checksum (process.writes). At each read it also loads its own key: a snapshot there
-// that it did not store was stored by another process under its id. It
-// then logs an error once, counts it (Cluster.Conflicts), and from then on
-// publishes every zone as <instance id>-<process nonce>, a name no other
-// process uses, so the two share the limit again. The other process keeps the
-// instance id. A snapshot this process stored, found under a name it no
-// longer publishes as, is its own past state and is not counted again;
-// any other under the id, in a listing or an aggregate, is the other
-// process's, a peer's. So is an aggregator's claim under the id, unless it
-// is the last this process stored (Syncer.ownClaim).
+// and checksum (process.writes). At each read it also loads its own key: a
+// snapshot there that it did not store was stored by another process under
+// its id. It then logs an error once, counts it (Cluster.Conflicts), and
+// from then on publishes every zone as <instance id>-<process nonce>, a
+// name no other process uses, so the two share the limit again. The other
+// process keeps the instance id (with several zones, each may find the
+// other first in one of them and both take an alias: what is left under
+// the id is then a snapshot that ages out and a claim that goes stale). A
+// snapshot this process stored, found under a name it no longer publishes
+// as, is its own past state and is not counted again; any other under the
+// id, in a listing or an aggregate, is another process's, a peer's. So is
+// an aggregator's claim under the id, unless it is the last this process
+// stored or tried to (Syncer.ownClaim).
 
 // A process is what this process knows of its own publishing: a test
 // makes several to play several processes.

@@ -2,10 +2,12 @@ package storage
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -167,24 +169,47 @@ func TestAnAliasedProcessYieldsToTheOtherProcessesClaim(t *testing.T) {
 // the config a reload replaces, found the other process) and which then
 // stops still knows its claim under the instance id for its own, and
 // takes it away with its aggregate: left behind, they would name the other
-// process for a while.
+// process for a while. So it does with a claim whose store timed out but
+// landed.
 func TestAnAggregatorThatTookAnAliasStillDropsItsOwnClaim(t *testing.T) {
-	st := newMemStorage()
-	p := newNode(t, st, "x")
-	nodes := append([]*node{p}, newNodes(t, st, 4)...)
-	now := t0.Add(time.Second)
-	syncAll(now, nodes...)
-	if !p.s.aggregating {
-		t.Fatalf("aggregators %v, want x, which read first", aggregators(nodes))
+	for _, landedLate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("landedLate=%v", landedLate), func(t *testing.T) {
+			st := newMemStorage()
+			var pst certmagic.Storage = st
+			if landedLate {
+				pst = &lateStorage{memStorage: st, key: ClaimKey("z/1")}
+			}
+			p := newNode(t, pst, "x")
+			nodes := append([]*node{p}, newNodes(t, st, 4)...)
+			now := t0.Add(time.Second)
+			syncAll(now, nodes...)
+			if !p.s.aggregating {
+				t.Fatalf("aggregators %v, want x, which read first", aggregators(nodes))
+			}
+			p.s.proc.alias()
+			p.s.dropAggregate(bg, "stopping", 0)
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			if _, ok := st.data[ClaimKey("z/1")]; ok {
+				t.Error("the claim x stored is still there after it stopped aggregating")
+			}
+			if _, ok := st.data[AggregateKey("z/1")]; ok {
+				t.Error("the aggregate x published is still there after it stopped aggregating")
+			}
+		})
 	}
-	p.s.proc.alias()
-	p.s.dropAggregate(bg, "stopping", 0)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if _, ok := st.data[ClaimKey("z/1")]; ok {
-		t.Error("the claim x stored is still there after it stopped aggregating")
+}
+
+// lateStorage is a memStorage whose stores under key land but report a
+// timeout, as a slow storage's may.
+type lateStorage struct {
+	*memStorage
+	key string
+}
+
+func (l *lateStorage) Store(ctx context.Context, k string, v []byte) error {
+	if err := l.memStorage.Store(ctx, k, v); err != nil || k != l.key {
+		return err
 	}
-	if _, ok := st.data[AggregateKey("z/1")]; ok {
-		t.Error("the aggregate x published is still there after it stopped aggregating")
-	}
+	return context.DeadlineExceeded
 }

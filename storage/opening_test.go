@@ -40,7 +40,8 @@ func openingNode(t *testing.T, st certmagic.Storage, answer <-chan struct{}, tri
 // the config loads) tries it again after 1 s, then 2, 4 and 8, and at
 // most every 10 s, counting each failure as a failed read; it restores
 // and publishes nothing meanwhile; once the storage answers it says so
-// once and publishes.
+// once, and the storage is its own: Stop publishes its last snapshot
+// there.
 func TestOpeningRetriesWithBackoffUntilTheStorageAnswers(t *testing.T) {
 	st := newMemStorage()
 	answer := make(chan struct{})
@@ -107,6 +108,8 @@ func TestOpeningStoppedBeforeTheStorageAnswers(t *testing.T) {
 	case <-time.After(10 * time.Second): // a bound, should Stop hang
 		t.Fatal("Stop did not return within 10s while the storage never answered")
 	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	if len(st.data) != 0 || logs.FilterMessage("cluster storage answers: this instance joins the cluster").Len() != 0 {
 		t.Fatalf("stopped before the storage answered: %d entries stored, %v", len(st.data), logs.All())
 	}
