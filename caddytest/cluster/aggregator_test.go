@@ -201,3 +201,67 @@ func firstOther(nodes []*node, n *node) int {
 	}
 	return -1
 }
+
+// orphanLog is what an instance logs when it aggregates without the lock
+// (storage/aggregate.go).
+const orphanLog = "the aggregator lock is held, but nobody has aggregated or claimed the role since"
+
+// The aggregator dies and its lock file stays fresh with nobody holding it,
+// as certmagic's FileStorage can leave one (the goroutine that freshens a
+// lock file outlives its holder's Unlock; docs/cluster.md, "When the
+// aggregator dies"). The test plays that goroutine: it keeps the file
+// fresh, as a holder would. No instance can take the lock, so after
+// orphanLockAge (20 s) of finding no aggregate and no claim one
+// aggregates without it, says so at WARN, and the cluster holds its limit
+// through its aggregate.
+func TestALockFileNobodyHoldsIsAggregatedWithout(t *testing.T) {
+	dir := t.TempDir()
+	nodes := startCluster(t, 5, fileStorage(dir), zoneBody(exhaustWindow, "1m"))
+	dead := oneAggregator(t, nodes, 20*time.Second)
+	locks, _ := filepath.Glob(filepath.Join(dir, "locks", "*aggregate*"))
+	if len(locks) != 1 {
+		t.Fatalf("lock files %v, want the aggregator's one", locks)
+	}
+	var rest []*node
+	for _, n := range nodes {
+		if n != dead {
+			rest = append(rest, n)
+		}
+	}
+	dead.kill()
+	killed := time.Now()
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			// certmagic's lock file: when it was made and last freshened.
+			meta := fmt.Sprintf(`{"created":%q,"updated":%q}`, killed.Format(time.RFC3339Nano), time.Now().Format(time.RFC3339Nano))
+			tmp := locks[0] + ".ghost"
+			if os.WriteFile(tmp, []byte(meta), 0o644) == nil {
+				_ = os.Rename(tmp, locks[0])
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	defer func() { close(stop); <-stopped }()
+
+	waitFor(t, 60*time.Second, "an instance aggregating without the lock", func() bool {
+		for _, n := range rest {
+			if strings.Contains(n.logs(), orphanLog) {
+				return true
+			}
+		}
+		return false
+	})
+	took := time.Since(killed)
+	t.Logf("an instance aggregated without the lock %v after the aggregator's death", took.Round(100*time.Millisecond))
+	if took < 20*time.Second {
+		t.Fatalf("an instance went without the lock %v after the aggregator's death, before orphanLockAge (20 s)", took)
+	}
+	oneAggregator(t, rest, 10*time.Second)
+	checkShared(t, rest, "orphan", "file_system, its lock file kept fresh by nobody")
+}
