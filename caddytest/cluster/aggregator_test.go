@@ -125,14 +125,7 @@ func TestAggregatorKilledClusterStillLimits(t *testing.T) {
 			checkShared(t, nodes, "before", store+", with an aggregator")
 
 			dead := oneAggregator(t, nodes, 20*time.Second) // the one now
-			var rest []*node
-			for _, n := range nodes {
-				if n != dead {
-					rest = append(rest, n)
-				}
-			}
-			dead.kill()
-			killed := time.Now()
+			rest, killed := killOf(nodes, dead)
 			// At once, while its lock is held and its aggregate goes stale.
 			checkShared(t, rest, "during", store+", the aggregator killed")
 			oneAggregator(t, rest, 60*time.Second)
@@ -145,6 +138,18 @@ func TestAggregatorKilledClusterStillLimits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// killOf kills dead, one of nodes, and returns the others and when it was
+// killed.
+func killOf(nodes []*node, dead *node) (rest []*node, killed time.Time) {
+	for _, n := range nodes {
+		if n != dead {
+			rest = append(rest, n)
+		}
+	}
+	dead.kill()
+	return rest, time.Now()
 }
 
 // file_system's lock can elect two aggregators: certmagic removes a lock
@@ -222,14 +227,7 @@ func TestALockFileNobodyHoldsIsAggregatedWithout(t *testing.T) {
 	if len(locks) != 1 {
 		t.Fatalf("lock files %v, want the aggregator's one", locks)
 	}
-	var rest []*node
-	for _, n := range nodes {
-		if n != dead {
-			rest = append(rest, n)
-		}
-	}
-	dead.kill()
-	killed := time.Now()
+	rest, killed := killOf(nodes, dead)
 	stop, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(stopped)
