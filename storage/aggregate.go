@@ -310,8 +310,8 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		// another process's, or one it no longer remembers. Under a name
 		// it published as before its alias, one it stored: its own past
 		// state. The full read sorts out either. Any other snapshot is a
-		// peer's, even under a name this process once used: the other
-		// process's, which keeps the instance id.
+		// peer's, even under a name this process once used: another
+		// process's.
 		if m.name == own || s.proc.ours(k, m.w) {
 			return aggregateForeign
 		}
@@ -394,35 +394,39 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 }
 
 // tryAggregator tries to take the zone's aggregator lock without waiting
-// for it, and reports whether this instance is the aggregator. heldSince
-// is when the attempts of the reads before this one began to fail (zero
-// if the last read made none, or did not fail): once they have failed for
-// orphanLockAge, this instance aggregates without the lock.
-func (s *Syncer) tryAggregator(ctx context.Context, now, heldSince time.Time) bool {
+// for it, and reports whether this instance is the aggregator. Once its
+// attempts have failed for orphanLockAge (lockHeldSince), with no
+// aggregate and no claim by another seen meanwhile, it aggregates without
+// the lock.
+func (s *Syncer) tryAggregator(ctx context.Context, now time.Time) bool {
 	lctx, cancel := context.WithTimeout(ctx, aggregateLockTry)
 	defer cancel()
 	err := s.st.Lock(lctx, AggregateKey(s.c.shape.Zone))
 	if err != nil {
 		// A read that ran out of time, or that Stop ended, failed by
 		// no doing of the lock's: the wait goes on as it was.
-		if heldSince.IsZero() && ctx.Err() == nil {
-			heldSince = now
+		if ctx.Err() != nil {
+			return false
 		}
-		if ctx.Err() != nil || now.Sub(heldSince) < orphanLockAge(s.iv) {
-			s.lockHeldSince = heldSince
+		if s.lockHeldSince.IsZero() {
+			s.lockHeldSince = now
+		}
+		if now.Sub(s.lockHeldSince) < orphanLockAge(s.iv) {
 			return false
 		}
 		s.log.Warn("the aggregator lock is held, but nobody has aggregated or claimed the role since: this instance aggregates without the lock",
-			zap.String("zone", s.c.shape.Zone), zap.Duration("held_for", now.Sub(heldSince)), zap.Error(err))
+			zap.String("zone", s.c.shape.Zone), zap.Duration("held_for", now.Sub(s.lockHeldSince)), zap.Error(err))
 	}
-	s.aggregating, s.locked = true, err == nil
+	s.aggregating, s.locked, s.lockHeldSince = true, err == nil, time.Time{}
 	s.log.Info("this instance aggregates the zone's cluster state", zap.String("zone", s.c.shape.Zone))
 	return true
 }
 
 // orphanLockAge is how long an instance tries the aggregator lock in vain,
-// at every read, finding no aggregate and no claim by another instance,
-// before it aggregates without the lock. The lock is only the first step
+// finding no aggregate and no claim by another instance at any read
+// meanwhile (a read with too few instances live for an aggregate, or a
+// failed one, tells nothing either way), before it aggregates without the
+// lock. The lock is only the first step
 // of the election (the claim settles it, see below), and a storage's lock
 // can outlive every holder: in our tests on certmagic's FileStorage, after
 // the last aggregator had given the lock up, every instance found its lock

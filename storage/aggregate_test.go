@@ -711,6 +711,18 @@ func TestALockNobodyUsesIsAggregatedWithout(t *testing.T) {
 				t.Fatalf("aggregators %v after a read whose context had ended", got)
 			}
 		}
+		if at.Sub(start) == age/2 {
+			// One sync with too few instances live for an aggregate
+			// (late writes on a loaded machine): it tells nothing of
+			// the lock, and the wait goes on.
+			for _, n := range nodes {
+				n.s.aggregateFrom = len(nodes) + 1
+			}
+			syncAll(at, nodes...)
+			for _, n := range nodes {
+				n.s.aggregateFrom = AggregateFrom
+			}
+		}
 		syncAll(at, nodes...)
 		got := aggregators(nodes)
 		if at.Sub(start) < age {
@@ -732,6 +744,12 @@ func TestALockNobodyUsesIsAggregatedWithout(t *testing.T) {
 		nodes[0].s.dropAggregate(bg, "stopping", 0)
 		if err := st.Lock(bg, AggregateKey("z/1")); err == nil {
 			t.Fatal("the instance that aggregated without the lock freed it when it gave the role up")
+		}
+		// The others' waits ended as they read a's aggregate: with it
+		// gone, none goes without the lock before a whole age again.
+		syncAll(at.Add(testIntervals.Read), nodes...)
+		if got := aggregators(nodes); len(got) != 0 {
+			t.Fatalf("aggregators %v a read after a gave the role up, want none: reading its aggregate ends the wait", got)
 		}
 		break
 	}

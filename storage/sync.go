@@ -106,9 +106,11 @@ type Syncer struct {
 	claimSeenAt, claimMoved time.Time
 	// claimStored is the last claim this instance stored.
 	claimStored claim
-	// lockHeldSince is when this instance's lock attempts began to fail
-	// at every read, with no aggregate and no claim to be seen: kept only
-	// by a read whose attempt fails (see orphanLockAge).
+	// lockHeldSince is when this instance's lock attempts began to fail,
+	// with no aggregate and no claim by another to be seen since: a read
+	// that finds either, or takes the lock, ends the wait; one that shows
+	// nothing either way (too few instances live for an aggregate, a
+	// failed storage) leaves it (see orphanLockAge).
 	lockHeldSince time.Time
 	// aggLatest maps a key hash to its latest reset an aggregate lists.
 	aggLatest map[uint64]int64
@@ -389,10 +391,13 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	s.lifted = s.lifted[:0]
 	found := aggregateNone
 	defer func() { s.lastRead = found }()
-	heldSince := s.lockHeldSince
-	s.lockHeldSince = time.Time{}
 	if !s.aggregating {
-		if found = s.readAggregate(ctx, now); found == aggregateUsed {
+		found = s.readAggregate(ctx, now)
+		if found != aggregateNone {
+			// A fresh aggregate: somebody aggregates.
+			s.lockHeldSince = time.Time{}
+		}
+		if found == aggregateUsed {
 			s.ok(OpRead, now)
 			return
 		}
@@ -434,13 +439,16 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		// one still aggregates); an aggregator yields to it if its id
 		// sorts first (aggregate.go).
 		other := s.otherClaim(ctx, now)
+		if other != "" {
+			s.lockHeldSince = time.Time{} // somebody claims the role
+		}
 		switch {
 		case s.aggregating && other != "" && other < own:
 			// Its aggregate and claim stay; this instance reads them
 			// from now on.
 			s.releaseAggregator(ctx)
 			s.gaveUp("another instance aggregates", live, zap.String("aggregator", other))
-		case s.aggregating || other == "" && s.tryAggregator(ctx, now, heldSince):
+		case s.aggregating || other == "" && s.tryAggregator(ctx, now):
 			s.storeClaim(ctx, now)
 			s.publishAggregate(ctx, now, sum, added, mine)
 		}
