@@ -20,9 +20,9 @@ func init() {
 	caddy.RegisterModule(adminAPI{})
 }
 
-// chargeOf is what a request whose key expanded to key would be charged:
-// the shared bucket of the empty key, an address's network, or the key's
-// hash.
+// chargeOf is what a request whose first key expanded to key would be
+// charged: the shared bucket of the empty key, an address's network, or the
+// key's hash, salted as the first key's values are.
 func (z *zone) chargeOf(key string) charge {
 	if key == "" {
 		return charge{hash: limiter.Hash(nil), key: -1}
@@ -31,12 +31,16 @@ func (z *zone) chargeOf(key string) charge {
 }
 
 // sourceCharge is what the admin API's key names in z: a source as `top`
-// and the denial log print it (a masked network such as 127.0.9.0/24,
-// `key:` and a key's hash, `none` for the bucket of requests without a
-// key), or a key as a request would carry it (chargeOf). A network of
-// another size than the zone's prefixes, or text that is not an address in
-// a zone keyed by address only, is an error rather than a key that no
-// request has: resetting it would report success and change nothing.
+// and the denial log print it (z.source: a masked network such as
+// 127.0.9.0/24, a key's placeholder and a network, `key:` and a key's hash,
+// `none` for the bucket of requests without a key), or a key as a request
+// would carry it. A key's value may name its key (`{header.X-User}=alice`,
+// either form of the placeholder); a bare value is the source address's if
+// it is an address and the zone has an address key (or a layer4 matcher
+// charges it), else the first key's. A network of another size than the
+// zone's prefixes, or text that is not an address in a zone keyed by
+// address only, is an error rather than a key that no request has:
+// resetting it would report success and change nothing.
 func (z *zone) sourceCharge(key string) (charge, error) {
 	if key == "none" || key == "" {
 		return z.chargeOf(""), nil
@@ -50,28 +54,84 @@ func (z *zone) sourceCharge(key string) (charge, error) {
 			return charge{hash: h}, nil
 		}
 	}
-	if p, err := netip.ParsePrefix(key); err == nil {
-		a := p.Addr().Unmap()
-		bits := z.v6
-		if a.Is4() {
-			bits = z.v4
+	i, value, named := z.namedKey(key)
+	if p, err := netip.ParsePrefix(value); err == nil {
+		if !named {
+			i = z.addressKey()
 		}
-		if p.Addr().Is4In6() && p.Bits() >= 96 {
-			// ::ffff:192.0.2.0/120 is the IPv4 network 192.0.2.0/24.
-			p = netip.PrefixFrom(a, p.Bits()-96)
-		}
-		if p.Bits() != bits {
-			return charge{}, fmt.Errorf("%s is not a source of zone %q: its sources are /%d networks for IPv4 and /%d for IPv6 (ipv4_prefix, ipv6_prefix); give an address or a /%d network",
-				key, z.name, z.v4, z.v6, bits)
-		}
-		return z.network(a, 0), nil
+		return z.prefixCharge(p, i)
 	}
-	c := z.chargeOf(key)
-	if !c.addr.IsValid() && z.keyedByAddress() {
+	if !named {
+		if a := parseIP(value); a.IsValid() {
+			return z.network(a, z.addressKey()), nil
+		}
+	}
+	c := z.textCharge(value, i)
+	if !c.addr.IsValid() && z.saltOf(i) == 0 && z.keyedByAddress() {
 		return charge{}, fmt.Errorf("key %q is not an IP address or network: zone %q is keyed by the client's address, so its sources are networks such as 192.0.2.0/%d",
 			key, z.name, z.v4)
 	}
 	return c, nil
+}
+
+// namedKey splits an admin API key of the form `<placeholder>=<value>` whose
+// placeholder is one of z's keys, written in any form a config may write it
+// (a Caddyfile shorthand, a header field in any case), into that key's
+// number and the value. Any other text is a value of the first key.
+func (z *zone) namedKey(key string) (i int, value string, named bool) {
+	for p := strings.IndexByte(key, '='); p > 0; p = nextByte(key, '=', p) {
+		name := parseKeySpec(expandShorthands(key[:p])).text
+		for j := range z.keys {
+			if z.keys[j].text == name {
+				return j, key[p+1:], true
+			}
+		}
+	}
+	return 0, key, false
+}
+
+// nextByte returns the index of the first c in s after index i, or -1.
+func nextByte(s string, c byte, i int) int {
+	if j := strings.IndexByte(s[i+1:], c); j >= 0 {
+		return i + 1 + j
+	}
+	return -1
+}
+
+// addressKey returns the number of the zone's first key that is the
+// client's or the peer's address: the key a bare address names. A zone
+// without one names by it its first key's values, or, with no key at all,
+// the connections a layer4 matcher charges (-1).
+func (z *zone) addressKey() int {
+	for i, k := range z.keys {
+		if k.kind == keyClientIP || k.kind == keyRemoteIP {
+			return i
+		}
+	}
+	if len(z.keys) == 0 {
+		return -1
+	}
+	return 0
+}
+
+// prefixCharge is the charge of network p, a source of the zone's key
+// number i, or an error if p is not of the size the zone groups addresses
+// by.
+func (z *zone) prefixCharge(p netip.Prefix, i int) (charge, error) {
+	a := p.Addr().Unmap()
+	bits := z.v6
+	if a.Is4() {
+		bits = z.v4
+	}
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		// ::ffff:192.0.2.0/120 is the IPv4 network 192.0.2.0/24.
+		p = netip.PrefixFrom(a, p.Bits()-96)
+	}
+	if p.Bits() != bits {
+		return charge{}, fmt.Errorf("%s is not a source of zone %q: its sources are /%d networks for IPv4 and /%d for IPv6 (ipv4_prefix, ipv6_prefix); give an address or a /%d network",
+			p, z.name, z.v4, z.v6, bits)
+	}
+	return z.network(a, i), nil
 }
 
 // keyedByAddress reports whether every key of z is the client's or the

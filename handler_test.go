@@ -379,12 +379,12 @@ func TestKeyExtraction(t *testing.T) {
 		{"IPv6 client grouped by /48", client, "", "2001:db8:1:ffff::1", "", "", netOf("2001:db8:1::")},
 		{"remote host ignores vars", remote, "192.0.2.9:5", "203.0.113.1", "", "", netOf("192.0.2.0")},
 		{"remote IPv6 with brackets", remote, "[2001:db8:1:2::3]:443", "", "", "", netOf("2001:db8:1::")},
-		{"header holding an IP is masked", header, "", "", "10.1.2.3", "", netOf("10.1.2.99")},
-		{"header holding a name is hashed", header, "", "", "alice", "", hashOf("alice")},
-		{"empty first key falls back", header, "", "", "", "bob", hashOf("bob")},
+		{"header holding an IP is masked", header, "", "", "10.1.2.3", "", header.keys[0].salted(netOf("10.1.2.99"))},
+		{"header holding a name is hashed", header, "", "", "alice", "", header.keys[0].salted(hashOf("alice"))},
+		{"empty first key falls back", header, "", "", "", "bob", header.keys[1].salted(hashOf("bob"))},
 		{"no key at all is the empty key", header, "192.0.2.1:5", "", "", "", limiter.Hash(nil)},
 		{"a zone without keys is one bucket", none, "192.0.2.1:5", "", "", "", limiter.Hash(nil)},
-		{"a huge key is hashed by its first 8 KiB", header, "", "", huge, "", hashOf(huge[:8<<10])},
+		{"a huge key is hashed by its first 8 KiB", header, "", "", huge, "", header.keys[0].salted(hashOf(huge[:8<<10]))},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			hdrs := map[string]string{}
@@ -567,9 +567,9 @@ func expandedKeyHash(z *zone, tmpl string, r *http.Request, repl *caddy.Replacer
 	// may be of any length).
 	if a, err := netip.ParseAddr(s); err == nil && len(s) <= maxIPText {
 		nk := limiter.NetworkKey(a.WithZone(""), z.v4, z.v6)
-		return limiter.Hash(nk.Bytes())
+		return z.keys[0].salted(limiter.Hash(nk.Bytes()))
 	}
-	return limiter.HashString(s[:min(len(s), maxKeyHashed)])
+	return z.keys[0].salted(limiter.HashString(s[:min(len(s), maxKeyHashed)]))
 }
 
 func TestCompiledKeysHashWhatTheReplacerExpands(t *testing.T) {

@@ -44,6 +44,19 @@ const (
 // A keySpec is one key of a zone, parsed.
 type keySpec struct {
 	kind keyKind
+	// salt is mixed into the hash of every value the key produces (see
+	// salted), so that a value only ever meets values of the same key: a
+	// header that holds "203.0.113.7" must not draw on the counters of the
+	// client 203.0.113.7. It is derived from the key's placeholder, not its
+	// place in the key list, so a key keeps its counters when the list is
+	// reordered. The source address (keyClientIP, keyRemoteIP) has salt 0:
+	// its hash is the one layer4 matchers and the XDP program compute for a
+	// connection's source, which share the zone's table.
+	salt uint64
+	// text is the key as its placeholders are written in JSON (Caddyfile
+	// shorthands expanded, a header field canonical): how sources of a
+	// salted key that are networks are named (zone.source).
+	text string
 	// name is the header field (keyHeader, canonical) or the placeholder
 	// (keyPlaceholder).
 	name string
@@ -79,9 +92,9 @@ const headerPlaceholder = "http.request.header."
 func parseKeySpec(s string) keySpec {
 	switch s {
 	case "{http.vars.client_ip}", "{client_ip}":
-		return keySpec{kind: keyClientIP}
+		return keySpec{kind: keyClientIP, text: "{client_ip}"}
 	case "{http.request.remote.host}", "{remote_host}":
-		return keySpec{kind: keyRemoteIP}
+		return keySpec{kind: keyRemoteIP, text: "{http.request.remote.host}"}
 	}
 	parts := compileTemplate(s)
 	if len(parts) == 1 && parts[0].placeholder {
@@ -89,11 +102,38 @@ func parseKeySpec(s string) keySpec {
 		if field, ok := strings.CutPrefix(name, headerPlaceholder); ok {
 			// What Caddy's replacer does for this placeholder: the
 			// field's values joined with commas.
-			return keySpec{kind: keyHeader, name: textproto.CanonicalMIMEHeaderKey(field)}
+			text := "{" + headerPlaceholder + textproto.CanonicalMIMEHeaderKey(field) + "}"
+			return keySpec{kind: keyHeader, name: textproto.CanonicalMIMEHeaderKey(field), salt: keySalt(text), text: text}
 		}
-		return keySpec{kind: keyPlaceholder, name: name}
+		return keySpec{kind: keyPlaceholder, name: name, salt: keySalt(s), text: s}
 	}
-	return keySpec{kind: keyTemplate, parts: parts}
+	return keySpec{kind: keyTemplate, parts: parts, salt: keySalt(s), text: s}
+}
+
+// keySalt is the salt of the key whose (shorthand-expanded) text is s: its
+// hash, never 0, which is the source address's.
+func keySalt(s string) uint64 {
+	return max(limiter.HashString("floodgate key "+s), 1)
+}
+
+// salted returns the hash h of one of the key's values, as the key's
+// counters are found by it: h itself for the source address, else h mixed
+// with the key's salt (a bijection of h per salt, so that distinct values
+// of one key stay as distinct as their hashes, while the same value of two
+// keys lands in unrelated counters).
+func (k *keySpec) salted(h uint64) uint64 {
+	if k.salt == 0 {
+		return h
+	}
+	// murmur3's 64-bit finaliser: every bit of h ^ salt moves every bit
+	// of the result.
+	h ^= k.salt
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
 }
 
 // compileTemplate splits a key template into literal text and placeholders
@@ -280,7 +320,7 @@ func (z *zone) textCharge(s string, i int) charge {
 	if a := parseIP(s); a.IsValid() {
 		return z.network(a, i)
 	}
-	return charge{hash: limiter.HashString(s[:min(len(s), maxKeyHashed)]), key: i}
+	return charge{hash: z.salted(i, limiter.HashString(s[:min(len(s), maxKeyHashed)])), key: i}
 }
 
 // templateKey hashes the expansion of a template piece by piece, without
@@ -311,13 +351,32 @@ func (z *zone) hashedCharge(h *keyHasher, i int) charge {
 			return z.network(a, i)
 		}
 	}
-	return charge{hash: h.sum(), key: i}
+	return charge{hash: z.salted(i, h.sum()), key: i}
 }
 
-// network charges the source network of a.
+// network charges the network of a, the value of the zone's key number i.
 func (z *zone) network(a netip.Addr, i int) charge {
 	nk := limiter.NetworkKey(a, z.v4, z.v6)
-	return charge{hash: limiter.Hash(nk.Bytes()), key: i, addr: a}
+	return charge{hash: z.salted(i, limiter.Hash(nk.Bytes())), key: i, addr: a}
+}
+
+// salted returns h, the hash of a value of the zone's key number i, salted
+// as that key's values are (keySpec.salted).
+func (z *zone) salted(i int, h uint64) uint64 {
+	if z.saltOf(i) == 0 {
+		return h
+	}
+	return z.keys[i].salted(h)
+}
+
+// saltOf returns the salt of the zone's key number i. A number that is not
+// one of the zone's keys (a layer4 zone's connections, which have none) is
+// the source address's, 0.
+func (z *zone) saltOf(i int) uint64 {
+	if i < 0 || i >= len(z.keys) {
+		return 0
+	}
+	return z.keys[i].salt
 }
 
 // A keyHasher hashes a key written in pieces to what limiter.HashString
@@ -342,15 +401,22 @@ func (h *keyHasher) write(s string) {
 
 func (h *keyHasher) sum() uint64 { return h.d.Sum64() }
 
-// source names what a charge drew on, for logs and events: the masked
-// network (`203.0.113.0/24`), `key:` and the key's hash in hex (the same
-// hash for the same key, but not the key), or `none` for the bucket shared by
-// requests without a key.
+// source names what a charge drew on, for logs, events, /top and the admin
+// API's keys: the masked network of the source address (`203.0.113.0/24`);
+// the network of an address that another key held, after that key's
+// placeholder (`{http.request.header.X-Api-Key}=203.0.113.0/24`), since it
+// draws on other counters than the client at that address; `key:` and the
+// key's salted hash in hex (the same hash for the same key, but not the
+// key); or `none` for the bucket shared by requests without a key.
 func (z *zone) source(c charge) string {
 	switch {
 	case c.addr.IsValid():
 		nk := limiter.NetworkKey(c.addr, z.v4, z.v6)
-		return nk.Prefix(z.v4, z.v6).String()
+		p := nk.Prefix(z.v4, z.v6).String()
+		if z.saltOf(c.key) != 0 {
+			return z.keys[c.key].text + "=" + p
+		}
+		return p
 	case c.key < 0:
 		return "none"
 	}
