@@ -32,8 +32,8 @@ func init() {
 //	        events      <n>                # at most 10^6 per second of window
 //	        window      <duration>         # at most 365d
 //	        burst       <n>                # a token bucket, at most 1048576; without: at most events in a window
-//	        ipv4_prefix <bits>             # default 32
-//	        ipv6_prefix <bits>             # default 64
+//	        ipv4_prefix <bits>             # default 32; 0 is no grouping
+//	        ipv6_prefix <bits>             # default 64; 0 is no grouping
 //	        match {
 //	            <matchers>
 //	        }

@@ -43,12 +43,14 @@ type Limit struct {
 	Burst int64 `json:"burst,omitempty"`
 
 	// IPv4Prefix groups IPv4 sources by network: sources in the same
-	// /ipv4_prefix share a bucket. 0 to 32. The default depends on where
-	// the zone is used (32 for HTTP keys, 24 for layer4 connections).
+	// /ipv4_prefix share a bucket. 1 to 32; 0 means no grouping (32), as
+	// in caddy-ratelimit. The default depends on where the zone is used
+	// (32 for HTTP keys, 24 for layer4 connections).
 	IPv4Prefix *int `json:"ipv4_prefix,omitempty"`
 
-	// IPv6Prefix groups IPv6 sources by network. 0 to 128. Default 64 for
-	// HTTP keys, 48 for layer4 connections.
+	// IPv6Prefix groups IPv6 sources by network. 1 to 128; 0 means no
+	// grouping (128), as in caddy-ratelimit. Default 64 for HTTP keys, 48
+	// for layer4 connections.
 	IPv6Prefix *int `json:"ipv6_prefix,omitempty"`
 
 	// Memory is the size of the zone's table in bytes, fixed whatever the
@@ -95,12 +97,24 @@ func (l *Limit) Rate() limiter.Limit {
 // bucket.
 func (l *Limit) Windowed() bool { return l.Burst == 0 }
 
+// Prefixes returns the network sizes l groups IPv4 and IPv6 sources by:
+// its ipv4_prefix and ipv6_prefix, v4 and v6 where it has none. 0 means
+// what it means in caddy-ratelimit, whose configs (and JSON templates) write
+// it for "not set": no grouping, each address its own source (/32, /128).
+// Grouping every address of a family into one bucket, which /0 would be, is
+// what a key without placeholders does.
 func (l *Limit) Prefixes(v4, v6 int) (int, int) {
 	if l.IPv4Prefix != nil {
 		v4 = *l.IPv4Prefix
+		if v4 == 0 {
+			v4 = 32
+		}
 	}
 	if l.IPv6Prefix != nil {
 		v6 = *l.IPv6Prefix
+		if v6 == 0 {
+			v6 = 128
+		}
 	}
 	return v4, v6
 }

@@ -1,6 +1,7 @@
 package zoneconf
 
 import (
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"strings"
@@ -259,5 +260,30 @@ func TestXDPNeedsBurst(t *testing.T) {
 	bucket.Burst = 5
 	if err := bucket.Validate("test: "); err != nil {
 		t.Errorf("xdp on a token-bucket zone: %v", err)
+	}
+}
+
+// TestZeroPrefixIsNoGrouping: caddy-ratelimit writes ipv4_prefix 0 and
+// ipv6_prefix 0 (in its JSON templates too) for "not set", which there
+// means no grouping; an unset prefix takes the default of where the zone is
+// used.
+func TestZeroPrefixIsNoGrouping(t *testing.T) {
+	for _, tt := range []struct {
+		json           string
+		wantV4, wantV6 int
+	}{
+		{`{"ipv4_prefix": 0, "ipv6_prefix": 0}`, 32, 128},
+		{`{"ipv4_prefix": 0}`, 32, 64},
+		{`{"ipv6_prefix": 0}`, 24, 128},
+		{`{}`, 24, 64},
+		{`{"ipv4_prefix": 16, "ipv6_prefix": 56}`, 16, 56},
+	} {
+		var l Limit
+		if err := json.Unmarshal([]byte(tt.json), &l); err != nil {
+			t.Fatal(err)
+		}
+		if v4, v6 := l.Prefixes(24, 64); v4 != tt.wantV4 || v6 != tt.wantV6 {
+			t.Errorf("%s with defaults /24 and /64: /%d and /%d, want /%d and /%d", tt.json, v4, v6, tt.wantV4, tt.wantV6)
+		}
 	}
 }
