@@ -60,10 +60,14 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	var txn limiter.Txn
 	var buf [maxInlineVerdicts]verdict
 	verdicts := buf[:0]
+	// A request that fails in a zone (a matcher's error, a weight it
+	// refuses) is not served: the zones before it give back what they
+	// took, as when a zone denies.
 	for _, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
+				txn.RollbackAt(now)
 				return caddyhttp.Error(http.StatusInternalServerError, err)
 			}
 			if !ok {
@@ -79,7 +83,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 				// would be refused for its weight, and is only logged.
 				continue
 			}
-			txn.Rollback()
+			txn.RollbackAt(now)
 			return err
 		}
 		v.weight = wt
