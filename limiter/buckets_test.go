@@ -363,3 +363,22 @@ func TestChargeQueuesReservationsUpToTheDebt(t *testing.T) {
 		}
 	}
 }
+
+// TestARefundDatedBeforeItsChargeGivesItAllBack: a refund's time can be
+// read before its charge's (another goroutine's clock reading, a request
+// that began earlier); it counts as the charge's own time, so the whole
+// charge comes back, never nothing.
+func TestARefundDatedBeforeItsChargeGivesItAllBack(t *testing.T) {
+	clk := newFakeClock()
+	b := roomy(t, Limit{Events: 10, Window: time.Second}, clk)
+	h := Hash([]byte("k"))
+	clk.Advance(time.Second)
+	_, r := b.TakeHash(h, 10, clk.Now())
+	if !r.Charged() {
+		t.Fatal("a granted take must hold a charge")
+	}
+	b.RefundAt(r, clk.Now().Add(-300*time.Millisecond))
+	if d := b.PeekHash(h, 1, clk.Now()); d.Remaining != 10 {
+		t.Fatalf("after refunding all 10, dated 300 ms before the charge: %d remaining, want 10", d.Remaining)
+	}
+}
