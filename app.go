@@ -53,6 +53,12 @@ type App struct {
 	live []*zone
 	// warned is set once the zones' warnings are logged (see warn).
 	warned bool
+	// used holds the global zones a handler or a layer4 matcher of the
+	// config uses, by name: a global zone none uses limits nothing.
+	used map[string]bool
+	// incumbent is set when a handler of the config has caddy-ratelimit's
+	// sweep_interval: the config was most likely written for it.
+	incumbent bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -71,6 +77,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	a.global = make(map[string]*zone, len(a.Zones))
 	a.inline = make(map[string]*zone)
 	a.defs = make(map[string]string, len(a.Zones))
+	a.used = make(map[string]bool, len(a.Zones))
 	registerMetrics(ctx)
 	for _, name := range slices.Sorted(maps.Keys(a.Zones)) {
 		zc := a.Zones[name]
@@ -105,6 +112,7 @@ func (a *App) zone(name string) (*zone, error) {
 	if !ok {
 		return nil, fmt.Errorf("zone %q is not defined in the rate_limit global option (apps.rate_limit.zones)", name)
 	}
+	a.used[name] = true
 	return z, nil
 }
 
@@ -135,6 +143,7 @@ func (a *App) inlineZone(ctx caddy.Context, name string, zc *Zone) (z *zone, own
 				name, defDiff(prev, def), name)
 		}
 		if z := a.global[name]; z != nil {
+			a.used[name] = true
 			return z, false, nil
 		}
 		return a.inline[name], false, nil
@@ -201,9 +210,20 @@ func (a *App) warn() {
 	a.warned = true
 	set := placeholdersSet(a.ctx)
 	for _, z := range a.live {
-		for _, w := range z.conf.warnings(set) {
+		if a.global[z.name] == z && !a.used[z.name] {
+			continue // said below, with the other unused zones
+		}
+		a.logger.Info(fmt.Sprintf("zone %q: %s", z.name, z.meaning()), zap.String("zone", z.name))
+		warnings := z.conf.warnings(set, a.incumbent)
+		if len(z.keys) == 0 && !z.counts.layer4.Load() {
+			warnings = append(warnings, "has no key, so every request it applies to shares one bucket, whoever sends it; to limit each client, add key {client_ip} (key static keeps one bucket and says so)")
+		}
+		for _, w := range warnings {
 			a.logger.Warn(fmt.Sprintf("zone %q: %s", z.name, w), zap.String("zone", z.name))
 		}
+	}
+	if w := unusedZonesWarning(a.global, a.used); w != "" {
+		a.logger.Warn(w)
 	}
 	if w := totalSizeWarning(a.live); w != "" {
 		a.logger.Warn(w)

@@ -168,6 +168,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if !h.DisableMetrics {
 		registerMetrics(ctx)
 	}
+	if h.SweepInterval > 0 {
+		app.incumbent = true
+	}
+	if h.Weight.IsTemplate() {
+		h.logger.Warn(placeholderWeightWarning("the rate_limit block's weight", h.Weight.String()))
+	}
 	if len(h.RateLimits) == 0 && len(h.Zones) == 0 {
 		h.logger.Warn("this rate_limit handler has no zone, so it limits nothing: define one (zone <name> { … }; rate_limits) or name a global one (zone <name>; zones)")
 	}

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -31,12 +32,22 @@ import (
 // means, one sentence each, without the zone's name. set holds the
 // placeholders that handlers of the config set (a map's destinations), which
 // a key may use although Caddy's server does not know them.
-func (zc *Zone) warnings(set map[string]bool) []string {
+// incumbent says that the config looks written for caddy-ratelimit (a
+// handler has its sweep_interval), whose meaning of some settings differs.
+func (zc *Zone) warnings(set map[string]bool, incumbent bool) []string {
 	var out []string
 	for _, k := range append([]string{zc.Key}, zc.FallbackKeys...) {
 		if k != "" {
 			out = append(out, keyWarnings(expandShorthands(k), set)...)
 		}
+	}
+	for _, r := range zc.Weights {
+		if r.Weight.IsTemplate() && len(r.MatcherSetsRaw) == 0 {
+			out = append(out, placeholderWeightWarning("its weight rule", r.Weight.String()))
+		}
+	}
+	if w := zc.burstWarning(incumbent); w != "" {
+		out = append(out, w)
 	}
 	if w := zc.memoryWarning(); w != "" {
 		out = append(out, w)
@@ -67,6 +78,29 @@ func keyWarnings(key string, set map[string]bool) []string {
 		}
 	}
 	return out
+}
+
+// placeholderWeightWarning says that a weight read from every request
+// (who: "its weight rule", "the rate_limit block's weight") answers 400 to a
+// request without it, and how to charge such a request 1 instead.
+func placeholderWeightWarning(who, tmpl string) string {
+	return fmt.Sprintf("%s %s prices every request, so a request without it (or with anything but a whole number of at least 1) is answered 400; to charge such a request 1 instead, give the weight a matcher block for the requests that carry it (weight %s { header <Field> * }, with the header it reads), or answer the 400 with handle_errors 400",
+		who, tmpl, tmpl)
+}
+
+// burstWarning says when burst makes a zone much stricter at once than its
+// events and window read alone, in a config that looks written for
+// caddy-ratelimit (incumbent) or with a window of a minute or more: there a
+// zone without burst is at most events in any window, and caddy-ratelimit
+// has no burst (its JSON ignores the field), so a config moved from it
+// with burst 100 beside events 1000 window 5m allows 100 at once, not 1000.
+func (zc *Zone) burstWarning(incumbent bool) string {
+	if zc.Burst == 0 || zc.Burst >= zc.MaxEvents || !incumbent && time.Duration(zc.Window) < time.Minute {
+		return ""
+	}
+	w := time.Duration(zc.Window)
+	return fmt.Sprintf("burst %d makes events %d window %s a token bucket: %d at once, then one every %v; caddy-ratelimit has no burst and allows %d in any %s: if this zone comes from it, remove burst to keep that meaning",
+		zc.Burst, zc.MaxEvents, w, zc.Burst, (w / time.Duration(zc.MaxEvents)).Round(time.Millisecond), zc.MaxEvents, spanWords(w))
 }
 
 // nginxVariable is nginx's syntax for a variable ($http_x_api_key), which
@@ -212,6 +246,36 @@ func (zc *Zone) sizeWarning() string {
 	}
 	return fmt.Sprintf("its table is %s (from %s), allocated at load, more than the %s beyond which a zone is most likely sized by mistake; lower sources or memory, or raise false_deny",
 		humanize.IBytes(uint64(n)), zc.Sizing(), humanize.IBytes(bigZone))
+}
+
+// unusedZonesWarning says which global zones (by name) no handler or layer4
+// matcher uses, and how to use them: the rate_limit global option only
+// defines zones, it applies none of them to any site. "" if all are used.
+func unusedZonesWarning(global map[string]*zone, used map[string]bool) string {
+	var names []string
+	for name := range global {
+		if !used[name] {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	slices.Sort(names)
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = fmt.Sprintf("%q", n)
+	}
+	return fmt.Sprintf("the rate_limit global option defines %s, which no site, route or layer4 matcher uses, so nothing is limited by it: the global option only defines zones; to apply one, write rate_limit %s in each site (or route) it limits",
+		plural(len(names), "zone "+quoted[0], "zones "+strings.Join(quoted, ", ")), strings.Join(names, " "))
+}
+
+// plural returns one if n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // totalSizeWarning says when the tables of zones add up to more than

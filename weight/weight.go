@@ -59,6 +59,10 @@ func Parse(s string) (Value, error) {
 // IsZero reports whether v is unset.
 func (v Value) IsZero() bool { return v.n == 0 && v.template == "" }
 
+// IsTemplate reports whether v is read from each request (a placeholder),
+// rather than fixed.
+func (v Value) IsTemplate() bool { return v.template != "" }
+
 // String is v as a config writes it.
 func (v Value) String() string {
 	if v.template != "" {
