@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
@@ -47,7 +48,7 @@ func FuzzAdminAPI(f *testing.F) {
 		r.Header.Set("X-Key", strings.Repeat("k", i%3))
 		_, _ = serve(h, r)
 	}
-	app := &App{live: h.zones}
+	app := &App{logger: zap.NewNop(), live: h.zones}
 	goLive(app)
 	f.Cleanup(func() { retire(app) })
 	mux := http.NewServeMux()

@@ -223,7 +223,11 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 				return d.Errf("headers %q: must be on or off", v)
 			}
 		default:
-			return d.Errf("unrecognized rate_limit subdirective %q", d.Val())
+			word := d.Val()
+			if zonal := slices.Contains(zoneFields, word) || zoneconf.Nearest(word, zoneFields) != ""; zonal && zoneconf.Nearest(word, handlerFields) == "" {
+				return d.Errf("%q is a zone's setting: it goes inside a zone block, rate_limit { zone <name> { key {client_ip}; events <n>; window <duration> } }", word)
+			}
+			return zoneconf.Unknown(d, "", "rate_limit subdirective", word, handlerFields)
 		}
 	}
 	if err := rl.Validate(); err != nil {
@@ -238,7 +242,7 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 // a name fails, naming both places.
 func (rl *Handler) addInline(name string, zc *Zone, at string, global *App, defs map[string]inlineDef) error {
 	js := string(caddyconfig.JSON(zc, nil))
-	useOnce := fmt.Sprintf("to share one zone, define it once in the rate_limit global option (rate_limit { zone %s { … } }) and use it by name (rate_limit %s)", name, name)
+	useOnce := fmt.Sprintf("a zone name is one limit: to share it, define it once in the rate_limit global option (rate_limit { zone %s { … } }) and use it by name (rate_limit %s); for two limits, give each definition its own name (in a snippet imported with different values, put an argument in the name: zone %s_{args[0]})", name, name, name)
 	if g := global.zoneConfig(name); g != nil {
 		if string(caddyconfig.JSON(g, nil)) != js {
 			return fmt.Errorf("zone %q at %s is defined differently in the rate_limit global option; %s", name, at, useOnce)
@@ -307,7 +311,7 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 			app.StorageRaw = raw
 			continue
 		default:
-			return nil, d.Errf("unrecognized rate_limit global option %q", d.Val())
+			return nil, zoneconf.Unknown(d, "", "rate_limit global option", d.Val(), []string{"zone", "distributed", "storage"})
 		}
 		if !d.NextArg() {
 			return nil, d.Err("zone needs a name: zone <name> { … }")
@@ -337,6 +341,13 @@ func parseGlobal(d *caddyfile.Dispenser, existing any) (any, error) {
 	}
 	return httpcaddyfile.App{Name: "rate_limit", Value: caddyconfig.JSON(app, nil)}, nil
 }
+
+// The subdirectives of a rate_limit block and of a zone's block, for the
+// errors that suggest one.
+var (
+	handlerFields = []string{"zone", "distributed", "storage", "jitter", "log_key", "weight", "sweep_interval", "disable_metrics", "headers"}
+	zoneFields    = append([]string{"key", "match", "weight", "quota", "action"}, zoneconf.Options...)
+)
 
 // parseZone reads a zone's block; the dispenser is on the zone's name.
 func parseZone(d *caddyfile.Dispenser, name string) (*Zone, error) {
@@ -397,7 +408,7 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 				return nil, err
 			}
 			if !ok {
-				return nil, d.Errf("%sunrecognized subdirective %q", where, field)
+				return nil, zoneconf.Unknown(d, where, "subdirective", field, zoneFields)
 			}
 		}
 	}

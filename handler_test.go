@@ -165,7 +165,7 @@ func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
 	h := newTestHandler(t, nil, map[string]*Zone{"goes_live": {Limit: zoneconf.Limit{MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 4096}}})
 	running := h.zones[0]
 	events := func() int64 { return running.buckets.Limit().Events }
-	oldApp := &App{live: []*zone{running}}
+	oldApp := &App{logger: zap.NewNop(), live: []*zone{running}}
 	if err := oldApp.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
 
 	// A config that starts, then is stopped because another of its apps
 	// failed to start, gives the limit back.
-	failed := &App{live: []*zone{z}}
+	failed := &App{logger: zap.NewNop(), live: []*zone{z}}
 	if err := failed.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
 
 	// A config that goes live keeps its limit when the config it replaced
 	// is stopped.
-	live := &App{live: []*zone{z}}
+	live := &App{logger: zap.NewNop(), live: []*zone{z}}
 	if err := live.Start(); err != nil {
 		t.Fatal(err)
 	}

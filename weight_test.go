@@ -40,7 +40,7 @@ func TestBadWeightQuotaAndActionValuesFailAtLoad(t *testing.T) {
 		{"weight 1.5", zone("weight 1.5"), `zone "z": weight "1.5": must be a whole number`},
 		{"weight without a value", zone("weight"), "wrong argument count"},
 		{"weight with two values", zone("weight 2 3"), "wrong argument count"},
-		{"response_header without a field", zone("weight response_header"), "wrong argument count"},
+		{"response_header without a field", zone("weight response_header"), "response_header needs a value"},
 		{"both response weights", zone("weight response_header X-Cost\nweight response_bytes"), `weight response_header "X-Cost": a zone charges either`},
 		{"handler weight 0", "weight 0\n" + zone(""), "weight 0: must be at least 1"},
 		{"handler weight -2", "weight -2\n" + zone(""), "weight -2: must be at least 1"},

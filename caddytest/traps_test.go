@@ -108,10 +108,38 @@ http://b.localhost:HTTP_PORT {
 	for _, want := range []string{
 		`zone "snippet_conflict" is defined differently at Caddyfile:3 import chain ['Caddyfile:10 (import limit)'] and at Caddyfile:3 import chain ['Caddyfile:14 (import limit)']`,
 		"define it once in the rate_limit global option (rate_limit { zone snippet_conflict { … } }) and use it by name (rate_limit snippet_conflict)",
+		"for two limits, give each definition its own name (in a snippet imported with different values, put an argument in the name: zone snippet_conflict_{args[0]})",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not contain %q", err, want)
 		}
+	}
+	// The second way out, as the error writes it, is two limits.
+	tc := newTester(t)
+	tc.InitServer(globals("")+`(limit) {
+	rate_limit {
+		zone snippet_conflict_{args[0]} {
+			events {args[0]}
+			window 1h
+		}
+	}
+}
+http://localhost:HTTP_PORT {
+	handle /a {
+		import limit 2
+		respond "a"
+	}
+	handle /b {
+		import limit 3
+		respond "b"
+	}
+}
+`, "caddyfile")
+	if got := codes(t, tc, 3, "/a"); got != "200 200 429" {
+		t.Errorf("/a, imported with 2: %s", got)
+	}
+	if got := codes(t, tc, 4, "/b"); got != "200 200 200 429" {
+		t.Errorf("/b, imported with 3: %s", got)
 	}
 }
 

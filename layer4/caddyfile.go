@@ -37,9 +37,9 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if err := seen.Once(d, "rate_limit: "); err != nil {
 			return err
 		}
-		v, err := zoneconf.OneArg(d)
+		v, err := zoneconf.Arg(d, "rate_limit: ")
 		if err != nil {
-			return d.Errf("rate_limit: %s needs exactly one value", field)
+			return err
 		}
 		*dst = v
 		return nil
@@ -68,7 +68,7 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			if !ok {
-				return d.Errf("rate_limit: unrecognized option %q", field)
+				return zoneconf.Unknown(d, "rate_limit: ", "option", field, append([]string{"zone", "name"}, zoneconf.Options...))
 			}
 		}
 	}

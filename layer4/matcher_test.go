@@ -363,7 +363,7 @@ func TestCaddyfile(t *testing.T) {
 		{`rate_limit`, "", "rate_limit: events is required"},
 		{"rate_limit {\nevents 3\n}", "", "rate_limit: window is required"},
 		{"rate_limit {\nwindow 1m\n}", "", "rate_limit: events is required"},
-		{`rate_limit { events three window 1m }`, "", "rate_limit: events needs exactly one value"},
+		{`rate_limit { events three window 1m }`, "", `rate_limit: events needs exactly one value, not "three window 1m }": each setting goes on a line of its own (events three, then window …)`},
 		{"rate_limit {\nevents three\nwindow 1m\n}", "", `events "three": must be a whole number`},
 		{"rate_limit {\nevents 0\nwindow 1m\n}", "", `events "0"`},
 		{"rate_limit {\nevents 3\nwindow soon\n}", "", `window "soon": not a duration`},
@@ -378,9 +378,9 @@ func TestCaddyfile(t *testing.T) {
 		{"rate_limit zone a {\nzone b\n}", "", "rate_limit: zone is set twice"},
 		{"rate_limit {\nzone a\nzone b\n}", "", "rate_limit: zone is set twice"},
 		{"rate_limit {\nname a\nname b\nevents 1\nwindow 1m\n}", "", "rate_limit: name is set twice"},
-		{`rate_limit zone`, "", "rate_limit: zone needs exactly one value"},
+		{`rate_limit zone`, "", "rate_limit: zone needs a value"},
 		{`rate_limit zone a b`, "", "rate_limit: zone needs exactly one value"},
-		{"rate_limit {\nzone\n}", "", "rate_limit: zone needs exactly one value"},
+		{"rate_limit {\nzone\n}", "", "rate_limit: zone needs a value"},
 	} {
 		var m Matcher
 		err := m.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.input))

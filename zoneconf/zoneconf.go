@@ -9,6 +9,7 @@ package zoneconf
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -277,6 +278,9 @@ func (l *Limit) IsZero() bool {
 		l.Memory == 0 && l.Sources == 0 && l.FalseDeny == 0 && l.XDP == nil
 }
 
+// Options are the subdirectives UnmarshalOption reads.
+var Options = []string{"events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny", "xdp"}
+
 // UnmarshalOption reads the Caddyfile subdirective the dispenser is on if it
 // is one of l's (events, window, burst, ipv4_prefix, ipv6_prefix, memory,
 // sources, false_deny, xdp), and reports whether it was. Errors start with
@@ -285,9 +289,7 @@ func (l *Limit) IsZero() bool {
 // error, not a silent "last one wins".
 func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string, seen Fields) (bool, error) {
 	field := d.Val()
-	switch field {
-	case "events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny", "xdp":
-	default:
+	if !slices.Contains(Options, field) {
 		return false, nil
 	}
 	if err := seen.Once(d, where); err != nil {
@@ -296,9 +298,9 @@ func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string, seen Field
 	if field == "xdp" {
 		return true, l.unmarshalXDP(d, where)
 	}
-	v, err := OneArg(d)
+	v, err := Arg(d, where)
 	if err != nil {
-		return true, d.Errf("%s%s needs exactly one value", where, field)
+		return true, err
 	}
 	bad := func(why string) error { return d.Errf("%s%s %q: %s", where, field, v, why) }
 	switch field {
@@ -393,17 +395,4 @@ func (f Fields) Require(d *caddyfile.Dispenser, where string, fields ...string) 
 		}
 	}
 	return nil
-}
-
-// OneArg returns the single argument of the subdirective the dispenser is
-// on, or an argument-count error.
-func OneArg(d *caddyfile.Dispenser) (string, error) {
-	if !d.NextArg() {
-		return "", d.ArgErr()
-	}
-	v := d.Val()
-	if d.NextArg() {
-		return "", d.ArgErr()
-	}
-	return v, nil
 }
