@@ -99,16 +99,16 @@ func nextByte(s string, c byte, i int) int {
 }
 
 // addressKey returns the number of the zone's first key that is the
-// client's or the peer's address: the key a bare address names. A zone
-// without one names by it its first key's values, or, with no key at all,
-// the connections a layer4 matcher charges (-1).
+// client's or the peer's address: the key a bare address names. In a zone
+// without one, a bare address names the connections a layer4 matcher
+// charges (-1, unsalted) if one does, else a value of the first key.
 func (z *zone) addressKey() int {
 	for i, k := range z.keys {
 		if k.kind == keyClientIP || k.kind == keyRemoteIP {
 			return i
 		}
 	}
-	if len(z.keys) == 0 {
+	if len(z.keys) == 0 || z.counts.layer4.Load() {
 		return -1
 	}
 	return 0

@@ -2,6 +2,8 @@ package floodgate
 
 import (
 	"fmt"
+	"net/netip"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -71,7 +73,15 @@ func (z *zone) layer4() layer4.Zone {
 	z.counts.layer4.Store(true)
 	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6,
 		DryRun: !z.action.enforces(), Count: z.counts.countConnection, Note: logOf(&z.denials).note,
-		SYNCharged: z.table.xdp.synCharged()}
+		Denied: z.connectionDenied, SYNCharged: z.table.xdp.synCharged()}
+}
+
+// connectionDenied notes in the zone's top sketch that a layer4 matcher
+// denied a connection from ip: its source network, under the hash an HTTP
+// request from it is charged by, so that /top counts both together.
+func (z *zone) connectionDenied(ip netip.Addr, now time.Time) {
+	c := z.network(ip, -1) // a connection's source is charged unsalted, as the source address
+	z.counts.top.Record(now, c.hash, 1, topSource(c, ""))
 }
 
 // connectionOutcomes maps what a layer4 matcher did with a connection to the

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -129,6 +130,9 @@ type Zone struct {
 	// writes a line per network and interval, not one per connection.
 	// Without it, such connections are logged at DEBUG.
 	Note func(source uint64, now time.Time) (info bool, suppressed int64)
+	// Denied, if not nil, is told of every connection from ip the zone
+	// matched to be closed (not a dry run's), for the zone's top sources.
+	Denied func(ip netip.Addr, now time.Time)
 	// SYNCharged, if not nil, reports whether the zone's XDP program
 	// charged a connection between these addresses on its SYN: the
 	// connection arrived on the program's interface, to one of its ports.
@@ -230,10 +234,34 @@ func (m *Matcher) inline() Inline {
 	return in
 }
 
-// DerivedName is the name of an unnamed inline limit: its settings, e.g.
-// "layer4:3/1h0m0s,burst=3,v4=24,v6=48".
+// DerivedName is the name of an unnamed inline limit: its settings, short
+// enough to type in `caddy rate-limit top`, with what is not the default
+// only: "layer4_3_per_1h", "layer4_100_per_1m_burst_20_v4_16".
 func DerivedName(l limiter.Limit, v4, v6 int) string {
-	return fmt.Sprintf("layer4:%d/%s,burst=%d,v4=%d,v6=%d", l.Events, l.Window, l.EffectiveBurst(), v4, v6)
+	var b strings.Builder
+	fmt.Fprintf(&b, "layer4_%d_per_%s", l.Events, shortDuration(l.Window))
+	if l.Burst > 0 {
+		fmt.Fprintf(&b, "_burst_%d", l.Burst)
+	}
+	if v4 != DefaultIPv4Prefix {
+		fmt.Fprintf(&b, "_v4_%d", v4)
+	}
+	if v6 != DefaultIPv6Prefix {
+		fmt.Fprintf(&b, "_v6_%d", v6)
+	}
+	return b.String()
+}
+
+// shortDuration writes d without its zero units: 1h, 90s, 1h30m, 1.5s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // Cleanup gives back the inline limit's buckets. They outlive this config if
@@ -303,6 +331,8 @@ func (z *Zone) decide(ip netip.Addr, now time.Time, logger *zap.Logger) bool {
 		o = Denied
 		if z.DryRun {
 			o = Logged
+		} else if z.Denied != nil {
+			z.Denied(ip, now)
 		}
 		z.log(logger, ip, key, o, now)
 	}

@@ -284,7 +284,7 @@ func TestInlineLimitDefaultsAndRelease(t *testing.T) {
 		t.Fatalf("%d inline limits asked for, want 1", len(zones.inline))
 	}
 	in := zones.inline[0]
-	if in.Name != "layer4:3/1h0m0s,burst=3,v4=24,v6=48" || in.Rate() != (limiter.Limit{Events: 3, Window: time.Hour}) ||
+	if in.Name != "layer4_3_per_1h" || in.Rate() != (limiter.Limit{Events: 3, Window: time.Hour}) ||
 		*in.IPv4Prefix != 24 || *in.IPv6Prefix != 48 {
 		t.Fatalf("inline limit asked for: %+v (prefixes %d, %d)", in, *in.IPv4Prefix, *in.IPv6Prefix)
 	}
@@ -605,5 +605,25 @@ func TestConnectionChargedOnItsSYNIsNotChargedAgain(t *testing.T) {
 	}
 	if counts[Allowed] != 5 || counts[Denied] != 2 {
 		t.Fatalf("counted %v, want 5 allowed and 2 denied", counts)
+	}
+}
+
+// TestDerivedNamesAreShortAndSayOnlyWhatIsSet: an unnamed inline limit is
+// named by its settings, those at their defaults left out, so that the
+// name is short to type and never claims a burst the zone does not have.
+func TestDerivedNamesAreShortAndSayOnlyWhatIsSet(t *testing.T) {
+	for _, tt := range []struct {
+		l      limiter.Limit
+		v4, v6 int
+		want   string
+	}{
+		{limiter.Limit{Events: 3, Window: time.Minute}, 24, 48, "layer4_3_per_1m"},
+		{limiter.Limit{Events: 3, Window: time.Hour}, 24, 48, "layer4_3_per_1h"},
+		{limiter.Limit{Events: 100, Window: 90 * time.Minute, Burst: 20}, 16, 48, "layer4_100_per_1h30m_burst_20_v4_16"},
+		{limiter.Limit{Events: 5, Window: 1500 * time.Millisecond}, 24, 64, "layer4_5_per_1.5s_v6_64"},
+	} {
+		if got := DerivedName(tt.l, tt.v4, tt.v6); got != tt.want {
+			t.Errorf("DerivedName(%+v, %d, %d) = %q, want %q", tt.l, tt.v4, tt.v6, got, tt.want)
+		}
 	}
 }

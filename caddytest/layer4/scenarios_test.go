@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -340,6 +341,12 @@ func TestConnectionFloodIsLoggedAndListed(t *testing.T) {
 	out, err := testcaddy.RateLimit(t, apiPort, "zones")
 	if err != nil || !strings.Contains(out, "\nzone l4_logged: layer4 connections: 2 allowed, 4 denied, 0 logged\n") {
 		t.Errorf("rate-limit zones: %v\n%s", err, out)
+	}
+	// The denied connections' network heads /top, as an HTTP zone's
+	// denied requests would.
+	out, err = testcaddy.RateLimit(t, apiPort, "top", "l4_logged")
+	if err != nil || !regexp.MustCompile(`\n127\.0\.50\.0/24 +4 +0\n`).MatchString(out) {
+		t.Errorf("rate-limit top l4_logged: %v\n%s", err, out)
 	}
 	_ = caddy.Stop() // closes the log file
 	lines := testcaddy.LogEntries(t, file, "connection rate", "level", "msg", "zone", "client_ip", "source", "outcome")
