@@ -212,7 +212,8 @@ type ClusterInfo struct {
 // PolicyInfo is one of a zone's limits.
 type PolicyInfo struct {
 	// Kind is "window" (at most events in a window: a zone without
-	// burst) or "bucket" (a token bucket).
+	// burst), "bucket" (a token bucket) or "quota" (at most events in any
+	// window, beside the rate).
 	Kind   string `json:"kind"`
 	Events int64  `json:"events"`
 	Window string `json:"window"`
@@ -249,7 +250,7 @@ func (z *zone) info(now time.Time) ZoneInfo {
 		Key:        append([]string{}, z.keyNames...),
 		IPv4Prefix: z.v4,
 		IPv6Prefix: z.v6,
-		Policies:   []PolicyInfo{z.policyInfo()},
+		Policies:   z.policiesInfo(),
 		Held:       c.held.Load(),
 		Memory:     MemoryInfo{Bytes: s.Bytes, Lines: s.Lines, K: s.K},
 		Occupancy:  s.Busy,
@@ -275,6 +276,15 @@ func (z *zone) info(now time.Time) ZoneInfo {
 		}
 	}
 	return zi
+}
+
+// policiesInfo describes the zone's rate, then each of its quotas.
+func (z *zone) policiesInfo() []PolicyInfo {
+	out := []PolicyInfo{z.policyInfo()}
+	for _, q := range z.quotas {
+		out = append(out, PolicyInfo{Kind: "quota", Events: q.Quota(), Window: q.Window().String()})
+	}
+	return out
 }
 
 // policyInfo describes the zone's rate.
@@ -303,14 +313,16 @@ type KeyInfo struct {
 // KeyPolicy is a key's state in one of a zone's limits, as the RateLimit
 // header would give it; times are whole seconds, rounded up. Policy is
 // "bucket" (this instance's token bucket), "window" (its window, in a zone
-// without burst) or "cluster" (a distributed
-// zone's estimate across instances).
+// without burst), "cluster" (a distributed zone's estimate across
+// instances) or "quota" (one of the zone's rolling quotas).
 type KeyPolicy struct {
 	Policy     string `json:"policy"`
 	Limit      int64  `json:"limit"`
 	Remaining  int64  `json:"remaining"`
 	RetryAfter int64  `json:"retry_after"`
 	Reset      int64  `json:"reset"`
+	// Window is a quota's rolling window.
+	Window string `json:"window,omitempty"`
 }
 
 // TopInfo is a zone's most denied sources.
@@ -401,6 +413,9 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	var clusterReset string
 	if r.Method == http.MethodDelete {
 		z.buckets.Fill(c.hash)
+		for _, q := range z.quotas {
+			q.ResetHash(c.hash, now, now)
+		}
 		if d := z.dist; d != nil {
 			// This instance passes the key at once; the others once they
 			// have read the reset (storage.Cluster.Reset).
@@ -412,6 +427,11 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	policies := []KeyPolicy{keyPolicy(z.policyInfo().Kind, z.buckets.PeekHash(c.hash, 1, now))}
 	if z.dist != nil {
 		policies = append(policies, keyPolicy("cluster", z.dist.cluster.PeekHash(c.hash, 1, now)))
+	}
+	for _, q := range z.quotas {
+		p := keyPolicy("quota", q.PeekHash(c.hash, 1, now))
+		p.Window = q.Window().String()
+		policies = append(policies, p)
 	}
 	allowed := true
 	for _, p := range policies {

@@ -113,9 +113,12 @@ func printZones(out io.Writer, zs []ZoneInfo) {
 	for _, z := range zs {
 		var limits []string
 		for _, p := range z.Policies {
-			if p.Kind == "window" {
+			switch p.Kind {
+			case "window":
 				limits = append(limits, fmt.Sprintf("%d in %s", p.Events, p.Window))
-			} else {
+			case "quota":
+				limits = append(limits, fmt.Sprintf("quota %d in %s", p.Events, p.Window))
+			default:
 				limits = append(limits, fmt.Sprintf("%d/%s burst %d", p.Events, p.Window, p.Burst))
 			}
 		}
@@ -166,7 +169,11 @@ func printKey(out io.Writer, k KeyInfo, prefix string) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "POLICY\tLIMIT\tREMAINING\tRETRY AFTER\tFULL IN")
 	for _, p := range k.Policies {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%ds\t%ds\n", p.Policy, p.Limit, p.Remaining, p.RetryAfter, p.Reset)
+		name := p.Policy
+		if p.Window != "" {
+			name += " " + p.Window
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%ds\t%ds\n", name, p.Limit, p.Remaining, p.RetryAfter, p.Reset)
 	}
 	w.Flush()
 }

@@ -179,3 +179,36 @@ func TestResetTakesWhatTopPrints(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandsShowAndResetEveryPolicy: a zone's quota is one of its
+// policies everywhere the tools show the zone or a key, and a reset
+// refills it too, so that "a request now would be allowed" is true: the
+// next request passes.
+func TestCommandsShowAndResetEveryPolicy(t *testing.T) {
+	mustLoad(t, caddyfile("", `	rate_limit {
+		zone cmd_quota {
+			key {http.request.header.X-User}
+			events 10
+			window 2s
+			quota 3 24h
+		}
+	}
+	respond "ok"`))
+	if got := codes(t, "127.0.34.1", 4, "X-User: carol"); got != "200 200 200 429" {
+		t.Fatalf("carol: %s, want her quota of 3", got)
+	}
+	if out := mustRateLimit(t, "zones"); !strings.Contains(out, "10 in 2s, quota 3 in 24h0m0s") {
+		t.Errorf("zones does not show the quota:\n%s", out)
+	}
+	out := mustRateLimit(t, "key", "cmd_quota", "carol")
+	if !strings.Contains(out, ": a request now would be denied\n") || !regexp.MustCompile(`\nquota 24h0m0s +3 +0 +[1-9]\d*s`).MatchString(out) {
+		t.Errorf("key carol, quota spent:\n%s", out)
+	}
+	out = mustRateLimit(t, "reset", "cmd_quota", "carol")
+	if !strings.Contains(out, ": a request now would be allowed\n") || !regexp.MustCompile(`\nquota 24h0m0s +3 +3 +0s`).MatchString(out) {
+		t.Errorf("reset carol:\n%s", out)
+	}
+	if got := codes(t, "127.0.34.1", 1, "X-User: carol"); got != "200" {
+		t.Errorf("carol after the reset: %s, want 200", got)
+	}
+}
