@@ -14,11 +14,10 @@ func pairedKey(t *testing.T, b *Buckets) (uint64, int) {
 	p := b.p.Load()
 	for h := uint64(1); h < 1<<12; h++ {
 		h := h * 0x9e37_79b9_7f4a_7c15
-		if _, sub, _ := b.place(p, h); true {
-			for m := sub.words; m != 0; m &= m - 1 {
-				if w := bits.TrailingZeros8(m); sub.lanes(w) == 3 {
-					return h, w
-				}
+		_, sub, _ := b.place(p, h)
+		for m := sub.words; m != 0; m &= m - 1 {
+			if w := bits.TrailingZeros8(m); sub.lanes(w) == 3 {
+				return h, w
 			}
 		}
 	}
