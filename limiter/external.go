@@ -46,8 +46,9 @@ var ErrExternalLimit = errors.New("the limit of a table shared with an XDP progr
 // SetLimitOver is SetLimit for a table made by NewBucketsOver: it converts
 // the counters into mem, memory of the same size that is all zero, as
 // SetLimit does into new lines, and decides on mem from then on. The other
-// side must meanwhile treat a word of the old memory that holds the frozen
-// marker (all ones) as one it may neither grant from nor write, and move
+// side must never store 0xFFFFFFFF in a counter (see valid), must meanwhile
+// treat a word of the old memory that holds the frozen marker (all ones)
+// as one it may neither grant from nor write, and move
 // to mem with the new limit's Geometry when the conversion is over (SetLimitOver
 // returns then). release is called once nothing in this process reads the
 // old memory any more (a decision that met a frozen word has moved on), so

@@ -22,7 +22,7 @@ func pause(addr unsafe.Pointer) {
 }
 
 // loadWord, casWord and swapWord are the only ways a table's words are read
-// and written once it is in use.
+// and written once it is in use, except thawStray's (see there).
 func loadWord(p *uint64) uint64 {
 	pause(unsafe.Pointer(p))
 	return atomic.LoadUint64(p)
@@ -60,9 +60,61 @@ func storeParams[P any](a *atomic.Pointer[P], p *P) {
 // for, and a test's stepper runs it again only once that holds.
 var testWait func(ready func() bool)
 
-// moved waits until the parameters in force are no longer p (SetLimit froze
-// p's lines and is converting them) and returns the new ones.
-func (b *Buckets) moved(p *bucketParams) *bucketParams { return movedFrom(&b.p, p) }
+// moved is what a Buckets operation does on meeting a frozen word in the
+// lines of p: it waits while a SetLimit runs, and returns the parameters
+// in force once none does. A SetLimit holds setMu from before it freezes
+// the first word until the new lines are in force, so a frozen word found
+// while p is still in force and setMu is free was written by no
+// conversion, but by the other side of a shared table (NewBucketsOver)
+// storing 0xFFFFFFFF in both counters of a word, as the XDP program did
+// before it had valid. moved thaws such words (see thawStray) and returns
+// p, and the operation goes on there: a new table would never come.
+func (b *Buckets) moved(p *bucketParams) *bucketParams {
+	for {
+		if q := loadParams(&b.p); q != p {
+			return q
+		}
+		if q, ok := b.thawStray(p); ok {
+			return q
+		}
+		wait(func() bool { return b.p.Load() != p || b.setIdle() })
+	}
+}
+
+// thawStray takes setMu if it is free and then, if p is still in force,
+// stores in every frozen word of p's lines what valid makes of its two
+// counters (1 each: two ticks later, against the key), the value a charge
+// would have stored. It returns the parameters in force and false, having
+// done nothing, if a SetLimit holds setMu. It scans the table (once: it
+// leaves no frozen word), and none of it goes through loadWord or casWord:
+// a test's pause there would hold setMu while the test runs a SetLimit,
+// which would block on it for good.
+func (b *Buckets) thawStray(p *bucketParams) (*bucketParams, bool) {
+	if !b.setMu.TryLock() {
+		return p, false
+	}
+	defer b.setMu.Unlock()
+	q := b.p.Load()
+	if q == p {
+		for i := range p.lines {
+			for j := range p.lines[i] {
+				if w := &p.lines[i][j]; atomic.LoadUint64(w) == frozen {
+					atomic.CompareAndSwapUint64(w, frozen, thawed)
+				}
+			}
+		}
+	}
+	return q, true
+}
+
+// setIdle reports whether no SetLimit holds setMu.
+func (b *Buckets) setIdle() bool {
+	if !b.setMu.TryLock() {
+		return false
+	}
+	b.setMu.Unlock()
+	return true
+}
 
 // movedFrom waits until a no longer holds p and returns what it holds.
 // SetLimit only converts, never waits on anything, so the wait is bounded
@@ -72,10 +124,16 @@ func movedFrom[P any](a *atomic.Pointer[P], p *P) *P {
 		if q := loadParams(a); q != p {
 			return q
 		}
-		if testWait != nil {
-			testWait(func() bool { return a.Load() != p })
-			continue
-		}
-		runtime.Gosched()
+		wait(func() bool { return a.Load() != p })
 	}
+}
+
+// wait lets other goroutines run until ready may hold: in tests, the
+// stepper runs this one again only once it does.
+func wait(ready func() bool) {
+	if testWait != nil {
+		testWait(ready)
+		return
+	}
+	runtime.Gosched()
 }

@@ -65,8 +65,12 @@ func valid(v uint32) uint32 {
 // 0xFFFFFFFF (a TAT is stored as 1 instead, see valid; a window's count is
 // at most ceil, below its field's all-ones: see windowParamsFor), so no
 // live word is frozen, and a CAS computed from a live word fails on a
-// frozen one.
-const frozen = ^uint64(0)
+// frozen one. thawed is what a frozen word that no SetLimit wrote becomes
+// (see Buckets.moved): both counters valid(0xFFFFFFFF).
+const (
+	frozen = ^uint64(0)
+	thawed = 1<<32 | 1
+)
 
 // lane and withLane read and replace counter c in word w.
 func lane(w uint64, c uint8) uint32 { return uint32(w >> laneShift(c)) }

@@ -20,7 +20,8 @@ import "time"
 // is never overwritten, and a page of lines no key has touched is never
 // written (it stays unallocated). It costs a few nanoseconds a line. A
 // sweep that meets a table SetLimit is replacing stops: the conversion
-// drops what it would have zeroed.
+// drops what it would have zeroed. A frozen word no SetLimit wrote (see
+// Buckets.moved) is thawed and swept with the rest.
 func (b *Buckets) Sweep(now time.Time) {
 	p := b.params()
 	nowT := uint32(p.ticks(b.nowNanos(now)))
@@ -33,7 +34,10 @@ func (b *Buckets) Sweep(now time.Time) {
 					break
 				}
 				if w == frozen {
-					return
+					if q, ok := b.thawStray(p); !ok || q != p {
+						return // SetLimit replaces the table
+					}
+					continue // a stray marker, thawed: sweep the word
 				}
 				nw := w
 				for l := uint8(0); l < 2; l++ {

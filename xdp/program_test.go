@@ -8,6 +8,7 @@ import (
 	"math/big"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
@@ -303,11 +305,13 @@ func TestProgramPassesOtherPackets(t *testing.T) {
 }
 
 // TestBothSidesTogetherGrantExactlyTheBurst: the program (on the kernel's
-// clock, repeated by BPF_PROG_TEST_RUN) and Go goroutines (Buckets.Allow)
-// take tokens of one key at the same time, both charging the same words by
+// clock, run by BPF_PROG_TEST_RUN) and Go goroutines (Buckets.Allow) take
+// tokens of one key at the same time, both charging the same words by
 // compare-and-swap, three times more attempts than the burst: together they
 // grant exactly the burst, never a token more, never one lost. No token
-// returns during the test (20,000 tokens per thousand hours).
+// returns during the test (20,000 tokens per thousand hours). The threads
+// running the program are sent signals throughout, as the Go runtime does
+// to preempt a thread (see runOnce).
 func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
 	const burst, perSide = 20_000, 60_000
 	cfg := testConfig(limiter.Limit{Events: burst, Window: 1000 * time.Hour})
@@ -322,13 +326,19 @@ func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
 	var goGranted atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
+	tids := make(chan int, 2)
 	for range 2 {
 		wg.Go(func() {
-			if _, _, err := tb.objs.Synlimit.Benchmark(syn, perSide/2, nil); err != nil {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			tids <- unix.Gettid()
+			if err := runOnce(tb.objs.Synlimit, syn, perSide/2); err != nil {
 				errs <- err
 			}
 		})
 	}
+	stop := interrupt([]int{<-tids, <-tids})
+	defer stop()
 	// Go joins once the program is under way, so that the two overlap.
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
 		if c, err := tb.Counts(); err != nil || c.Passed > 0 {
@@ -345,6 +355,7 @@ func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	signals := stop()
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
@@ -353,13 +364,68 @@ func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("program %+v, Go granted %d", c, goGranted.Load())
+	t.Logf("program %+v, Go granted %d, %d signals to the program's threads", c, goGranted.Load(), signals)
+	if signals == 0 {
+		t.Fatal("no signal reached the program's threads while they ran")
+	}
 	if c.Passed+c.Dropped != perSide {
 		t.Fatalf("the program decided %d SYNs, want %d", c.Passed+c.Dropped, perSide)
 	}
 	if total := int64(c.Passed) + goGranted.Load(); total != burst {
 		t.Fatalf("together the two sides granted %d, want exactly the burst of %d (program %d, Go %d)",
 			total, burst, c.Passed, goGranted.Load())
+	}
+}
+
+// runOnce runs prog on frame n times, one BPF_PROG_TEST_RUN of one repeat
+// each. A run of several repeats counts none of them if a signal interrupts
+// it (EINTR after the repeats made so far), and cilium/ebpf then starts it
+// over from the first: the repeats made before the signal are run again.
+// The Go runtime signals a thread to preempt it (SIGURG), so a loaded
+// machine once saw the program decide 60,001 SYNs of 60,000. A run of one
+// repeat is run once: the kernel checks for a signal only after the first
+// repeat, and cilium/ebpf takes EINTR then for the run it was.
+func runOnce(prog *ebpf.Program, frame []byte, n int) error {
+	for range n {
+		if _, err := prog.Run(&ebpf.RunOptions{Data: frame, Repeat: 1}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// interrupt sends SIGURG (the Go runtime's preemption signal, harmless to
+// the goroutine) to the given threads of this process every millisecond until
+// stop is called; stop returns how many were sent. The test ends with the
+// threads, which must outlive stop.
+func interrupt(tids []int) (stop func() int) {
+	done := make(chan struct{})
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+			select {
+			case <-done:
+				sent <- n
+				return
+			case <-tick.C:
+			}
+			for _, tid := range tids {
+				if unix.Tgkill(unix.Getpid(), tid, unix.SIGURG) == nil {
+					n++
+				}
+			}
+		}
+		<-done
+		sent <- n
+	}()
+	var once sync.Once
+	var n int
+	return func() int {
+		once.Do(func() { close(done); n = <-sent })
+		return n
 	}
 }
 

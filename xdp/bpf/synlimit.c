@@ -196,11 +196,14 @@ static __always_inline __u32 ahead_of(__u32 v, __u32 now)
 	return d;
 }
 
-static __always_inline __u32 store(__u32 now, __u32 ahead)
-{
-	__u32 v = now + ahead;
-	return v ? v : 1;
-}
+// valid is limiter's valid: 0 marks a full counter and a word of two
+// 0xFFFFFFFF is FROZEN (below), so a value that would be either is stored
+// as 1, a tick or two later, against the key. Letting 0xFFFFFFFF through
+// froze a word whose two counters were the key's and ended there: the
+// program then dropped the key's SYNs for good.
+static __always_inline __u32 valid(__u32 v) { return v + 1 < 2 ? 1 : v; }
+
+static __always_inline __u32 store(__u32 now, __u32 ahead) { return valid(now + ahead); }
 
 // charge_lane is limiter's chargeLane: the counter charged cost, up to ceil
 // ticks ahead; *shortfall gets what did not fit.
@@ -221,8 +224,7 @@ static __always_inline __u32 refund_lane(__u32 v, __u32 paid)
 {
 	if (v == 0 || paid == 0)
 		return v;
-	v -= paid;
-	return v ? v : 1;
+	return valid(v - paid);
 }
 
 static __always_inline __u32 lane_of(__u64 w, int l) { return l ? (__u32)(w >> 32) : (__u32)w; }
