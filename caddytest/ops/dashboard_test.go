@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -13,255 +12,11 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
-
-// dashboardFile is the Grafana dashboard shipped in contrib/grafana.
-const dashboardFile = "../../contrib/grafana/floodgate.json"
-
-// A grafanaPanel is what the test reads of a dashboard panel: its title,
-// its queries, and the panels of a row.
-type grafanaPanel struct {
-	Title   string `json:"title"`
-	Type    string `json:"type"`
-	Targets []struct {
-		RefID string `json:"refId"`
-		Expr  string `json:"expr"`
-	} `json:"targets"`
-	Panels []grafanaPanel `json:"panels"`
-}
-
-type grafanaDashboard struct {
-	Panels     []grafanaPanel `json:"panels"`
-	Templating struct {
-		List []struct {
-			Name     string          `json:"name"`
-			Type     string          `json:"type"`
-			AllValue string          `json:"allValue"`
-			Query    json.RawMessage `json:"query"`
-		} `json:"list"`
-	} `json:"templating"`
-}
-
-// A panelQuery is one query of the dashboard, with Grafana's variables
-// replaced by what Grafana would send Prometheus.
-type panelQuery struct {
-	where string // panel title and refId
-	expr  string // as in the dashboard
-	query string // as sent
-}
-
-// Grafana's built-in variables as the test fills them in: a rate over 15
-// scrapes at the test's 1 s interval (Grafana's $__rate_interval is at
-// least 4 scrapes), and a range longer than the test.
-var grafanaBuiltins = []struct{ name, value string }{
-	{"$__rate_interval", "15s"},
-	{"$__interval", "1s"},
-	{"$__range", "5m"},
-}
-
-// dashboardQueries reads the dashboard and returns every panel's queries
-// (a row's too), and the label_values queries of its template variables.
-func dashboardQueries(t *testing.T) (queries []panelQuery, variables map[string]string) {
-	t.Helper()
-	raw, err := os.ReadFile(dashboardFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d grafanaDashboard
-	if err := json.Unmarshal(raw, &d); err != nil {
-		t.Fatalf("%s: %v", dashboardFile, err)
-	}
-	// A variable that lists values (zone) is given its "All" value, a
-	// regexp that matches them all, as Grafana sends it.
-	subst := map[string]string{}
-	variables = map[string]string{}
-	for _, v := range d.Templating.List {
-		if v.Type == "datasource" {
-			continue
-		}
-		value := v.AllValue
-		if value == "" {
-			value = ".*"
-		}
-		subst[v.Name] = value
-		var q struct {
-			Query string `json:"query"`
-		}
-		if err := json.Unmarshal(v.Query, &q); err != nil {
-			if err := json.Unmarshal(v.Query, &q.Query); err != nil {
-				t.Fatalf("variable %s: query %s: %v", v.Name, v.Query, err)
-			}
-		}
-		variables[v.Name] = q.Query
-	}
-	var walk func(ps []grafanaPanel)
-	walk = func(ps []grafanaPanel) {
-		for _, p := range ps {
-			walk(p.Panels)
-			if p.Type == "row" {
-				continue
-			}
-			if len(p.Targets) == 0 {
-				t.Errorf("panel %q has no query", p.Title)
-			}
-			for _, tg := range p.Targets {
-				q := tg.Expr
-				for _, b := range grafanaBuiltins {
-					q = strings.ReplaceAll(q, b.name, b.value)
-				}
-				for name, value := range subst {
-					q = strings.NewReplacer("${"+name+"}", value, "$"+name, value, "[["+name+"]]", value).Replace(q)
-				}
-				if strings.Contains(q, "$") {
-					t.Errorf("panel %q query %s: a variable the test does not know is left in %s", p.Title, tg.RefID, q)
-				}
-				queries = append(queries, panelQuery{where: fmt.Sprintf("panel %q query %s", p.Title, tg.RefID), expr: tg.Expr, query: q})
-			}
-		}
-	}
-	walk(d.Panels)
-	return queries, variables
-}
-
-// A prometheusServer is a Prometheus the test started, scraping the test
-// Caddy's admin endpoint.
-type prometheusServer struct {
-	url   string
-	start time.Time
-}
-
-// startPrometheus starts Prometheus on a free port, with its data in a
-// temporary directory, scraping the admin endpoint's /metrics every second,
-// and waits (at most 30 s) until it is ready. It is killed when the test
-// ends.
-func startPrometheus(t *testing.T, bin string) *prometheusServer {
-	t.Helper()
-	dir := t.TempDir()
-	port := testcaddy.MustFreePorts(1)[0]
-	cfg := fmt.Sprintf(`global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: caddy
-    static_configs:
-      - targets: ['127.0.0.1:%d']
-`, adminPort)
-	cfgFile := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config.file="+cfgFile, "--storage.tsdb.path="+filepath.Join(dir, "data"),
-		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port))
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		log.Close()
-	})
-	p := &prometheusServer{url: fmt.Sprintf("http://127.0.0.1:%d", port), start: time.Now()}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case err := <-exited:
-			out, _ := os.ReadFile(log.Name())
-			t.Fatalf("prometheus exited: %v\n%s", err, out)
-		default:
-		}
-		if resp, err := http.Get(p.url + "/-/ready"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
-		}
-		if time.Now().After(deadline) {
-			out, _ := os.ReadFile(log.Name())
-			t.Fatalf("prometheus not ready after 30 s:\n%s", out)
-		}
-		time.Sleep(100 * time.Millisecond) // waiting for a process to start, not a rate
-	}
-}
-
-// api GETs path?params from Prometheus's HTTP API and returns its data, or
-// the error Prometheus gave (a query that does not parse is one).
-func (p *prometheusServer) api(path string, params url.Values) (json.RawMessage, error) {
-	resp, err := http.Get(p.url + path + "?" + params.Encode())
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	var r struct {
-		Status string          `json:"status"`
-		Data   json.RawMessage `json:"data"`
-		Error  string          `json:"error"`
-	}
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, fmt.Errorf("%s: %d %s", path, resp.StatusCode, body)
-	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("%s", r.Error)
-	}
-	return r.Data, nil
-}
-
-// A promSeries is one series of a range query's answer.
-type promSeries struct {
-	Metric map[string]string `json:"metric"`
-	Values [][2]any          `json:"values"`
-}
-
-// queryRange evaluates q as a Grafana panel does, once a second from when
-// Prometheus started until now.
-func (p *prometheusServer) queryRange(q string) ([]promSeries, error) {
-	data, err := p.api("/api/v1/query_range", url.Values{
-		"query": {q},
-		"start": {strconv.FormatInt(p.start.Unix(), 10)},
-		"end":   {strconv.FormatInt(time.Now().Unix()+1, 10)},
-		"step":  {"1"},
-	})
-	if err != nil {
-		return nil, err
-	}
-	var m struct {
-		Result []promSeries `json:"result"`
-	}
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil, err
-	}
-	return m.Result, nil
-}
-
-// hasNonZero reports whether a sample of the series is a number other than
-// 0.
-func hasNonZero(series []promSeries) bool {
-	for _, s := range series {
-		for _, v := range s.Values {
-			str, _ := v[1].(string)
-			if f, err := strconv.ParseFloat(str, 64); err == nil && f != 0 && !math.IsNaN(f) {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // zeroIsHealthy names the series whose only value in a healthy run is 0: a
 // panel query over them must return series, but they may all be 0.
@@ -275,7 +30,7 @@ var zeroIsHealthy = []string{
 // over them must parse (Prometheus answers it), and its emptiness is
 // reported, not failed.
 var unfed = map[string]string{
-	"caddy_rate_limit_xdp_syns_total": "attaching an XDP program needs root and an interface of a network namespace of its own (caddytest/xdp checks the series on /metrics there); this test's Caddy and Prometheus run on the host's loopback",
+	"caddy_rate_limit_xdp_syns_total": "attaching an XDP program needs an interface of a network namespace of its own: this test's Caddy and Prometheus run on the host's loopback (caddytest/xdp feeds these panels in one, TestGrafanaDashboardXDPPanels)",
 }
 
 // dashboardConfig is the test's Caddyfile: an HTTP zone that denies, one
@@ -352,26 +107,22 @@ func l4Echoes(t *testing.T, src string, l4Port int) bool {
 	return err == nil && string(buf) == "ping"
 }
 
-// promQLMetric matches the metric names a query reads.
-var promQLMetric = regexp.MustCompile(`caddy_rate_limit_[a-z_]+`)
-
 // TestGrafanaDashboardQueriesReturnData runs the dashboard in
 // contrib/grafana against a real Prometheus scraping this Caddy while it
 // allows and denies HTTP requests, logs requests over a limit, closes
 // layer4 connections and syncs a distributed zone: every panel's query
 // (read from the dashboard, so a panel added later is checked too) must
 // parse and return series, with a value other than 0 unless 0 is the
-// healthy value of what it reads. Panels over series the test cannot make
-// (XDP) are named, and their queries still must parse. It skips, saying
-// so, where Prometheus is not installed.
+// healthy value of what it reads. Panels over series this test cannot make
+// (XDP) are named, and their queries still must parse; caddytest/xdp
+// feeds them. It skips, saying so, where Prometheus is not installed.
 func TestGrafanaDashboardQueriesReturnData(t *testing.T) {
-	bin, err := exec.LookPath("prometheus")
-	if err != nil {
+	if _, err := exec.LookPath("prometheus"); err != nil {
 		t.Skip("prometheus is not installed (apt-get install prometheus): contrib/grafana's dashboard is not checked")
 	}
-	queries, variables := dashboardQueries(t)
+	queries, variables := testcaddy.DashboardQueries(t)
 	if len(queries) < 10 {
-		t.Fatalf("only %d queries found in %s", len(queries), dashboardFile)
+		t.Fatalf("only %d queries found in %s", len(queries), testcaddy.DashboardFile)
 	}
 
 	// A file under the distributed zone's prefix that is not a snapshot:
@@ -390,19 +141,16 @@ func TestGrafanaDashboardQueriesReturnData(t *testing.T) {
 	// a config without it is loaded.
 	t.Cleanup(func() { mustLoad(t, caddyfile("", `respond "ok"`)) })
 
-	prom := startPrometheus(t, bin)
+	prom := testcaddy.StartPrometheus(t, fmt.Sprintf("127.0.0.1:%d", adminPort), testcaddy.ClientDialling(new(net.Dialer).DialContext))
 	zones := []string{"dash_api", "dash_cluster", "dash_l4", "dash_log"}
 	// Counters must be scraped before the load and after it, for rate()
 	// to see it.
-	waitFor(t, prom, "the first scrape of the zones", func() error {
-		data, err := prom.api("/api/v1/query", url.Values{"query": {`count(caddy_rate_limit_config{zone=~"dash_.*"})`}})
-		if err != nil {
-			return err
+	prom.WaitFor(t, "the first scrape of the zones", func() error {
+		n, err := prom.Count(`caddy_rate_limit_config{zone=~"dash_.*"}`)
+		if err == nil && n != len(zones) {
+			err = fmt.Errorf("%d of the %d zones scraped", n, len(zones))
 		}
-		if !strings.Contains(string(data), fmt.Sprintf(`"%d"`, len(zones))) {
-			return fmt.Errorf("%s", data)
-		}
-		return nil
+		return err
 	})
 
 	// The load: allowed and denied requests, requests over an action log
@@ -426,46 +174,25 @@ func TestGrafanaDashboardQueriesReturnData(t *testing.T) {
 		t.Fatalf("dash_l4 echoed %v, want %v", l4, want)
 	}
 
-	// Every panel's query, until each returns what it should or 60 s
-	// have passed (scrapes every second, cluster syncs every 100 ms).
-	type verdict struct {
-		series int
-		err    error
-	}
-	var got map[string]verdict
-	waitFor(t, prom, "every panel's data", func() error {
-		got = map[string]verdict{}
-		var missing []string
-		for _, q := range queries {
-			series, err := prom.queryRange(q.query)
-			got[q.where] = verdict{len(series), err}
-			metrics := promQLMetric.FindAllString(q.expr, -1)
-			switch {
-			case err != nil:
-				missing = append(missing, fmt.Sprintf("%s: %v", q.where, err))
-			case isUnfed(metrics):
-			case len(series) == 0:
-				missing = append(missing, q.where+": no series")
-			case !hasNonZero(series) && !allZeroHealthy(metrics):
-				missing = append(missing, q.where+": only zeros")
-			}
-		}
-		if len(missing) > 0 {
-			return fmt.Errorf("%s", strings.Join(missing, "\n"))
-		}
-		return nil
-	})
+	// Every panel's query this test feeds, until each returns what it
+	// should or 60 s have passed (scrapes every second, cluster syncs
+	// every 100 ms); the others must parse.
+	var fed []testcaddy.PanelQuery
 	for _, q := range queries {
-		v := got[q.where]
-		if metrics := promQLMetric.FindAllString(q.expr, -1); isUnfed(metrics) && v.err == nil {
-			for _, m := range metrics {
-				if why, ok := unfed[m]; ok {
-					t.Logf("%s: not fed (%d series), its query parses; %s: %s", q.where, v.series, m, why)
-				}
+		if why := unfedBecause(q.Metrics); why != "" {
+			series, err := prom.QueryRange(q.Query)
+			if err != nil {
+				t.Errorf("%s: %v", q.Where, err)
+				continue
 			}
+			t.Logf("%s: not fed (%d series), its query parses: %s", q.Where, len(series), why)
 			continue
 		}
-		t.Logf("%s: %d series", q.where, v.series)
+		fed = append(fed, q)
+	}
+	got := prom.WaitForPanels(t, fed, func(q testcaddy.PanelQuery) bool { return allZeroHealthy(q.Metrics) })
+	for _, q := range fed {
+		t.Logf("%s: %d series", q.Where, got[q.Where])
 	}
 
 	// The zone variable lists the zones.
@@ -475,7 +202,7 @@ func TestGrafanaDashboardQueriesReturnData(t *testing.T) {
 			t.Errorf("variable %s: query %q is not label_values(metric, label), which the test knows", name, q)
 			continue
 		}
-		data, err := prom.api("/api/v1/label/"+m[2]+"/values", url.Values{"match[]": {m[1]}})
+		data, err := prom.API("/api/v1/label/"+m[2]+"/values", url.Values{"match[]": {m[1]}})
 		if err != nil {
 			t.Fatalf("variable %s: %v", name, err)
 		}
@@ -491,14 +218,15 @@ func TestGrafanaDashboardQueriesReturnData(t *testing.T) {
 	}
 }
 
-// isUnfed reports whether a query reads a series the test cannot make.
-func isUnfed(metrics []string) bool {
+// unfedBecause says why this test cannot feed a query over the series
+// metrics, or "" if it can.
+func unfedBecause(metrics []string) string {
 	for _, m := range metrics {
-		if _, ok := unfed[m]; ok {
-			return true
+		if why, ok := unfed[m]; ok {
+			return m + ": " + why
 		}
 	}
-	return false
+	return ""
 }
 
 // allZeroHealthy reports whether every series a query reads is 0 when all
@@ -510,21 +238,4 @@ func allZeroHealthy(metrics []string) bool {
 		}
 	}
 	return len(metrics) > 0
-}
-
-// waitFor calls check every 250 ms until it returns nil, for at most 60 s,
-// then fails the test with its last error.
-func waitFor(t *testing.T, prom *prometheusServer, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting 60 s for %s from Prometheus at %s:\n%v", what, prom.url, err)
-		}
-		time.Sleep(250 * time.Millisecond) // waiting for scrapes, not a rate
-	}
 }
