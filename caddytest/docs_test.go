@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/pberkel/caddy-storage-redis"
 )
 
@@ -232,5 +233,45 @@ func TestDocsLinksResolve(t *testing.T) {
 	}
 	if links < 50 {
 		t.Errorf("only %d relative links found", links)
+	}
+}
+
+// TestEveryDocsCaddyfileIsFormatted checks that every Caddyfile shown in
+// README.md and docs/*.md is as `caddy fmt` writes it (caddyfile.Format, the
+// function `caddy fmt` and Caddy's start-up check both call): a reader who
+// copies one gets no "Caddyfile input is not formatted" warning at every
+// start. A ```caddy-d fragment (a directive, or a zone's or handler's
+// settings, without its site) is checked alone and as it reads pasted into
+// a block, one tab in, which is how Caddy formats it there. Syntax sketches
+// (with <name> placeholders) are not configs: their comments are aligned in
+// columns for reading, which caddy fmt would undo.
+func TestEveryDocsCaddyfileIsFormatted(t *testing.T) {
+	n := 0
+	for _, ex := range docExamples(t) {
+		if ex.lang != "caddyfile" && ex.lang != "caddy-d" || syntaxSketch.MatchString(ex.text) {
+			continue
+		}
+		n++
+		unformatted := func(what, text string) {
+			if got := string(caddyfile.Format([]byte(text))); got != text {
+				t.Errorf("%s: %s is not as caddy fmt writes it; caddy fmt gives:\n%s\ninstead of:\n%s", ex.where, what, got, text)
+			}
+		}
+		unformatted("the "+ex.lang+" block", ex.text)
+		if ex.lang == "caddy-d" {
+			var in strings.Builder
+			in.WriteString("example.com {\n")
+			for _, line := range strings.SplitAfter(ex.text, "\n") {
+				if strings.TrimSpace(line) != "" {
+					in.WriteString("\t")
+				}
+				in.WriteString(line)
+			}
+			in.WriteString("}\n")
+			unformatted("the fragment, in a site block,", in.String())
+		}
+	}
+	if n < 40 {
+		t.Errorf("only %d Caddyfile examples found in README.md and docs/", n)
 	}
 }

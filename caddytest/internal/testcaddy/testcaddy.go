@@ -4,8 +4,9 @@
 // the tests send it (Request, Do, Codes, JSON, ClientFrom; requests.go), an
 // events handler that records what it is given (Events), an app that fails
 // to start (StartFailure), and what an operator reads: `caddy rate-limit`'s
-// output (RateLimit) and the JSON logs (LogEntries; operator.go). Only tests
-// import it.
+// output (RateLimit) and the JSON logs (LogEntries; operator.go), and a
+// Prometheus scraping it that runs contrib/grafana's dashboard queries
+// (StartPrometheus, DashboardQueries; prometheus.go). Only tests import it.
 package testcaddy
 
 import (
