@@ -3,6 +3,7 @@ package floodgate
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -298,5 +299,69 @@ func TestReportedCostIsCountedInTheCluster(t *testing.T) {
 		if _, cl := countsOf(z, i); cl.PeekHash(key, 1, now).Allowed {
 			t.Errorf("count %d: a key whose response reported a million passes", i)
 		}
+	}
+}
+
+// A zone with action delay holds a request that only its instance's share
+// of the key keeps out (bursts split), until a read lets it through, up to
+// max_delay, rather than answer 429 at once: two instances, 5 per minute,
+// a key that only reaches this one gets its five, the fourth and fifth
+// held, and the sixth, over the cluster's limit, is denied at once.
+func TestDelayHoldsARequestOnlyItsShareKeepsOut(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour))
+	dir := t.TempDir()
+	d := &Distributed{ReadInterval: caddy.Duration(100 * time.Millisecond), WriteInterval: caddy.Duration(100 * time.Millisecond)}
+	h := distributedHandler(t, clock, "dd", &Zone{
+		Limit:  zoneconf.Limit{MaxEvents: 5, Window: caddy.Duration(time.Minute), Burst: 5, Memory: 4096},
+		Action: "delay", MaxDelay: caddy.Duration(2 * time.Second),
+	}, d, dir)
+	held := &heldClock{clock: clock}
+	h.sleep = held.sleep
+	z := h.zones[0]
+	shape, cl := countsOf(z, 0)
+	p := newClusterPeer(t, dir, shape, 5, d.intervals(time.Minute), "zz-peer") // ranked after this instance
+	// The instances sync every read interval, as their loops would.
+	next := clock.Now()
+	held.meanwhile = func(now time.Time) {
+		for !next.After(now) {
+			p.publish(next)
+			syncCounts(z, next)
+			next = next.Add(100 * time.Millisecond)
+		}
+	}
+	held.meanwhile(clock.Now())
+	key := keyOf(z, "192.0.2.1:1", "", nil)
+	var codes []int
+	for range 5 {
+		_, err := serve(h, weightedRequest("/"))
+		codes = append(codes, status(err))
+	}
+	waits := held.held()
+	t.Logf("five requests of a key on one of two instances: %v, held %v", codes, waits)
+	for i, c := range codes {
+		if c != http.StatusOK {
+			t.Fatalf("request %d: %d (all %v, held %v), want all passed, held while only the share kept them out", i+1, c, codes, waits)
+		}
+	}
+	var total time.Duration
+	for _, w := range waits {
+		if w <= 0 || w > 100*time.Millisecond {
+			t.Errorf("held %v: each wait is at most until the next read (100ms)", waits)
+		}
+		total += w
+	}
+	if len(waits) == 0 || total > 2*time.Second {
+		t.Errorf("held %v (%v in all), want some, within max_delay", waits, total)
+	}
+	// Counted in the cluster when they went: the sixth is over the limit.
+	if d := cl.PeekHash(key, 1, clock.Now()); d.Allowed || cl.ShareDenies(key, 1, clock.Now()) {
+		t.Errorf("after five of five, the cluster: %+v", d)
+	}
+	before := len(held.held())
+	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
+		t.Fatalf("request 6 of a limit of 5: %v, want 429", err)
+	}
+	if len(held.held()) != before {
+		t.Errorf("request 6, over the cluster's limit, was held: %v", held.held()[before:])
 	}
 }
