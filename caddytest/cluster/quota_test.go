@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -88,25 +87,7 @@ func waitSyncedZone(t *testing.T, nodes []*node, zone string) {
 // cost of its own responses before it decides on its next request.
 func together(t *testing.T, nodes []*node, key string, perNode int) int {
 	t.Helper()
-	var mu sync.Mutex
-	allowed := 0
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for _, n := range nodes {
-		wg.Go(func() {
-			<-start
-			for range perNode {
-				if code, _ := n.get(key); code == http.StatusOK {
-					mu.Lock()
-					allowed++
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	return allowed
+	return atOnce(t, nodes, key, 1, perNode)
 }
 
 // stores are the storages the cluster tests of quotas and reported costs
