@@ -336,10 +336,13 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 		}
 		sc.cluster = c
 		c.SplitBursts(d.Bursts != BurstsFree, z.dist.iv.Read)
+		// A quota's counts outlive the rate's: by default a silent
+		// instance's snapshot of it is kept for two of its windows.
+		iv := d.intervals(sc.shape.Window)
 		if st.lazy != nil {
-			sc.syncer = storage.NewSyncerOpening(c, st.lazy.Open, inst.String(), z.dist.iv, ctx.Logger())
+			sc.syncer = storage.NewSyncerOpening(c, st.lazy.Open, inst.String(), iv, ctx.Logger())
 		} else {
-			sc.syncer = storage.NewSyncer(c, st.st, inst.String(), z.dist.iv, ctx.Logger())
+			sc.syncer = storage.NewSyncer(c, st.st, inst.String(), iv, ctx.Logger())
 		}
 		z.dist.synced = append(z.dist.synced, sc) // released with the zone
 		if created {

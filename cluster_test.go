@@ -254,14 +254,25 @@ func TestDistributedQuotaDecidesOnTheClustersCounts(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "rate_limit", "dq%2F1h%20quota", inst.String())); err != nil {
 		t.Fatalf("the quota's snapshot: %v", err)
 	}
-	granted := 0
-	for range 10 {
-		if _, err := serve(h, weightedRequest("/")); err == nil {
-			granted++
+	for i := range 4 {
+		if _, err := serve(h, weightedRequest("/")); err != nil {
+			t.Fatalf("request %d of the 4 a quota of 10 the other instance used 6 of leaves: %v", i+1, err)
 		}
 	}
-	if granted != 4 {
-		t.Fatalf("granted %d of a quota of 10 the other instance used 6 of, want 4", granted)
+	if d := z.quotas[0].PeekHash(key, 1, now); d.Allowed {
+		t.Fatalf("after 4 here and 6 on the other instance, a quota of 10 still lets the key through: %+v", d)
+	}
+	// The other instance falls silent: its counts of the quota still
+	// count after two of the zone's windows, a quota's snapshot being
+	// kept for two of the quota's. (Peeked, not served: a denial would
+	// block the key here whatever the counts.)
+	clock.Advance(3 * time.Minute)
+	syncCounts(z, clock.Now())
+	if d := z.quotas[0].PeekHash(key, 1, clock.Now()); d.Allowed {
+		t.Fatalf("3 minutes after the other instance's last snapshot the quota lets the key through (%+v): its 6 of the hour's 10 still count", d)
+	}
+	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
+		t.Fatalf("3 minutes after the other instance's last snapshot: %v, want 429", err)
 	}
 }
 
