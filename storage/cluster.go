@@ -159,7 +159,7 @@ func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decisi
 	}
 	shared := c.decisionSum(h)
 	d := c.sketch.PeekHashWith(h, weight, now, shared)
-	if !d.Allowed && c.shareOnly(h, now, shared) {
+	if !d.Allowed && c.shareOnly(h, 1, now, shared) {
 		d = c.shareDenial(d)
 	}
 	return d
@@ -167,25 +167,25 @@ func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decisi
 
 // ShareDenies reports whether a request of weight for the key with hash h
 // is denied at now only by the share this instance leaves the other
-// instances (bursts split): on the other instances' counts alone the key
-// is not over its limit, so the next read, which re-balances the shares,
-// may let it through. A zone that holds requests (action delay) holds such
-// a one until then.
+// instances (bursts split): on the other instances' counts alone, without
+// the shares, it would pass, so the next read, which re-balances the
+// shares, may let it through. A zone that holds requests (action delay)
+// holds such a one until then.
 func (c *Cluster) ShareDenies(h uint64, weight int64, now time.Time) bool {
 	if _, ok := c.blockedAt(h, now); ok {
 		return false
 	}
 	shared := c.decisionSum(h)
-	return !c.sketch.PeekHashWith(h, weight, now, shared).Allowed && c.shareOnly(h, now, shared)
+	return !c.sketch.PeekHashWith(h, weight, now, shared).Allowed && c.shareOnly(h, weight, now, shared)
 }
 
 // shareOnly reports whether a denial decided on the sum shared is by the
-// shares alone: shared holds them, and the key is within its limit on the
-// peers' counts without them (as mitigate asks: a request of weight 1
-// would pass).
-func (c *Cluster) shareOnly(h uint64, now time.Time, shared *limiter.SketchSum) bool {
+// shares alone: shared holds them, and a request of weight passes on the
+// peers' counts without them. (PeekHash asks it of weight 1, as mitigate
+// does for TakeHash: whether the key is over its limit.)
+func (c *Cluster) shareOnly(h uint64, weight int64, now time.Time, shared *limiter.SketchSum) bool {
 	peers := c.peers.Load()
-	return shared != peers && c.sketch.PeekHashWith(h, 1, now, peers).Allowed
+	return shared != peers && c.sketch.PeekHashWith(h, weight, now, peers).Allowed
 }
 
 // shareDenial is the denial d by this instance's share alone: its wait is

@@ -138,6 +138,11 @@ func TestPeekHashOfAShareDenialWaitsForTheNextRead(t *testing.T) {
 	if a.c.ShareDenies(limiter.HashString("fresh"), 1, now) {
 		t.Fatal("ShareDenies: true for a fresh key, which passes")
 	}
+	// A request heavier than what the cluster has left for the key is
+	// not kept out by the share alone.
+	if a.c.ShareDenies(h, 10, now) {
+		t.Fatal("ShareDenies: true for a request heavier than the key's whole limit has left")
+	}
 	// Over its limit on this instance's own counts: not the share.
 	over := limiter.HashString("over")
 	a.c.Add(over, 10, now)
