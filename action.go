@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/storage"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -121,7 +122,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 // it within its max_delay, and no such zone already holds maxHeld requests.
 // In a distributed zone the rate is the local bucket's and the cluster's
 // together: a request the cluster's estimate denies is held until that
-// estimate lets it through, within max_delay.
+// estimate lets it through, within max_delay, and one that only this
+// instance's share of the key keeps out (bursts split) is held until a
+// read re-balances the shares and lets it through, up to max_delay
+// (clusterWait).
 //
 // The request's tokens are reserved at once: in the zones that delay, by a
 // charge that drives the key into debt (limiter.Buckets.Charge), so every
@@ -139,7 +143,7 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 		if !v.z.action.enforces() || v.d.Allowed {
 			continue
 		}
-		if !v.z.action.holds() || !v.quotasAllowed() || v.rate.RetryAfter > v.z.maxDelay {
+		if !v.z.action.holds() || !v.quotasAllowed() || v.rate.RetryAfter > v.z.maxDelay && !v.shareDenied(now) {
 			return false, 0, nil
 		}
 	}
@@ -165,12 +169,12 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 			}
 			wait = max(wait, d.RetryAfter)
 			if v.z.dist != nil {
-				c := v.z.dist.cluster.PeekHash(v.c.hash, v.weight, now)
-				if ok = c.Allowed || c.RetryAfter <= v.z.maxDelay; !ok {
-					break
-				}
-				if !c.Allowed {
-					wait = max(wait, c.RetryAfter)
+				if c := v.z.dist.cluster.PeekHash(v.c.hash, v.weight, now); !c.Allowed {
+					var cw time.Duration
+					if cw, _, ok = v.clusterWait(c, now, 0); !ok {
+						break
+					}
+					wait = max(wait, cw)
 				}
 			}
 		}
@@ -198,23 +202,29 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 	return ok, wait, err
 }
 
-// maxHoldRounds bounds how many times a held request waits: again after its
-// wait each time the clusters of the zones that hold it are found full
-// (other instances spent what it waited for), within max_delay.
+// maxHoldRounds bounds how many times a held request waits for a cluster
+// that is full: again after its wait each time the clusters of the zones
+// that hold it are found full (other instances spent what it waited for),
+// within max_delay. Waits for a share (clusterWait) are not counted: each
+// is at least minShareWait, so max_delay bounds them.
 const maxHoldRounds = 4
+
+// minShareWait is the least a held request waits for a read to re-balance
+// the shares (clusterWait): the shortest read interval.
+const minShareWait = storage.MinInterval
 
 // hold waits for a request that delay reserved, first for wait from now.
 // Then the clusters of the distributed zones that hold it must let it
 // through at the time it goes, and count it: a cluster's estimate cannot be
 // charged ahead of time as a bucket is, so a cluster that is still (or
-// again) full makes it wait again, for as long as that cluster says,
-// within each zone's max_delay and maxHoldRounds. It reports whether the
-// request may go, how long it waited in all if so, and an error if the
-// client went away. A request that may not go has no charge left in any
-// cluster.
+// again) full, or whose share for this instance still keeps the key out,
+// makes it wait again, for as long as clusterWait says, within each zone's
+// max_delay. It reports whether the request may go, how long it waited in
+// all if so, and an error if the client went away. A request that may not
+// go has no charge left in any cluster.
 func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait time.Duration) (bool, time.Duration, error) {
 	var waited time.Duration
-	for round := 1; ; round++ {
+	for full := 0; ; {
 		if err := h.sleep(r.Context(), wait); err != nil {
 			return false, 0, caddyhttp.Error(499, fmt.Errorf("client went away while held by rate_limit: %w", err))
 		}
@@ -222,22 +232,54 @@ func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait 
 		at := now.Add(waited)
 		var clusters limiter.Txn
 		wait = 0
+		shares := true
 		for i := range verdicts {
 			v := &verdicts[i]
 			if !v.delayed || v.z.dist == nil {
 				continue
 			}
 			if d := clusters.Take(v.z.dist.cluster, v.c.hash, v.weight, at); !d.Allowed {
-				if round == maxHoldRounds || d.RetryAfter <= 0 || waited+d.RetryAfter > v.z.maxDelay {
+				cw, share, ok := v.clusterWait(d, at, waited)
+				if !ok || !share && d.RetryAfter <= 0 {
 					return false, 0, nil
 				}
-				wait = max(wait, d.RetryAfter)
+				shares = shares && share
+				wait = max(wait, cw)
 			}
 		}
 		if !clusters.Denied() {
 			return true, waited, nil
 		}
+		if !shares {
+			if full++; full == maxHoldRounds {
+				return false, 0, nil
+			}
+		}
 	}
+}
+
+// clusterWait is how long a request held in v's distributed zone waits for
+// the zone's cluster, which denied it with d at `at` when it had waited
+// `waited`, before it asks again; share, if only the share of the key this
+// instance leaves the other instances keeps it out (bursts split); and
+// whether it may wait at all. A full cluster is waited for as long as d
+// says, if that ends within max_delay. A share is waited for until the
+// next read re-balances it (d's wait), at least minShareWait, as long as
+// max_delay has not passed: a key that only reaches this instance gets its
+// whole limit within a few reads, and meanwhile its requests are held
+// rather than refused although the cluster has room for them.
+func (v *verdict) clusterWait(d limiter.Decision, at time.Time, waited time.Duration) (wait time.Duration, share, ok bool) {
+	left := v.z.maxDelay - waited
+	if v.z.dist.cluster.ShareDenies(v.c.hash, v.weight, at) {
+		return min(max(d.RetryAfter, minShareWait), left), true, left > 0
+	}
+	return d.RetryAfter, false, d.RetryAfter <= left
+}
+
+// shareDenied reports whether only the share of its key that this instance
+// leaves the others keeps v's request out of v's distributed zone at now.
+func (v *verdict) shareDenied(now time.Time) bool {
+	return v.z.dist != nil && v.z.dist.cluster.ShareDenies(v.c.hash, v.weight, now)
 }
 
 // quotasAllowed reports whether every quota of v's zone allowed the request.

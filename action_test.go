@@ -28,7 +28,7 @@ func distributedDelayHandler(t *testing.T, name string, maxDelay time.Duration) 
 		return c, shape
 	}
 	c, shape := cluster(name)
-	z.dist = &distributedZone{cluster: c, shape: shape} // released with the zone
+	z.dist = &distributedZone{cluster: c, synced: []syncedCount{{cluster: c, shape: shape}}} // released with the zone
 	twin, twinShape := cluster(name + "_twin")
 	t.Cleanup(func() { storage.Release(twinShape) })
 	key = keyOf(z, "192.0.2.1:1", "", nil)

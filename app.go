@@ -278,11 +278,10 @@ func (a *App) Start() error {
 			return fmt.Errorf("zone %q: %v", z.name, err)
 		}
 		if z.dist != nil {
-			if err := z.dist.cluster.SetQuota(z.limit.Events); err != nil {
+			if err := z.dist.start(); err != nil {
 				_ = a.Stop()
 				return fmt.Errorf("zone %q: %v", z.name, err)
 			}
-			z.dist.syncer.Start()
 		}
 	}
 	goLive(a)
@@ -299,7 +298,7 @@ func (a *App) Stop() error {
 	for _, z := range slices.Backward(a.live) {
 		z.table.giveBack(a)
 		if z.dist != nil {
-			z.dist.syncer.Stop()
+			z.dist.stop()
 		}
 	}
 	return nil

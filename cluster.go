@@ -288,16 +288,28 @@ func distributeZones(ctx caddy.Context, d *Distributed, module any, field string
 // the background sync, which publishes nothing until then.
 const restoreTimeout = 5 * time.Second
 
-// distributedZone is what a zone needs to take part in a cluster.
+// distributedZone is what a zone needs to take part in a cluster: the
+// cluster-wide counts of its rate and of each of its quotas, each synced on
+// its own through the zone's storage.
 type distributedZone struct {
+	cluster *storage.Cluster // the rate's: synced[0]'s
+	iv      storage.Intervals
+	synced  []syncedCount
+}
+
+// A syncedCount is one cluster-wide count of a distributed zone: its rate's
+// (events per window) or a quota's.
+type syncedCount struct {
 	cluster *storage.Cluster
 	shape   storage.Shape
-	iv      storage.Intervals
+	events  int64           // what it grants a key per window, in force from start
 	syncer  *storage.Syncer // while its config runs
 }
 
 // distribute makes z cluster-wide through st: its requests then also count
-// against the cluster's sliding-window estimate. The first config of the
+// against the cluster's sliding-window estimate of its rate, and its quotas
+// decide on the cluster's counts instead of this instance's (a quota's
+// cluster state is named by quotaClusterName). The first config of the
 // process to distribute a zone restores this instance's last published
 // state of it before serving.
 func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) error {
@@ -305,38 +317,94 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 	if err != nil {
 		return fmt.Errorf("zone %q: distributed: instance id: %v", z.name, err)
 	}
-	shape := storage.Shape{Zone: z.name, Window: z.limit.Window, Width: clusterWidth(z.tkey.lines)}
-	if st.lazy == nil {
-		// A storage opened later is checked when it opens (Syncer).
-		if err := storage.CheckStorage(st.st, shape); err != nil {
+	z.dist = &distributedZone{iv: d.intervals(z.limit.Window)}
+	counts := []syncedCount{{shape: storage.Shape{Zone: z.name, Window: z.limit.Window, Width: clusterWidth(z.tkey.lines)}, events: z.limit.Events}}
+	for i, k := range z.skeys {
+		counts = append(counts, syncedCount{shape: storage.Shape{Zone: quotaClusterName(z.quotaNames[i]), Window: k.window, Width: k.width}, events: k.quota})
+	}
+	var restore []*storage.Syncer
+	for _, sc := range counts {
+		if st.lazy == nil {
+			// A storage opened later is checked when it opens (Syncer).
+			if err := storage.CheckStorage(st.st, sc.shape); err != nil {
+				return fmt.Errorf("zone %q: distributed: %v", z.name, err)
+			}
+		}
+		c, created, err := storage.Acquire(sc.shape, sc.events)
+		if err != nil {
 			return fmt.Errorf("zone %q: distributed: %v", z.name, err)
 		}
+		sc.cluster = c
+		c.SplitBursts(d.Bursts != BurstsFree, z.dist.iv.Read)
+		// A quota's counts outlive the rate's: by default a silent
+		// instance's snapshot of it is kept for two of its windows.
+		iv := d.intervals(sc.shape.Window)
+		if st.lazy != nil {
+			sc.syncer = storage.NewSyncerOpening(c, st.lazy.Open, inst.String(), iv, ctx.Logger())
+		} else {
+			sc.syncer = storage.NewSyncer(c, st.st, inst.String(), iv, ctx.Logger())
+		}
+		z.dist.synced = append(z.dist.synced, sc) // released with the zone
+		if created {
+			restore = append(restore, sc.syncer)
+		}
 	}
-	c, created, err := storage.Acquire(shape, z.limit.Events)
-	if err != nil {
-		return fmt.Errorf("zone %q: distributed: %v", z.name, err)
-	}
-	z.dist = &distributedZone{cluster: c, shape: shape, iv: d.intervals(z.limit.Window)}
+	z.dist.cluster = z.dist.synced[0].cluster
 	// A reset read from another instance fills the key's buckets here, as
 	// DELETE on that instance's admin API filled them there. The cluster
 	// outlives the config; the latest config to distribute the zone gets
 	// the call.
-	c.OnReset(z.buckets.Fill)
-	c.SplitBursts(d.Bursts != BurstsFree, z.dist.iv.Read)
-	if st.lazy != nil {
-		z.dist.syncer = storage.NewSyncerOpening(c, st.lazy.Open, inst.String(), z.dist.iv, ctx.Logger())
-	} else {
-		z.dist.syncer = storage.NewSyncer(c, st.st, inst.String(), z.dist.iv, ctx.Logger())
+	z.dist.cluster.OnReset(z.buckets.Fill)
+	// The quotas' own counts are their clusters' sketches: the local
+	// sketches are not needed.
+	for i, sc := range z.dist.synced[1:] {
+		z.quotas[i] = sc.cluster
 	}
-	if created {
+	z.releaseQuotas()
+	z.skeys = nil
+	if len(restore) > 0 {
 		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 		defer cancel()
-		if err := z.dist.syncer.Restore(rctx, time.Now()); err != nil {
-			ctx.Logger().Warn("could not restore this instance's cluster state yet; it will be before the first publish",
-				zap.String("zone", z.name), zap.Error(err))
+		for _, s := range restore {
+			if err := s.Restore(rctx, time.Now()); err != nil {
+				ctx.Logger().Warn("could not restore this instance's cluster state yet; it will be before the first publish",
+					zap.String("zone", z.name), zap.Error(err))
+				break
+			}
 		}
 	}
 	return nil
+}
+
+// quotaClusterName names the cluster state of a quota, whose name in the
+// RateLimit headers is quota ("api/24h"), in the storage and in the logs:
+// "api/24h quota". No zone's name has a space, so no zone's state is ever
+// stored under it.
+func quotaClusterName(quota string) string { return quota + " quota" }
+
+// start puts each count's events in force and starts its sync.
+func (d *distributedZone) start() error {
+	for _, sc := range d.synced {
+		if err := sc.cluster.SetQuota(sc.events); err != nil {
+			return err
+		}
+		sc.syncer.Start()
+	}
+	return nil
+}
+
+// stop stops the syncs start started, each after a last publish.
+func (d *distributedZone) stop() {
+	for _, sc := range d.synced {
+		sc.syncer.Stop()
+	}
+}
+
+// release gives back the zone's references to its cluster states.
+func (d *distributedZone) release() {
+	for _, sc := range d.synced {
+		storage.Release(sc.shape)
+	}
 }
 
 // clusterWidth is the width of a distributed zone's sketch: as many

@@ -1,7 +1,11 @@
 package floodgate
 
 import (
+	"context"
 	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,9 +14,13 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/storage"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 func TestDistributedValidate(t *testing.T) {
@@ -135,5 +143,236 @@ func TestStricter(t *testing.T) {
 	cl = limiter.Decision{Allowed: true, Limit: 20, Remaining: 12}
 	if got := stricter(bucket, cl); got != bucket {
 		t.Fatalf("a laxer cluster changed the decision: %+v", got)
+	}
+}
+
+// distributedHandler is a handler with the zone zc, on clock, distributed
+// through a file storage in dir as d says (from the first config: its
+// counts restored, from nothing). Its syncs do not run on their own: a
+// test calls them at its clock's times (syncCounts).
+func distributedHandler(t *testing.T, clock *testclock.Clock, name string, zc *Zone, d *Distributed, dir string) *Handler {
+	t.Helper()
+	t.Setenv("XDG_DATA_HOME", t.TempDir()) // the instance id
+	h := newTestHandler(t, clock, map[string]*Zone{name: zc})
+	ctx := caddy.Context{Context: context.Background()}
+	if err := h.zones[0].distribute(ctx, d, zoneStorage{st: &certmagic.FileStorage{Path: dir}}); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// syncCounts has every count of z's cluster state publish, then read, at
+// now.
+func syncCounts(z *zone, now time.Time) {
+	for _, sc := range z.dist.synced {
+		sc.syncer.Write(context.Background(), now)
+	}
+	for _, sc := range z.dist.synced {
+		sc.syncer.Read(context.Background(), now)
+	}
+}
+
+// A clusterPeer is another instance of one count of a distributed zone (its rate
+// or a quota), in this process: a Cluster of the count's window and width
+// under a name of its own, whose snapshots are moved to where the count's
+// instances read them.
+type clusterPeer struct {
+	t        *testing.T
+	c        *storage.Cluster
+	s        *storage.Syncer
+	dir      string
+	own, to  string
+	instance string
+}
+
+// newClusterPeer returns a clusterPeer, named instance, of the count of shape whose
+// instances sync through the file storage in dir with intervals iv.
+func newClusterPeer(t *testing.T, dir string, shape storage.Shape, quota int64, iv storage.Intervals, instance string) *clusterPeer {
+	t.Helper()
+	own := shape
+	own.Zone = shape.Zone + " peer " + instance
+	c, _, err := storage.Acquire(own, quota)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { storage.Release(own) })
+	c.SplitBursts(true, iv.Read)
+	s := storage.NewSyncer(c, &certmagic.FileStorage{Path: dir}, instance, iv, zap.NewNop())
+	return &clusterPeer{t: t, c: c, s: s, dir: dir, own: own.Zone, to: shape.Zone, instance: instance}
+}
+
+// publish writes the peer's snapshot at now where the count's instances
+// read it.
+func (p *clusterPeer) publish(now time.Time) {
+	p.t.Helper()
+	p.s.Write(context.Background(), now)
+	to := filepath.Join(p.dir, filepath.FromSlash(storage.Key(p.to, p.instance)))
+	if err := os.MkdirAll(filepath.Dir(to), 0o700); err != nil {
+		p.t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(p.dir, filepath.FromSlash(storage.Key(p.own, p.instance))), to); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// countsOf returns the shape of z's count i (0 its rate's, then its
+// quotas') and its cluster.
+func countsOf(z *zone, i int) (storage.Shape, *storage.Cluster) {
+	return z.dist.synced[i].shape, z.dist.synced[i].cluster
+}
+
+// A distributed zone's quota decides on the cluster's counts: it is
+// published under its own name beside the zone's, and what another
+// instance granted a key counts against the key's quota here.
+func TestDistributedQuotaDecidesOnTheClustersCounts(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour))
+	dir := t.TempDir()
+	iv := &Distributed{ReadInterval: caddy.Duration(time.Second), WriteInterval: caddy.Duration(time.Second), Bursts: BurstsFree}
+	h := distributedHandler(t, clock, "dq", &Zone{
+		Limit:  zoneconf.Limit{MaxEvents: 100, Window: caddy.Duration(time.Minute), Burst: 100, Memory: 4096},
+		Quotas: []Quota{{MaxEvents: 10, Window: caddy.Duration(time.Hour)}},
+	}, iv, dir)
+	z := h.zones[0]
+	shape, cl := countsOf(z, 1)
+	if shape.Zone != "dq/1h quota" || shape.Window != time.Hour || z.quotas[0] != quotaPolicy(cl) {
+		t.Fatalf("the quota's count: %+v, policy %T, want dq/1h quota over 1h deciding the quota", shape, z.quotas[0])
+	}
+	now := clock.Now()
+	p := newClusterPeer(t, dir, shape, 10, iv.intervals(time.Minute), "peer")
+	key := keyOf(z, "192.0.2.1:1", "", nil)
+	for range 6 {
+		if d, _ := p.c.TakeHash(key, 1, now); !d.Allowed {
+			t.Fatal("the peer denied a fresh key")
+		}
+	}
+	p.publish(now)
+	syncCounts(z, now)
+	inst, err := caddy.InstanceID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "rate_limit", "dq%2F1h%20quota", inst.String())); err != nil {
+		t.Fatalf("the quota's snapshot: %v", err)
+	}
+	for i := range 4 {
+		if _, err := serve(h, weightedRequest("/")); err != nil {
+			t.Fatalf("request %d of the 4 a quota of 10 the other instance used 6 of leaves: %v", i+1, err)
+		}
+	}
+	if d := z.quotas[0].PeekHash(key, 1, now); d.Allowed {
+		t.Fatalf("after 4 here and 6 on the other instance, a quota of 10 still lets the key through: %+v", d)
+	}
+	// The other instance falls silent: its counts of the quota still
+	// count after two of the zone's windows, a quota's snapshot being
+	// kept for two of the quota's. (Peeked, not served: a denial would
+	// block the key here whatever the counts.)
+	clock.Advance(3 * time.Minute)
+	syncCounts(z, clock.Now())
+	if d := z.quotas[0].PeekHash(key, 1, clock.Now()); d.Allowed {
+		t.Fatalf("3 minutes after the other instance's last snapshot the quota lets the key through (%+v): its 6 of the hour's 10 still count", d)
+	}
+	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
+		t.Fatalf("3 minutes after the other instance's last snapshot: %v, want 429", err)
+	}
+}
+
+// A cost the response reports is counted in a distributed zone's cluster:
+// in the rate's estimate and in the quota's, up to each one's count, so
+// that the other instances deny the key as they would had it been granted
+// that much.
+func TestReportedCostIsCountedInTheCluster(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour))
+	h := distributedHandler(t, clock, "dc", &Zone{
+		Limit:                zoneconf.Limit{MaxEvents: 100, Window: caddy.Duration(time.Minute), Burst: 100, Memory: 4096},
+		Quotas:               []Quota{{MaxEvents: 50, Window: caddy.Duration(time.Hour)}},
+		WeightResponseHeader: "X-Cost",
+	}, &Distributed{ReadInterval: caddy.Duration(time.Second), WriteInterval: caddy.Duration(time.Second)}, t.TempDir())
+	z := h.zones[0]
+	key := keyOf(z, "192.0.2.1:1", "", nil)
+	if _, err := serveThrough(h, weightedRequest("/"), slowWeight(h, clock, 0, "30")); err != nil {
+		t.Fatal(err)
+	}
+	now := clock.Now()
+	_, rate := countsOf(z, 0)
+	_, quota := countsOf(z, 1)
+	if d := rate.PeekHash(key, 1, now); d.Remaining != 70 {
+		t.Errorf("the rate's cluster holds %d of 100 after a response costing 30, want 70", d.Remaining)
+	}
+	if d := quota.PeekHash(key, 1, now); d.Remaining != 20 {
+		t.Errorf("the quota's cluster holds %d of 50 after a response costing 30, want 20", d.Remaining)
+	}
+	// A wild report drives the key over both: the cluster denies it.
+	if _, err := serveThrough(h, weightedRequest("/"), slowWeight(h, clock, 0, "1000000")); err != nil {
+		t.Fatal(err)
+	}
+	now = clock.Now()
+	for i := range 2 {
+		if _, cl := countsOf(z, i); cl.PeekHash(key, 1, now).Allowed {
+			t.Errorf("count %d: a key whose response reported a million passes", i)
+		}
+	}
+}
+
+// A zone with action delay holds a request that only its instance's share
+// of the key keeps out (bursts split), until a read lets it through, up to
+// max_delay, rather than answer 429 at once: two instances, 5 per minute,
+// a key that only reaches this one gets its five, the fourth and fifth
+// held, and the sixth, over the cluster's limit, is denied at once.
+func TestDelayHoldsARequestOnlyItsShareKeepsOut(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour))
+	dir := t.TempDir()
+	d := &Distributed{ReadInterval: caddy.Duration(100 * time.Millisecond), WriteInterval: caddy.Duration(100 * time.Millisecond)}
+	h := distributedHandler(t, clock, "dd", &Zone{
+		Limit:  zoneconf.Limit{MaxEvents: 5, Window: caddy.Duration(time.Minute), Burst: 5, Memory: 4096},
+		Action: "delay", MaxDelay: caddy.Duration(2 * time.Second),
+	}, d, dir)
+	held := &heldClock{clock: clock}
+	h.sleep = held.sleep
+	z := h.zones[0]
+	shape, cl := countsOf(z, 0)
+	p := newClusterPeer(t, dir, shape, 5, d.intervals(time.Minute), "zz-peer") // ranked after this instance
+	// The instances sync every read interval, as their loops would.
+	next := clock.Now()
+	held.meanwhile = func(now time.Time) {
+		for !next.After(now) {
+			p.publish(next)
+			syncCounts(z, next)
+			next = next.Add(100 * time.Millisecond)
+		}
+	}
+	held.meanwhile(clock.Now())
+	key := keyOf(z, "192.0.2.1:1", "", nil)
+	var codes []int
+	for range 5 {
+		_, err := serve(h, weightedRequest("/"))
+		codes = append(codes, status(err))
+	}
+	waits := held.held()
+	t.Logf("five requests of a key on one of two instances: %v, held %v", codes, waits)
+	for i, c := range codes {
+		if c != http.StatusOK {
+			t.Fatalf("request %d: %d (all %v, held %v), want all passed, held while only the share kept them out", i+1, c, codes, waits)
+		}
+	}
+	var total time.Duration
+	for _, w := range waits {
+		if w <= 0 || w > 100*time.Millisecond {
+			t.Errorf("held %v: each wait is at most until the next read (100ms)", waits)
+		}
+		total += w
+	}
+	if len(waits) == 0 || total > 2*time.Second {
+		t.Errorf("held %v (%v in all), want some, within max_delay", waits, total)
+	}
+	// Counted in the cluster when they went: the sixth is over the limit.
+	if d := cl.PeekHash(key, 1, clock.Now()); d.Allowed || cl.ShareDenies(key, 1, clock.Now()) {
+		t.Errorf("after five of five, the cluster: %+v", d)
+	}
+	before := len(held.held())
+	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
+		t.Fatalf("request 6 of a limit of 5: %v, want 429", err)
+	}
+	if len(held.held()) != before {
+		t.Errorf("request 6, over the cluster's limit, was held: %v", held.held()[before:])
 	}
 }

@@ -457,6 +457,11 @@ func BenchmarkServeHTTP(b *testing.B) {
 		h.DisableHeaders = true
 		run(b, h, false)
 	})
+	b.Run("allowed_quota", func(b *testing.B) {
+		zones := allowAll("{http.vars.client_ip}")
+		zones["bench{http.vars.client_ip}"].Quotas = []Quota{{MaxEvents: 1 << 30, Window: caddy.Duration(24 * time.Hour)}}
+		run(b, newTestHandler(b, nil, zones), false)
+	})
 	b.Run("allowed_header_key", func(b *testing.B) {
 		run(b, newTestHandler(b, nil, allowAll("{http.request.header.X-Key}")), false)
 	})

@@ -189,16 +189,21 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(configDesc, prometheus.CounterValue, 1, z.name, strconv.FormatInt(z.limit.Events, 10),
 			z.limit.Window.String(), strconv.Itoa(z.v4), strconv.Itoa(z.v6))
 		ch <- prometheus.MustNewConstMetric(keysDesc, prometheus.GaugeValue, activeKeys(s), z.name)
-		if z.dist != nil {
-			cl := z.dist.cluster
-			ch <- prometheus.MustNewConstMetric(clusterSkippedDesc, prometheus.CounterValue, float64(cl.Skipped()), z.name)
-			ch <- prometheus.MustNewConstMetric(clusterConflictsDesc, prometheus.CounterValue, float64(cl.Conflicts()), z.name)
+		if z.dist == nil {
+			continue
+		}
+		// A quota's cluster state syncs on its own: its series are
+		// labelled with its name ("api/24h quota").
+		for _, sc := range z.dist.synced {
+			cl, name := sc.cluster, sc.shape.Zone
+			ch <- prometheus.MustNewConstMetric(clusterSkippedDesc, prometheus.CounterValue, float64(cl.Skipped()), name)
+			ch <- prometheus.MustNewConstMetric(clusterConflictsDesc, prometheus.CounterValue, float64(cl.Conflicts()), name)
 			for _, op := range storage.Ops {
-				ch <- prometheus.MustNewConstMetric(clusterErrorsDesc, prometheus.CounterValue, float64(cl.Failed(op)), z.name, op.String())
+				ch <- prometheus.MustNewConstMetric(clusterErrorsDesc, prometheus.CounterValue, float64(cl.Failed(op)), name, op.String())
 			}
 			for _, op := range []storage.Op{storage.OpRead, storage.OpWrite} {
 				if at, ok := cl.LastSuccess(op); ok {
-					ch <- prometheus.MustNewConstMetric(clusterLastSuccessDesc, prometheus.GaugeValue, float64(at.UnixNano())/1e9, z.name, op.String())
+					ch <- prometheus.MustNewConstMetric(clusterLastSuccessDesc, prometheus.GaugeValue, float64(at.UnixNano())/1e9, name, op.String())
 				}
 			}
 		}

@@ -46,7 +46,8 @@
 //     denylog.go: the denial log and the record of denied sources;
 //   - app.go: the rate_limit app and the registry of the running config;
 //     tables.go: the state that outlives a config; cluster.go: distributed
-//     zones and their storage; xdp.go: a zone's XDP side;
+//     zones (their rate's and quotas' cluster state) and their storage;
+//     xdp.go: a zone's XDP side;
 //   - caddyfile.go: the Caddyfile directive and global option (each
 //     setting's parser sits beside its concept); warnings.go: checks at
 //     load; admin.go, command.go: the admin API and `caddy rate-limit`;

@@ -32,6 +32,17 @@ const maxQuotas = 2
 // sketchRows is the depth of every quota's sketch: limiter's default.
 const sketchRows = limiter.DefaultSketchRows
 
+// A quotaPolicy is what decides a zone's quota: its limiter.Sketch, or in a
+// distributed zone its storage.Cluster, whose own sketch counts what this
+// instance granted and whose decisions add the other instances' counts
+// (cluster.go). Add charges a cost learned after the request, Quota is the
+// quota's count.
+type quotaPolicy interface {
+	limiter.Policy
+	Add(h uint64, n int64, now time.Time)
+	Quota() int64
+}
+
 // validateQuotas checks the zone's quotas, naming the one at fault.
 func (zc *Zone) validateQuotas(where string) error {
 	if len(zc.Quotas) > maxQuotas {

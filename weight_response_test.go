@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/internal/testclock"
+	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
@@ -216,7 +217,7 @@ func TestResponseWeightCountsInTheQuotaWhenReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	z := h.zones[0]
-	if got := z.quotas[0].Estimate(keyOf(z, "192.0.2.1:1", "", nil), clock.Now()); got < 149_999 {
+	if got := z.quotas[0].(*limiter.Sketch).Estimate(keyOf(z, "192.0.2.1:1", "", nil), clock.Now()); got < 149_999 {
 		t.Errorf("quota estimate %v after a response costing 150000, want at least 149999", got)
 	}
 }

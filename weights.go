@@ -166,17 +166,31 @@ type afterCharge struct {
 // in a window that may already weigh nothing. The key may go into debt: at
 // most one burst below empty in the rate (see limiter.Buckets.Charge), and
 // one quota in each quota however many times a response is settled, so a
-// wild report cannot lock a key out for longer than a full refill.
+// wild report cannot lock a key out for longer than a full refill. In a
+// distributed zone the cost is counted in the cluster too, in the rate's
+// estimate (at most its events, as a quota) and in the quotas, which are
+// the cluster's there: the other instances deny the key as they would had
+// it been granted that much.
 func (c afterCharge) settle(from, to int64, now time.Time) {
 	before, after := max(from-c.paid, 0), max(to-c.paid, 0)
 	if after <= before {
 		return
 	}
 	c.z.buckets.Charge(c.hash, after-before, now)
-	for _, s := range c.z.quotas {
-		q := s.Quota()
-		s.Add(c.hash, min(after, q)-min(before, q), now)
+	if d := c.z.dist; d != nil {
+		addCapped(d.cluster, c.hash, before, after, now)
 	}
+	for _, s := range c.z.quotas {
+		addCapped(s, c.hash, before, after, now)
+	}
+}
+
+// addCapped adds to s what a reported cost growing from before to after
+// adds of it up to s's quota: a key owes at most one quota, however many
+// times a response is settled.
+func addCapped(s quotaPolicy, h uint64, before, after int64, now time.Time) {
+	q := s.Quota()
+	s.Add(h, min(after, q)-min(before, q), now)
 }
 
 // weightWriter charges the weights zones read from a response (weight

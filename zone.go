@@ -14,7 +14,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/floodgate-rl/floodgate/limiter"
-	"github.com/floodgate-rl/floodgate/storage"
 	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
@@ -201,7 +200,7 @@ type zone struct {
 	// quotas are the zone's rolling quotas (their RateLimit-Policy items
 	// follow the rate's in policy), skeys their pool keys and quotaNames
 	// their names in the RateLimit headers.
-	quotas     []*limiter.Sketch
+	quotas     []quotaPolicy
 	skeys      []sketchKey
 	quotaNames []string
 
@@ -288,7 +287,7 @@ func (z *zone) release() {
 	z.releaseQuotas()
 	releaseCounts(z.name)
 	if z.dist != nil {
-		storage.Release(z.dist.shape)
+		z.dist.release()
 	}
 }
 

@@ -150,12 +150,51 @@ func (c *Cluster) SplitBursts(on bool, reread time.Duration) {
 }
 
 // PeekHash answers whether TakeHash would grant the request, charging and
-// blocking nothing; Remaining and Reset are what the key holds now.
+// blocking nothing; Remaining and Reset are what the key holds now, and a
+// denial by this instance's share alone waits until the next read, as
+// TakeHash's does.
 func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decision {
 	if d, ok := c.blockedAt(h, now); ok {
 		return d
 	}
-	return c.sketch.PeekHashWith(h, weight, now, c.decisionSum(h))
+	shared := c.decisionSum(h)
+	d := c.sketch.PeekHashWith(h, weight, now, shared)
+	if !d.Allowed && c.shareOnly(h, 1, now, shared) {
+		d = c.shareDenial(d)
+	}
+	return d
+}
+
+// ShareDenies reports whether a request of weight for the key with hash h
+// is denied at now only by the share this instance leaves the other
+// instances (bursts split): on the other instances' counts alone, without
+// the shares, it would pass, so the next read, which re-balances the
+// shares, may let it through. A zone that holds requests (action delay)
+// holds such a one until then.
+func (c *Cluster) ShareDenies(h uint64, weight int64, now time.Time) bool {
+	if _, ok := c.blockedAt(h, now); ok {
+		return false
+	}
+	shared := c.decisionSum(h)
+	return !c.sketch.PeekHashWith(h, weight, now, shared).Allowed && c.shareOnly(h, weight, now, shared)
+}
+
+// shareOnly reports whether a denial decided on the sum shared is by the
+// shares alone: shared holds them, and a request of weight passes on the
+// peers' counts without them. (PeekHash asks it of weight 1, as mitigate
+// does for TakeHash: whether the key is over its limit.)
+func (c *Cluster) shareOnly(h uint64, weight int64, now time.Time, shared *limiter.SketchSum) bool {
+	peers := c.peers.Load()
+	return shared != peers && c.sketch.PeekHashWith(h, weight, now, peers).Allowed
+}
+
+// shareDenial is the denial d by this instance's share alone: its wait is
+// at most until the next read re-balances the shares.
+func (c *Cluster) shareDenial(d limiter.Decision) limiter.Decision {
+	if wait := time.Duration(c.shareWait.Load()); wait > 0 && wait < d.RetryAfter {
+		d.RetryAfter = wait
+	}
+	return d
 }
 
 // decisionSum is the peers' sum a decision on the key with hash h reads:
@@ -178,6 +217,17 @@ func (c *Cluster) decisionSum(h uint64) *limiter.SketchSum {
 // Refund gives back what TakeHash charged.
 func (c *Cluster) Refund(r limiter.Reservation) { c.sketch.Refund(r) }
 
+// Add counts n for the key with hash h at now in this instance's sketch,
+// deciding nothing: a cost learned after the request was granted (a weight
+// the response reports). The other instances count it from this
+// instance's next snapshot on, as they count its grants, and it uses up
+// this instance's share as a grant does; a key it drives over the limit is
+// denied, and blocked, at its next request. An n below 1 adds nothing.
+func (c *Cluster) Add(h uint64, n int64, now time.Time) { c.sketch.Add(h, n, now) }
+
+// Quota returns the events per window the cluster grants a key.
+func (c *Cluster) Quota() int64 { return c.sketch.Quota() }
+
 func (c *Cluster) blockedAt(h uint64, now time.Time) (limiter.Decision, bool) {
 	until, ok := c.blocks.blocked(h, now.UnixNano())
 	if !ok {
@@ -199,8 +249,8 @@ func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, shared *limite
 	over := d
 	if weight > 1 || shared != peers {
 		if over = c.sketch.PeekHashWith(h, 1, now, peers); over.Allowed {
-			if wait := time.Duration(c.shareWait.Load()); shared != peers && wait > 0 && wait < d.RetryAfter {
-				d.RetryAfter = wait
+			if shared != peers {
+				d = c.shareDenial(d)
 			}
 			return d
 		}

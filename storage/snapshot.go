@@ -2,7 +2,8 @@
 // Caddy storage (certmagic.Storage: the file system, Redis, ...) count what
 // each of them granted and decide on the sum.
 //
-// Each distributed zone has a Cluster (cluster.go): a sliding-window
+// Each distributed zone has a Cluster (cluster.go) for its rate, and one for
+// each of its quotas, which the root package names apart: a sliding-window
 // count-min sketch of the weight this instance granted per key (previous and
 // current window, package limiter), the sum of the other instances' latest
 // snapshots, and a mitigation cache of keys over their cluster limit

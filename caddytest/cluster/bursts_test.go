@@ -12,22 +12,30 @@ import (
 // how many were allowed.
 func burst(t *testing.T, nodes []*node, key string, perNode int) int {
 	t.Helper()
+	return atOnce(t, nodes, key, perNode, 1)
+}
+
+// atOnce has clients clients per node, all starting at once, each send
+// perClient requests for key one after the other, and returns how many
+// were allowed.
+func atOnce(t *testing.T, nodes []*node, key string, clients, perClient int) int {
+	t.Helper()
 	var mu sync.Mutex
 	allowed := 0
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for _, n := range nodes {
-		for range perNode {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+		for range clients {
+			wg.Go(func() {
 				<-start
-				if code, _ := n.get(key); code == http.StatusOK {
-					mu.Lock()
-					allowed++
-					mu.Unlock()
+				for range perClient {
+					if code, _ := n.get(key); code == http.StatusOK {
+						mu.Lock()
+						allowed++
+						mu.Unlock()
+					}
 				}
-			}()
+			})
 		}
 	}
 	close(start)

@@ -1,0 +1,155 @@
+package storage
+
+import (
+	"testing"
+	"time"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// A budget of 400 per minute, and requests that cost 10 each, learned only
+// after they were granted (a response's reported weight): one unit at
+// arrival, the rest added afterwards (Cluster.Add). A request passes while
+// its key has a unit left, so an instance may grant one request beyond its
+// share: 3 instances at most 30 beyond the budget, within 10%.
+const (
+	costBudget = 400
+	costEach   = 10
+)
+
+// newBudgetNodes returns n nodes of zone z/1 over a fresh file storage,
+// bursts split, with a quota of costBudget, that have published and read
+// each other once at now.
+func newBudgetNodes(t *testing.T, n int, now time.Time) []*node {
+	t.Helper()
+	st, _ := fileStorage(t)
+	nodes := newNodes(t, st, n)
+	for _, n := range nodes {
+		if err := n.c.SetQuota(costBudget); err != nil {
+			t.Fatal(err)
+		}
+		n.c.SplitBursts(true, testIntervals.Read)
+	}
+	syncAll(now, nodes...)
+	return nodes
+}
+
+// serveCost has n grant one request of key at now if it can, then adds the
+// rest of its cost, and returns the cost charged.
+func (n *node) serveCost(key string, now time.Time) int {
+	h := limiter.HashString(key)
+	if d, _ := n.c.TakeHash(h, 1, now); !d.Allowed {
+		return 0
+	}
+	n.c.Add(h, costEach-1, now)
+	return costEach
+}
+
+// Costs added after the fact count across the cluster as grants do: a key
+// whose requests go to three instances in turn, with the instances syncing
+// as they run, is granted at most 1.1× its budget, not a budget per
+// instance.
+func TestAddedCostsAreCountedAcrossTheClusterSpread(t *testing.T) {
+	now := t0.Add(time.Second)
+	nodes := newBudgetNodes(t, 3, now)
+	granted := 0
+	gap := testIntervals.Read / 4
+	for i := range 3 * costBudget / costEach {
+		at := now.Add(time.Duration(i) * gap)
+		if i%4 == 3 {
+			syncAll(at, nodes...)
+		}
+		granted += nodes[i%3].serveCost("spread", at)
+	}
+	t.Logf("a budget of %d, requests of cost %d in turn on 3 instances: %d granted", costBudget, costEach, granted)
+	if granted < costBudget || granted > costBudget*11/10 {
+		t.Fatalf("granted %d of a budget of %d to requests spread over 3 instances, want %d to %d", granted, costBudget, costBudget, costBudget*11/10)
+	}
+}
+
+// The same for a key hit on every instance at the same instant: each
+// grants within its share, its share used up by the costs it adds, and the
+// syncs that follow keep the cluster there.
+func TestAddedCostsAreCountedAcrossTheClusterSimultaneous(t *testing.T) {
+	now := t0.Add(time.Second)
+	nodes := newBudgetNodes(t, 3, now)
+	granted := 0
+	for round := range 6 {
+		at := now.Add(time.Duration(round) * testIntervals.Read)
+		if round > 0 {
+			syncAll(at, nodes...)
+		}
+		for range costBudget / costEach {
+			for _, n := range nodes {
+				granted += n.serveCost("together", at)
+			}
+		}
+	}
+	t.Logf("a budget of %d, requests of cost %d on 3 instances at once, then at every sync: %d granted", costBudget, costEach, granted)
+	if granted < costBudget/2 || granted > costBudget*11/10 {
+		t.Fatalf("granted %d of a budget of %d to requests on 3 instances at once, want %d to %d", granted, costBudget, costBudget/2, costBudget*11/10)
+	}
+}
+
+// Add counts without deciding: past the quota too, and a key it drives
+// over its limit is denied, and blocked, at its next request; the other
+// instances count it from the next snapshot on.
+func TestAddOverTheLimitDeniesTheNextRequest(t *testing.T) {
+	a, b, _, _ := newPair(t)
+	now := t0.Add(time.Second)
+	h := limiter.HashString("k")
+	a.c.Add(h, 25, now) // the quota is 10
+	if d, _ := a.c.TakeHash(h, 1, now); d.Allowed {
+		t.Fatal("a key added 25 of a quota of 10 was granted")
+	}
+	if _, blocked := a.c.blocks.blocked(h, now.UnixNano()); !blocked {
+		t.Fatal("a key over its limit by what was added was not blocked")
+	}
+	a.c.Add(h, 0, now) // nothing
+	a.s.Write(bg, now)
+	b.s.Read(bg, now)
+	if d := b.c.PeekHash(h, 1, now); d.Allowed {
+		t.Fatal("another instance granted a key one instance added 25 of a quota of 10 to")
+	}
+	if b.c.Quota() != 10 {
+		t.Fatalf("Quota %d, want 10", b.c.Quota())
+	}
+}
+
+// PeekHash answers a denial by this instance's share alone as TakeHash
+// does: with a wait until the next read, which may let the key through,
+// not until the key's count ages out. ShareDenies tells such a denial from
+// a key over its limit.
+func TestPeekHashOfAShareDenialWaitsForTheNextRead(t *testing.T) {
+	now := t0.Add(time.Second)
+	st, _ := fileStorage(t)
+	a := newSplitNodes(t, st, 3, now)[0]
+	h := limiter.HashString("share")
+	if got := a.take("share", 10, now); got < 1 || got >= 10 {
+		t.Fatalf("an instance of three granted %d of a fresh key's 10 at once, want its share", got)
+	}
+	d := a.c.PeekHash(h, 1, now)
+	if d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > testIntervals.Read {
+		t.Fatalf("a key past this instance's share: %+v, want denied with a wait of at most the read interval (%v)", d, testIntervals.Read)
+	}
+	if !a.c.ShareDenies(h, 1, now) {
+		t.Fatal("ShareDenies: false for a key only its share keeps out")
+	}
+	if a.c.ShareDenies(limiter.HashString("fresh"), 1, now) {
+		t.Fatal("ShareDenies: true for a fresh key, which passes")
+	}
+	// A request heavier than what the cluster has left for the key is
+	// not kept out by the share alone.
+	if a.c.ShareDenies(h, 10, now) {
+		t.Fatal("ShareDenies: true for a request heavier than the key's whole limit has left")
+	}
+	// Over its limit on this instance's own counts: not the share.
+	over := limiter.HashString("over")
+	a.c.Add(over, 10, now)
+	if a.c.ShareDenies(over, 1, now) {
+		t.Fatal("ShareDenies: true for a key over its limit")
+	}
+	if d := a.c.PeekHash(over, 1, now); d.Allowed || d.RetryAfter <= testIntervals.Read {
+		t.Fatalf("a key over its limit: %+v, want denied until its count ages out", d)
+	}
+}
