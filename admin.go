@@ -281,8 +281,8 @@ func (z *zone) info(now time.Time) ZoneInfo {
 // policiesInfo describes the zone's rate, then each of its quotas.
 func (z *zone) policiesInfo() []PolicyInfo {
 	out := []PolicyInfo{z.policyInfo()}
-	for _, q := range z.quotas {
-		out = append(out, PolicyInfo{Kind: "quota", Events: q.Quota(), Window: q.Window().String()})
+	for i, q := range z.quotas {
+		out = append(out, PolicyInfo{Kind: "quota", Events: q.Quota(), Window: time.Duration(z.conf.Quotas[i].Window).String()})
 	}
 	return out
 }
@@ -414,7 +414,7 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	if r.Method == http.MethodDelete {
 		z.buckets.Fill(c.hash)
 		for _, q := range z.quotas {
-			q.ResetHash(c.hash, now, now)
+			q.Reset(c.hash, now)
 		}
 		if d := z.dist; d != nil {
 			// This instance passes the key at once; the others once they
@@ -428,9 +428,9 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	if z.dist != nil {
 		policies = append(policies, keyPolicy("cluster", z.dist.cluster.PeekHash(c.hash, 1, now)))
 	}
-	for _, q := range z.quotas {
+	for i, q := range z.quotas {
 		p := keyPolicy("quota", q.PeekHash(c.hash, 1, now))
-		p.Window = q.Window().String()
+		p.Window = time.Duration(z.conf.Quotas[i].Window).String()
 		policies = append(policies, p)
 	}
 	allowed := true

@@ -41,6 +41,9 @@ type quotaPolicy interface {
 	limiter.Policy
 	Add(h uint64, n int64, now time.Time)
 	Quota() int64
+	// Reset forgets the key with hash h at now (the admin API's reset):
+	// in a cluster, on every instance once they have read it.
+	Reset(h uint64, now time.Time)
 }
 
 // validateQuotas checks the zone's quotas, naming the one at fault.

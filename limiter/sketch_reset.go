@@ -27,6 +27,10 @@ func WindowNumber(t time.Time, window time.Duration) int64 {
 // the key is counted in that window as a key never seen: only by what
 // other keys sharing a cell with it on every row add.
 
+// Reset is ResetHash(h, now, now): forgets the key with hash h in the
+// windows begun by now.
+func (s *Sketch) Reset(h uint64, now time.Time) { s.ResetHash(h, now, now) }
+
 // ResetHash forgets the key with hash h in the windows that had begun by
 // at, the time of the reset: in each such window of the two the sketch
 // holds at now, it subtracts the key's estimate for that window from each
