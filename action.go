@@ -158,7 +158,7 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 			held.Add(-1)
 			break
 		} else {
-			d, res := v.z.buckets.Charge(v.c.hash, v.weight, now)
+			d, res := v.z.reserve(v.c.hash, v.weight, now)
 			v.delayed, v.debt = true, res
 			if ok = d.Allowed && d.RetryAfter <= v.z.maxDelay; !ok {
 				break
@@ -204,14 +204,14 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 const maxHoldRounds = 4
 
 // hold waits for a request that delay reserved, first for wait from now.
-// Then the clusters of the distributed zones that hold it must let it
-// through at the time it goes, and count it: a cluster's estimate cannot be
-// charged ahead of time as a bucket is, so a cluster that is still (or
-// again) full makes it wait again, for as long as that cluster says,
-// within each zone's max_delay and maxHoldRounds. It reports whether the
-// request may go, how long it waited in all if so, and an error if the
-// client went away. A request that may not go has no charge left in any
-// cluster.
+// Then the window zones and the clusters of the distributed zones that
+// hold it must let it through at the time it goes, and count it: neither
+// can be charged ahead of time as a bucket is (a window counts when
+// requests went, see zone.reserve), so one that is still (or again) full
+// makes it wait again, for as long as it says, within each zone's
+// max_delay and maxHoldRounds. It reports whether the request may go, how
+// long it waited in all if so, and an error if the client went away. A
+// request that may not go has no charge left in any of them.
 func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait time.Duration) (bool, time.Duration, error) {
 	var waited time.Duration
 	for round := 1; ; round++ {
@@ -220,21 +220,26 @@ func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait 
 		}
 		waited += wait
 		at := now.Add(waited)
-		var clusters limiter.Txn
+		var late limiter.Txn
 		wait = 0
 		for i := range verdicts {
 			v := &verdicts[i]
-			if !v.delayed || v.z.dist == nil {
+			if !v.delayed {
 				continue
 			}
-			if d := clusters.Take(v.z.dist.cluster, v.c.hash, v.weight, at); !d.Allowed {
-				if round == maxHoldRounds || d.RetryAfter <= 0 || waited+d.RetryAfter > v.z.maxDelay {
-					return false, 0, nil
+			for _, p := range [...]limiter.Policy{v.z.windowTable(), v.z.clusterPolicy()} {
+				if p == nil {
+					continue
 				}
-				wait = max(wait, d.RetryAfter)
+				if d := late.Take(p, v.c.hash, v.weight, at); !d.Allowed {
+					if round == maxHoldRounds || d.RetryAfter <= 0 || waited+d.RetryAfter > v.z.maxDelay {
+						return false, 0, nil
+					}
+					wait = max(wait, d.RetryAfter)
+				}
 			}
 		}
-		if !clusters.Denied() {
+		if !late.Denied() {
 			return true, waited, nil
 		}
 	}

@@ -87,7 +87,7 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 		if len(v.z.quotas) > 0 {
 			rate = v.rate
 		}
-		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(rate.Reset))
+		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(v.z.told(rate.Reset)))
 		for j, q := range v.quotas() {
 			b = append(b, ", "...)
 			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(q.Reset))

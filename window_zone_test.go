@@ -7,32 +7,43 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // A zone without burst with action delay holds a request over its window
-// until the window ends, and counts it in the next window: held requests
-// never let more than events through a window.
+// until the window's grants are a window old, and takes it then: held
+// requests never let more than events through a window. The table knows
+// a grant's time to a tick (Window/2¹⁷ or finer), so the wait is the
+// window and at most a tick; the requests after it wait at most a
+// sub-window more (limiter.Windows.ExtraWait), until the last, which
+// waits for the window after.
 func TestWindowZoneDelayHoldsForTheNextWindow(t *testing.T) {
 	h, held := delayHandler(t, "delay_window", 0, 2*time.Second)
+	const tick = time.Second >> 16
 	for i := range 11 {
 		if _, err := serve(h, weightedRequest("/")); err != nil {
 			t.Fatalf("request %d: %v", i+1, err)
 		}
 	}
-	if w := held.held(); len(w) != 1 || w[0] <= 0 || w[0] > time.Second {
-		t.Fatalf("waits %v, want one, until the window's end (at most 1s)", w)
+	if w := held.held(); len(w) != 1 || w[0] < time.Second || w[0] > time.Second+tick {
+		t.Fatalf("waits %v, want one, until the grants are a window old (1s and at most a tick)", w)
 	}
-	// The held request is the new window's first: 9 more pass at once,
-	// the tenth waits for the window after.
+	extra := h.zones[0].buckets.(*limiter.Windows).ExtraWait()
 	for i := range 10 {
 		if _, err := serve(h, weightedRequest("/")); err != nil {
-			t.Fatalf("request %d of the next window: %v", i+1, err)
+			t.Fatalf("request %d after the held one: %v", i+1, err)
 		}
 	}
-	if w := held.held(); len(w) != 2 || w[1] != time.Second {
-		t.Fatalf("waits %v, want a second one of a whole window (1s)", w)
+	w := held.held()
+	if len(w) < 2 || w[len(w)-1] < time.Second-extra || w[len(w)-1] > time.Second+tick {
+		t.Fatalf("waits %v, want the last a window after the held one", w)
+	}
+	for _, d := range w[1 : len(w)-1] {
+		if d > extra+tick {
+			t.Fatalf("waits %v: one beside the held one is longer than a sub-window (%v)", w, extra)
+		}
 	}
 }
 
