@@ -367,3 +367,23 @@ func TestWindowsAGrantCountsAWholeWindowFromItsOwnTime(t *testing.T) {
 		}
 	}
 }
+
+// Fill (the admin API's reset) clears the key's counters, every one of
+// its words, whatever K: the key counts nothing, and nothing of it is left
+// in the line.
+func TestWindowsFillClearsTheKey(t *testing.T) {
+	for _, k := range []int{1, 3, 8} {
+		w := newWindowTable(t, Limit{Events: 5, Window: time.Minute}, 64, k)
+		const h = 29
+		if got := drain(w, h, tm(0)); got != 5 {
+			t.Fatalf("K %d: drained %d, want 5", k, got)
+		}
+		w.Fill(h)
+		if ln := w.p.Load().lines[0]; ln != (line{}) {
+			t.Fatalf("K %d: after Fill the line is %x", k, ln)
+		}
+		if got := drain(w, h, tm(time.Second)); got != 5 {
+			t.Fatalf("K %d: after Fill, %d granted, want 5", k, got)
+		}
+	}
+}
