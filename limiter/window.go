@@ -37,7 +37,11 @@ import (
 // charged after the fact (Charge) counts from the moment it is charged. A
 // request held until it would pass is taken then, like any other (the
 // Caddy module's action delay does so): a window reserves nothing ahead of
-// time, since what it counts is when requests went.
+// time, since what it counts is when requests went. Racing requests whose
+// times were read out of order are checked, when a counter's latest charge
+// is later than their time, against everything the counter holds, and
+// counted as made at that latest charge: a request late by less than a
+// sub-window still meets every grant of its own window (see charge).
 //
 // The price is time: a grant counts until its sub-window's end is a Window
 // old, so a request an exact sliding log would grant may wait up to a
@@ -73,8 +77,8 @@ import (
 //
 // Windows is safe for concurrent use, takes no lock and allocates nothing
 // per decision. Decisions follow the Buckets protocol: every counter of the
-// key but the deciding one is charged first, the deciding one last with the
-// CAS that grants, so every grant is checked against a counter that holds
+// key but the emptiest is charged first, the emptiest last with the CAS
+// that grants, so every grant is checked against a counter that holds
 // every earlier grant. A refund takes back what its charge added, from the
 // group it was added to. SetLimit is exact beside decisions, as Buckets'
 // is (see SetLimit).
