@@ -1,12 +1,16 @@
 package floodgate
 
 import (
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/floodgate-rl/floodgate/internal/testclock"
 	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
@@ -81,5 +85,35 @@ func TestWindowZoneWeightsAndLog(t *testing.T) {
 	}
 	if z.counts.requests[outcomeLogged].Load() != 2 {
 		t.Fatalf("logged %d, want 2", z.counts.requests[outcomeLogged].Load())
+	}
+}
+
+// A window zone's RateLimit t on a denial is its Retry-After, the time
+// until a request would pass, not the time until every grant stops
+// counting: events 2 in 1m, requests at 0 and 30 s, one at 40 s is denied
+// for 20 s (when the grant of 0 stops counting), though the key is whole
+// again only in 50 s.
+func TestWindowZoneTellsWhenARequestWouldPass(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour)) // after the tables are made: their clocks start then
+	h := newTestHandler(t, clock, map[string]*Zone{
+		"window_t": {Limit: zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(time.Minute)}},
+	})
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	if _, err := serve(h, req); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(30 * time.Second)
+	if _, err := serve(h, req); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(10 * time.Second)
+	// The grant of 0 counts until its sub-window's end is a minute old:
+	// 20 s, and at most a sub-window (ExtraWait) more.
+	extra := h.zones[0].buckets.(*limiter.Windows).ExtraWait()
+	w, err := serve(h, req)
+	ra, _ := strconv.Atoi(w.Header().Get("Retry-After"))
+	if status(err) != http.StatusTooManyRequests || ra < 20 || time.Duration(ra)*time.Second > 20*time.Second+extra+time.Second ||
+		w.Header().Get("RateLimit") != fmt.Sprintf(`"window_t";r=0;t=%d`, ra) {
+		t.Fatalf("at 40 s: %v, Retry-After %q, RateLimit %q; want 429, from 20 to 20 + %v, and t the same", err, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"), extra)
 	}
 }

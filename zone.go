@@ -358,6 +358,17 @@ func delayDebt(l limiter.Limit, maxDelay time.Duration) int64 {
 	return max(l.EffectiveBurst(), int64(min(q, limiter.MaxBurst)))
 }
 
+// reset is the wait RateLimit's t says for the zone's decision d: when the
+// key is whole again (d.Reset), but for a request a window zone denies,
+// when a request of its weight would pass (d.RetryAfter): a window has no
+// refill to count down to, only grants that stop counting one by one.
+func (z *zone) reset(d limiter.Decision) time.Duration {
+	if z.window > 0 && !d.Allowed && d.RetryAfter != limiter.Never {
+		return d.RetryAfter
+	}
+	return d.Reset
+}
+
 // reserve charges a held request's cost ahead of time where the zone can,
 // and says how long the request must wait: a token bucket charges it as a
 // debt that the wait repays. A window zone charges nothing and only says
