@@ -162,7 +162,7 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 			held.Add(-1)
 			break
 		} else {
-			d, res := v.z.buckets.Charge(v.c.hash, v.weight, now)
+			d, res := v.z.reserve(v.c.hash, v.weight, now)
 			v.delayed, v.debt = true, res
 			if ok = d.Allowed && d.RetryAfter <= v.z.maxDelay; !ok {
 				break
@@ -214,14 +214,17 @@ const maxHoldRounds = 4
 const minShareWait = storage.MinInterval
 
 // hold waits for a request that delay reserved, first for wait from now.
-// Then the clusters of the distributed zones that hold it must let it
-// through at the time it goes, and count it: a cluster's estimate cannot be
-// charged ahead of time as a bucket is, so a cluster that is still (or
-// again) full, or whose share for this instance still keeps the key out,
-// makes it wait again, for as long as clusterWait says, within each zone's
-// max_delay. It reports whether the request may go, how long it waited in
-// all if so, and an error if the client went away. A request that may not
-// go has no charge left in any cluster.
+// Then the window zones and the clusters of the distributed zones that
+// hold it must let it through at the time it goes, and count it: neither
+// can be charged ahead of time as a bucket is (a window counts when
+// requests went, see zone.reserve; a cluster's estimate is of what was
+// granted), so one that is still (or again) full, or a cluster whose share
+// for this instance still keeps the key out, makes it wait again, for as
+// long as it says (clusterWait for a cluster), within each zone's
+// max_delay; waits that are not for a share count against maxHoldRounds.
+// It reports whether the request may go, how long it waited in all if so,
+// and an error if the client went away. A request that may not go has no
+// charge left in any of them.
 func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait time.Duration) (bool, time.Duration, error) {
 	var waited time.Duration
 	for full := 0; ; {
@@ -230,15 +233,27 @@ func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait 
 		}
 		waited += wait
 		at := now.Add(waited)
-		var clusters limiter.Txn
+		var late limiter.Txn
 		wait = 0
 		shares := true
 		for i := range verdicts {
 			v := &verdicts[i]
-			if !v.delayed || v.z.dist == nil {
+			if !v.delayed {
 				continue
 			}
-			if d := clusters.Take(v.z.dist.cluster, v.c.hash, v.weight, at); !d.Allowed {
+			if p := v.z.windowTable(); p != nil {
+				if d := late.Take(p, v.c.hash, v.weight, at); !d.Allowed {
+					if d.RetryAfter <= 0 || waited+d.RetryAfter > v.z.maxDelay {
+						return false, 0, nil
+					}
+					shares = false
+					wait = max(wait, d.RetryAfter)
+				}
+			}
+			if v.z.dist == nil {
+				continue
+			}
+			if d := late.Take(v.z.dist.cluster, v.c.hash, v.weight, at); !d.Allowed {
 				cw, share, ok := v.clusterWait(d, at, waited)
 				if !ok || !share && d.RetryAfter <= 0 {
 					return false, 0, nil
@@ -247,7 +262,7 @@ func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait 
 				wait = max(wait, cw)
 			}
 		}
-		if !clusters.Denied() {
+		if !late.Denied() {
 			return true, waited, nil
 		}
 		if !shares {

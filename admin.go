@@ -424,7 +424,9 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 				d.iv.Write, d.iv.Read)
 		}
 	}
-	policies := []KeyPolicy{keyPolicy(z.policyInfo().Kind, z.buckets.PeekHash(c.hash, 1, now))}
+	d := z.buckets.PeekHash(c.hash, 1, now)
+	d.RetryAfter, d.Reset = z.told(d.RetryAfter), z.told(d.Reset)
+	policies := []KeyPolicy{keyPolicy(z.policyInfo().Kind, d)}
 	if z.dist != nil {
 		policies = append(policies, keyPolicy("cluster", z.dist.cluster.PeekHash(c.hash, 1, now)))
 	}

@@ -324,7 +324,7 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 	var wait time.Duration
 	for _, v := range verdicts {
 		if !v.d.Allowed && v.z.action.enforces() == enforcing {
-			wait = max(wait, v.d.RetryAfter)
+			wait = max(wait, v.z.told(v.d.RetryAfter))
 		}
 	}
 	if h.Jitter > 0 && wait < limiter.Never {

@@ -24,13 +24,14 @@ const (
 // table, each quota's sketch, and a distributed zone's sketch.
 func sizingTable() string {
 	var b strings.Builder
-	b.WriteString("| sources | false_deny | table | each quota | distributed: sketch |\n|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| sources | false_deny | table (burst) | table (window) | each quota | distributed: sketch (burst) |\n|---:|---:|---:|---:|---:|---:|\n")
 	for _, sources := range []int{1_000, 10_000, 100_000, 1_000_000, 10_000_000} {
 		for _, fd := range []float64{0.01, 0.005, 0.001} {
-			zc := &Zone{Limit: zoneconf.Limit{Sources: sources, FalseDeny: fd}}
+			zc := &Zone{Limit: zoneconf.Limit{Sources: sources, FalseDeny: fd, Burst: 1}}
+			window := &Zone{Limit: zoneconf.Limit{Sources: sources, FalseDeny: fd}}
 			lines := zc.Lines()
-			fmt.Fprintf(&b, "| %s | %g | %s | %s | %s |\n", thousands(sources), fd,
-				mib(64*int64(lines)), mib(16*sketchRows*int64(zc.sketchWidth())), mib(16*sketchRows*int64(clusterWidth(lines))))
+			fmt.Fprintf(&b, "| %s | %g | %s | %s | %s | %s |\n", thousands(sources), fd,
+				mib(64*int64(lines)), mib(64*int64(window.Lines())), mib(16*sketchRows*int64(zc.sketchWidth())), mib(16*sketchRows*int64(clusterWidth(lines))))
 		}
 	}
 	return b.String()

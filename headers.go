@@ -36,7 +36,10 @@ type responseHeaders struct {
 //
 // q and w are the zone's burst and the seconds its bucket takes to refill
 // (see policyItem); r is what the key may still take now, rounded down, and
-// t the seconds until its bucket is full again, rounded up. Each quota of a
+// t the seconds until its bucket is full again, rounded up. A window zone's
+// t is the seconds until its grants no longer count, and for a request it
+// denies, until a request of that weight would pass (its Retry-After):
+// at most w either way (see zone.told). Each quota of a
 // zone is an item of its own, named after the zone and its window
 // (quotaName), with q its count and w its window. Zone names are restricted
 // (validZoneName) so that they need no escaping in a quoted string.
@@ -87,7 +90,7 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 		if len(v.z.quotas) > 0 {
 			rate = v.rate
 		}
-		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(rate.Reset))
+		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(v.z.told(v.z.reset(rate))))
 		for j, q := range v.quotas() {
 			b = append(b, ", "...)
 			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(q.Reset))

@@ -213,20 +213,22 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 // activeKeys estimates how many keys hold state in a table measured as s:
 // keys whose counters are not back to full. No key is stored, so it is
 // counted as a Bloom filter's linear counting does: each key busies K of
-// the 16 counters of a line picked by its hash, so with n keys over L lines
-// (Poisson, n/L a line) a counter is still idle with probability
-// e^(−(n/L)·K/16), and n = −(16·L/K)·ln(1 − busy).
+// the m counters of a line picked by its hash (16 in a token-bucket table,
+// 8 in a window table), so with n keys over L lines (Poisson, n/L a line)
+// a counter is still idle with probability e^(−(n/L)·K/m), and
+// n = −(m·L/K)·ln(1 − busy).
 // Keys whose counters collide count once; a table with every counter busy
 // reports what one idle counter in the sample would give.
 func activeKeys(s limiter.BucketStats) float64 {
 	if s.Lines == 0 || s.K == 0 || s.Sampled == 0 {
 		return 0
 	}
+	m := s.Counters / s.Lines
 	idle := 1 - s.Busy
-	if floor := 1 / float64(s.Sampled*16); idle < floor {
+	if floor := 1 / float64(s.Sampled*m); idle < floor {
 		idle = floor
 	}
-	return math.Round(-float64(16*s.Lines) / float64(s.K) * math.Log(idle))
+	return math.Round(-float64(m*s.Lines) / float64(s.K) * math.Log(idle))
 }
 
 // registerMetrics registers the collector with the registry of the config

@@ -202,12 +202,12 @@ func (zc *Zone) memoryWarning() string {
 	if zc.Memory == 0 || zc.Key == "" {
 		return ""
 	}
-	lines := int(zc.Memory / 64)
-	if lines >= limiter.LinesFor(minSources, limiter.DefaultFalseDeny, limiter.DefaultK) {
+	lines := zc.Lines()
+	if zc.EstimateFalseDeny(minSources) <= limiter.DefaultFalseDeny {
 		return ""
 	}
 	n := 1
-	for limiter.EstimateFalseDeny(n, lines, limiter.DefaultK) <= limiter.DefaultFalseDeny {
+	for zc.EstimateFalseDeny(n) <= limiter.DefaultFalseDeny {
 		n++
 	}
 	return fmt.Sprintf("memory %s is a table of %d lines: from %d keys over their limit at once, other keys are denied more than %g%% of the time; raise memory or size the table with sources and false_deny",

@@ -70,7 +70,7 @@ func TestZoneWarnings(t *testing.T) {
 		{"one line", Zone{Key: "{client_ip}", Limit: withMemory(64)}, false,
 			[]string{"memory 64 B is a table of 1 lines: from 1 keys over their limit at once, other keys are denied more than 0.5% of the time"}},
 		{"sixteen lines", Zone{Key: "{client_ip}", Limit: withMemory(1000)}, false,
-			[]string{"memory 1000 B is a table of 15 lines: from 9 keys over their limit"}},
+			[]string{"memory 1000 B is a table of 15 lines: from 3 keys over their limit"}},
 		{"closing brace missing", Zone{Key: "{header.X-API-Key", Limit: limit}, false,
 			[]string{`key "{header.X-API-Key" has a brace without its pair, so it is no placeholder: it is that text for every request and every client shares one bucket; write the placeholder {header.X-API-Key}`}},
 		{"opening brace missing", Zone{Key: "u-client_ip}", Limit: limit}, false,
@@ -80,7 +80,7 @@ func TestZoneWarnings(t *testing.T) {
 		{"nginx address variable", Zone{Key: "$binary_remote_addr", Limit: limit}, false,
 			[]string{`write the placeholder {client_ip}`}},
 		{"a hundred million sources", Zone{Key: "{client_ip}", Limit: zoneconf.Limit{MaxEvents: 5, Window: 60e9, Sources: 100_000_000}}, false,
-			[]string{"its table is 10 GiB (from sources 100000000 and false_deny 0.005 (the default)), allocated at load, more than the 256 MiB beyond which"}},
+			[]string{"its table is 32 GiB (from sources 100000000 and false_deny 0.005 (the default)), allocated at load, more than the 256 MiB beyond which"}},
 		{"a gibibyte of memory", Zone{Key: "{client_ip}", Limit: withMemory(1 << 30)}, false,
 			[]string{"its table is 1.0 GiB (from memory 1.0 GiB)"}},
 	} {

@@ -1,38 +1,53 @@
 package floodgate
 
 import (
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/floodgate-rl/floodgate/internal/testclock"
+	"github.com/floodgate-rl/floodgate/limiter"
 	"github.com/floodgate-rl/floodgate/weight"
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // A zone without burst with action delay holds a request over its window
-// until the window ends, and counts it in the next window: held requests
-// never let more than events through a window.
+// until the window's grants are a window old, and takes it then: held
+// requests never let more than events through a window. The table knows
+// a grant's time to a tick (Window/2¹⁷ or finer), so the wait is the
+// window and at most a tick; the requests after it wait at most a
+// sub-window more (limiter.Windows.ExtraWait), until the last, which
+// waits for the window after.
 func TestWindowZoneDelayHoldsForTheNextWindow(t *testing.T) {
 	h, held := delayHandler(t, "delay_window", 0, 2*time.Second)
+	const tick = time.Second >> 16
 	for i := range 11 {
 		if _, err := serve(h, weightedRequest("/")); err != nil {
 			t.Fatalf("request %d: %v", i+1, err)
 		}
 	}
-	if w := held.held(); len(w) != 1 || w[0] <= 0 || w[0] > time.Second {
-		t.Fatalf("waits %v, want one, until the window's end (at most 1s)", w)
+	if w := held.held(); len(w) != 1 || w[0] < time.Second || w[0] > time.Second+tick {
+		t.Fatalf("waits %v, want one, until the grants are a window old (1s and at most a tick)", w)
 	}
-	// The held request is the new window's first: 9 more pass at once,
-	// the tenth waits for the window after.
+	extra := h.zones[0].buckets.(*limiter.Windows).ExtraWait()
 	for i := range 10 {
 		if _, err := serve(h, weightedRequest("/")); err != nil {
-			t.Fatalf("request %d of the next window: %v", i+1, err)
+			t.Fatalf("request %d after the held one: %v", i+1, err)
 		}
 	}
-	if w := held.held(); len(w) != 2 || w[1] != time.Second {
-		t.Fatalf("waits %v, want a second one of a whole window (1s)", w)
+	w := held.held()
+	if len(w) < 2 || w[len(w)-1] < time.Second-extra || w[len(w)-1] > time.Second+tick {
+		t.Fatalf("waits %v, want the last a window after the held one", w)
+	}
+	for _, d := range w[1 : len(w)-1] {
+		if d > extra+tick {
+			t.Fatalf("waits %v: one beside the held one is longer than a sub-window (%v)", w, extra)
+		}
 	}
 }
 
@@ -70,5 +85,35 @@ func TestWindowZoneWeightsAndLog(t *testing.T) {
 	}
 	if z.counts.requests[outcomeLogged].Load() != 2 {
 		t.Fatalf("logged %d, want 2", z.counts.requests[outcomeLogged].Load())
+	}
+}
+
+// A window zone's RateLimit t on a denial is its Retry-After, the time
+// until a request would pass, not the time until every grant stops
+// counting: events 2 in 1m, requests at 0 and 30 s, one at 40 s is denied
+// for 20 s (when the grant of 0 stops counting), though the key is whole
+// again only in 50 s.
+func TestWindowZoneTellsWhenARequestWouldPass(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour)) // after the tables are made: their clocks start then
+	h := newTestHandler(t, clock, map[string]*Zone{
+		"window_t": {Limit: zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(time.Minute)}},
+	})
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	if _, err := serve(h, req); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(30 * time.Second)
+	if _, err := serve(h, req); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(10 * time.Second)
+	// The grant of 0 counts until its sub-window's end is a minute old:
+	// 20 s, and at most a sub-window (ExtraWait) more.
+	extra := h.zones[0].buckets.(*limiter.Windows).ExtraWait()
+	w, err := serve(h, req)
+	ra, _ := strconv.Atoi(w.Header().Get("Retry-After"))
+	if status(err) != http.StatusTooManyRequests || ra < 20 || time.Duration(ra)*time.Second > 20*time.Second+extra+time.Second ||
+		w.Header().Get("RateLimit") != fmt.Sprintf(`"window_t";r=0;t=%d`, ra) {
+		t.Fatalf("at 40 s: %v, Retry-After %q, RateLimit %q; want 429, from 20 to 20 + %v, and t the same", err, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"), extra)
 	}
 }

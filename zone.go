@@ -23,8 +23,8 @@ import (
 // may use.
 //
 // Without `burst`, a zone means what it means in caddy-ratelimit: at most
-// `max_events` in a `window`, counted from a key's first request, and
-// Retry-After until that window ends (limiter.Windows). With `burst`, it is
+// `max_events` in any span of `window`, and Retry-After until a request
+// would pass (limiter.Windows). With `burst`, it is
 // a token bucket per key: `max_events` per `window` sustained, and up to
 // `burst` at once, a key starting with a full bucket (limiter.Buckets; the
 // meaning of nginx and Envoy). Requests that match no key (every key
@@ -155,12 +155,15 @@ type zone struct {
 	// burstValue is the burst in force, boxed once likewise.
 	burstValue any
 	limit      limiter.Limit
-	keys       []keySpec
-	v4, v6     int
-	matchers   caddyhttp.MatcherSets
-	tkey       tableKey
-	table      *table
-	buckets    limiter.Table // table.buckets: token buckets, or windows without burst
+	// window is the window of a window zone (0 for a token bucket): the
+	// longest wait it tells a client (see told).
+	window   time.Duration
+	keys     []keySpec
+	v4, v6   int
+	matchers caddyhttp.MatcherSets
+	tkey     tableKey
+	table    *table
+	buckets  limiter.Table // table.buckets: token buckets, or windows without burst
 	// policy is the zone's RateLimit-Policy items (see policyItem): its
 	// rate's, then one for each quota.
 	policy string
@@ -248,6 +251,9 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.limit.Debt = delayDebt(z.limit, z.maxDelay)
 	}
 	z.burstValue = z.limit.EffectiveBurst()
+	if zc.Windowed() {
+		z.window = z.limit.Window
+	}
 	z.policy = policyItem(name, z.limit) + z.unit
 	z.exceeded = denialError(name)
 	if err := z.provisionQuotas(zc); err != nil {
@@ -297,7 +303,8 @@ func (z *zone) release() {
 // The draft's policy is a quota per time window. A zone without burst is
 // one: q is max_events and w the window's seconds, rounded up (a window
 // under a second says w=1 and q its events per second), and RateLimit's t
-// counts down to the end of the key's window. A token bucket has no fixed
+// counts down until the key's grants no longer count, at most w (see
+// told). A token bucket has no fixed
 // window, so q and w say what a client can rely on: q is the burst (what a
 // full bucket allows at once, and the most r can say) and w the seconds an
 // emptied bucket takes to be full again, burst × window / events, rounded up.
@@ -348,6 +355,55 @@ func delayDebt(l limiter.Limit, maxDelay time.Duration) int64 {
 		q++
 	}
 	return max(l.EffectiveBurst(), int64(min(q, limiter.MaxBurst)))
+}
+
+// reset is the wait RateLimit's t says for the zone's decision d: when the
+// key is whole again (d.Reset), but for a request a window zone denies,
+// when a request of its weight would pass (d.RetryAfter): a window has no
+// refill to count down to, only grants that stop counting one by one.
+func (z *zone) reset(d limiter.Decision) time.Duration {
+	if z.window > 0 && !d.Allowed && d.RetryAfter != limiter.Never {
+		return d.RetryAfter
+	}
+	return d.Reset
+}
+
+// reserve charges a held request's cost ahead of time where the zone can,
+// and says how long the request must wait: a token bucket charges it as a
+// debt that the wait repays. A window zone charges nothing and only says
+// the wait: a window counts when requests went, so hold takes it at the
+// time the request goes, as it takes a cluster; a request that finds the
+// window full again then (another took its place) waits again.
+func (z *zone) reserve(h uint64, weight int64, now time.Time) (limiter.Decision, limiter.Reservation) {
+	if z.window > 0 {
+		d := z.buckets.PeekHash(h, weight, now)
+		d.Allowed = d.RetryAfter != limiter.Never
+		return d, limiter.Reservation{}
+	}
+	return z.buckets.Charge(h, weight, now)
+}
+
+// windowTable is the zone's table if it is a window zone's, else nil.
+func (z *zone) windowTable() limiter.Policy {
+	if z.window > 0 {
+		return z.buckets
+	}
+	return nil
+}
+
+// told is the wait of d as the zone tells it to a client (Retry-After,
+// RateLimit's t, the admin API's key view): d, but at most the window in a
+// window zone. The table knows a grant's time to a tick (Window/2²⁰ or
+// finer, see limiter.Windows), so the exact wait of a request in the same
+// tick as the grant that filled its window is the window and part of a
+// tick: a second more than the window in whole seconds, and above the
+// policy's w. Told the window, such a client is early by less than that
+// part of a tick.
+func (z *zone) told(d time.Duration) time.Duration {
+	if z.window > 0 {
+		return min(d, z.window)
+	}
+	return d
 }
 
 // ceilSeconds rounds d up to whole seconds; a duration that never ends counts

@@ -36,6 +36,9 @@ var benchLimit = Limit{Events: 100, Window: time.Second}
 // instruction waits for its line like the floor's add does, so the two are
 // comparable; a read-only floor would let the CPU overlap the misses.
 // floor_rmw_k_clock adds an atomic add per word the key's counters occupy.
+// floodgate_window is a window zone's decision (limiter.Windows, at its
+// default size), and floor_rmw_clock_window the floor_rmw_clock of a table
+// of that size.
 func BenchmarkAllow(b *testing.B) {
 	keys := benchKeys()
 	fg, err := NewBuckets(BucketsConfig{Limit: benchLimit})
@@ -47,9 +50,19 @@ func BenchmarkAllow(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The window zone's table at its default size (eight counters to a
+	// line, so about 3.4 times the lines), and a floor of the same size.
+	win, err := NewWindows(BucketsConfig{Limit: Limit{Events: benchLimit.Events, Window: benchLimit.Window}})
+	if err != nil {
+		b.Fatal(err)
+	}
 	floor := newLines(fg.Lines()) // same size, same pages
 	for i := range floor {        // fault the pages in: a table in use is in memory
 		floor[i][0] = 2
+	}
+	winFloor := newLines(win.Lines())
+	for i := range winFloor {
+		winFloor[i][0] = 2
 	}
 	xr := newXrateMap()
 	for _, a := range keys { // warm the map: steady state, not insertion
@@ -90,6 +103,11 @@ func BenchmarkAllow(b *testing.B) {
 		d, _ := fg.TakeHash(Hash(k.Bytes()), 1, time.Now())
 		return d.Allowed
 	})
+	run("floodgate_window", func(a netip.Addr) bool {
+		k := NetworkKey(a, 32, 128)
+		d, _ := win.TakeHash(Hash(k.Bytes()), 1, time.Now())
+		return d.Allowed
+	})
 	run("floodgate_k4", func(a netip.Addr) bool {
 		k := NetworkKey(a, 32, 128)
 		d, _ := fg4.TakeHash(Hash(k.Bytes()), 1, time.Now())
@@ -106,6 +124,12 @@ func BenchmarkAllow(b *testing.B) {
 		k := NetworkKey(a, 32, 128)
 		h := Hash(k.Bytes())
 		return atomic.AddUint64(&floor[uint64(uint32(h>>32))*uint64(len(floor))>>32][0], uint64(now.Nanosecond()&1)) == 1
+	})
+	run("floor_rmw_clock_window", func(a netip.Addr) bool {
+		now := time.Now()
+		k := NetworkKey(a, 32, 128)
+		h := Hash(k.Bytes())
+		return atomic.AddUint64(&winFloor[uint64(uint32(h>>32))*uint64(len(winFloor))>>32][0], uint64(now.Nanosecond()&1)) == 1
 	})
 	// The same with one atomic add per word that the key's counters occupy
 	// in floodgate's table (K = 3: 2.8 on average), as its decisions write

@@ -104,7 +104,7 @@ func newBuckets(cfg BucketsConfig, base time.Time) (*Buckets, error) {
 	if err := cfg.Limit.Validate(); err != nil {
 		return nil, err
 	}
-	k, n, err := cfg.shape()
+	k, n, err := cfg.shapeOf(countersPerLine)
 	if err != nil {
 		return nil, err
 	}
@@ -114,8 +114,9 @@ func newBuckets(cfg BucketsConfig, base time.Time) (*Buckets, error) {
 	return b, nil
 }
 
-// lines works out the number of lines the config asks for.
-func (cfg BucketsConfig) lines(k int) (int, error) {
+// lines works out the number of lines the config asks for, in a table of
+// m counters to a line.
+func (cfg BucketsConfig) lines(k, m int) (int, error) {
 	if cfg.Bytes != 0 {
 		if cfg.Bytes < 64 || cfg.Bytes > MaxBytes {
 			return 0, fmt.Errorf("memory must be between 64 bytes and %d bytes, got %d", MaxBytes, cfg.Bytes)
@@ -135,7 +136,7 @@ func (cfg BucketsConfig) lines(k int) (int, error) {
 	if !(fd > 0 && fd < 1) {
 		return 0, fmt.Errorf("false-deny probability must be between 0 and 1, got %g", fd)
 	}
-	n := LinesFor(sources, fd, k)
+	n := linesFor(sources, fd, k, m)
 	if n > MaxBytes/64 {
 		return 0, fmt.Errorf("%d sources at false-deny probability %g need %d bytes, more than the maximum of %d",
 			sources, fd, n*64, MaxBytes)

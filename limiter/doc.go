@@ -161,25 +161,30 @@
 //
 // # Windows: caddy-ratelimit's meaning
 //
-// A Windows table (window.go) holds, in the same lines and counters, fixed
-// windows anchored at a key's first request: at most Events in a Window, and
-// Retry-After until the window ends, as caddy-ratelimit answers. Its
-// documentation states the worst case against caddy-ratelimit's exact
-// sliding log (2·Events − 1 within one Window, a burst on each side of a
-// window's end), measured by TestWindowsWorstCaseAgainstSlidingLog. Table is
-// what the two kinds of table share.
+// A Windows table (window.go) holds, in the same 64-byte lines, eight
+// counters of 64 bits: each counts what it granted in each of the last s+1
+// sub-windows of Window/s (aligned to the table's clock), with the tick of
+// its latest charge. A grant counts until its sub-window's end is a Window
+// old (the newest one until its own tick's end is), so a key never gets
+// more than Events in any span of Window, caddy-ratelimit's promise, on
+// racing requests, weights, refunds and reloads; the price
+// of fixed memory is a wait of at most a sub-window (ExtraWait) beyond an
+// exact sliding log's. s is as many as 64 bits hold for Events (16 at
+// Events 1, 9 at 5, 4 at 100, 2 at 1000, 1 beyond 8191).
+// TestWindowsMatchTheSlidingLogOnARandomTrace and
+// TestWindowsHardBoundAtEveryEdge check the table against an exact
+// sliding log. Table is what the two kinds of table share.
 //
 // Windows is exact on the same paths as Buckets, by the same means (shared
 // in hook.go and line.go): SetLimit freezes each old word as it reads it
-// (no window counter is 0xFFFFFFFF: a count never fills its field), and a
-// decision, Charge, Fill or refund that meets a frozen word waits for the
-// new table, takes back there what it had counted and starts again; a
-// refund takes back nothing from a window that has ended by its time (the
-// window's start comes round again as the start field wraps); and Sweep
-// keeps windows that ended less than a margin ago, so a request whose time
-// was read before the sweep's still sees its window running.
-// window_exact_test.go runs takes beside SetLimit through every
-// interleaving.
+// (no window counter has its top bit set, so none is the frozen marker),
+// and a decision, Charge, Fill or refund that meets a frozen word waits for
+// the new table, takes back there what it had counted and starts again; a
+// refund takes back from the group its charge went to, and nothing once
+// that group is gone; and Sweep keeps counters that stopped counting less
+// than a margin ago, so a request whose time was read before the sweep's
+// still sees what it counted. window_exact_test.go runs takes beside
+// SetLimit through every interleaving.
 //
 // # Sizing and false denies
 //
@@ -199,6 +204,9 @@
 // light sources were denied 0.31% of the time at λ = 0.5 (formula 0.39%),
 // 0.96% at λ = 1 (1.39%), 4.0% at λ = 2 (5.2%); on the default table with
 // 100,000 flooding sources, 0.32% (0.50%).
+// A window table has eight counters to a line, so 16 becomes 8 in the
+// formula (EstimateWindowFalseDeny): 0.87% at λ = 0.25, 2.5% at 0.5, 7.6%
+// at 1, and 38 MB at the defaults (WindowLinesFor).
 // Stats reports the table's share of empty counters and its live false-deny
 // estimate for a key never seen before, which matches what Peek finds for
 // fresh keys to within sampling error.

@@ -132,5 +132,5 @@ func (cfg BucketsConfig) TableLines() (int, error) {
 	if k < 1 || k > 8 {
 		return 0, fmt.Errorf("k must be between 1 and 8, got %d", k)
 	}
-	return cfg.lines(k)
+	return cfg.lines(k, countersPerLine)
 }

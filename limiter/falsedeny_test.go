@@ -15,13 +15,25 @@ type simResult struct {
 	live  float64 // the table's own estimate (Stats) at the same moments
 }
 
+// tableKind is a kind of table, and its false-deny formula.
+type tableKind struct {
+	name     string
+	new      func(BucketsConfig) (Table, error)
+	estimate func(sources, lines, k int) float64
+}
+
+var tableKinds = []tableKind{
+	{"buckets", func(cfg BucketsConfig) (Table, error) { return newBuckets(cfg, clockEpoch) }, EstimateFalseDeny},
+	{"windows", func(cfg BucketsConfig) (Table, error) { return newWindows(cfg, clockEpoch) }, EstimateWindowFalseDeny},
+}
+
 // floodSim runs heavy sources flooding at three times the limit and light
-// sources at half of it, on a table sized by BucketsConfig.
-func floodSim(t *testing.T, cfg BucketsConfig, heavy, light int) (simResult, *Buckets) {
+// sources at half of it, on a table of kind sized by BucketsConfig.
+func floodSim(t *testing.T, kind tableKind, cfg BucketsConfig, heavy, light int) (simResult, Table) {
 	t.Helper()
 	clk := newFakeClock()
 	cfg.Limit = Limit{Events: 10, Window: time.Second}
-	b, err := newBuckets(cfg, clockEpoch)
+	b, err := kind.new(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,49 +80,53 @@ func floodSim(t *testing.T, cfg BucketsConfig, heavy, light int) (simResult, *Bu
 
 // TestFalseDenyMatchesEstimate checks the sizing formula against measurement:
 // the light sources' false-deny rate must be within a factor of two of
-// EstimateFalseDeny at several loads.
+// EstimateFalseDeny (EstimateWindowFalseDeny for windows) at several loads.
 func TestFalseDenyMatchesEstimate(t *testing.T) {
 	heavy := 20_000
 	if raceEnabled {
 		heavy = 5_000
 	}
-	for _, perLine := range []float64{0.5, 1, 2} {
-		lines := int(float64(heavy) / perLine)
-		r, _ := floodSim(t, BucketsConfig{Bytes: lines * 64}, heavy, heavy/2)
-		est := EstimateFalseDeny(heavy, lines, DefaultK)
-		t.Logf("%.1f flooding sources per line: light sources denied %.3f%% (formula %.3f%%); fresh keys denied %.3f%% (live estimate %.3f%%)",
-			perLine, r.light*100, est*100, r.fresh*100, r.live*100)
-		if r.light > 2*est || r.light < est/2 {
-			t.Errorf("%.1f sources per line: measured %.4f, outside 2× of the estimate %.4f", perLine, r.light, est)
-		}
-		// The live estimate is an exact expectation over the table's
-		// lines; sampling 200,000 fresh keys must agree with it.
-		if math.Abs(r.fresh-r.live) > 0.3*r.live+0.0002 {
-			t.Errorf("%.1f sources per line: fresh keys denied %.4f, live estimate %.4f", perLine, r.fresh, r.live)
+	for _, kind := range tableKinds {
+		for _, perLine := range []float64{0.25, 0.5, 1, 2} {
+			lines := int(float64(heavy) / perLine)
+			r, _ := floodSim(t, kind, BucketsConfig{Bytes: lines * 64}, heavy, heavy/2)
+			est := kind.estimate(heavy, lines, DefaultK)
+			t.Logf("%s, %.2f flooding sources per line: light sources denied %.3f%% (formula %.3f%%); fresh keys denied %.3f%% (live estimate %.3f%%)",
+				kind.name, perLine, r.light*100, est*100, r.fresh*100, r.live*100)
+			if r.light > 2*est || r.light < est/2 {
+				t.Errorf("%s, %.2f sources per line: measured %.4f, outside 2× of the estimate %.4f", kind.name, perLine, r.light, est)
+			}
+			// The live estimate is an exact expectation over the table's
+			// lines; sampling 200,000 fresh keys must agree with it.
+			if math.Abs(r.fresh-r.live) > 0.3*r.live+0.0002 {
+				t.Errorf("%s, %.2f sources per line: fresh keys denied %.4f, live estimate %.4f", kind.name, perLine, r.fresh, r.live)
+			}
 		}
 	}
 }
 
 // TestDefaultSizingKeepsFalseDenyUnderOnePercent floods a table of the
-// default size with as many sources as it is sized for.
+// default size with as many sources as it is sized for, for both kinds.
 func TestDefaultSizingKeepsFalseDenyUnderOnePercent(t *testing.T) {
-	cfg := BucketsConfig{}
-	heavy := DefaultSources
-	if raceEnabled {
-		// Same load per line on a smaller table.
-		heavy = DefaultSources / 10
-		cfg.Sources = heavy
-	}
-	r, b := floodSim(t, cfg, heavy, 10_000)
-	measured := r.light
-	est := EstimateFalseDeny(heavy, b.Lines(), DefaultK)
-	t.Logf("%d flooding sources on the default %d-byte table: measured false-deny %.3f%%, estimate %.3f%%",
-		heavy, b.Bytes(), measured*100, est*100)
-	if measured >= 0.01 {
-		t.Fatalf("false-deny %.3f%% at the default sizing, want below 1%%", measured*100)
-	}
-	if measured > 2*est || measured < est/2 {
-		t.Errorf("measured %.4f is not within 2× of the estimate %.4f", measured, est)
+	for _, kind := range tableKinds {
+		cfg := BucketsConfig{}
+		heavy := DefaultSources
+		if raceEnabled {
+			// Same load per line on a smaller table.
+			heavy = DefaultSources / 10
+			cfg.Sources = heavy
+		}
+		r, b := floodSim(t, kind, cfg, heavy, 10_000)
+		measured := r.light
+		est := kind.estimate(heavy, b.Lines(), DefaultK)
+		t.Logf("%s: %d flooding sources on the default %d-byte table: measured false-deny %.3f%%, estimate %.3f%%",
+			kind.name, heavy, b.Bytes(), measured*100, est*100)
+		if measured >= 0.01 {
+			t.Fatalf("%s: false-deny %.3f%% at the default sizing, want below 1%%", kind.name, measured*100)
+		}
+		if measured > 2*est || measured < est/2 {
+			t.Errorf("%s: measured %.4f is not within 2× of the estimate %.4f", kind.name, measured, est)
+		}
 	}
 }
 

@@ -23,10 +23,10 @@ func counterIn(lines []line, subs []subset, index uint64) (*line, subset) {
 	return &lines[idx], subs[s]
 }
 
-// shape checks the number of counters a key draws on (1 to 8, default
-// DefaultK) and works out the number of lines the config asks for: the
-// shape shared by Buckets and Windows.
-func (cfg BucketsConfig) shape() (k, n int, err error) {
+// shapeOf checks the number of counters a key draws on (1 to 8, default
+// DefaultK) and works out the number of lines the config asks for, in a
+// table of m counters to a line (16 for Buckets, 8 for Windows).
+func (cfg BucketsConfig) shapeOf(m int) (k, n int, err error) {
 	k = cfg.K
 	if k == 0 {
 		k = DefaultK
@@ -34,6 +34,6 @@ func (cfg BucketsConfig) shape() (k, n int, err error) {
 	if k < 1 || k > 8 {
 		return 0, 0, fmt.Errorf("k must be between 1 and 8, got %d", k)
 	}
-	n, err = cfg.lines(k)
+	n, err = cfg.lines(k, m)
 	return k, n, err
 }

@@ -14,7 +14,7 @@ type BucketStats struct {
 	// Busy is the share of counters that are not full.
 	Busy float64
 	// FalseDeny is the probability that a key never seen before would be
-	// denied now: the mean over lines of C(e, K)/C(16, K), e being the
+	// denied now: the mean over lines of C(e, K)/C(m, K), e being the
 	// line's empty counters.
 	FalseDeny float64
 	// Sampled is the number of lines the figures were computed from: every
@@ -62,17 +62,17 @@ again:
 		fd += choose(lineEmpty, b.k) / base
 		sampled++
 	}
-	return statsOf(n, b.k, sampled, empty, busy, fd)
+	return statsOf(n, b.k, countersPerLine, sampled, empty, busy, fd)
 }
 
-// statsOf is the BucketStats of a table of n lines and k counters a key,
-// from the counts over its sampled lines: empty and busy counters, and the
-// sum over lines of their false-deny probability.
-func statsOf(n, k, sampled, empty, busy int, fd float64) BucketStats {
-	counters := sampled * countersPerLine
+// statsOf is the BucketStats of a table of n lines of m counters and k
+// counters a key, from the counts over its sampled lines: empty and busy
+// counters, and the sum over lines of their false-deny probability.
+func statsOf(n, k, m, sampled, empty, busy int, fd float64) BucketStats {
+	counters := sampled * m
 	return BucketStats{
 		Lines:     n,
-		Counters:  n * countersPerLine,
+		Counters:  n * m,
 		Bytes:     n * 64,
 		K:         k,
 		Empty:     float64(empty) / float64(counters),

@@ -9,66 +9,79 @@ import (
 	"time"
 )
 
-// Windows is a Bloom table of fixed windows: caddy-ratelimit's "at most
-// Events in a Window", in the fixed memory of a Buckets table, laid out and
-// addressed the same way (the same 64-byte lines of 16 counters of 32 bits,
-// the same hash picking a line and K counters).
+// Windows is a Bloom table of sliding windows: caddy-ratelimit's "at most
+// Events in any span of Window", in the fixed memory of 64-byte lines
+// addressed as a Buckets table's are (the hash picks a line and K of its
+// counters), but with eight 64-bit counters to a line where Buckets has
+// sixteen of 32 bits.
 //
-// A counter holds one window: the tick it started at and the tokens it
-// counted. A key's window starts at its first request once its previous
-// window is over, and lasts Window: a request of weight w is granted if the
-// emptiest of the key's K counters has counted at most Events − w in its
-// window (a counter whose window is over has counted nothing), and then every
-// one of the K counts it, starting a new window where the old one is over. A
-// denied request counts nothing, and is told to retry when the first of its
-// counters' windows ends: Retry-After counts down to the end of the window,
-// as caddy-ratelimit's does. A lone key is exactly one window; another key
-// is denied only when all K of its counters share windows with keys that
-// used them up (a Bloom false positive, sized as for Buckets).
+// A counter splits time into sub-windows of Window/s, aligned to the
+// table's clock, and holds the weight it counted in each of the last s+1
+// (its groups), with the tick of its latest charge. A grant at tick G is
+// counted by every request until tick G + Window (inclusive: the grant
+// may have come at the end of its tick), so the newest group counts until
+// its latest charge is a Window old, and an older group until its
+// sub-window's end is. A request of weight w is granted if the emptiest
+// of the key's K counters counts at most Events − w, and every one of the
+// K counts it then; a denied request counts nothing, and is told to retry
+// when the first of its counters will have room.
 //
-// # Against an exact sliding log
+// # The bound, and the price of fixed memory
 //
-// caddy-ratelimit keeps every key's last Events timestamps (a sliding log):
-// at most Events in any interval of length Window. A window anchored at a
-// key's first request allows the same Events from that request on, and the
-// same Retry-After, but a new window starts when the old one ends, so a key
-// that sends one request, waits almost a Window and sends Events − 1, then
-// Events more as the window ends, gets 2·Events − 1 within one Window (a
-// burst on each side of a window's end). That is the worst case, and
-// TestWindowsWorstCaseAgainstSlidingLog measures it on traces checked
-// against an exact sliding log; a key that sends its requests at once, as
-// a flood does, gets exactly what the sliding log grants. That is a key
-// alone on its counters; a key whose counters also count other keys'
-// requests is denied sooner, except that counters whose windows started
-// at different times end at different times, and the key may then be
-// granted by each in turn: at most 2·Events per counter within a Window,
-// in the rare case (a Bloom false positive) that all K are shared.
+// A key never gets more than Events (in weight) in any span of Window:
+// every grant is checked against a counter that counts every earlier grant
+// of the key that falls in the Window before it, and counts it at least as
+// long as the Window after it. That holds for racing requests (the
+// Buckets protocol below), weights, refunds, held requests and SetLimit, on
+// every path where a request's cost is known when it is granted; a cost
+// charged after the fact (Charge) counts from the moment it is charged. A
+// request held until it would pass is taken then, like any other (the
+// Caddy module's action delay does so): a window reserves nothing ahead of
+// time, since what it counts is when requests went. Racing requests whose
+// times were read out of order are checked, when a counter's latest charge
+// is later than their time, against everything the counter holds, and
+// counted as made at that latest charge: a request late by less than a
+// sub-window still meets every grant of its own window (see charge).
+//
+// The price is time: a grant counts until its sub-window's end is a Window
+// old, so a request an exact sliding log would grant may wait up to a
+// sub-window longer (ExtraWait, Window/s), and never more, for a key whose
+// requests come in time order. s depends on Events (how many groups of a
+// count fit in 64 bits; see windowLayout): 16 for Events 1, 13 for 2 or 3,
+// 9 for 5, 7 for 10, 4 for 100, 3 for 128 to 511, 2 for 512 to 8191, 1
+// beyond. Retry-After is exact for the table (the request is granted
+// then, not a nanosecond before), and at most Window and a tick (the
+// newest grant's tick: Window/2¹⁷ or finer).
+//
+// A key alone on its counters is exactly this; a key whose counters also
+// count other keys' requests is denied sooner (a Bloom false positive,
+// sized as for Buckets with eight counters to a line: see EstimateFalseDeny).
 //
 // # Layout
 //
-// A counter is start<<countBits | count, where count holds up to two
-// Events (Charge's debt, below) and start the rest of the 32 bits, in ticks
-// of Window/2^16 at most (coarser only for the largest Events). 0 is an
-// unused counter, and a count that returns to 0 stores 0. The count is at
-// most 2·Events, even, so it never fills its field (all ones), and no
-// counter is 0xFFFFFFFF: a word of two of them is SetLimit's frozen marker. A window starts
-// at the start of its first request's tick, so it ends up to a tick
-// (Window/65,536) before a Window has passed since that request: that is
-// what makes Retry-After of a request denied at once Window exactly, as
-// caddy-ratelimit's. Starts compare as serial numbers, so a request whose
-// time was read before a stall sees a window started after it as running. A start must
-// be cleared before it is half the start field old: Sweep clears windows
-// that ended more than a margin ago and must run every SweepInterval, as
-// for Buckets.
+// A counter is T<<(g·cb) | c_{g−1} … c_1 c_0: T the tick of its latest
+// charge modulo 2^sb, c_i the weight counted in the sub-window i before
+// T's, g = s+1 fields of cb bits, the top bit always 0 (so no counter is
+// all ones, the frozen marker SetLimit swaps in). 0 is an unused counter,
+// and a counter whose counts all return to 0 stores 0. Ticks compare as
+// serial numbers: a T up to half the field ahead of a request's time was
+// written by a later request (whose time was read after this one's), and
+// the request is checked against all of its groups and counted in its newest, as if it
+// came at T. Sweep clears counters whose newest charge is long past before
+// T could wrap round, and must run every SweepInterval.
+//
+// The live counts of a counter are capped at 2·Events: a charge that
+// would go beyond drops the oldest counts instead, which changes no
+// decision (a sum of 2·Events denies as any larger one does) and keeps
+// every new charge whole.
 //
 // Windows is safe for concurrent use, takes no lock and allocates nothing
-// per decision; decisions follow the Buckets protocol (every counter of the
+// per decision. Decisions follow the Buckets protocol: every counter of the
 // key but the emptiest is charged first, the emptiest last with the CAS
-// that grants), so every grant is checked against a counter that holds
-// every earlier grant of its window. A refund takes back exactly what its
-// charge added, and only from the window it was added to if that window
-// has not ended by the refund's time. SetLimit is exact beside decisions,
-// as Buckets' is (see SetLimit).
+// that grants, so every grant is checked against a counter that holds
+// every earlier grant. A refund takes back what its charge added, from the
+// group it was added to. SetLimit is exact beside decisions, as Buckets'
+// is (see SetLimit).
 type Windows struct {
 	base  time.Time
 	k     int
@@ -87,18 +100,22 @@ func (w *Windows) moved(p *windowParams) *windowParams { return movedFrom(&w.p, 
 // windowParams is everything a decision reads besides the lines' words. It is
 // immutable; SetLimit swaps in a new one, with new lines.
 type windowParams struct {
-	clock         // ticks of wt per window
+	clock         // wt ticks per window
 	limit  Limit  // Burst 0
 	lines  []line //
 	gen    int64  // how many SetLimits made this; a Reservation remembers it
-	events uint32 // the most a window grants
-	ceil   uint32 // 2·events: the most a counter counts (Charge's debt)
-	cb     uint8  // bits of the count
-	cmask  uint32 // 1<<cb − 1
-	smask  uint32 // the start field's values: 1<<(32−cb) − 1
-	half   uint32 // 1<<(31−cb): starts this far apart or more read as past
-	wt     uint32 // the window in ticks
-	margin uint32 // how long after its end Sweep keeps a window (see Sweep)
+	events uint64 // the most any span of a window grants
+	ceil   uint64 // 2·events: the most a counter's counts add up to
+	g      uint8  // groups: s+1
+	cb     uint8  // bits of a group's count
+	tshift uint8  // g·cb: where T starts
+	stb    uint8  // a sub-window is 1<<stb ticks
+	cmask  uint64 // 1<<cb − 1
+	s      uint64 // sub-windows in a window
+	smask  uint64 // T's values: 1<<sb − 1
+	half   uint64 // 1<<(sb−1): a T this far ahead or more is past
+	wt     uint64 // the window in ticks: s<<stb
+	margin uint64 // how long after its window Sweep keeps a counter
 	// from is the parameters (without lines) of the table SetLimit
 	// converted into this one, for the Reservations taken from it; tick
 	// is when it converted, in this table's ticks (from.tick in the old).
@@ -106,12 +123,21 @@ type windowParams struct {
 	tick uint64
 }
 
-// maxWindowTicks is the finest division of a window: 2¹⁶ ticks, so that a
-// window starts at most Window/65,536 before its first request (under a
-// millisecond for a minute). Events above 4095 leave fewer bits for the
-// start, and windows of 2¹⁹/(2·Events) ticks or so: down to 128 ticks at
-// MaxBurst events.
-const maxWindowTicks = 1 << 16
+// Bounds of the window layout (see windowLayout).
+const (
+	// windowCounters is how many counters a window line holds.
+	windowCounters = 8
+	// maxSubWindows bounds s: a decision adds up to s+1 counts.
+	maxSubWindows = 16
+	// minWindowBits is the coarsest division of a window the layout
+	// takes to gain a sub-window: 2¹⁷ ticks.
+	minWindowBits = 17
+	// maxWindowBits is the finest: 2²⁴ ticks.
+	maxWindowBits = 24
+	// sweepFloor is the shortest SweepInterval a layout allows where its
+	// window is shorter: T gets the bits to wait that long.
+	sweepFloor = 100 * time.Millisecond
+)
 
 // ValidateWindow reports whether a Windows table can enforce l, naming the
 // field at fault: Events from 1 to MaxBurst, a positive Window and no Burst.
@@ -131,37 +157,66 @@ func (l Limit) ValidateWindow() error {
 	return nil
 }
 
+// windowLayout divides a counter's 63 bits for l (valid): g groups of cb
+// bits (cb holds 2·Events), and T's sb bits, of which stb+bits.Len(s) count
+// a window and the rest (at least 3, and enough for a SweepInterval of
+// sweepFloor) the windows T may be old before it wraps. It takes the most
+// groups (up to maxSubWindows+1) that leave a window at least 2^minWindowBits
+// ticks (or two groups, whatever is left), then refines the tick up to
+// 2^maxWindowBits a window, and never below a nanosecond.
+func windowLayout(l Limit) (g, cb, stb, sb uint8) {
+	cb = uint8(bits.Len64(2 * uint64(l.Events)))
+	hb := uint8(3)
+	if l.Window < sweepFloor {
+		hb += uint8(bits.Len64(uint64((sweepFloor - 1) / l.Window)))
+	}
+	avail := func(n uint8) int { return min(63-int(n)*int(cb), 32) }
+	g = 2
+	for n := uint8(maxSubWindows + 1); n > 2; n-- {
+		if avail(n)-int(hb) >= minWindowBits {
+			g = n
+			break
+		}
+	}
+	s := uint64(g - 1)
+	ls := bits.Len64(s)
+	stb = uint8(max(0, min(maxWindowBits, avail(g)-int(hb))-ls))
+	for stb > 0 && s<<stb >= uint64(l.Window) {
+		stb-- // a tick of at least a nanosecond
+	}
+	return g, cb, stb, uint8(avail(g))
+}
+
 // windowParamsFor returns the parameters of l (valid) with n zeroed lines.
 func windowParamsFor(l Limit, n int) *windowParams {
-	ceil := 2 * uint32(l.Events)
-	cb := uint8(bits.Len32(ceil))
-	sb := 32 - cb
-	// A window is at most an eighth of the start field (a start is
-	// cleared, at most two windows after it, well before it reads as ahead
-	// again), and a tick at least a nanosecond.
-	wt := uint64(min(maxWindowTicks, 1<<(sb-3)))
-	for wt >= uint64(l.Window) {
-		wt >>= 1
-	}
+	g, cb, stb, sb := windowLayout(l)
+	s := uint64(g - 1)
+	wt := s << stb
 	mult, _ := bits.Div64(wt, 0, uint64(l.Window))
+	half := uint64(1) << (sb - 1)
 	return &windowParams{
 		clock:  clock{pe: wt, w: uint64(l.Window), mult: mult, nsPerTick: float64(l.Window) / float64(wt)},
 		limit:  l,
 		lines:  newLines(n),
-		events: uint32(l.Events),
-		ceil:   ceil,
+		events: uint64(l.Events),
+		ceil:   2 * uint64(l.Events),
+		g:      g,
 		cb:     cb,
+		tshift: g * cb,
+		stb:    stb,
 		cmask:  1<<cb - 1,
+		s:      s,
 		smask:  1<<sb - 1,
-		half:   1 << (sb - 1),
-		wt:     uint32(wt),
-		margin: uint32((1<<(sb-1) - 2*wt) / 4),
+		half:   half,
+		wt:     wt,
+		margin: (half - wt) / 4,
 	}
 }
 
 // NewWindows returns a table of unused counters sized by cfg (as Buckets
-// is); cfg.Limit must have no Burst. Its ticks count from the moment it is
-// created; a time before that counts as its creation.
+// is, with eight counters to a line: see WindowLinesFor); cfg.Limit must
+// have no Burst. Its ticks count from the moment it is created; a time
+// before that counts as its creation.
 func NewWindows(cfg BucketsConfig) (*Windows, error) {
 	return newWindows(cfg, time.Now())
 }
@@ -170,13 +225,33 @@ func newWindows(cfg BucketsConfig, base time.Time) (*Windows, error) {
 	if err := cfg.Limit.ValidateWindow(); err != nil {
 		return nil, err
 	}
-	k, n, err := cfg.shape()
+	k, n, err := cfg.shapeOf(windowCounters)
 	if err != nil {
 		return nil, err
 	}
-	w := &Windows{base: base, k: k, subs: subsets(k)}
+	w := &Windows{base: base, k: k, subs: wordSubsets(k)}
 	w.p.Store(windowParamsFor(cfg.Limit, n))
 	return w, nil
+}
+
+// wordSubsets lists every subset of k of a line's eight words: a window
+// key's counters, each a whole word (both lanes of it, for clearKey).
+func wordSubsets(k int) []subset {
+	var out []subset
+	for m := uint16(0); m < 1<<windowCounters; m++ {
+		if bits.OnesCount16(m) != k {
+			continue
+		}
+		var s subset
+		for wi := range windowCounters {
+			if m>>wi&1 != 0 {
+				s.counters |= 3 << (2 * wi)
+				s.words |= 1 << wi
+			}
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // Limit returns the limit in force.
@@ -191,87 +266,166 @@ func (w *Windows) Bytes() int { return len(w.p.Load().lines) * 64 }
 // Lines returns the number of lines in the table.
 func (w *Windows) Lines() int { return len(w.p.Load().lines) }
 
+// SubWindows is s, the sub-windows a window is divided into under the
+// limit in force.
+func (w *Windows) SubWindows() int { return int(w.p.Load().s) }
+
+// ExtraWait is the most a request may wait beyond what an exact sliding
+// log would make it wait, under the limit in force: a sub-window,
+// Window/SubWindows, rounded up to a nanosecond.
+func (w *Windows) ExtraWait() time.Duration {
+	p := w.p.Load()
+	return time.Duration(p.nanos(1 << p.stb))
+}
+
 func (w *Windows) nowNanos(now time.Time) int64 { return max(int64(now.Sub(w.base)), 0) }
 
-// read returns what counter value v has counted in its window at tick now,
-// and the ticks until that window ends: 0 and 0 for an unused counter or an
-// ended window. A window that starts after now (begun by a request whose
-// time was read later than this one's) is running. A window that ended
-// counting more than events (Charge's debt) carries the excess into the
-// window that follows it at once: the debt is what that window has
-// counted, so a request held for the next window is counted in it.
-func (p *windowParams) read(v, now uint32) (used, left uint32) {
+// count is group i of counter value v.
+func (p *windowParams) count(v uint64, i int) uint64 { return v >> (uint(i) * uint(p.cb)) & p.cmask }
+
+// live returns how many of v's groups count at tick t (groups 0 to n−1),
+// and, if v's latest charge is ahead of t, by how many ticks (the request
+// is then checked as if it came at T: every group counts).
+func (p *windowParams) live(v, t uint64) (n int, ahead uint64) {
 	if v == 0 {
 		return 0, 0
 	}
-	start, c := v>>p.cb, v&p.cmask
-	d := (now - start) & p.smask
+	T := v >> p.tshift
+	d := (t - T) & p.smask
 	switch {
 	case d >= p.half:
-		return c, p.wt + (p.smask + 1 - d)
-	case d < p.wt:
-		return c, p.wt - d
-	case c > p.events && d < 2*p.wt:
-		return c - p.events, 2*p.wt - d
-	}
-	return 0, 0
-}
-
-// waits returns, for a counter that has counted used in a window that ends
-// in left ticks, the ticks until it has room for cost (at most events) and
-// until it has counted nothing. A count above events is carried into the
-// next window (see read), so those may be a window later.
-func (p *windowParams) waits(used, left, cost uint32) (room, clear uint32) {
-	if used == 0 {
+		return int(p.g), (T - t) & p.smask
+	case d > p.wt:
 		return 0, 0
 	}
-	clear = left
-	if used > p.events {
-		clear += p.wt
-	}
-	switch {
-	case used+cost <= p.events:
-		return 0, clear
-	case used+cost <= 2*p.events:
-		return left, clear
-	}
-	return clear, clear
+	// k sub-windows since T's: group i ≥ 1 counts while k + i ≤ s, the
+	// newest while d ≤ wt (so k ≤ s).
+	k := (t>>p.stb - T>>p.stb) & (p.smask >> p.stb)
+	return int(p.s + 1 - k), 0
 }
 
-// chargeLane counts cost in counter value v at tick now, starting a new
-// window if v's is over, up to ceil: the new value, and the record of the
-// charge for a refund: the window's start and what was added, in the
-// layout of a counter.
-func (p *windowParams) chargeLane(v, cost, now uint32) (nv, rec uint32) {
-	used, left := p.read(v, now)
-	var start uint32
-	switch {
-	case left == 0:
-		start = now & p.smask
-	case v&p.cmask != used:
-		start = (v>>p.cb + p.wt) & p.smask // the window a debt carried into
-	default:
-		start = v >> p.cb
+// sum is what groups 0 to n−1 of v count.
+func (p *windowParams) sum(v uint64, n int) uint64 {
+	var u uint64
+	for i := range n {
+		u += p.count(v, i)
 	}
-	add := min(cost, p.ceil-min(used, p.ceil))
-	if add == 0 {
-		return v, start << p.cb
-	}
-	return start<<p.cb | (used + add), start<<p.cb | add
+	return u
 }
 
-// refundLane takes back from counter value v what the charge recorded in
-// rec added, if v still holds the window it was added to.
-func (p *windowParams) refundLane(v, rec uint32) uint32 {
-	add := rec & p.cmask
-	if v == 0 || add == 0 || v>>p.cb != rec>>p.cb {
-		return v
+// expires is how many ticks after t group i of v stops counting (v's
+// latest charge is ahead of t by ahead ticks, or d ticks past): the newest
+// a window and a tick after T, an older one a window after its
+// sub-window ends.
+func (p *windowParams) expires(v uint64, i int, d, ahead uint64) uint64 {
+	T := v >> p.tshift
+	e := p.wt + 1
+	if i > 0 {
+		e = (p.s+1-uint64(i))<<p.stb - T&(1<<p.stb-1)
 	}
-	c := v & p.cmask
-	if c <= add {
+	return e + ahead - d
+}
+
+// waits reads counter v at tick t for a request of cost (at most events):
+// what it counts, the ticks until it has room for cost, and until it
+// counts nothing.
+func (p *windowParams) waits(v, t, cost uint64) (used, room, clear uint64) {
+	n, ahead := p.live(v, t)
+	if n == 0 {
+		return 0, 0, 0
+	}
+	var d uint64
+	if ahead == 0 {
+		d = (t - v>>p.tshift) & p.smask
+	}
+	used = p.sum(v, n)
+	if used == 0 {
+		return 0, 0, 0
+	}
+	for i := range n {
+		if p.count(v, i) != 0 {
+			clear = p.expires(v, i, d, ahead)
+			break
+		}
+	}
+	if used+cost <= p.events {
+		return used, 0, clear
+	}
+	rem := used
+	for i := n - 1; i >= 0; i-- {
+		rem -= p.count(v, i)
+		if rem+cost <= p.events {
+			return used, p.expires(v, i, d, ahead), clear
+		}
+	}
+	return used, clear, clear
+}
+
+// charge counts cost in counter value v for a request at tick t: the
+// groups move to t's sub-window (those that no longer fit in the counter
+// drop out), cost goes into the newest, whose latest charge becomes t (or
+// stays T, if T is later), and the oldest counts beyond ceil are dropped.
+// It returns the new value and the latest charge's tick: where a refund
+// finds the group.
+//
+// Groups that no longer count at t are kept while they fit: a request
+// whose time was read before this one's (and which finds T ahead of it)
+// is checked against every group, so it still counts the grants of its
+// own window if it is less than a sub-window late.
+func (p *windowParams) charge(v, cost, t uint64) (nv, T uint64) {
+	T = v >> p.tshift
+	f := v & (1<<p.tshift - 1) // the groups
+	switch d := (t - T) & p.smask; {
+	case v == 0:
+		T, f = t&p.smask, 0
+	case d < p.half:
+		if k := (t>>p.stb - T>>p.stb) & (p.smask >> p.stb); k >= uint64(p.g) {
+			f = 0
+		} else {
+			f = f << (k * uint64(p.cb)) & (1<<p.tshift - 1)
+		}
+		T = t & p.smask
+	}
+	return p.capped(T, f, cost), T
+}
+
+// capped is the counter of latest charge T and groups f with cost added
+// to the newest group, keeping the newest counts up to ceil in all (0 if
+// nothing is left).
+func (p *windowParams) capped(T, f, cost uint64) uint64 {
+	left := p.ceil
+	var out uint64
+	for i := range int(p.g) {
+		c := f >> (uint(i) * uint(p.cb)) & p.cmask
+		if i == 0 {
+			c += cost
+		}
+		c = min(c, left)
+		left -= c
+		out |= c << (uint(i) * uint(p.cb))
+	}
+	if out == 0 {
 		return 0
 	}
-	return v - add
+	return T<<p.tshift | out
+}
+
+// refund takes back up to add from the group of v whose latest charge was
+// at tick T (if v still holds it), leaving 0 if nothing is left.
+func (p *windowParams) refund(v, T, add uint64) uint64 {
+	if v == 0 || add == 0 {
+		return v
+	}
+	pos := ((v>>p.tshift)>>p.stb - T>>p.stb) & (p.smask >> p.stb)
+	if pos >= uint64(p.g) {
+		return v
+	}
+	sh := pos * uint64(p.cb)
+	v -= min(v>>sh&p.cmask, add) << sh
+	if v&(1<<p.tshift-1) == 0 {
+		return 0
+	}
+	return v
 }
 
 // Allow is TakeHash(Hash(key), weight, now) without the Reservation.
@@ -281,10 +435,10 @@ func (w *Windows) Allow(key []byte, weight int64, now time.Time) Decision {
 }
 
 // TakeHash grants weight tokens to the key with hash h if the emptiest of
-// its counters has room for them in its window at time now, and counts them
-// in every one of its counters. A weight below 1 counts as 1. A weight above
-// Events is denied with RetryAfter Never. Reset is the time until the
-// key's window ends.
+// its counters has room for them at time now, and counts them in every one
+// of its counters. A weight below 1 counts as 1. A weight above Events is
+// denied with RetryAfter Never. Reset is the time until the key counts
+// nothing.
 func (w *Windows) TakeHash(h uint64, weight int64, now time.Time) (d Decision, r Reservation) {
 	d = w.decide(h, weight, now, &r)
 	return d, r
@@ -306,23 +460,22 @@ func (w *Windows) decide(h uint64, weight int64, now time.Time, r *Reservation) 
 table:
 	for {
 		tick := p.ticks(ns)
-		t := uint32(tick)
 		ln, sub, index := placeIn(p.lines, w.subs, h)
 		d := Decision{Limit: int64(p.events)}
-		cost := uint32(1)
+		cost := uint64(1)
 		commit := r != nil
 		if weight > d.Limit {
 			d.RetryAfter = Never
 			commit = false
 		} else if weight > 1 {
-			cost = uint32(weight)
+			cost = uint64(weight)
 		}
 		var vals [8]uint64
 		for {
-			// The emptiest counter decides (the first of equals); the first
-			// counter to have room (or to be clear) is when the key does.
-			best, fw, fl := uint32(math.MaxUint32), 0, uint8(0)
-			retry, reset, after := uint32(math.MaxUint32), uint32(math.MaxUint32), uint32(math.MaxUint32)
+			// The emptiest counter decides (the first of equals); the
+			// first to have room is when the key does.
+			best, fw := uint64(math.MaxUint64), 0
+			retry, reset := uint64(math.MaxUint64), uint64(math.MaxUint64)
 			for m := sub.words; m != 0; m &= m - 1 {
 				wi := bits.TrailingZeros8(m) & 7
 				v := loadWord(&ln[wi])
@@ -331,30 +484,18 @@ table:
 					continue table
 				}
 				vals[wi] = v
-				lanes := sub.lanes(wi)
-				for l := uint8(0); l < 2; l++ {
-					if lanes>>l&1 == 0 {
-						continue
-					}
-					used, left := p.read(lane(v, l), t)
-					if used < best {
-						best, fw, fl = used, wi, l
-					}
-					room, clear := p.waits(used, left, cost)
-					retry, reset = min(retry, room), min(reset, clear)
-					if left == 0 {
-						left = p.wt // the window this request starts
-					}
-					_, clear = p.waits(min(used+cost, p.ceil), left, 0)
-					after = min(after, clear)
+				used, room, clear := p.waits(v, tick, cost)
+				if used < best {
+					best, fw = used, wi
 				}
+				retry, reset = min(retry, room), min(reset, clear)
 			}
-			if !commit || best+cost > p.events {
-				d.Allowed = d.RetryAfter != Never && best+cost <= p.events
+			if !commit || retry > 0 {
+				d.Allowed = d.RetryAfter != Never && retry == 0
 				d.Remaining = int64(p.events - min(best, p.events))
-				d.Reset = p.until(ns, tick, uint64(reset))
+				d.Reset = p.until(ns, tick, reset)
 				if !d.Allowed && d.RetryAfter != Never {
-					d.RetryAfter = p.until(ns, tick, uint64(retry))
+					d.RetryAfter = p.until(ns, tick, retry)
 				}
 				return d
 			}
@@ -364,18 +505,19 @@ table:
 			var paid uint8 // the words charged so far
 			for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
 				wi := bits.TrailingZeros8(m) & 7
-				if _, ok := p.chargeWord(&ln[wi], vals[wi], sub, wi, cost, t, r); !ok {
+				if _, ok := p.chargeWord(&ln[wi], vals[wi], sub, wi, cost, tick, r); !ok {
 					p = w.giveBack(w.moved(p), r, paid, ns)
 					continue table
 				}
 				paid |= 1 << wi
 			}
-			used, res := p.chargeEmptiest(&ln[fw], vals[fw], sub, fw, fl, cost, t, r)
+			nv, res := p.chargeEmptiest(&ln[fw], vals[fw], sub, fw, cost, tick, r)
 			switch res {
 			case chargeGranted:
 				d.Allowed = true
+				used, _, clear := p.waits(nv, tick, 1)
 				d.Remaining = int64(p.events - min(used, p.events))
-				d.Reset = p.until(ns, tick, uint64(after))
+				d.Reset = p.until(ns, tick, clear)
 				return d
 			case chargeFrozen:
 				p = w.giveBack(w.moved(p), r, paid, ns)
@@ -391,20 +533,17 @@ table:
 	}
 }
 
-// chargeWord counts cost in the key's lanes of word wi (last seen as v),
-// recording each charge in r, and returns the word it left; false, and
-// nothing counted, if the word is frozen.
-func (p *windowParams) chargeWord(q *uint64, v uint64, sub subset, wi int, cost, t uint32, r *Reservation) (uint64, bool) {
-	lanes := sub.lanes(wi)
+// keyPos is where a Reservation records counter word wi of sub.
+func keyPos(sub subset, wi int) int { return bits.OnesCount8(sub.words & (1<<wi - 1)) }
+
+// chargeWord counts cost in counter wi (last seen as v) for a request at
+// tick t, recording the charge in r, and returns the counter it left;
+// false, and nothing counted, if the word is frozen.
+func (p *windowParams) chargeWord(q *uint64, v uint64, sub subset, wi int, cost, t uint64, r *Reservation) (uint64, bool) {
 	for {
-		nv := v
-		for l := uint8(0); l < 2; l++ {
-			if lanes>>l&1 != 0 {
-				c, rec := p.chargeLane(lane(v, l), cost, t)
-				nv = withLane(nv, l, c)
-				r.short[sub.pos(2*wi+int(l))] = rec
-			}
-		}
+		nv, T := p.charge(v, cost, t)
+		i := keyPos(sub, wi)
+		r.short[i], r.end[i] = uint32(cost), uint32(T)
 		if nv == v || casWord(q, v, nv) {
 			return nv, true
 		}
@@ -414,26 +553,19 @@ func (p *windowParams) chargeWord(q *uint64, v uint64, sub subset, wi int, cost,
 	}
 }
 
-// chargeEmptiest counts cost in lane fl of word wi (last seen as v) if that
-// counter still has room, with the key's other lane of the word, in one
-// CAS. It returns what the counter has counted then, and an outcome of
-// Buckets' chargeFullest.
-func (p *windowParams) chargeEmptiest(q *uint64, v uint64, sub subset, wi int, fl uint8, cost, t uint32, r *Reservation) (uint32, int) {
+// chargeEmptiest counts cost in counter wi (last seen as v) if it still
+// has room for it at t, in one CAS. It returns the counter it left, and an
+// outcome of Buckets' chargeFullest.
+func (p *windowParams) chargeEmptiest(q *uint64, v uint64, sub subset, wi int, cost, t uint64, r *Reservation) (uint64, int) {
 	for {
-		used, _ := p.read(lane(v, fl), t)
-		if used+cost > p.events {
-			return used, chargeLost
+		if n, _ := p.live(v, t); p.sum(v, n)+cost > p.events {
+			return v, chargeLost
 		}
-		nv := v
-		for l := uint8(0); l < 2; l++ {
-			if sub.lanes(wi)>>l&1 != 0 {
-				c, rec := p.chargeLane(lane(v, l), cost, t)
-				nv = withLane(nv, l, c)
-				r.short[sub.pos(2*wi+int(l))] = rec
-			}
-		}
+		nv, T := p.charge(v, cost, t)
+		i := keyPos(sub, wi)
+		r.short[i], r.end[i] = uint32(cost), uint32(T)
 		if casWord(q, v, nv) {
-			return used + cost, chargeGranted
+			return nv, chargeGranted
 		}
 		if v = loadWord(q); v == frozen {
 			return 0, chargeFrozen
@@ -451,9 +583,9 @@ func (w *Windows) giveBack(p *windowParams, r *Reservation, mask uint8, ns int64
 }
 
 // refundWords takes back what r counted in the key's counters of the words
-// in mask, as much of it as is still owed at ns (see owed), from the table
-// of p or, if SetLimit replaces it meanwhile, from the new one. It returns
-// the parameters in force when it is done.
+// in mask (see owed), from the table of p or, if SetLimit replaces it
+// meanwhile, from the new one. It returns the parameters in force when it
+// is done.
 func (w *Windows) refundWords(p *windowParams, r *Reservation, mask uint8, ns int64) *windowParams {
 	ln, sub := counterIn(p.lines, w.subs, r.index)
 	if ln == nil {
@@ -464,11 +596,8 @@ func (w *Windows) refundWords(p *windowParams, r *Reservation, mask uint8, ns in
 			return p
 		}
 		wi := bits.TrailingZeros8(m) & 7
-		tick := p.ticks(ns)
-		if p.gen == r.epoch {
-			tick = max(tick, r.tick) // a refund never comes before its charge
-		}
-		if !p.refundWord(&p.lines[r.index>>16][wi], sub, wi, r, tick) {
+		T, add := p.owed(r, keyPos(sub, wi), max(p.ticks(ns), r.tick))
+		if add != 0 && !p.refundWord(&p.lines[r.index>>16][wi], T, add) {
 			p = w.moved(p)
 			continue
 		}
@@ -477,74 +606,56 @@ func (w *Windows) refundWords(p *windowParams, r *Reservation, mask uint8, ns in
 	return p
 }
 
-// refundWord is refundWords for word wi: false, and nothing taken back, if
-// the word is frozen.
-func (p *windowParams) refundWord(q *uint64, sub subset, wi int, r *Reservation, tick uint64) bool {
-	var rec [2]uint32
-	for l := range 2 {
-		if sub.lanes(wi)>>l&1 != 0 {
-			rec[l] = p.owed(r, sub.pos(2*wi+l), tick)
-		}
-	}
-	if rec == [2]uint32{} {
-		return true
-	}
+// refundWord takes back add from the group of latest charge T in the word
+// at q: false, and nothing taken back, if the word is frozen.
+func (p *windowParams) refundWord(q *uint64, T, add uint64) bool {
 	for {
 		v := loadWord(q)
 		if v == frozen {
 			return false
 		}
-		nv := withLane(withLane(v, 0, p.refundLane(lane(v, 0), rec[0])), 1, p.refundLane(lane(v, 1), rec[1]))
+		nv := p.refund(v, T, add)
 		if nv == v || casWord(q, v, nv) {
 			return true
 		}
 	}
 }
 
-// owed is the record of r's charge to its i-th counter, in p's layout, if
-// that charge's window (with the window a debt carries into) has not ended
-// by tick now: what a refund takes back. An ended window has counted its
-// requests, and its start comes round again (the start field wraps), so a
-// refund after it takes back nothing. A Reservation from the table
-// SetLimit last replaced is converted as SetLimit converted the counters
-// (nothing if its window was carrying a debt then); one from before that
-// is owed nothing.
-func (p *windowParams) owed(r *Reservation, i int, now uint64) uint32 {
-	rec, since := r.short[i], now-r.tick
+// owed is what a refund at tick now takes back of r's charge to its i-th
+// counter, in p's layout: the group (by its latest charge's tick) and the
+// weight. Nothing once the charge is so old that T could have wrapped
+// round to its group again. A Reservation from the table SetLimit last
+// replaced is converted as SetLimit converted the counters; one from
+// before that is owed nothing.
+func (p *windowParams) owed(r *Reservation, i int, now uint64) (T, add uint64) {
+	T, add = uint64(r.end[i]), uint64(r.short[i])
 	switch p.gen - r.epoch {
+	case 0:
+		if now-r.tick >= p.half/2 {
+			return 0, 0
+		}
 	case 1:
 		f := p.from
-		if f.tick-r.tick >= uint64(f.half) {
-			return 0
+		if f.tick-r.tick >= f.half/2 || now-p.tick >= p.half/2 {
+			return 0, 0
 		}
-		_, left := f.read(rec&^f.cmask|1, uint32(f.tick))
-		start, ok := p.convertStart(left)
-		if left == 0 || !ok {
-			return 0
-		}
-		rec, since = start<<p.cb|min(rec&f.cmask, p.ceil), now-p.tick
-	case 0:
+		T = p.convertTick(r.tick+(T-r.tick)&f.smask) & p.smask
+		add = min(add, p.ceil)
 	default:
-		return 0
+		return 0, 0
 	}
-	if d := (uint32(now) - rec>>p.cb) & p.smask; since >= uint64(p.half) || d >= 2*p.wt && d < p.half {
-		return 0
-	}
-	return rec
+	return T, add
 }
 
 // Refund is RefundAt(r, time.Now()).
 func (w *Windows) Refund(r Reservation) { w.RefundAt(r, time.Now()) }
 
-// RefundAt takes back what r counted, from the windows it was counted in,
-// if they have not ended by now (a time before the charge's counts as the
-// charge's): an ended window keeps what it counted, so a late refund never
-// takes back another request's count from a window that started since. A
-// Reservation taken before the latest SetLimit is converted with the
-// counters; one taken before two SetLimits takes back nothing. A window
-// that a refunded request started stays anchored at that request's time
-// if another request was counted in it meanwhile: its end is then at most
-// the time between the two requests early.
+// RefundAt takes back what r counted, from the groups it was counted in,
+// while the counters still hold them: a refund after its group stopped
+// counting changes nothing. A Reservation taken before the latest SetLimit
+// is converted with the counters (taking back from the group its charge
+// went to, or an older one); one taken before two SetLimits takes back
+// nothing.
 func (w *Windows) RefundAt(r Reservation, now time.Time) {
 	if r.units <= 0 {
 		return
@@ -556,19 +667,14 @@ func (w *Windows) RefundAt(r Reservation, now time.Time) {
 }
 
 // Charge counts weight tokens for the key with hash h at time now without
-// checking that its window has room, up to twice Events in each counter:
-// for a cost known only after the request was served, or tokens reserved
-// for a request that will wait for them. What a window counts beyond Events
-// is carried into the next one, which starts as that one ends: a key
-// charged into debt repays it there. A weight below 1 charges nothing.
+// checking that it has room: a cost known only after the request was
+// served. Each counter counts at most 2·Events (the oldest counts go
+// first), so however large the charge, the key counts nothing a window
+// after it. A weight below 1 charges nothing.
 //
-// Allowed reports whether at least one counter took the whole charge;
-// false means the key is at the ceiling and part of the charge was
-// dropped. RetryAfter is the time until the window the charge is counted
-// in has begun: 0 if the emptiest counter holds it within Events, else
-// when its window ends and the excess is carried into the next (see
-// read): when a request that reserved its tokens may go. RefundAt takes
-// back what was charged.
+// Allowed reports whether the charge was counted whole (false if it
+// exceeds 2·Events). RetryAfter is the time until a request of weight 1
+// would pass. RefundAt takes back what was charged.
 func (w *Windows) Charge(h uint64, weight int64, now time.Time) (Decision, Reservation) {
 	ns := w.nowNanos(now)
 	p := w.params()
@@ -579,42 +685,36 @@ table:
 			return d, Reservation{}
 		}
 		tick := p.ticks(ns)
-		t := uint32(tick)
-		cost := uint32(min(uint64(weight), uint64(p.ceil)))
+		cost := min(uint64(weight), p.ceil)
 		ln, sub, index := placeIn(p.lines, w.subs, h)
 		r := Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
-		best, retry, reset := uint32(math.MaxUint32), uint32(math.MaxUint32), uint32(math.MaxUint32)
+		best, retry, reset := uint64(math.MaxUint64), uint64(math.MaxUint64), uint64(math.MaxUint64)
 		var paid uint8
 		for m := sub.words; m != 0; m &= m - 1 {
 			wi := bits.TrailingZeros8(m) & 7
 			v := loadWord(&ln[wi])
 			nv, ok := v, v != frozen
 			if ok {
-				nv, ok = p.chargeWord(&ln[wi], v, sub, wi, cost, t, &r)
+				nv, ok = p.chargeWord(&ln[wi], v, sub, wi, cost, tick, &r)
 			}
 			if !ok {
 				p = w.giveBack(w.moved(p), &r, paid, ns)
 				continue table
 			}
 			paid |= 1 << wi
-			for l := uint8(0); l < 2; l++ {
-				if sub.lanes(wi)>>l&1 != 0 {
-					used, left := p.read(lane(nv, l), t)
-					room, clear := p.waits(used, left, 0)
-					best, retry, reset = min(best, used), min(retry, room), min(reset, clear)
-					d.Allowed = d.Allowed || r.short[sub.pos(2*wi+int(l))]&p.cmask == cost
-				}
-			}
+			used, room, clear := p.waits(nv, tick, 1)
+			best, retry, reset = min(best, used), min(retry, room), min(reset, clear)
 		}
+		d.Allowed = uint64(weight) <= p.ceil
 		d.Remaining = int64(p.events - min(best, p.events))
-		d.Reset = p.until(ns, tick, uint64(reset))
-		d.RetryAfter = p.until(ns, tick, uint64(retry))
+		d.Reset = p.until(ns, tick, reset)
+		d.RetryAfter = p.until(ns, tick, retry)
 		return d, r
 	}
 }
 
-// Fill clears the counters of the key with hash h: its window is over, and
-// so is that of every key sharing them.
+// Fill clears the counters of the key with hash h: it counts nothing, and
+// neither does any key sharing them.
 func (w *Windows) Fill(h uint64) {
 	for p := w.params(); ; {
 		if ln, sub, _ := placeIn(p.lines, w.subs, h); clearKey(ln, sub) {
@@ -624,23 +724,25 @@ func (w *Windows) Fill(h uint64) {
 	}
 }
 
-// SetLimit changes Events and Window of every counter at once, keeping each
-// window's start and what it counted: a key that used 3 of "events 3" has 2
-// left under "events 5", and a window started 30 s ago ends in 9 m 30 s
-// under "window 10m". A window already longer than the new Window is over.
-// A window that had ended less than Sweep's margin before is kept as ended
-// as long ago (at least a new Window ago), so that a request whose time was
-// read before SetLimit's sees its window as it stood then.
+// SetLimit changes Events and Window of every counter at once, keeping
+// each grant's time: a grant counts until it is the new Window old, so a
+// key that used 3 of "events 3" has 2 left under "events 5" and a key that
+// used 100 of "events 100" is denied under "events 10" exactly until its
+// grants fall out of the Window, as an exact sliding log would (a lowered
+// limit carries no debt). Each group moves to the new sub-window that
+// holds its latest possible grant, so a grant is never counted shorter;
+// counts beyond the new 2·Events drop the oldest, which changes no
+// decision.
 //
 // As for Buckets, the counters are converted into new lines, and it is
 // exact under concurrency the same way: each old word is swapped for the
-// frozen marker as it is read (no counter is ever 0xFFFFFFFF: a count
-// never fills its field), so a charge made to the old lines is either read
-// and converted or fails, and the decision that made it waits for the new
-// table, takes back there what it had counted, and decides again under the
-// new limit. A Reservation taken before SetLimit refunds into the new
-// table, converted (see RefundAt). Concurrent SetLimit calls are
-// serialised; the last one leaves its limit in force.
+// frozen marker as it is read (no counter is all ones: its top bit is
+// 0), so a charge made to the old lines is either read and converted or
+// fails, and the decision that made it waits for the new table, takes back
+// there what it had counted, and decides again under the new limit. A
+// Reservation taken before SetLimit refunds into the new table, converted
+// (see RefundAt). Concurrent SetLimit calls are serialised; the last one
+// leaves its limit in force.
 func (w *Windows) SetLimit(l Limit, now time.Time) error {
 	if err := l.ValidateWindow(); err != nil {
 		return err
@@ -657,22 +759,8 @@ func (w *Windows) SetLimit(l Limit, now time.Time) error {
 	np.from, np.tick = &prev, np.ticks(ns)
 	for i := range old.lines {
 		for j := range old.lines[i] {
-			v := swapWord(&old.lines[i][j], frozen)
-			if v == 0 {
-				continue
-			}
-			for c := uint8(0); c < 2; c++ {
-				used, left := old.read(lane(v, c), uint32(prev.tick))
-				nv := np.convertEnded(lane(v, c))
-				if used != 0 {
-					nv = 0
-					if start, ok := np.convertStart(left); ok {
-						nv = start<<np.cb | min(used, np.ceil)
-					}
-				}
-				if nv != 0 {
-					setCounterValue(&np.lines[i], uint8(2*j)+c, nv)
-				}
+			if v := swapWord(&old.lines[i][j], frozen); v != 0 {
+				np.lines[i][j] = np.convert(v)
 			}
 		}
 	}
@@ -680,62 +768,73 @@ func (w *Windows) SetLimit(l Limit, now time.Time) error {
 	return nil
 }
 
-// convertStart is the start, in p's ticks, of a window of the table p was
-// converted from that had left ticks to run at the conversion: its age,
-// rounded down in the new ticks (against the key: its window ends no
-// earlier). False if the window is over under p's Window.
-func (p *windowParams) convertStart(left uint32) (uint32, bool) {
-	old := p.from
-	age := uint64(0)
-	if elapsed := int64(old.wt) - int64(left); elapsed > 0 {
-		age = p.ticks(int64(old.nanos(uint64(elapsed))))
+// convertTick is the tick of p that holds the last nanosecond of tick T
+// of the table p was converted from (both full, not modulo): where a grant
+// made in T is, rounded later.
+func (p *windowParams) convertTick(T uint64) uint64 {
+	end := p.from.nanos(T + 1)
+	if end == math.MaxInt64 {
+		return p.tick + p.half/2
 	}
-	if age >= uint64(p.wt) {
-		return 0, false
-	}
-	return (uint32(p.tick) - uint32(age)) & p.smask, true
+	return p.ticks(end - 1)
 }
 
-// convertEnded is counter value v of the table p was converted from, whose
-// window (with the window a debt carries into) had ended at the
-// conversion, as a window of p that ended as long ago (in p's ticks, and
-// at least p's Window: an ended window stays ended), so that a request
-// whose time was read before SetLimit's still sees it as it stood. 0 if
-// it ended a margin ago or more, as Sweep would have cleared it.
-func (p *windowParams) convertEnded(v uint32) uint32 {
-	old := p.from
-	if v == 0 {
+// convert is counter value v of the table p was converted from, as a
+// counter of p (see SetLimit): 0 if Sweep would have cleared it.
+func (p *windowParams) convert(v uint64) uint64 {
+	f := p.from
+	d := (f.tick - v>>f.tshift) & f.smask
+	Tf := f.tick - d // the latest charge, in full ticks of f
+	if d >= f.half {
+		Tf = f.tick + (v>>f.tshift-f.tick)&f.smask
+	} else if d > f.wt+f.margin {
 		return 0
 	}
-	d := (uint32(old.tick) - v>>old.cb) & old.smask
-	if d >= 2*old.wt+old.margin {
+	T := p.convertTick(Tf)
+	if T < p.tick && p.tick-T > p.wt+p.margin {
 		return 0
 	}
-	c := min(v&old.cmask, p.ceil)
-	age := max(p.ticks(int64(old.nanos(uint64(d)))), uint64(p.wt))
-	if c > p.events {
-		age = max(age, 2*uint64(p.wt))
+	var groups [maxSubWindows + 1]uint64
+	for i := range int(f.g) {
+		c := f.count(v, i)
+		if c == 0 {
+			continue
+		}
+		last := Tf // the group's latest possible grant
+		if i > 0 {
+			last = (Tf>>f.stb-uint64(i)+1)<<f.stb - 1
+		}
+		pos := (T>>p.stb - p.convertTick(last)>>p.stb) & (p.smask >> p.stb)
+		if pos < uint64(p.g) {
+			groups[pos] += c
+		}
 	}
-	if age >= uint64(2*p.wt+p.margin) {
+	var out uint64
+	left := p.ceil
+	for i := range int(p.g) {
+		c := min(groups[i], left)
+		left -= c
+		out |= c << (uint(i) * uint(p.cb))
+	}
+	if out == 0 {
 		return 0
 	}
-	return ((uint32(p.tick)-uint32(age))&p.smask)<<p.cb | c
+	return T&p.smask<<p.tshift | out
 }
 
-// Sweep clears every counter whose window (with the window a debt carries
-// into) ended at least p.margin ticks before now, so that no start is ever
-// old enough to read as running again. It must run at least every
-// SweepInterval; like Buckets.Sweep it writes only words that change, with
-// a CAS, and never a line no key touched, and stops at a table SetLimit is
-// replacing.
+// Sweep clears every counter whose latest charge is more than a window
+// and p.margin ticks old, so that no T is ever old enough to read as
+// ahead again. It must run at least every SweepInterval; like
+// Buckets.Sweep it writes only words that change, with a CAS, and never a
+// line no key touched, and stops at a table SetLimit is replacing.
 //
-// A window that ended more recently is left as it is: a request whose time
-// was read before the sweep's (a stall; a sweep run at a later clock)
-// still sees it as it stood at its own time, running if it was, as long as
+// A counter that stopped counting more recently is left as it is: a
+// request whose time was read before the sweep's (a stall; a sweep run at
+// a later clock) still sees it as it stood at its own time, as long as
 // it is less than the margin late.
 func (w *Windows) Sweep(now time.Time) {
 	p := w.params()
-	t := uint32(p.ticks(w.nowNanos(now)))
+	t := p.ticks(w.nowNanos(now))
 	for i := range p.lines {
 		ln := &p.lines[i]
 		for j := range ln {
@@ -747,15 +846,10 @@ func (w *Windows) Sweep(now time.Time) {
 				if v == frozen {
 					return
 				}
-				nv := v
-				for l := uint8(0); l < 2; l++ {
-					if c := lane(v, l); c != 0 {
-						if d := (t - c>>p.cb) & p.smask; d >= 2*p.wt+p.margin && d < p.half {
-							nv = withLane(nv, l, 0)
-						}
-					}
+				if d := (t - v>>p.tshift) & p.smask; d < p.wt+p.margin || d >= p.half {
+					break
 				}
-				if nv == v || casWord(&ln[j], v, nv) {
+				if casWord(&ln[j], v, 0) {
 					break
 				}
 			}
@@ -764,49 +858,48 @@ func (w *Windows) Sweep(now time.Time) {
 }
 
 // SweepInterval is how often Sweep must run under the limit in force: half
-// of what is left of half the start field after two windows, twice the
-// margin. A start Sweep leaves is less than two windows and the margin old,
-// so at the next sweep it is less than half the start field old, and still
-// reads as past. It is a window for the largest Events and far longer for
-// most limits (63 windows at Events 100).
+// of what is left of half the T field after a window, twice the margin. A
+// T that Sweep leaves is less than a window and the margin old, so at the
+// next sweep it is less than half the field old, and still reads as past.
+// It is at least one and a half windows, and at least 100 ms.
 func (w *Windows) SweepInterval() time.Duration {
 	p := w.p.Load()
-	return time.Duration(p.nanos(uint64(p.half-2*p.wt) / 2))
+	return time.Duration(p.nanos((p.half - p.wt) / 2))
 }
 
 // Stats measures the table at now as Buckets.Stats does: a counter is busy
-// if its window has counted anything, empty if it has no room left for a
-// request.
+// if it counts anything, empty if it has no room left for a request.
 func (w *Windows) Stats(now time.Time) BucketStats {
 	p := w.p.Load()
-	t := uint32(p.ticks(w.nowNanos(now)))
+	t := p.ticks(w.nowNanos(now))
 	n := len(p.lines)
 	step := 1
 	if n > maxStatLines {
 		step = n / maxStatLines
 	}
-	base := choose(countersPerLine, w.k)
+	base := choose(windowCounters, w.k)
 	var empty, busy, sampled int
 	var fd float64
 	for i := 0; i < n; i += step {
 		lineEmpty := 0
 		for j := range p.lines[i] {
 			v := loadWord(&p.lines[i][j])
-			for l := uint8(0); l < 2; l++ {
-				used, _ := p.read(lane(v, l), t)
-				if used > 0 {
-					busy++
-				}
-				if used >= p.events {
-					lineEmpty++
-				}
+			if v == frozen {
+				continue
+			}
+			used, _, _ := p.waits(v, t, 1)
+			if used > 0 {
+				busy++
+			}
+			if used >= p.events {
+				lineEmpty++
 			}
 		}
 		empty += lineEmpty
 		fd += choose(lineEmpty, w.k) / base
 		sampled++
 	}
-	return statsOf(n, w.k, sampled, empty, busy, fd)
+	return statsOf(n, w.k, windowCounters, sampled, empty, busy, fd)
 }
 
 // A Table is a zone's per-key rate in the Bloom table: token buckets

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"math/bits"
 	"testing"
 	"time"
 	"unsafe"
@@ -129,17 +130,22 @@ func TestWindowsASweepAtALaterClockReopensNoWindow(t *testing.T) {
 	}
 }
 
-// No window counter is all ones, whatever Events (the frozen marker is a
-// word of two of them): the count never reaches its field's all-ones.
+// No window counter is all ones, whatever Events and Window (the frozen
+// marker is a word of them): a counter's top bit is never set, even with
+// every group at its ceiling and T all ones.
 func TestWindowsNoCounterIsFrozen(t *testing.T) {
 	for e := int64(1); e <= MaxBurst; e = e*2 + e%2 {
 		for _, ev := range []int64{e - 1, e, e + 1} {
-			if ev < 1 || ev > MaxBurst {
-				continue
-			}
-			p := windowParamsFor(Limit{Events: ev, Window: time.Second}, 1)
-			if v, _ := p.chargeLane(p.smask<<p.cb|(p.ceil-1), p.ceil, p.smask); p.ceil >= p.cmask || v == ^uint32(0) {
-				t.Fatalf("events %d: ceil %d, count field %#x, a full counter at the last start is %#x", ev, p.ceil, p.cmask, v)
+			for _, win := range []time.Duration{time.Microsecond, time.Millisecond, time.Second, 365 * 24 * time.Hour} {
+				if ev < 1 || ev > MaxBurst {
+					continue
+				}
+				p := windowParamsFor(Limit{Events: ev, Window: win}, 1)
+				full := p.capped(p.smask, ^uint64(0)>>(64-p.tshift), p.ceil)
+				if int(p.tshift)+bits.Len64(p.smask) > 63 || full>>63 != 0 || full == frozen {
+					t.Fatalf("events %d in %v: %d groups of %d bits and a T of %d bits; a full counter is %#x",
+						ev, win, p.g, p.cb, bits.Len64(p.smask), full)
+				}
 			}
 		}
 	}
@@ -158,8 +164,9 @@ func TestWindowsASetLimitAtALaterClockReopensNoWindow(t *testing.T) {
 		if after := drain(w, h, tm(500*time.Millisecond)); before != 10 || after != 0 {
 			t.Errorf("to 10 in %v: %d granted at 0, SetLimit at 1.5 s, then %d more at 0.5 s: want 10 and 0", to.Window, before, after)
 		}
-		if got := drain(w, h, tm(1500*time.Millisecond)); got != 10 {
-			t.Errorf("to 10 in %v, at 1.5 s: %d granted, want a new window of 10", to.Window, got)
+		// The grants of 0 count for the new window: until 2 s under 2 s.
+		if got := drain(w, h, tm(to.Window+w.ExtraWait())); got != 10 {
+			t.Errorf("to 10 in %v, a window and a sub-window after 0: %d granted, want 10", to.Window, got)
 		}
 	}
 }

@@ -21,8 +21,8 @@ import (
 )
 
 // Limit is a zone's rate and the table that holds it. Without burst it is
-// caddy-ratelimit's window: at most max_events in a window, counted from a
-// key's first request (limiter.Windows). With burst it is a token bucket:
+// caddy-ratelimit's window: at most max_events in any span of the window
+// (limiter.Windows). With burst it is a token bucket:
 // max_events per window sustained, up to burst at once (limiter.Buckets).
 type Limit struct {
 	// MaxEvents is how many events (requests, or connections for layer4)
@@ -38,9 +38,10 @@ type Limit struct {
 	// Burst makes the zone a token bucket: how many events a key may make
 	// at once after being idle, refilled at max_events per window. At most
 	// 1,048,576 (limiter.MaxBurst). Default: none, and the zone allows at
-	// most max_events in a window counted from the key's first request,
-	// as caddy-ratelimit does, and answers Retry-After until that window
-	// ends.
+	// most max_events in any span of the window, as caddy-ratelimit does,
+	// and answers Retry-After until a request would pass (up to a
+	// sub-window later than caddy-ratelimit's exact log: see
+	// limiter.Windows).
 	Burst int64 `json:"burst,omitempty"`
 
 	// IPv4Prefix groups IPv4 sources by network: sources in the same
@@ -130,7 +131,19 @@ func (l *Limit) Lines() int {
 	if l.Memory != 0 {
 		return int(l.Memory / 64)
 	}
+	if l.Windowed() {
+		return limiter.WindowLinesFor(l.EffectiveSources(), l.EffectiveFalseDeny(), limiter.DefaultK)
+	}
 	return limiter.LinesFor(l.EffectiveSources(), l.EffectiveFalseDeny(), limiter.DefaultK)
+}
+
+// EstimateFalseDeny is the false-deny probability of l's table (buckets or
+// windows: see limiter.EstimateFalseDeny) when sources keys flood it.
+func (l *Limit) EstimateFalseDeny(sources int) float64 {
+	if l.Windowed() {
+		return limiter.EstimateWindowFalseDeny(sources, l.Lines(), limiter.DefaultK)
+	}
+	return limiter.EstimateFalseDeny(sources, l.Lines(), limiter.DefaultK)
 }
 
 // EffectiveSources is how many sources l's memory is sized for: sources,
