@@ -362,6 +362,59 @@ type counters struct {
 	l4Conns, l4Closed atomic.Int64
 }
 
+// How a request that failed was sent: on a kept-alive connection or a new
+// one, to a limited route or the plain one.
+type sentAs int
+
+const (
+	keptLimited sentAs = iota
+	keptPlain
+	freshLimited
+	freshPlain
+)
+
+// drop counts a request that failed on instance i (2 is the one killed), by
+// how it was sent.
+func (c *counters) drop(i int, as sentAs) {
+	if i == 2 {
+		c.droppedKilled.Add(1)
+		return
+	}
+	c.dropped.Add(1)
+	switch as {
+	case freshPlain:
+		c.droppedPlain.Add(1)
+	case freshLimited:
+		c.droppedAddr.Add(1)
+	case keptPlain:
+		c.droppedPlainKept.Add(1)
+	}
+}
+
+// freshPaths returns one picker for each of loops clients that send a
+// request on a new connection at every tick of their tickers, which start
+// together and tick together: they take /addr and /plain in turn from one
+// sequence, so that on a tick they share one sends to each route. A reload
+// resets the new connections its old server holds before reading their
+// requests, whatever their route; one that resets both of a tick then drops
+// one of each. With a sequence per client, the clients sent the same route
+// on the same ticks for long stretches, and such a reload dropped two of
+// one route: one chance counted twice against it.
+func freshPaths(loops int) []func() (string, sentAs) {
+	var n atomic.Int64
+	pick := func() (string, sentAs) {
+		if n.Add(1)%2 == 1 {
+			return "/addr", freshLimited
+		}
+		return "/plain", freshPlain
+	}
+	picks := make([]func() (string, sentAs), loops)
+	for i := range picks {
+		picks[i] = pick
+	}
+	return picks
+}
+
 type redisServer struct {
 	port int
 	dir  string
@@ -485,33 +538,14 @@ func run() (bool, error) {
 		resp.Body.Close()
 		return resp.StatusCode, nil
 	}
-	// How a request that failed was sent: on a kept-alive connection or a
-	// new one, to a limited route or the plain one.
-	type sentAs int
-	const (
-		keptLimited sentAs = iota
-		keptPlain
-		freshLimited
-		freshPlain
-	)
 	dropped := func(c *counters, in *instance, err error, as sentAs) {
 		if ctx.Err() != nil {
 			return
 		}
-		if in.i == 2 {
-			c.droppedKilled.Add(1)
-			return
+		c.drop(in.i, as)
+		if in.i != 2 {
+			fmt.Printf("soak: dropped on instance %d: %v\n", in.i, err)
 		}
-		c.dropped.Add(1)
-		switch as {
-		case freshPlain:
-			c.droppedPlain.Add(1)
-		case freshLimited:
-			c.droppedAddr.Add(1)
-		case keptPlain:
-			c.droppedPlainKept.Add(1)
-		}
-		fmt.Printf("soak: dropped on instance %d: %v\n", in.i, err)
 	}
 	// tally counts an answer to a request that may be denied: a drop, a
 	// grant (in the counter granted picks, if any), a 429, or any other
@@ -587,18 +621,12 @@ func run() (bool, error) {
 	}
 	// Every other request goes to a route without a limit: what plain
 	// Caddy drops across reloads, beside what the limited route drops.
-	for range 2 {
-		n := 0
+	for _, pick := range freshPaths(2) {
 		loop(10*time.Millisecond, func(rng *rand.Rand) {
 			in := ins[rng.IntN(2)]
-			path := []string{"/addr", "/plain"}[n%2]
-			n++
+			path, as := pick()
 			code, err := get(addrClient(rng), in, path, nil)
 			cur.Load().floodAll.Add(1)
-			as := freshLimited
-			if path == "/plain" {
-				as = freshPlain
-			}
 			tally(in, code, err, as, flood)
 		})
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -39,5 +40,39 @@ func TestBucketExcessFindsABurstTheRunsTotalHides(t *testing.T) {
 	}
 	if w, _, _ := bucketExcess(grants, len(grants), burst, events, window); w != 0 {
 		t.Errorf("no new grants: %.3f, want 0", w)
+	}
+}
+
+// The fresh-connection clients tick together, each skipping the ticks its
+// last request outlasted. On every tick both use, one sends to /addr and
+// the other to /plain, so that a reload resetting that tick's connections
+// drops one of each; and in all they send as many to each route.
+func TestFreshClientsOnOneTickSendOneOfEachPath(t *testing.T) {
+	picks := freshPaths(2)
+	rng := rand.New(rand.NewPCG(1, 2))
+	sent := map[string]int{}
+	shared := 0
+	for tick := range 10000 {
+		var paths []string
+		for _, i := range rng.Perm(2) { // either may run first
+			if rng.IntN(10) == 0 {
+				continue // this client's request outlasted the tick
+			}
+			path, as := picks[i]()
+			if want := map[string]sentAs{"/addr": freshLimited, "/plain": freshPlain}[path]; as != want {
+				t.Fatalf("tick %d: %s counted as %d, want %d", tick, path, as, want)
+			}
+			sent[path]++
+			paths = append(paths, path)
+		}
+		if len(paths) == 2 {
+			shared++
+			if paths[0] == paths[1] {
+				t.Fatalf("tick %d: both clients sent %s (%d ticks shared before)", tick, paths[0], shared-1)
+			}
+		}
+	}
+	if d := sent["/addr"] - sent["/plain"]; d < 0 || d > 1 || shared < 7000 {
+		t.Errorf("sent %v over %d shared ticks: want as many to each route, on most ticks", sent, shared)
 	}
 }
