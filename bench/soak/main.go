@@ -354,6 +354,7 @@ type counters struct {
 	dropped           atomic.Int64 // transport errors on instances not being killed
 	droppedPlain      atomic.Int64 // of those, on the route without a limit
 	droppedAddr       atomic.Int64 // and on the limited route with as many requests
+	droppedLayer4     atomic.Int64 // connections to the layer4 server not made
 	droppedPlainKept  atomic.Int64 // on the route without a limit, kept-alive connections
 	droppedKilled     atomic.Int64 // on the instance that is killed
 	heavyOK, heavyAll atomic.Int64 // one client far over its limit
@@ -363,7 +364,8 @@ type counters struct {
 }
 
 // How a request that failed was sent: on a kept-alive connection or a new
-// one, to a limited route or the plain one.
+// one, to a limited route or the plain one; or a connection to the layer4
+// server that could not be made.
 type sentAs int
 
 const (
@@ -371,10 +373,13 @@ const (
 	keptPlain
 	freshLimited
 	freshPlain
+	freshLayer4
 )
 
 // drop counts a request that failed on instance i (2 is the one killed), by
-// how it was sent.
+// how it was sent. A connection to the layer4 server has a count of its own:
+// it is not a request to /addr, whose count is compared with /plain's at as
+// many requests.
 func (c *counters) drop(i int, as sentAs) {
 	if i == 2 {
 		c.droppedKilled.Add(1)
@@ -386,6 +391,8 @@ func (c *counters) drop(i int, as sentAs) {
 		c.droppedPlain.Add(1)
 	case freshLimited:
 		c.droppedAddr.Add(1)
+	case freshLayer4:
+		c.droppedLayer4.Add(1)
 	case keptPlain:
 		c.droppedPlainKept.Add(1)
 	}
@@ -459,6 +466,7 @@ type sampleRow struct {
 	clusterSpan               time.Duration
 	window                    float64 // allowed in the trailing window ÷ events, for reference
 	droppedPlain, droppedAddr int64
+	droppedLayer4             int64
 	droppedPlainKept          int64
 	heavyOK, heavyAll         int64
 	floodOK, floodAll         int64
@@ -638,7 +646,7 @@ func run() (bool, error) {
 		conn, err := d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", in.l4))
 		c := cur.Load()
 		if err != nil {
-			dropped(c, in, err, freshLimited)
+			dropped(c, in, err, freshLayer4)
 			return
 		}
 		defer conn.Close()
@@ -746,7 +754,7 @@ sampling:
 		}
 		r.other, r.dropped, r.dropKilled = c.other.Load(), c.dropped.Load(), c.droppedKilled.Load()
 		r.droppedPlain, r.droppedAddr = c.droppedPlain.Load(), c.droppedAddr.Load()
-		r.droppedPlainKept = c.droppedPlainKept.Load()
+		r.droppedPlainKept, r.droppedLayer4 = c.droppedPlainKept.Load(), c.droppedLayer4.Load()
 		r.heavyOK, r.heavyAll = c.heavyOK.Load(), c.heavyAll.Load()
 		r.fair = 1
 		if n := c.fairAll.Load(); n > 0 {
@@ -811,11 +819,11 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 func writeCSV(path string, rows []sampleRow) error {
 	var b strings.Builder
-	b.WriteString("t_s,rss0,rss1,rss2,goroutines0,goroutines1,goroutines2,fds0,fds1,fds2,other,dropped,dropped_plain,dropped_plain_kept,dropped_killed,fair,heavy_ok,heavy_all,cluster,cluster_window,flood_ok,flood_all,l4_conns,l4_closed,reloads,reload_failures,cluster_grants,cluster_span_s\n")
+	b.WriteString("t_s,rss0,rss1,rss2,goroutines0,goroutines1,goroutines2,fds0,fds1,fds2,other,dropped,dropped_plain,dropped_plain_kept,dropped_killed,fair,heavy_ok,heavy_all,cluster,cluster_window,flood_ok,flood_all,l4_conns,l4_closed,reloads,reload_failures,cluster_grants,cluster_span_s,dropped_addr,dropped_layer4\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.5f,%d,%d,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%d,%.3f\n", int(r.t.Seconds()),
+		fmt.Fprintf(&b, "%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.5f,%d,%d,%.4f,%.4f,%d,%d,%d,%d,%d,%d,%d,%.3f,%d,%d\n", int(r.t.Seconds()),
 			r.rss[0], r.rss[1], r.rss[2], r.gor[0], r.gor[1], r.gor[2], r.fds[0], r.fds[1], r.fds[2],
-			r.other, r.dropped, r.droppedPlain, r.droppedPlainKept, r.dropKilled, r.fair, r.heavyOK, r.heavyAll, r.cluster, r.window, r.floodOK, r.floodAll, r.l4Conns, r.l4Closed, r.reloads, r.reloadFails, r.clusterN, r.clusterSpan.Seconds())
+			r.other, r.dropped, r.droppedPlain, r.droppedPlainKept, r.dropKilled, r.fair, r.heavyOK, r.heavyAll, r.cluster, r.window, r.floodOK, r.floodAll, r.l4Conns, r.l4Closed, r.reloads, r.reloadFails, r.clusterN, r.clusterSpan.Seconds(), r.droppedAddr, r.droppedLayer4)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
@@ -863,13 +871,14 @@ func verdict(rows []sampleRow) bool {
 			check(fmt.Sprintf("instance %d %s flat", i, m.name), l <= e*1.1+m.slack, "%.1f then %.1f (%+.1f%%)", e, l, 100*(l/e-1))
 		}
 	}
-	var other, dropped, plain, addr, plainKept, dropKilled int64
+	var other, dropped, plain, addr, layer4, plainKept, dropKilled int64
 	worstFair, worstWindow, worst := 1.0, 0.0, rows[0]
 	for _, r := range rows {
 		other += r.other
 		dropped += r.dropped
 		plain += r.droppedPlain
 		addr += r.droppedAddr
+		layer4 += r.droppedLayer4
 		plainKept += r.droppedPlainKept
 		dropKilled += r.dropKilled
 		worstFair = min(worstFair, r.fair)
@@ -882,15 +891,15 @@ func verdict(rows []sampleRow) bool {
 	check("no status besides 200 and 429", other == 0, "%d", other)
 	// Drops are compared with plain Caddy's under the same reloads, in
 	// two kinds: a new connection per request (as many to /addr as to
-	// /plain), which a reload may reset after the old server accepted it;
-	// and kept-alive connections (/plain at the rate of the key flood's
-	// /flood), which a reload may close as a request is sent on one.
-	// The allowance of 2 + 2× plain's is for chance: drops are few and
-	// random.
-	limitedKept := dropped - plain - addr - plainKept
-	check("no drop beyond plain Caddy's", addr <= 2+2*plain && limitedKept <= 2+2*plainKept,
-		"new connections: /addr %d, /plain %d; kept alive: limited routes %d, /plain %d (instance 2, killed: %d)",
-		addr, plain, limitedKept, plainKept, dropKilled)
+	// /plain, and as many to the layer4 server), which a reload may reset
+	// after the old server accepted it; and kept-alive connections
+	// (/plain at the rate of the key flood's /flood), which a reload may
+	// close as a request is sent on one. The allowance of 2 + 2× plain's
+	// is for chance: drops are few and random.
+	limitedKept := dropped - plain - addr - layer4 - plainKept
+	check("no drop beyond plain Caddy's", addr <= 2+2*plain && layer4 <= 2+2*plain && limitedKept <= 2+2*plainKept,
+		"new connections: /addr %d, layer4 %d, /plain %d; kept alive: limited routes %d, /plain %d (instance 2, killed: %d)",
+		addr, layer4, plain, limitedKept, plainKept, dropKilled)
 	check("fair clients served >= 99%", worstFair >= 0.99, "worst interval %.4f", worstFair)
 	check("cluster allowed/limit <= 1.1", worst.cluster <= 1.1, "%.3f of burst + refill in the worst interval (%d granted in %v, at %v); worst trailing window %.3f of events",
 		worst.cluster, worst.clusterN, worst.clusterSpan.Round(time.Millisecond), worst.t, worstWindow)

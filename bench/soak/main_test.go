@@ -76,3 +76,33 @@ func TestFreshClientsOnOneTickSendOneOfEachPath(t *testing.T) {
 		t.Errorf("sent %v over %d shared ticks: want as many to each route, on most ticks", sent, shared)
 	}
 }
+
+// A connection to the layer4 server that could not be made is counted on
+// its own, not as a request to /addr, and is held to /plain's drops on its
+// own: the check compares /addr with /plain at as many requests.
+func TestLayer4DialFailureIsNotAnAddrDrop(t *testing.T) {
+	var c counters
+	c.drop(0, freshLayer4)
+	c.drop(1, freshLimited)
+	c.drop(2, freshLayer4)
+	if got := [4]int64{c.droppedLayer4.Load(), c.droppedAddr.Load(), c.dropped.Load(), c.droppedKilled.Load()}; got != [4]int64{1, 1, 2, 1} {
+		t.Fatalf("layer4, /addr, all but killed, killed: %v, want [1 1 2 1]", got)
+	}
+	rows := func(addr, layer4, limitedKept int64) []sampleRow {
+		rs := make([]sampleRow, 3)
+		for i := range rs {
+			rs[i].fair = 1
+		}
+		rs[1].droppedAddr, rs[1].droppedLayer4 = addr, layer4
+		rs[1].dropped = addr + layer4 + limitedKept
+		return rs
+	}
+	// Against no drop on /plain, 2 of each kind are within the allowance:
+	// the layer4 ones are neither /addr's nor a kept-alive route's.
+	if !verdict(rows(2, 2, 1)) {
+		t.Error("2 drops on /addr, 2 on layer4 and 1 kept alive failed the check")
+	}
+	if verdict(rows(2, 3, 0)) {
+		t.Error("3 layer4 connections not made, none on /plain, passed the check")
+	}
+}
