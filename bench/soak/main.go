@@ -398,28 +398,30 @@ func (c *counters) drop(i int, as sentAs) {
 	}
 }
 
-// freshPaths returns one picker for each of loops clients that send a
-// request on a new connection at every tick of their tickers, which start
-// together and tick together: they take /addr and /plain in turn from one
-// sequence, so that on a tick they share one sends to each route. A reload
-// resets the new connections its old server holds before reading their
-// requests, whatever their route; one that resets both of a tick then drops
-// one of each. With a sequence per client, the clients sent the same route
-// on the same ticks for long stretches, and such a reload dropped two of
-// one route: one chance counted twice against it.
-func freshPaths(loops int) []func() (string, sentAs) {
-	var n atomic.Int64
-	pick := func() (string, sentAs) {
-		if n.Add(1)%2 == 1 {
-			return "/addr", freshLimited
-		}
-		return "/plain", freshPlain
+// twins are the routes of the requests sent in pairs on new connections:
+// each request to the limited route has a twin to the route without a
+// limit.
+var twins = [2]struct {
+	path string
+	as   sentAs
+}{{"/addr", freshLimited}, {"/plain", freshPlain}}
+
+// sendTwins sends a request to each of twins at the same moment, calling
+// send with its index, path and kind in a goroutine of its own, and returns
+// once both are answered. A reload resets the new connections its old
+// server holds before reading their requests, whatever their route: twins
+// sent together to one instance meet every reload together, so the two
+// routes' drops differ only by the chance of each connection (which socket
+// the kernel gives it). Sent in turn by clients ticking together, on a
+// sequence per client, both clients sent /addr on one tick and /plain on
+// the next for long stretches, and a reload that caught both connections of
+// a tick dropped two of one route: one chance counted twice against it.
+func sendTwins(send func(i int, path string, as sentAs)) {
+	var wg sync.WaitGroup
+	for i, t := range twins {
+		wg.Go(func() { send(i, t.path, t.as) })
 	}
-	picks := make([]func() (string, sentAs), loops)
-	for i := range picks {
-		picks[i] = pick
-	}
-	return picks
+	wg.Wait()
 }
 
 type redisServer struct {
@@ -627,15 +629,20 @@ func run() (bool, error) {
 		d := &net.Dialer{LocalAddr: src, Timeout: 2 * time.Second}
 		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
 	}
-	// Every other request goes to a route without a limit: what plain
-	// Caddy drops across reloads, beside what the limited route drops.
-	for _, pick := range freshPaths(2) {
-		loop(10*time.Millisecond, func(rng *rand.Rand) {
+	// Every request to the limited route has a twin to a route without a
+	// limit, sent at the same moment to the same instance: what plain
+	// Caddy drops across the same reloads, beside what the limited route
+	// drops. Two clients, each sending a pair every 20 ms: 100 requests a
+	// second to each route.
+	for range 2 {
+		loop(20*time.Millisecond, func(rng *rand.Rand) {
 			in := ins[rng.IntN(2)]
-			path, as := pick()
-			code, err := get(addrClient(rng), in, path, nil)
-			cur.Load().floodAll.Add(1)
-			tally(in, code, err, as, flood)
+			clients := [len(twins)]*http.Client{addrClient(rng), addrClient(rng)}
+			sendTwins(func(i int, path string, as sentAs) {
+				code, err := get(clients[i], in, path, nil)
+				cur.Load().floodAll.Add(1)
+				tally(in, code, err, as, flood)
+			})
 		})
 	}
 	loop(10*time.Millisecond, func(rng *rand.Rand) {

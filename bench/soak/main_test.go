@@ -1,7 +1,8 @@
 package main
 
 import (
-	"math/rand/v2"
+	"maps"
+	"sync"
 	"testing"
 	"time"
 )
@@ -43,37 +44,28 @@ func TestBucketExcessFindsABurstTheRunsTotalHides(t *testing.T) {
 	}
 }
 
-// The fresh-connection clients tick together, each skipping the ticks its
-// last request outlasted. On every tick both use, one sends to /addr and
-// the other to /plain, so that a reload resetting that tick's connections
-// drops one of each; and in all they send as many to each route.
-func TestFreshClientsOnOneTickSendOneOfEachPath(t *testing.T) {
-	picks := freshPaths(2)
-	rng := rand.New(rand.NewPCG(1, 2))
-	sent := map[string]int{}
-	shared := 0
-	for tick := range 10000 {
-		var paths []string
-		for _, i := range rng.Perm(2) { // either may run first
-			if rng.IntN(10) == 0 {
-				continue // this client's request outlasted the tick
-			}
-			path, as := picks[i]()
-			if want := map[string]sentAs{"/addr": freshLimited, "/plain": freshPlain}[path]; as != want {
-				t.Fatalf("tick %d: %s counted as %d, want %d", tick, path, as, want)
-			}
-			sent[path]++
-			paths = append(paths, path)
+// A request to /addr and its twin to /plain are in flight together, each
+// counted as what it is, so that a reload meets both or neither.
+func TestTwinsAreSentTogether(t *testing.T) {
+	var mu sync.Mutex
+	sent := map[string]sentAs{}
+	var started sync.WaitGroup
+	started.Add(len(twins))
+	together := make(chan struct{})
+	go func() { started.Wait(); close(together) }()
+	sendTwins(func(i int, path string, as sentAs) {
+		mu.Lock()
+		sent[path] = as
+		mu.Unlock()
+		started.Done()
+		select { // answered only once the other is in flight too
+		case <-together:
+		case <-time.After(5 * time.Second):
+			t.Errorf("twin %d (%s) was alone in flight for 5 s", i, path)
 		}
-		if len(paths) == 2 {
-			shared++
-			if paths[0] == paths[1] {
-				t.Fatalf("tick %d: both clients sent %s (%d ticks shared before)", tick, paths[0], shared-1)
-			}
-		}
-	}
-	if d := sent["/addr"] - sent["/plain"]; d < 0 || d > 1 || shared < 7000 {
-		t.Errorf("sent %v over %d shared ticks: want as many to each route, on most ticks", sent, shared)
+	})
+	if want := map[string]sentAs{"/addr": freshLimited, "/plain": freshPlain}; !maps.Equal(sent, want) {
+		t.Errorf("sent %v, want %v", sent, want)
 	}
 }
 
