@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"maps"
 	"sync"
 	"testing"
@@ -96,5 +97,39 @@ func TestLayer4DialFailureIsNotAnAddrDrop(t *testing.T) {
 	}
 	if verdict(rows(2, 3, 0)) {
 		t.Error("3 layer4 connections not made, none on /plain, passed the check")
+	}
+}
+
+// stillRunning is a context past its deadline whose Err is still nil: the
+// moment between the deadline and the timer that cancels a context, in
+// which a dial the deadline cut has already failed.
+type stillRunning struct {
+	context.Context
+	end time.Time
+}
+
+func (c stillRunning) Deadline() (time.Time, bool) { return c.end, true }
+
+// A request cut by the run's deadline is not counted as dropped, even
+// before the run's context says it is done.
+func TestRunOverAtItsDeadline(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		want bool
+	}{
+		{"past its deadline, Err still nil", stillRunning{context.Background(), now.Add(-time.Millisecond)}, true},
+		{"before its deadline", stillRunning{context.Background(), now.Add(time.Hour)}, false},
+		{"no deadline", context.Background(), false},
+		{"cancelled", func() context.Context {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx
+		}(), true},
+	} {
+		if got := runOver(c.ctx); got != c.want {
+			t.Errorf("%s: runOver %v, want %v", c.name, got, c.want)
+		}
 	}
 }
