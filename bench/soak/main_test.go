@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"maps"
+	"sync"
 	"testing"
 	"time"
 )
@@ -39,5 +42,94 @@ func TestBucketExcessFindsABurstTheRunsTotalHides(t *testing.T) {
 	}
 	if w, _, _ := bucketExcess(grants, len(grants), burst, events, window); w != 0 {
 		t.Errorf("no new grants: %.3f, want 0", w)
+	}
+}
+
+// A request to /addr and its twin to /plain are in flight together, each
+// counted as what it is, so that a reload meets both or neither.
+func TestTwinsAreSentTogether(t *testing.T) {
+	var mu sync.Mutex
+	sent := map[string]sentAs{}
+	var started sync.WaitGroup
+	started.Add(len(twins))
+	together := make(chan struct{})
+	go func() { started.Wait(); close(together) }()
+	sendTwins(func(i int, path string, as sentAs) {
+		mu.Lock()
+		sent[path] = as
+		mu.Unlock()
+		started.Done()
+		select { // answered only once the other is in flight too
+		case <-together:
+		case <-time.After(5 * time.Second):
+			t.Errorf("twin %d (%s) was alone in flight for 5 s", i, path)
+		}
+	})
+	if want := map[string]sentAs{"/addr": freshLimited, "/plain": freshPlain}; !maps.Equal(sent, want) {
+		t.Errorf("sent %v, want %v", sent, want)
+	}
+}
+
+// A connection to the layer4 server that could not be made is counted on
+// its own, not as a request to /addr, and is held to /plain's drops on its
+// own: the check compares /addr with /plain at as many requests.
+func TestLayer4DialFailureIsNotAnAddrDrop(t *testing.T) {
+	var c counters
+	c.drop(0, freshLayer4)
+	c.drop(1, freshLimited)
+	c.drop(2, freshLayer4)
+	if got := [4]int64{c.droppedLayer4.Load(), c.droppedAddr.Load(), c.dropped.Load(), c.droppedKilled.Load()}; got != [4]int64{1, 1, 2, 1} {
+		t.Fatalf("layer4, /addr, all but killed, killed: %v, want [1 1 2 1]", got)
+	}
+	rows := func(addr, layer4, limitedKept int64) []sampleRow {
+		rs := make([]sampleRow, 3)
+		for i := range rs {
+			rs[i].fair = 1
+		}
+		rs[1].droppedAddr, rs[1].droppedLayer4 = addr, layer4
+		rs[1].dropped = addr + layer4 + limitedKept
+		return rs
+	}
+	// Against no drop on /plain, 2 of each kind are within the allowance:
+	// the layer4 ones are neither /addr's nor a kept-alive route's.
+	if !verdict(rows(2, 2, 1)) {
+		t.Error("2 drops on /addr, 2 on layer4 and 1 kept alive failed the check")
+	}
+	if verdict(rows(2, 3, 0)) {
+		t.Error("3 layer4 connections not made, none on /plain, passed the check")
+	}
+}
+
+// stillRunning is a context past its deadline whose Err is still nil: the
+// moment between the deadline and the timer that cancels a context, in
+// which a dial the deadline cut has already failed.
+type stillRunning struct {
+	context.Context
+	end time.Time
+}
+
+func (c stillRunning) Deadline() (time.Time, bool) { return c.end, true }
+
+// A request cut by the run's deadline is not counted as dropped, even
+// before the run's context says it is done.
+func TestRunOverAtItsDeadline(t *testing.T) {
+	now := time.Now()
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		want bool
+	}{
+		{"past its deadline, Err still nil", stillRunning{context.Background(), now.Add(-time.Millisecond)}, true},
+		{"before its deadline", stillRunning{context.Background(), now.Add(time.Hour)}, false},
+		{"no deadline", context.Background(), false},
+		{"cancelled", func() context.Context {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			return ctx
+		}(), true},
+	} {
+		if got := runOver(c.ctx); got != c.want {
+			t.Errorf("%s: runOver %v, want %v", c.name, got, c.want)
+		}
 	}
 }
