@@ -79,7 +79,14 @@ func (z *zone) sourceCharge(key string) (charge, error) {
 // (a Caddyfile shorthand, a header field in any case), into that key's
 // number and the value. Any other text is a value of the first key.
 func (z *zone) namedKey(key string) (i int, value string, named bool) {
-	for p := strings.IndexByte(key, '='); p > 0; p = nextByte(key, '=', p) {
+	// A placeholder as written is never longer than the zone's longest key
+	// as configured or expanded (a shorthand is shorter): only '=' up to
+	// there can end one, which bounds the work for any key.
+	longest := 0
+	for j := range z.keys {
+		longest = max(longest, len(z.keys[j].text), len(z.keyName(charge{key: j})))
+	}
+	for p := strings.IndexByte(key, '='); p > 0 && p <= longest; p = nextByte(key, '=', p) {
 		name := parseKeySpec(expandShorthands(key[:p])).text
 		for j := range z.keys {
 			if z.keys[j].text == name {

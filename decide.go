@@ -67,6 +67,11 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
+				if !z.action.enforces() {
+					// A dry run changes nothing clients see; the
+					// matcher logged its error.
+					continue
+				}
 				txn.RollbackAt(now)
 				return caddyhttp.Error(http.StatusInternalServerError, err)
 			}
@@ -229,6 +234,23 @@ func stricter(d, c limiter.Decision) limiter.Decision {
 	return d
 }
 
+// retryAfter is when v's zone lets the request through, as told to a
+// client: the longest wait of its policies that deny it, the rate's (a
+// window's, its cluster's) at most its window (zone.told), each quota's as
+// it is, since a quota's window is its own.
+func (v *verdict) retryAfter() time.Duration {
+	var d time.Duration
+	if !v.rate.Allowed {
+		d = v.z.told(v.rate.RetryAfter)
+	}
+	for _, q := range v.quotas() {
+		if !q.Allowed {
+			d = max(d, q.RetryAfter)
+		}
+	}
+	return d
+}
+
 // quotas are the decisions of the quotas of v's zone.
 func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
 
@@ -324,7 +346,7 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 	var wait time.Duration
 	for _, v := range verdicts {
 		if !v.d.Allowed && v.z.action.enforces() == enforcing {
-			wait = max(wait, v.z.told(v.d.RetryAfter))
+			wait = max(wait, v.retryAfter())
 		}
 	}
 	if h.Jitter > 0 && wait < limiter.Never {

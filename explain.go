@@ -21,7 +21,7 @@ func (z *zone) meaning() string {
 		fmt.Fprintf(&b, "%d per %s sustained, up to %d at once", zc.MaxEvents, spanWords(time.Duration(zc.Window)), zc.Burst)
 	}
 	if zc.WeightResponseBytes {
-		b.WriteString(" bytes of response body")
+		b.WriteString(" (bytes of response body)")
 	}
 	b.WriteString(" " + z.keyWords())
 	for _, q := range zc.Quotas {
@@ -59,6 +59,9 @@ func (z *zone) keyWords() string {
 		case keyHeader:
 			names = append(names, k.name+" header")
 		default:
+			if len(k.parts) == 1 && !k.parts[0].placeholder {
+				return "for all its requests together (the constant key " + k.text + ")"
+			}
 			names = append(names, k.text)
 		}
 	}

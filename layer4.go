@@ -63,7 +63,7 @@ func (a *App) sharedWithLayer4(z *zone) {
 	if len(z.keys) > 0 {
 		return
 	}
-	z.keys = []keySpec{{kind: keyClientIP}}
+	z.keys = []keySpec{parseKeySpec("{client_ip}")}
 	z.keyNames, z.keyNameValues = []string{"{client_ip}"}, []any{"{client_ip}"}
 	a.logger.Info(fmt.Sprintf("zone %q has no key and a layer4 matcher uses it: HTTP requests are keyed by {client_ip}, grouped like connections by ipv4_prefix %d and ipv6_prefix %d", z.name, z.v4, z.v6),
 		zap.String("zone", z.name))

@@ -88,14 +88,16 @@ func placeholderWeightWarning(who, tmpl string) string {
 		who, tmpl, tmpl)
 }
 
-// burstWarning says when burst makes a zone much stricter at once than its
+// burstWarning says when burst makes a zone stricter at once than its
 // events and window read alone, in a config that looks written for
-// caddy-ratelimit (incumbent) or with a window of a minute or more: there a
-// zone without burst is at most events in any window, and caddy-ratelimit
-// has no burst (its JSON ignores the field), so a config moved from it
-// with burst 100 beside events 1000 window 5m allows 100 at once, not 1000.
+// caddy-ratelimit (incumbent): there a zone without burst is at most events
+// in any window, and caddy-ratelimit has no burst (its JSON ignores the
+// field), so a config moved from it with burst 100 beside events 1000
+// window 5m allows 100 at once, not 1000. Elsewhere burst below events is
+// a token bucket meant as one (docs/limits.md recommends it to smooth
+// bursts), and the zone's INFO line says what it does.
 func (zc *Zone) burstWarning(incumbent bool) string {
-	if zc.Burst == 0 || zc.Burst >= zc.MaxEvents || !incumbent && time.Duration(zc.Window) < time.Minute {
+	if zc.Burst == 0 || zc.Burst >= zc.MaxEvents || !incumbent {
 		return ""
 	}
 	w := time.Duration(zc.Window)

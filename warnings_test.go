@@ -47,12 +47,13 @@ func TestZoneWarnings(t *testing.T) {
 		{"placeholder weight for the requests with it", costly(&weight.Rule{Weight: mustWeight(t, "{http.request.header.X-Cost}"), MatcherSetsRaw: caddyhttp.RawMatcherSets{{"header": []byte(`{"X-Cost":["*"]}`)}}}), false, nil},
 		{"a bucket with a burst above its events", Zone{Key: "{client_ip}", Limit: bucket(10, 20, time.Second)}, true, nil},
 		{"a fast bucket with a burst below its events", Zone{Key: "{client_ip}", Limit: bucket(100, 10, time.Second)}, false, nil},
+		{"the bucket docs/limits.md recommends", Zone{Key: "{client_ip}", Limit: bucket(100, 10, time.Minute)}, false, nil},
 
 		{"placeholder weight for every request", costly(&weight.Rule{Weight: mustWeight(t, "{http.request.header.X-Cost}")}), false,
 			[]string{"its weight rule {http.request.header.X-Cost} prices every request, so a request without it (or with anything but a whole number of at least 1) is answered 400; to charge such a request 1 instead, give the weight a matcher block"}},
 		{"burst in a caddy-ratelimit config", Zone{Key: "{client_ip}", Limit: bucket(10, 5, time.Second)}, true,
 			[]string{"burst 5 makes events 10 window 1s a token bucket: 5 at once, then one every 100ms; caddy-ratelimit has no burst and allows 10 in any second"}},
-		{"burst a tenth of a long window's events", Zone{Key: "{client_ip}", Limit: bucket(1000, 100, 300*time.Second)}, false,
+		{"burst a tenth of a long window's events in a caddy-ratelimit config", Zone{Key: "{client_ip}", Limit: bucket(1000, 100, 300*time.Second)}, true,
 			[]string{"burst 100 makes events 1000 window 5m0s a token bucket: 100 at once, then one every 300ms; caddy-ratelimit has no burst and allows 1000 in any 5 minutes: if this zone comes from it, remove burst"}},
 
 		{"client_ip without braces", Zone{Key: "client_ip", Limit: limit}, false,

@@ -15,7 +15,8 @@ import (
 // zone in words, and a WARN for a global zone no site uses (the global
 // option defines zones, it applies none), a zone without key (one bucket for
 // everyone), a weight read from every request (a 400 without it) and a
-// burst that makes a caddy-ratelimit config ten times stricter at once.
+// burst that makes a caddy-ratelimit config (it has sweep_interval) ten
+// times stricter at once.
 func TestLoadSaysWhatEachZoneMeansAndWarnsOfTraps(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	cfg := globals(testcaddy.JSONLog("", logFile, "level INFO")+`
@@ -47,6 +48,7 @@ http://localhost:HTTP_PORT {
 		}
 	}
 	rate_limit /costly {
+		sweep_interval 1m
 		zone explain_cost {
 			key {client_ip}
 			events 100

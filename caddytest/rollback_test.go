@@ -27,6 +27,17 @@ func TestARequestThatFailsInALaterZoneChargesNone(t *testing.T) {
 			}
 		}
 	}
+	rate_limit /dry* {
+		zone rollback_dry {
+			key {client_ip}
+			events 3
+			window 1h
+			action log
+			match {
+				expression `+"`int({http.request.header.X-N}) > 0`"+`
+			}
+		}
+	}
 	rate_limit /weighed* {
 		zone rollback_first_w {
 			key {client_ip}
@@ -47,6 +58,11 @@ func TestARequestThatFailsInALaterZoneChargesNone(t *testing.T) {
 	}
 	if got := codes(t, tc, 4, "/matched", "X-N: 1"); got != "200 200 200 429" {
 		t.Errorf("after three 500s: %s, want the first zone's 3 and a 429", got)
+	}
+
+	// A dry run's matcher that errors changes nothing clients see.
+	if got := codes(t, tc, 2, "/dry", "X-N: not a number"); got != "200 200" {
+		t.Errorf("a dry-run zone whose matcher errors: %s, want 200 200", got)
 	}
 
 	if got := codes(t, tc, 3, "/weighed", "X-Cost: -5"); got != "400 400 400" {

@@ -313,7 +313,7 @@ http://c.localhost:HTTP_PORT {
 		{"warn_brace", `zone "warn_brace": key "{header.X-API-Key" has a brace without its pair, so it is no placeholder`},
 		{"warn_nginx", `zone "warn_nginx": key "$http_x_api_key" is nginx's variable syntax, which Caddy does not expand`},
 		{"warn_big", `zone "warn_big": its table is 300 MiB (from memory 300 MiB), allocated at load, more than the 256 MiB`},
-		{"", "the tables of this config's 11 rate_limit zones add up to 1.2 GiB, allocated at load, more than 1.0 GiB (largest: warn_big 300 MiB, warn_big2 300 MiB, warn_big3 300 MiB)"},
+		{"", "the tables of this config's 11 rate_limit zones add up to 1.4 GiB, allocated at load, more than 1.0 GiB (largest: warn_big 300 MiB, warn_big2 300 MiB, warn_big3 300 MiB)"},
 	} {
 		n := 0
 		for k, c := range counts {

@@ -387,3 +387,19 @@ func TestWindowsFillClearsTheKey(t *testing.T) {
 		}
 	}
 }
+
+// TestWindowsARefundDatedBeforeItsChargeGivesItAllBack: as for buckets, a
+// refund's time read before its charge's counts as the charge's, also when
+// it falls in an earlier window.
+func TestWindowsARefundDatedBeforeItsChargeGivesItAllBack(t *testing.T) {
+	for _, back := range []time.Duration{300 * time.Millisecond, 2 * time.Second} {
+		w := newWindowTable(t, Limit{Events: 10, Window: time.Second}, 1<<16, 3)
+		h := Hash([]byte("k"))
+		now := clockEpoch.Add(5 * time.Second)
+		_, r := w.TakeHash(h, 10, now)
+		w.RefundAt(r, now.Add(-back))
+		if d := w.PeekHash(h, 1, now); d.Remaining != 10 {
+			t.Errorf("after refunding all 10, dated %v before the charge: %d remaining, want 10", back, d.Remaining)
+		}
+	}
+}

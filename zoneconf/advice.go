@@ -35,9 +35,14 @@ func OneArg(d *caddyfile.Dispenser) (string, error) { return Arg(d, "") }
 // extraArgs says why `field v rest…` is not one value, and how to write it.
 func extraArgs(field, v string, rest []string) string {
 	msg := fmt.Sprintf("%s needs exactly one value, not %q", field, strings.Join(append([]string{v}, rest...), " "))
-	if _, err := strconv.ParseFloat(v, 64); err == nil && len(rest) == 1 {
-		if unit := durationUnits[strings.ToLower(rest[0])]; unit != "" {
-			return fmt.Sprintf("%s: a duration is one word; write %s %s%s", msg, field, v, unit)
+	if _, err := strconv.ParseFloat(v, 64); err == nil {
+		switch {
+		case len(rest) == 1 && durationFields[field] && durationUnits[strings.ToLower(rest[0])] != "":
+			return fmt.Sprintf("%s: a duration is one word; write %s %s%s", msg, field, v, durationUnits[strings.ToLower(rest[0])])
+		case len(rest) == 1 && field == "memory" && isSizeUnit(rest[0]):
+			return fmt.Sprintf("%s: a size is one word; write %s %s%s", msg, field, v, rest[0])
+		case thousands(rest):
+			return fmt.Sprintf("%s: a number is one word, without spaces; write %s %s%s", msg, field, v, strings.Join(rest, ""))
 		}
 	}
 	for _, w := range rest {
@@ -46,6 +51,29 @@ func extraArgs(field, v string, rest []string) string {
 		}
 	}
 	return fmt.Sprintf("%s: comments start with #, e.g. %s %s # %s", msg, field, v, strings.Join(rest, " "))
+}
+
+// durationFields are the subdirectives whose value is a duration.
+var durationFields = map[string]bool{"window": true, "read_interval": true, "write_interval": true, "purge_age": true, "sweep_interval": true}
+
+// isSizeUnit reports whether s is a unit of a size (KB, MiB, …).
+func isSizeUnit(s string) bool {
+	switch strings.ToLower(s) {
+	case "b", "kb", "kib", "mb", "mib", "gb", "gib", "k", "m", "g":
+		return true
+	}
+	return false
+}
+
+// thousands reports whether ws are groups of three digits: the rest of a
+// number written in groups (100 000).
+func thousands(ws []string) bool {
+	for _, w := range ws {
+		if len(w) != 3 || strings.Trim(w, "0123456789") != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // durationUnits maps the words people write after a number to the unit
