@@ -318,6 +318,9 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 		return fmt.Errorf("zone %q: distributed: instance id: %v", z.name, err)
 	}
 	z.dist = &distributedZone{iv: d.intervals(z.limit.Window)}
+	// Every instance must find a key's counts under one hash: the keys'
+	// public salts, not this table's secret.
+	z.seal(0)
 	counts := []syncedCount{{shape: storage.Shape{Zone: z.name, Window: z.limit.Window, Width: clusterWidth(z.tkey.lines)}, events: z.limit.Events}}
 	for i, k := range z.skeys {
 		counts = append(counts, syncedCount{shape: storage.Shape{Zone: quotaClusterName(z.quotaNames[i]), Window: k.window, Width: k.width}, events: k.quota})

@@ -53,6 +53,11 @@ type keySpec struct {
 	// its hash is the one layer4 matchers and the XDP program compute for a
 	// connection's source, which share the zone's table.
 	salt uint64
+	// public is the salt derived from the placeholder alone, the same in
+	// every process: the salt of a distributed zone's keys, whose
+	// instances must find a key's counts under one hash. A zone of one
+	// instance mixes its table's secret in (zone.seal).
+	public uint64
 	// text is the key as its placeholders are written in JSON (Caddyfile
 	// shorthands expanded, a header field canonical): how sources of a
 	// salted key that are networks are named (zone.source).
@@ -103,17 +108,35 @@ func parseKeySpec(s string) keySpec {
 			// What Caddy's replacer does for this placeholder: the
 			// field's values joined with commas.
 			text := "{" + headerPlaceholder + textproto.CanonicalMIMEHeaderKey(field) + "}"
-			return keySpec{kind: keyHeader, name: textproto.CanonicalMIMEHeaderKey(field), salt: keySalt(text), text: text}
+			return keySpec{kind: keyHeader, name: textproto.CanonicalMIMEHeaderKey(field), salt: keySalt(text), public: keySalt(text), text: text}
 		}
-		return keySpec{kind: keyPlaceholder, name: name, salt: keySalt(s), text: s}
+		return keySpec{kind: keyPlaceholder, name: name, salt: keySalt(s), public: keySalt(s), text: s}
 	}
-	return keySpec{kind: keyTemplate, parts: parts, salt: keySalt(s), text: s}
+	return keySpec{kind: keyTemplate, parts: parts, salt: keySalt(s), public: keySalt(s), text: s}
 }
 
 // keySalt is the salt of the key whose (shorthand-expanded) text is s: its
 // hash, never 0, which is the source address's.
 func keySalt(s string) uint64 {
 	return max(limiter.HashString("floodgate key "+s), 1)
+}
+
+// seal sets the salts of the zone's keys (but the source address's) from
+// their placeholders and secret: a random secret of the zone's table, so
+// that the counters a value lands on cannot be computed from the public
+// code and a guess of the table's size; or 0, the placeholders alone, for
+// a distributed zone, whose instances must hash alike.
+func (z *zone) seal(secret uint64) {
+	for i := range z.keys {
+		k := &z.keys[i]
+		if k.public == 0 {
+			continue
+		}
+		k.salt = k.public
+		if secret != 0 {
+			k.salt = max(k.salted(secret), 1)
+		}
+	}
 }
 
 // salted returns the hash h of one of the key's values, as the key's

@@ -2,8 +2,12 @@ package floodgate
 
 import (
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"github.com/floodgate-rl/floodgate/zoneconf"
 )
 
 // TestAKeysValueMeetsOnlyItsOwnKeysValues: which key of a zone produced a
@@ -70,5 +74,43 @@ func TestSaltingKeepsAKeysValuesApart(t *testing.T) {
 			}
 			seen[s] = v
 		}
+	}
+}
+
+// TestAZonesSaltsHoldItsTablesSecret: with a public salt alone, anyone can
+// search offline for a header value whose counters are a given client's
+// (the table's size is the default, or guessed). The salt of a zone's keys
+// holds a random secret of its table: another zone's table (another
+// process's, another zone name) hashes the same value elsewhere, while the
+// same zone after a reload, which keeps its table, hashes it where it did.
+// A distributed zone's instances must agree, so it uses the public salt.
+func TestAZonesSaltsHoldItsTablesSecret(t *testing.T) {
+	zc := func() *Zone {
+		return &Zone{Key: "{http.request.header.X-API-Key}", Limit: zoneconf.Limit{MaxEvents: 3, Window: caddy.Duration(time.Hour), Memory: 4096}}
+	}
+	hashIn := func(h *Handler) uint64 {
+		return keyOf(h.zones[0], "10.9.9.9:5", "", map[string]string{"X-API-Key": "203.0.113.7"})
+	}
+	first := newTestHandler(t, nil, map[string]*Zone{"secret_a": zc()})
+	reloaded := newTestHandler(t, nil, map[string]*Zone{"secret_a": zc()})
+	other := newTestHandler(t, nil, map[string]*Zone{"secret_b": zc()})
+	if first.zones[0].table != reloaded.zones[0].table {
+		t.Fatal("the zone's table did not survive the reload")
+	}
+	if a, b := hashIn(first), hashIn(reloaded); a != b {
+		t.Errorf("the same zone after a reload hashes the value to %x, before to %x", b, a)
+	}
+	if a, b := hashIn(first), hashIn(other); a == b {
+		t.Errorf("two zones' tables hash the value alike (%x): their secrets are the same", a)
+	}
+	public := parseKeySpec("{http.request.header.X-API-Key}")
+	value := limiter.NetworkKey(mustAddr(t, "203.0.113.7"), 32, 64)
+	if got, guess := hashIn(first), public.salted(limiter.Hash(value.Bytes())); got == guess {
+		t.Errorf("the hash %x is the public salt's: computable without the table's secret", got)
+	}
+	z := first.zones[0]
+	z.seal(0)
+	if got, want := hashIn(first), public.salted(limiter.Hash(value.Bytes())); got != want {
+		t.Errorf("unsealed (a distributed zone), the hash is %x, want the public salt's %x", got, want)
 	}
 }

@@ -7,6 +7,8 @@ package floodgate
 // with it.
 
 import (
+	cryptorand "crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
@@ -53,6 +55,11 @@ type table struct {
 	// a timer set for the slower one (days at 10 a minute, while a
 	// million a second needs a sweep every second).
 	limitChanged chan struct{}
+	// secret is mixed into the salt of every key but the source address
+	// (zone.seal), so that nobody who does not hold it can choose a
+	// header value whose counters are a given client's: drawn once per
+	// table, it lasts as long as the table, across reloads.
+	secret uint64
 
 	// The limit in force is the one of the config (App) that last started
 	// with this table. A config whose start fails after its rate_limit app
@@ -156,6 +163,11 @@ func (t *table) sweepLoop() {
 func acquireTable(key tableKey, newTable func() (limiter.Table, *xdpTable, error)) (*table, error) {
 	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
 		t := &table{stop: make(chan struct{}), limitChanged: make(chan struct{}, 1)}
+		var b [8]byte
+		if _, err := cryptorand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("drawing the table's secret: %v", err)
+		}
+		t.secret = binary.LittleEndian.Uint64(b[:])
 		var err error
 		t.buckets, t.xdp, err = newTable()
 		if err != nil {

@@ -282,6 +282,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}
 	z.table, z.buckets = t, t.buckets
+	z.seal(t.secret) // distribute unseals a zone that becomes distributed
 	z.counts = acquireCounts(name)
 	return z, nil
 }
