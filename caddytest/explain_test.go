@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -68,15 +66,10 @@ http://localhost:HTTP_PORT {
 	if err := load(t, cfg, "caddyfile"); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var lines []string
-	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
-		var entry struct{ Level, Logger, Msg string }
-		if json.Unmarshal([]byte(line), &entry) == nil && entry.Logger == "rate_limit" {
-			lines = append(lines, entry.Level+" "+entry.Msg)
+	for _, e := range testcaddy.LogEntries(t, logFile, "", "logger", "level", "msg") {
+		if l, ok := strings.CutPrefix(e, "rate_limit "); ok {
+			lines = append(lines, l)
 		}
 	}
 	for _, want := range []string{
