@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -275,8 +276,12 @@ func distributeZones(ctx caddy.Context, d *Distributed, module any, field string
 	if err != nil {
 		return err
 	}
+	secret, err := hashSecretOf(storageID(raw, st.st))
+	if err != nil {
+		return err
+	}
 	for _, z := range zones {
-		if err := z.distribute(ctx, d, st); err != nil {
+		if err := z.distribute(ctx, d, st, secret); err != nil {
 			return err
 		}
 	}
@@ -295,6 +300,10 @@ type distributedZone struct {
 	cluster *storage.Cluster // the rate's: synced[0]'s
 	iv      storage.Intervals
 	synced  []syncedCount
+	// secret is the hash secret the zone's keys are sealed with (see
+	// hashSecret); mu orders its syncers' adoptions of the cluster's.
+	secret atomic.Uint64
+	mu     sync.Mutex
 }
 
 // A syncedCount is one cluster-wide count of a distributed zone: its rate's
@@ -312,15 +321,17 @@ type syncedCount struct {
 // cluster state is named by quotaClusterName). The first config of the
 // process to distribute a zone restores this instance's last published
 // state of it before serving.
-func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) error {
+func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage, secret *hashSecret) error {
 	inst, err := caddy.InstanceID()
 	if err != nil {
 		return fmt.Errorf("zone %q: distributed: instance id: %v", z.name, err)
 	}
 	z.dist = &distributedZone{iv: d.intervals(z.limit.Window)}
-	// Every instance must find a key's counts under one hash: the keys'
-	// public salts, not this table's secret.
-	z.seal(0)
+	// Every instance must find a key's counts under one hash: the keys
+	// are sealed with the cluster's secret, not this table's.
+	rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
+	defer cancel()
+	joined := z.joinCluster(rctx, ctx.Logger(), secret, st.st)
 	counts := []syncedCount{{shape: storage.Shape{Zone: z.name, Window: z.limit.Window, Width: clusterWidth(z.tkey.lines)}, events: z.limit.Events}}
 	for i, k := range z.skeys {
 		counts = append(counts, syncedCount{shape: storage.Shape{Zone: quotaClusterName(z.quotaNames[i]), Window: k.window, Width: k.width}, events: k.quota})
@@ -347,8 +358,9 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 		} else {
 			sc.syncer = storage.NewSyncer(c, st.st, inst.String(), iv, ctx.Logger())
 		}
+		sc.syncer.Joining(z.join(secret))
 		z.dist.synced = append(z.dist.synced, sc) // released with the zone
-		if created {
+		if created && joined {
 			restore = append(restore, sc.syncer)
 		}
 	}
@@ -366,8 +378,6 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage) err
 	z.releaseQuotas()
 	z.skeys = nil
 	if len(restore) > 0 {
-		rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
-		defer cancel()
 		for _, s := range restore {
 			if err := s.Restore(rctx, time.Now()); err != nil {
 				ctx.Logger().Warn("could not restore this instance's cluster state yet; it will be before the first publish",

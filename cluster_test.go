@@ -155,7 +155,12 @@ func distributedHandler(t *testing.T, clock *testclock.Clock, name string, zc *Z
 	t.Setenv("XDG_DATA_HOME", t.TempDir()) // the instance id
 	h := newTestHandler(t, clock, map[string]*Zone{name: zc})
 	ctx := caddy.Context{Context: context.Background()}
-	if err := h.zones[0].distribute(ctx, d, zoneStorage{st: &certmagic.FileStorage{Path: dir}}); err != nil {
+	st := &certmagic.FileStorage{Path: dir}
+	secret, err := hashSecretOf(storageID(nil, st))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.zones[0].distribute(ctx, d, zoneStorage{st: st}, secret); err != nil {
 		t.Fatal(err)
 	}
 	return h

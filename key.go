@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
@@ -44,20 +45,17 @@ const (
 // A keySpec is one key of a zone, parsed.
 type keySpec struct {
 	kind keyKind
-	// salt is mixed into the hash of every value the key produces (see
-	// salted), so that a value only ever meets values of the same key: a
-	// header that holds "203.0.113.7" must not draw on the counters of the
-	// client 203.0.113.7. It is derived from the key's placeholder, not its
-	// place in the key list, so a key keeps its counters when the list is
-	// reordered. The source address (keyClientIP, keyRemoteIP) has salt 0:
-	// its hash is the one layer4 matchers and the XDP program compute for a
-	// connection's source, which share the zone's table.
+	// salt is the key's public salt: its placeholder's hash, the same in
+	// every process. Its values are hashed with it mixed with a secret
+	// (zone.seal, zone.salted), so that a value only ever meets values of
+	// the same key: a header that holds "203.0.113.7" must not draw on the
+	// counters of the client 203.0.113.7. It is derived from the key's
+	// placeholder, not its place in the key list, so a key keeps its
+	// counters when the list is reordered. The source address
+	// (keyClientIP, keyRemoteIP) has salt 0: its hash is the one layer4
+	// matchers and the XDP program compute for a connection's source,
+	// which share the zone's table.
 	salt uint64
-	// public is the salt derived from the placeholder alone, the same in
-	// every process: the salt of a distributed zone's keys, whose
-	// instances must find a key's counts under one hash. A zone of one
-	// instance mixes its table's secret in (zone.seal).
-	public uint64
 	// text is the key as its placeholders are written in JSON (Caddyfile
 	// shorthands expanded, a header field canonical): how sources of a
 	// salted key that are networks are named (zone.source).
@@ -108,11 +106,11 @@ func parseKeySpec(s string) keySpec {
 			// What Caddy's replacer does for this placeholder: the
 			// field's values joined with commas.
 			text := "{" + headerPlaceholder + textproto.CanonicalMIMEHeaderKey(field) + "}"
-			return keySpec{kind: keyHeader, name: textproto.CanonicalMIMEHeaderKey(field), salt: keySalt(text), public: keySalt(text), text: text}
+			return keySpec{kind: keyHeader, name: textproto.CanonicalMIMEHeaderKey(field), salt: keySalt(text), text: text}
 		}
-		return keySpec{kind: keyPlaceholder, name: name, salt: keySalt(s), public: keySalt(s), text: s}
+		return keySpec{kind: keyPlaceholder, name: name, salt: keySalt(s), text: s}
 	}
-	return keySpec{kind: keyTemplate, parts: parts, salt: keySalt(s), public: keySalt(s), text: s}
+	return keySpec{kind: keyTemplate, parts: parts, salt: keySalt(s), text: s}
 }
 
 // keySalt is the salt of the key whose (shorthand-expanded) text is s: its
@@ -121,36 +119,41 @@ func keySalt(s string) uint64 {
 	return max(limiter.HashString("floodgate key "+s), 1)
 }
 
-// seal sets the salts of the zone's keys (but the source address's) from
-// their placeholders and secret: a random secret of the zone's table, so
-// that the counters a value lands on cannot be computed from the public
-// code and a guess of the table's size; or 0, the placeholders alone, for
-// a distributed zone, whose instances must hash alike.
+// seal sets the salts the zone hashes its keys' values with (but the
+// source address's) from their placeholders and secret: a random secret of
+// the zone's table, or for a distributed zone the cluster's (see
+// hashSecret), so that the counters a value lands on cannot be computed
+// from the public code and a guess of the table's size. A distributed zone
+// may be sealed again while it serves, when it learns the cluster's secret
+// (zone.adopt): the salts are read atomically.
 func (z *zone) seal(secret uint64) {
+	if z.salts == nil {
+		z.salts = make([]atomic.Uint64, len(z.keys))
+	}
 	for i := range z.keys {
-		k := &z.keys[i]
-		if k.public == 0 {
-			continue
-		}
-		k.salt = k.public
-		if secret != 0 {
-			k.salt = max(k.salted(secret), 1)
+		if p := z.keys[i].salt; p != 0 {
+			z.salts[i].Store(max(mix(secret, p), 1))
 		}
 	}
 }
 
-// salted returns the hash h of one of the key's values, as the key's
-// counters are found by it: h itself for the source address, else h mixed
-// with the key's salt (a bijection of h per salt, so that distinct values
-// of one key stay as distinct as their hashes, while the same value of two
-// keys lands in unrelated counters).
+// salted returns the hash h of one of the key's values as hashed with the
+// key's public salt alone (a zone never sealed, as in tests): h itself for
+// the source address.
 func (k *keySpec) salted(h uint64) uint64 {
 	if k.salt == 0 {
 		return h
 	}
-	// murmur3's 64-bit finaliser: every bit of h ^ salt moves every bit
-	// of the result.
-	h ^= k.salt
+	return mix(h, k.salt)
+}
+
+// mix returns h mixed with salt: murmur3's 64-bit finaliser of h ^ salt,
+// so that every bit of either moves every bit of the result. For one salt
+// it is a bijection of h, so distinct values of one key stay as distinct
+// as their hashes, while the same value under two salts lands in unrelated
+// counters.
+func mix(h, salt uint64) uint64 {
+	h ^= salt
 	h ^= h >> 33
 	h *= 0xff51afd7ed558ccd
 	h ^= h >> 33
@@ -384,20 +387,25 @@ func (z *zone) network(a netip.Addr, i int) charge {
 }
 
 // salted returns h, the hash of a value of the zone's key number i, salted
-// as that key's values are (keySpec.salted).
+// as that key's values are (seal).
 func (z *zone) salted(i int, h uint64) uint64 {
-	if z.saltOf(i) == 0 {
-		return h
+	if s := z.saltOf(i); s != 0 {
+		return mix(h, s)
 	}
-	return z.keys[i].salted(h)
+	return h
 }
 
-// saltOf returns the salt of the zone's key number i. A number that is not
+// saltOf returns the salt the zone hashes its key number i with (0 for
+// the source address, whose hash is its network's). A number that is not
 // one of the zone's keys (a layer4 zone's connections, which have none) is
-// the source address's, 0.
+// the source address's. A zone never sealed (in tests) uses the public
+// salts.
 func (z *zone) saltOf(i int) uint64 {
-	if i < 0 || i >= len(z.keys) {
+	switch {
+	case i < 0 || i >= len(z.keys):
 		return 0
+	case z.salts != nil:
+		return z.salts[i].Load()
 	}
 	return z.keys[i].salt
 }

@@ -157,8 +157,10 @@ type zone struct {
 	limit      limiter.Limit
 	// window is the window of a window zone (0 for a token bucket): the
 	// longest wait it tells a client (see told).
-	window   time.Duration
-	keys     []keySpec
+	window time.Duration
+	keys   []keySpec
+	// salts are what each key's values are hashed with (seal, saltOf).
+	salts    []atomic.Uint64
 	v4, v6   int
 	matchers caddyhttp.MatcherSets
 	tkey     tableKey
@@ -282,7 +284,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}
 	z.table, z.buckets = t, t.buckets
-	z.seal(t.secret) // distribute unseals a zone that becomes distributed
+	z.seal(t.secret) // distribute seals a zone that becomes distributed with the cluster's
 	z.counts = acquireCounts(name)
 	return z, nil
 }

@@ -140,6 +140,14 @@ func validSketchQuota(q int64) error {
 	return nil
 }
 
+// Clear forgets every count, as if the sketch were new. A charge racing
+// with it may be kept or lost.
+func (s *Sketch) Clear() {
+	for i := range s.slots {
+		s.slots[i].Store(0)
+	}
+}
+
 // Quota returns the tokens a key may take per window.
 func (s *Sketch) Quota() int64 { return s.quota.Load() }
 

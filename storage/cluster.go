@@ -120,6 +120,19 @@ func Release(s Shape) { _, _ = clusters.Delete(s) }
 // Destruct implements caddy.Destructor: a Cluster holds only memory.
 func (*Cluster) Destruct() error { return nil }
 
+// Forget clears what this instance counted, and has it restore its last
+// published state again before it publishes (Syncer.Write): a zone that
+// counted under a provisional hash secret, before it could read the
+// cluster's (Secret), counted in cells that are other keys' under the
+// cluster's. It is called before the instance publishes anything, so no
+// peer has seen those counts.
+func (c *Cluster) Forget() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sketch.Clear()
+	c.restored = false
+}
+
 // SetQuota changes the events per window the cluster may grant a key.
 func (c *Cluster) SetQuota(q int64) error { return c.sketch.SetQuota(q) }
 

@@ -69,6 +69,12 @@ type Syncer struct {
 	open func(context.Context) (certmagic.Storage, error)
 	// after is time.After for waitOpen's waits (a test's clock, if set).
 	after func(time.Duration) <-chan time.Time
+	// join, if set (Joining), is called with the storage before anything
+	// is read or published, until it succeeds; joined is set when it has.
+	// Only the goroutine sets joined; Stop reads it after the goroutine is
+	// done.
+	join   func(context.Context, certmagic.Storage) error
+	joined bool
 
 	// Used only by the goroutine (or by a test calling Write and Read).
 	buf, sk []byte
@@ -169,6 +175,13 @@ func newSyncer(c *Cluster, instance string, iv Intervals, log *zap.Logger) *Sync
 	}
 }
 
+// Joining makes the Syncer call join with its storage once it has one,
+// before it reads or publishes anything, and again after each failure (as
+// an open fails: NewSyncerOpening) until join succeeds. A distributed zone
+// learns the cluster's hash secret so (Secret): what it counted before
+// would be in other keys' cells. Call it before Start.
+func (s *Syncer) Joining(join func(context.Context, certmagic.Storage) error) { s.join = join }
+
 // Start runs the read and write loops in a goroutine until Stop.
 func (s *Syncer) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -188,7 +201,7 @@ func (s *Syncer) Stop() {
 	close(s.stop)
 	<-s.done
 	s.stop = nil
-	if s.st == nil {
+	if s.st == nil || (s.join != nil && !s.joined) {
 		return // the storage never answered: nothing to publish to
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(s.iv.Write, 5*time.Second))
@@ -201,7 +214,7 @@ func (s *Syncer) Stop() {
 
 func (s *Syncer) run(ctx context.Context) {
 	defer close(s.done)
-	if s.st == nil && !s.waitOpen(ctx) {
+	if (s.st == nil || s.join != nil) && !s.waitOpen(ctx) {
 		return
 	}
 	s.do(ctx, s.iv.Read, s.Read)
@@ -220,28 +233,30 @@ func (s *Syncer) run(ctx context.Context) {
 	}
 }
 
-// waitOpen tries open until it gives the storage, and reports false if the
-// Syncer was stopped first.
+// waitOpen tries open (if the storage is not open yet) and join (if set)
+// until both succeed, and reports false if the Syncer was stopped first.
 func (s *Syncer) waitOpen(ctx context.Context) bool {
 	wait := OpenRetry
 	for {
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		st, err := s.open(octx)
+		err := s.openAndJoin(octx)
 		cancel()
 		if err == nil {
-			if err := CheckStorage(st, s.c.shape); err != nil {
-				// Not a fault that a retry mends: the zone stays on
-				// this instance's counts, and says why.
-				s.c.failed[OpRead].Add(1)
-				s.log.Error("cluster storage cannot hold this zone: this instance limits on its own counts",
-					zap.String("zone", s.c.shape.Zone), zap.Error(err))
-				return false
-			}
-			s.st = st
-			s.log.Info("cluster storage answers: this instance joins the cluster", zap.String("zone", s.c.shape.Zone))
 			return true
 		}
-		s.c.failed[OpRead].Add(1)
+		if errors.Is(err, errCannotHold) {
+			// Not a fault that a retry mends: the zone stays on
+			// this instance's counts, and says why.
+			s.c.failed[OpRead].Add(1)
+			s.log.Error("cluster storage cannot hold this zone: this instance limits on its own counts",
+				zap.String("zone", s.c.shape.Zone), zap.Error(err))
+			return false
+		}
+		if s.st != nil {
+			s.failed(OpRead, time.Now(), err)
+		} else {
+			s.c.failed[OpRead].Add(1) // the storage module logged why once
+		}
 		after := s.after
 		if after == nil {
 			after = time.After
@@ -253,6 +268,30 @@ func (s *Syncer) waitOpen(ctx context.Context) bool {
 		}
 		wait = min(2*wait, MaxOpenRetry)
 	}
+}
+
+// errCannotHold marks a storage that cannot hold the zone (CheckStorage).
+var errCannotHold = errors.New("storage cannot hold the zone")
+
+func (s *Syncer) openAndJoin(ctx context.Context) error {
+	if s.st == nil {
+		st, err := s.open(ctx)
+		if err != nil {
+			return err
+		}
+		if err := CheckStorage(st, s.c.shape); err != nil {
+			return fmt.Errorf("%w: %w", errCannotHold, err)
+		}
+		s.st = st
+		s.log.Info("cluster storage answers: this instance joins the cluster", zap.String("zone", s.c.shape.Zone))
+	}
+	if s.join != nil && !s.joined {
+		if err := s.join(ctx, s.st); err != nil {
+			return fmt.Errorf("joining the cluster: %w", err)
+		}
+		s.joined = true
+	}
+	return nil
 }
 
 // do runs one sync op with a deadline: a storage that hangs (Redis

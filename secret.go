@@ -1,0 +1,159 @@
+package floodgate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
+
+	"github.com/floodgate-rl/floodgate/storage"
+)
+
+// A distributed zone's instances must find a key's counts under one hash,
+// so they cannot each mix a secret of their own into their keys' salts as
+// a zone of one instance does (tables.go): they share one, kept in their
+// storage (storage.Secret). The first instance to find none makes it.
+//
+// A hashSecret is what this process knows of the secret of the instances
+// syncing through one storage: a random provisional value until the
+// storage has been read, then the cluster's. Zones that load while their
+// storage does not answer hash with the provisional value, limiting on
+// this instance's counts alone (as they must then anyway), and adopt the
+// cluster's secret when their syncer reaches the storage, before it
+// publishes anything (zone.adopt). It outlives configs, so a reload does
+// not read the storage again before serving, and keeps a provisional
+// value while the storage stays away.
+type hashSecret struct {
+	mu    sync.Mutex
+	value uint64
+	known bool // value is the cluster's
+}
+
+// hashSecrets holds a hashSecret per storage (storageID), for the life of
+// the process: one per storage an operator ever configured.
+var hashSecrets = struct {
+	sync.Mutex
+	m map[string]*hashSecret
+}{m: make(map[string]*hashSecret)}
+
+// hashSecretOf returns this process's hashSecret of the storage named id.
+func hashSecretOf(id string) (*hashSecret, error) {
+	hashSecrets.Lock()
+	defer hashSecrets.Unlock()
+	if s := hashSecrets.m[id]; s != nil {
+		return s, nil
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("drawing a hash secret: %v", err)
+	}
+	s := &hashSecret{value: max(binary.LittleEndian.Uint64(b[:]), 1)}
+	hashSecrets.m[id] = s
+	return s, nil
+}
+
+// get returns the secret as known now, and whether it is the cluster's.
+func (s *hashSecret) get() (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.value, s.known
+}
+
+// learn reads the cluster's secret from st, storing this process's
+// provisional one there if the cluster has none yet, and returns it. It
+// reads the storage even when the secret is known, once per syncer start:
+// a storage whose secret changed (another storage under the same name in
+// a new config) is then followed.
+func (s *hashSecret) learn(ctx context.Context, st certmagic.Storage) (uint64, error) {
+	candidate, _ := s.get() // not held across the storage's calls: a reload would wait on them
+	v, err := storage.Secret(ctx, st, candidate)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.value, s.known = v, true
+	return v, nil
+}
+
+// storageID names the storage a distributed zone syncs through: the
+// module's JSON, or the config's default storage (Caddy's file system
+// storage by its path).
+func storageID(raw json.RawMessage, st certmagic.Storage) string {
+	if len(raw) > 0 {
+		return "module " + string(raw)
+	}
+	if s, ok := st.(fmt.Stringer); ok {
+		return "default " + s.String()
+	}
+	return fmt.Sprintf("default %T", st)
+}
+
+// joinCluster has z hash with the cluster's secret: at once if this process
+// knows it or can read it from st within ctx, else with a provisional one
+// until z's syncers reach the storage (adopt). It returns whether z hashes
+// with the cluster's secret now.
+func (z *zone) joinCluster(ctx context.Context, log *zap.Logger, s *hashSecret, st certmagic.Storage) bool {
+	v, known := s.get()
+	if !known && st != nil {
+		var err error
+		if v, err = s.learn(ctx, st); err == nil {
+			known = true
+		} else {
+			v, _ = s.get()
+			log.Warn("could not read the cluster's hash secret: this instance counts its keys on its own until it can",
+				zap.String("zone", z.name), zap.Error(err))
+		}
+	}
+	z.seal(v)
+	z.dist.secret.Store(v)
+	return known
+}
+
+// join is what each of z's syncers does with its storage before it reads
+// or publishes anything: learn the cluster's secret, and adopt it.
+func (z *zone) join(s *hashSecret) func(context.Context, certmagic.Storage) error {
+	return func(ctx context.Context, st certmagic.Storage) error {
+		v, err := s.learn(ctx, st)
+		if err == nil {
+			z.adopt(v)
+		}
+		return err
+	}
+}
+
+// adopt has z hash with the cluster's secret v, learned by one of its
+// syncers before any of them publishes. If z counted under another (a
+// provisional one), its counts of keys with salts are in other keys' cells
+// under v: each cluster state forgets what this instance counted (no peer
+// has seen it) and restores its last published state again. Its table's
+// counts of those keys start over; they are this instance's alone, and the
+// cells they were in empty within a window.
+func (z *zone) adopt(v uint64) {
+	z.dist.mu.Lock()
+	defer z.dist.mu.Unlock()
+	if z.dist.secret.Load() == v || !z.hasSalts() {
+		return // no hash changes
+	}
+	z.seal(v)
+	z.dist.secret.Store(v)
+	for _, sc := range z.dist.synced {
+		sc.cluster.Forget()
+	}
+}
+
+// hasSalts reports whether any of z's keys is hashed with a salt: the source
+// address's hash is its network's, whatever the secret.
+func (z *zone) hasSalts() bool {
+	for i := range z.keys {
+		if z.keys[i].salt != 0 {
+			return true
+		}
+	}
+	return false
+}
