@@ -235,20 +235,20 @@ func stricter(d, c limiter.Decision) limiter.Decision {
 }
 
 // retryAfter is when v's zone lets the request through, as told to a
-// client: the longest wait of its policies that deny it, the rate's (a
-// window's, its cluster's) at most its window (zone.told), each quota's as
-// it is, since a quota's window is its own.
-func (v *verdict) retryAfter() time.Duration {
-	var d time.Duration
+// client: the longest wait of its policies that deny it, each at most its
+// RateLimit item's w (zone.told, zone.quotaTold); and most, the longest w
+// of those policies, which no wait told the client exceeds, jitter
+// included (Handler.overLimit).
+func (v *verdict) retryAfter() (wait, most time.Duration) {
 	if !v.rate.Allowed {
-		d = v.z.told(v.rate.RetryAfter)
+		wait, most = v.z.told(v.rate.RetryAfter), v.z.rateW
 	}
-	for _, q := range v.quotas() {
+	for j, q := range v.quotas() {
 		if !q.Allowed {
-			d = max(d, q.RetryAfter)
+			wait, most = max(wait, v.z.quotaTold(j, q.RetryAfter)), max(most, v.z.quotaW[j])
 		}
 	}
-	return d
+	return wait, most
 }
 
 // quotas are the decisions of the quotas of v's zone.
@@ -343,16 +343,17 @@ func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, ma
 func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time, enforcing bool) {
 	// The request passes when every zone allows it: wait for the slowest
 	// of those that deny it (or, for a dry run, would).
-	var wait time.Duration
+	var wait, most time.Duration
 	for _, v := range verdicts {
 		if !v.d.Allowed && v.z.action.enforces() == enforcing {
-			wait = max(wait, v.retryAfter())
+			w, m := v.retryAfter()
+			wait, most = max(wait, w), max(most, m)
 		}
 	}
 	if h.Jitter > 0 && wait < limiter.Never {
 		extra := time.Duration(float64(wait) * h.Jitter * rand.Float64())
 		if extra > 0 && wait <= limiter.Never-extra {
-			wait += extra
+			wait = min(wait+extra, max(most, wait))
 		}
 	}
 	v := verdicts[main]

@@ -129,36 +129,68 @@ func TestRetryAfterIsTheCeilingOfTheWait(t *testing.T) {
 	}
 }
 
+// Jitter spreads the Retry-After of denied clients, and never takes it
+// past the window of the policy that denied (RateLimit's w): with 2 a
+// 20 s window, a key denied 10 s after its first grant waits 10 s, plus
+// up to 5 s of jitter; one denied at once waits the whole window, and
+// gets none.
 func TestJitterAddsAtMostItsFractionAndIsRaceFree(t *testing.T) {
 	clock := testclock.New(time.Now().Add(time.Hour)) // after the tables are made: their clocks start then
-	h := newTestHandler(t, clock, map[string]*Zone{"jitter": {Limit: zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(10 * time.Second)}}})
+	h := newTestHandler(t, clock, map[string]*Zone{"jitter": {Limit: zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(20 * time.Second)}}})
 	h.Jitter = 0.5
-	if _, err := serve(h, httptest.NewRequest(http.MethodGet, "/", nil)); err != nil {
+	denials := func(key string) map[int]bool {
+		var wg sync.WaitGroup
+		results := make([]int, 64)
+		for i := range results {
+			wg.Go(func() {
+				w, _ := serve(h, withRemote(httptest.NewRequest(http.MethodGet, "/", nil), key))
+				results[i], _ = strconv.Atoi(w.Header().Get("Retry-After"))
+			})
+		}
+		wg.Wait()
+		seen := map[int]bool{}
+		for _, n := range results {
+			seen[n] = true
+		}
+		return seen
+	}
+	if _, err := serve(h, withRemote(httptest.NewRequest(http.MethodGet, "/", nil), "192.0.2.1:1")); err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	results := make([]int, 64)
-	for i := range results {
-		wg.Go(func() {
-			w, _ := serve(h, httptest.NewRequest(http.MethodGet, "/", nil))
-			results[i], _ = strconv.Atoi(w.Header().Get("Retry-After"))
-		})
+	clock.Advance(10 * time.Second)
+	if _, err := serve(h, withRemote(httptest.NewRequest(http.MethodGet, "/", nil), "192.0.2.1:1")); err != nil {
+		t.Fatal(err)
 	}
-	wg.Wait()
-	seen := map[int]bool{}
-	for _, n := range results {
+	seen := denials("192.0.2.1:1")
+	for n := range seen {
 		// The wait is 10 s (a little more if the limiter rounds its tick
 		// up); half of it again at most.
 		if n < 10 || n > 16 {
 			t.Errorf("Retry-After %d, want 10 to 16 (10 s plus up to 50%%)", n)
 		}
-		seen[n] = true
 	}
 	// Spread over the 5 s of jitter: 64 draws land on at least 3 of the
 	// whole seconds 11 to 15 unless jitter is ignored (all the same).
 	if len(seen) < 3 {
 		t.Errorf("Retry-After took the values %v over 64 denials, want at least 3 different ones", slices.Sorted(maps.Keys(seen)))
 	}
+	// A key that took both its grants at once waits the window: jitter
+	// has no room below it.
+	clock.Advance(30 * time.Second)
+	for range 2 {
+		if _, err := serve(h, withRemote(httptest.NewRequest(http.MethodGet, "/", nil), "192.0.2.3:1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seen := denials("192.0.2.3:1"); len(seen) != 1 || !seen[20] {
+		t.Errorf("denied for the whole 20 s window, Retry-After took the values %v, want only 20", slices.Sorted(maps.Keys(seen)))
+	}
+}
+
+// withRemote sets r's peer address.
+func withRemote(r *http.Request, addr string) *http.Request {
+	r.RemoteAddr = addr
+	return r
 }
 
 func TestLimitsChangeOnlyWhenAConfigGoesLive(t *testing.T) {
@@ -246,8 +278,8 @@ func TestPolicyDescribesTheRate(t *testing.T) {
 }
 
 func TestHeaderFormat(t *testing.T) {
-	a := &zone{name: "api", policy: policyItem("api", limiter.Limit{Events: 100, Window: time.Minute})}
-	b := &zone{name: "daily", policy: policyItem("daily", limiter.Limit{Events: 1000, Window: 1500 * time.Millisecond})}
+	a := &zone{name: "api", policy: policyItem("api", limiter.Limit{Events: 100, Window: time.Minute}), rateW: time.Minute}
+	b := &zone{name: "daily", policy: policyItem("daily", limiter.Limit{Events: 1000, Window: 1500 * time.Millisecond}), rateW: 2 * time.Second}
 	hdr := http.Header{}
 	new(responseHeaders).setRateLimit(hdr, []verdict{{z: a, d: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}})
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60`; got != want {
@@ -280,7 +312,7 @@ func TestHeaderValuesOutgrowingTheBuffer(t *testing.T) {
 	var wantPolicy, wantLimit []string
 	for i := range 6 {
 		name := "zone-with-a-long-name-" + strconv.Itoa(i)
-		verdicts = append(verdicts, verdict{z: &zone{name: name, policy: policyItem(name, limiter.Limit{Events: 100, Window: time.Minute})}, d: limiter.Decision{Remaining: int64(i), Reset: time.Second}})
+		verdicts = append(verdicts, verdict{z: &zone{name: name, policy: policyItem(name, limiter.Limit{Events: 100, Window: time.Minute}), rateW: time.Minute}, d: limiter.Decision{Remaining: int64(i), Reset: time.Second}})
 		wantPolicy = append(wantPolicy, `"`+name+`";q=100;w=60`)
 		wantLimit = append(wantLimit, `"`+name+`";r=`+strconv.Itoa(i)+`;t=1`)
 	}

@@ -38,10 +38,11 @@ type responseHeaders struct {
 // (see policyItem); r is what the key may still take now, rounded down, and
 // t the seconds until its bucket is full again, rounded up. A window zone's
 // t is the seconds until its grants no longer count, and for a request it
-// denies, until a request of that weight would pass (its Retry-After):
-// at most w either way (see zone.told). Each quota of a
-// zone is an item of its own, named after the zone and its window
-// (quotaName), with q its count and w its window. Zone names are restricted
+// denies, until a request of that weight would pass (its Retry-After).
+// Each quota of a zone is an item of its own, named after the zone and its
+// window (quotaName), with q its count and w its window. Every item's t is
+// at most its w (zone.told, zone.quotaTold), as is a Retry-After it
+// causes. Zone names are restricted
 // (validZoneName) so that they need no escaping in a quoted string.
 //
 // A zone with action log (a dry run) has no item: a dry run must not change
@@ -93,7 +94,7 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(v.z.told(v.z.reset(rate))))
 		for j, q := range v.quotas() {
 			b = append(b, ", "...)
-			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(q.Reset))
+			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(v.z.quotaTold(j, q.Reset)))
 		}
 	}
 	h.limit[0] = h.text(b)

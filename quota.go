@@ -98,6 +98,7 @@ func (z *zone) provisionQuotas(zc *Zone) error {
 		z.quotas = append(z.quotas, s)
 		qn := quotaName(z.name, key.window)
 		z.quotaNames = append(z.quotaNames, qn)
+		z.quotaW = append(z.quotaW, key.window)
 		z.policy += ", " + policyItem(qn, limiter.Limit{Events: q.MaxEvents, Window: key.window, Burst: q.MaxEvents}) + z.unit
 	}
 	return nil

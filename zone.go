@@ -155,9 +155,10 @@ type zone struct {
 	// burstValue is the burst in force, boxed once likewise.
 	burstValue any
 	limit      limiter.Limit
-	// window is the window of a window zone (0 for a token bucket): the
-	// longest wait it tells a client (see told).
+	// window is the window of a window zone (0 for a token bucket); rateW
+	// the longest wait of its rate it tells a client (see told).
 	window time.Duration
+	rateW  time.Duration
 	keys   []keySpec
 	// salts are what each key's values are hashed with (seal, saltOf).
 	salts    []atomic.Uint64
@@ -208,6 +209,9 @@ type zone struct {
 	quotas     []quotaPolicy
 	skeys      []sketchKey
 	quotaNames []string
+	// quotaW are the quotas' windows, the longest waits they tell a
+	// client (quotaTold).
+	quotaW []time.Duration
 
 	action   action
 	maxDelay time.Duration
@@ -256,6 +260,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	if zc.Windowed() {
 		z.window = z.limit.Window
 	}
+	z.rateW = itemW(z.limit, zc.Windowed())
 	z.policy = policyItem(name, z.limit) + z.unit
 	z.exceeded = denialError(name)
 	if err := z.provisionQuotas(zc); err != nil {
@@ -394,19 +399,33 @@ func (z *zone) windowTable() limiter.Policy {
 	return nil
 }
 
-// told is the wait of d as the zone tells it to a client (Retry-After,
-// RateLimit's t, the admin API's key view): d, but at most the window in a
-// window zone. The table knows a grant's time to a tick (Window/2²⁰ or
-// finer, see limiter.Windows), so the exact wait of a request in the same
-// tick as the grant that filled its window is the window and part of a
-// tick: a second more than the window in whole seconds, and above the
-// policy's w. Told the window, such a client is early by less than that
-// part of a tick.
-func (z *zone) told(d time.Duration) time.Duration {
-	if z.window > 0 {
-		return min(d, z.window)
+// told is the wait of d as the zone tells it to a client of its rate
+// (Retry-After, RateLimit's t, the admin API's key view): d, but at most
+// rateW, the rate's RateLimit item's w. The draft's t is the item's
+// effective window, and a client told a longer wait than the window would
+// wait longer than it must; d is longer than w only where the limiter
+// knows a time more finely than w or counts a debt: a window zone knows a
+// grant's time to a tick (Window/2²⁰ or finer, see limiter.Windows), so
+// the exact wait of a request in the same tick as the grant that filled
+// its window is the window and part of a tick; a cluster's sliding
+// estimate (stricter) can wait up to two windows; a reported cost leaves a
+// debt. Told w, such a client is early, and is told again.
+func (z *zone) told(d time.Duration) time.Duration { return min(d, z.rateW) }
+
+// quotaTold is told for the zone's quota j: at most the quota's window.
+func (z *zone) quotaTold(j int, d time.Duration) time.Duration { return min(d, z.quotaW[j]) }
+
+// itemW is the w of policyItem for l, as a duration: a window zone's
+// window, a bucket's refill time rounded up to the second.
+func itemW(l limiter.Limit, windowed bool) time.Duration {
+	if windowed {
+		return l.Window
 	}
-	return d
+	_, w := policyQuota(l)
+	if w > int64(limiter.Never/time.Second) {
+		return limiter.Never
+	}
+	return time.Duration(w) * time.Second
 }
 
 // ceilSeconds rounds d up to whole seconds; a duration that never ends counts

@@ -281,14 +281,22 @@ func (n *node) exited() bool {
 // its status and how long it took.
 func (n *node) get(key string) (int, time.Duration) {
 	n.t.Helper()
+	start := time.Now()
+	resp := n.response(key)
+	return resp.StatusCode, time.Since(start)
+}
+
+// response sends one request with X-Key: key on a new connection and
+// returns the response, its body read.
+func (n *node) response(key string) *http.Response {
+	n.t.Helper()
 	req := testcaddy.Request(n.t, http.MethodGet, "http://"+n.addr()+"/", "X-Key: "+key)
 	req.Close = true
-	start := time.Now()
-	code, _, resp := testcaddy.Do(n.t, &http.Client{Timeout: 10 * time.Second}, req)
+	_, _, resp := testcaddy.Do(n.t, &http.Client{Timeout: 10 * time.Second}, req)
 	if got := resp.Header.Get("X-Node"); got != n.token {
 		n.t.Fatalf("node %d: answered by another process (X-Node %q, want %q): its port was taken", n.i, got, n.token)
 	}
-	return code, time.Since(start)
+	return resp
 }
 
 // metric returns the sum of the values of a metric's series on the node's
