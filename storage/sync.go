@@ -656,6 +656,7 @@ func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank i
 	}
 	c.peers.Store(sum)
 	c.shared.Store(shared)
+	c.live.Store(int64(live))
 	c.sole.Store(&sole)
 	// The keys' blocks are lifted once neither the own counts nor the sum
 	// count them any more (see mitigate); then the peers' blocks are
