@@ -24,9 +24,12 @@ Talks to the admin API of a running Caddy (/rate_limit/...):
 
   zones              every zone: limits, counts (of requests, and of
                      connections for a zone a layer4 matcher uses),
-                     memory, occupancy
+                     memory (by part, for a zone with more than a table),
+                     occupancy; a distributed zone's sync state
   top <zone>         the sources the zone denied most in the last 1-2 minutes
-  key <zone> <key>   what a key would get now; asking charges nothing
+  key <zone> <key>   what a key would get now; asking charges nothing; in a
+                     distributed zone, what this instance and the others
+                     counted for it
   reset <zone> <key> make the key's buckets full again, so it passes; in a
                      distributed zone, on every instance after a sync
 

@@ -84,7 +84,9 @@ func (c *Cluster) View(h uint64, now time.Time) KeyView {
 	all := used(peers)
 	v := KeyView{Here: here, Others: all - here}
 	if shared != peers && c.decisionSum(h) == shared {
-		v.LeftToOthers = used(shared) - all
+		// Never below 0: after a reset the two copies forget the key
+		// each from its own counts.
+		v.LeftToOthers = max(used(shared)-all, 0)
 	}
 	if until, ok := c.blocks.blocked(h, now.UnixNano()); ok {
 		v.Blocked = time.Duration(until - now.UnixNano())
