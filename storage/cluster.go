@@ -47,7 +47,10 @@ type Cluster struct {
 	split atomic.Bool
 	// live is the number of instances live at the last read, this one
 	// included (0 before the first): what the shares divide among.
-	live      atomic.Int64
+	live atomic.Int64
+	// counted is the bytes of the syncer's bitmaps of the own counts
+	// (Syncer.counted), for Memory.
+	counted   atomic.Int64
 	shareWait atomic.Int64
 	blocks    mitigation
 

@@ -794,6 +794,7 @@ func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) 
 		// The other bitmap, older still, is not the one read above.
 		other.bits, other.at = s.c.sketch.AppendCounted(other.bits, now), now
 	}
+	s.c.counted.Store(int64(8 * (len(s.counted[0].bits) + len(s.counted[1].bits))))
 	return sole
 }
 

@@ -19,10 +19,12 @@ type Memory struct {
 	// Sums is the other instances' counts as last read: 8 bytes per cell
 	// and a bitmap of 1 bit per cell, once a read has found any.
 	Sums int
-	// Shares is what decisions read when bursts are split and other
-	// instances are live: a copy of Sums' counts (8 bytes per cell), 16
-	// bytes per cell in use for what each leaves the others, and the
-	// bitmap of the cells only this instance counts (1 bit per cell).
+	// Shares is what the shares take when bursts are split: three bitmaps
+	// of 1 bit per cell (two of the cells this instance counted, taken
+	// apart, and the one of the cells only it counts, derived from them)
+	// and, while other instances are live, the copy of Sums decisions
+	// read, 8 bytes per cell, with what it leaves them in each cell in
+	// use, 16 bytes each.
 	Shares int
 	// Mitigation is the cache of blocked keys: MitigationSlots pointers
 	// and one entry per key held (MitigationEntryBytes).
@@ -45,6 +47,7 @@ func (c *Cluster) Memory() Memory {
 	if sole := c.sole.Load(); sole != nil {
 		m.Shares += 8 * len(*sole)
 	}
+	m.Shares += int(c.counted.Load())
 	return m
 }
 

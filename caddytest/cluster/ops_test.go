@@ -64,7 +64,7 @@ var sizingParts = map[string]string{
 	"quotas":         "16 × cells + 2 × bitmap, per quota",
 	"cluster_sketch": "16 × cells + 2 × bitmap + 4 × listed, per count",
 	"cluster_sums":   "8 × cells + bitmap, per count, once read",
-	"cluster_shares": "bitmap + 8 × cells + 16 × shared, per count with bursts split",
+	"cluster_shares": "3 × bitmap + 8 × cells + 16 × shared, per count with bursts split",
 	"mitigation":     "32768 + 32 × blocked, per count",
 }
 
@@ -206,7 +206,7 @@ func TestMemoryPartsMatchSizing(t *testing.T) {
 	// quota's counts. Shares (bursts split, two instances) need a read a
 	// write and a read interval after the first count.
 	var z zoneView
-	fixedShares := sharedCounts * (bitmap(sharedCells) + 8*sharedCells)
+	fixedShares := sharedCounts * (3*bitmap(sharedCells) + 8*sharedCells)
 	waitFor(t, 10*time.Second, "node 0's shares in use", func() bool {
 		z = zoneInfo(t, a, "shared")
 		return z.Memory.Parts["cluster_shares"] >= fixedShares
