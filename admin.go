@@ -214,6 +214,17 @@ type ClusterInfo struct {
 	WriteErrors   uint64 `json:"write_errors"`
 	RestoreErrors uint64 `json:"restore_errors"`
 	Skipped       uint64 `json:"skipped"`
+	// Instances is how many instances, this one included, were live at
+	// the last read (0 before the first): a key's share of what the
+	// cluster has left for it is split among them (Bursts split).
+	Instances int `json:"instances"`
+	// LastRead and LastWrite are the last successful read (this
+	// instance's view of the others) and write (theirs of it).
+	LastRead      *time.Time `json:"last_read,omitempty"`
+	LastWrite     *time.Time `json:"last_write,omitempty"`
+	ReadInterval  string     `json:"read_interval"`
+	WriteInterval string     `json:"write_interval"`
+	Bursts        string     `json:"bursts"`
 }
 
 // PolicyInfo is one of a zone's limits.
@@ -242,11 +253,14 @@ type Connections struct {
 	Logged  uint64 `json:"logged"`
 }
 
-// MemoryInfo describes a zone's table.
+// MemoryInfo is what a zone holds: Bytes in all, by part in Parts
+// (memory.go names them; docs/sizing.md gives their formulas); Lines and K
+// describe its table.
 type MemoryInfo struct {
-	Bytes int `json:"bytes"`
-	Lines int `json:"lines"`
-	K     int `json:"k"`
+	Bytes int            `json:"bytes"`
+	Parts map[string]int `json:"parts"`
+	Lines int            `json:"lines"`
+	K     int            `json:"k"`
 }
 
 func (z *zone) info(now time.Time) ZoneInfo {
@@ -259,10 +273,11 @@ func (z *zone) info(now time.Time) ZoneInfo {
 		IPv6Prefix: z.v6,
 		Policies:   z.policiesInfo(),
 		Held:       c.held.Load(),
-		Memory:     MemoryInfo{Bytes: s.Bytes, Lines: s.Lines, K: s.K},
+		Memory:     MemoryInfo{Parts: z.memory(), Lines: s.Lines, K: s.K},
 		Occupancy:  s.Busy,
 		FalseDeny:  s.FalseDeny,
 	}
+	zi.Memory.Bytes = memoryTotal(zi.Memory.Parts)
 	outcomes := func(v func(outcome) uint64) Outcomes {
 		return Outcomes{Allowed: v(outcomeAllowed), Denied: v(outcomeDenied), Logged: v(outcomeLogged), Delayed: v(outcomeDelayed)}
 	}
@@ -274,13 +289,7 @@ func (z *zone) info(now time.Time) ZoneInfo {
 	}
 	zi.XDP = z.table.xdp.info()
 	if z.dist != nil {
-		cl := z.dist.cluster
-		zi.Cluster = &ClusterInfo{
-			ReadErrors:    cl.Failed(storage.OpRead),
-			WriteErrors:   cl.Failed(storage.OpWrite),
-			RestoreErrors: cl.Failed(storage.OpRestore),
-			Skipped:       cl.Skipped(),
-		}
+		zi.Cluster = z.dist.info()
 	}
 	return zi
 }
@@ -330,6 +339,9 @@ type KeyPolicy struct {
 	Reset      int64  `json:"reset"`
 	// Window is a quota's rolling window.
 	Window string `json:"window,omitempty"`
+	// Cluster is the key's standing in the cluster, for the cluster
+	// policy and each quota of a distributed zone.
+	Cluster *KeyCluster `json:"cluster,omitempty"`
 }
 
 // TopInfo is a zone's most denied sources.
@@ -427,19 +439,23 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 			// This instance passes the key at once; the others once they
 			// have read the reset (storage.Cluster.Reset).
 			d.cluster.Reset(c.hash, now)
-			clusterReset = fmt.Sprintf("published with this instance's next write (every %v); each other instance lets the key through after its next read (every %v)",
-				d.iv.Write, d.iv.Read)
+			clusterReset = d.clusterResetText(now)
 		}
 	}
 	d := z.buckets.PeekHash(c.hash, 1, now)
 	d.RetryAfter, d.Reset = z.told(d.RetryAfter), z.told(d.Reset)
 	policies := []KeyPolicy{keyPolicy(z.policyInfo().Kind, d)}
 	if z.dist != nil {
-		policies = append(policies, keyPolicy("cluster", z.dist.cluster.PeekHash(c.hash, 1, now)))
+		p := keyPolicy("cluster", z.dist.cluster.PeekHash(c.hash, 1, now))
+		p.Cluster = keyCluster(z.dist.cluster, c.hash, now)
+		policies = append(policies, p)
 	}
 	for i, q := range z.quotas {
 		p := keyPolicy("quota", q.PeekHash(c.hash, 1, now))
 		p.Window = time.Duration(z.conf.Quotas[i].Window).String()
+		if cl, ok := q.(*storage.Cluster); ok {
+			p.Cluster = keyCluster(cl, c.hash, now)
+		}
 		policies = append(policies, p)
 	}
 	allowed := true

@@ -24,9 +24,12 @@ Talks to the admin API of a running Caddy (/rate_limit/...):
 
   zones              every zone: limits, counts (of requests, and of
                      connections for a zone a layer4 matcher uses),
-                     memory, occupancy
+                     memory (by part, for a zone with more than a table),
+                     occupancy; a distributed zone's sync state
   top <zone>         the sources the zone denied most in the last 1-2 minutes
-  key <zone> <key>   what a key would get now; asking charges nothing
+  key <zone> <key>   what a key would get now; asking charges nothing; in a
+                     distributed zone, what this instance and the others
+                     counted for it
   reset <zone> <key> make the key's buckets full again, so it passes; in a
                      distributed zone, on every instance after a sync
 
@@ -140,6 +143,7 @@ func printZones(out io.Writer, zs []ZoneInfo) {
 		if x := z.XDP; x != nil {
 			fmt.Fprintf(out, "zone %s: XDP on %s (%s mode): %d SYNs passed, %d dropped\n", z.Name, x.Interface, x.Mode, x.Passed, x.Dropped)
 		}
+		printZoneExtras(out, z, time.Now())
 	}
 }
 
@@ -165,17 +169,19 @@ func printKey(out io.Writer, k KeyInfo, prefix string) {
 	fmt.Fprintf(out, "%szone %s, source %s: a request now would be %s\n", prefix, k.Zone, k.Source, state)
 	if k.ClusterReset != "" {
 		fmt.Fprintf(out, "cluster: %s\n", k.ClusterReset)
+		fmt.Fprintln(out, "cluster: this instance no longer counts the key's earlier requests to the other instances; they count them until they read the reset")
 	}
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "POLICY\tLIMIT\tREMAINING\tRETRY AFTER\tFULL IN")
 	for _, p := range k.Policies {
-		name := p.Policy
-		if p.Window != "" {
-			name += " " + p.Window
-		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%ds\t%ds\n", name, p.Limit, p.Remaining, p.RetryAfter, p.Reset)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%ds\t%ds\n", p.name(), p.Limit, p.Remaining, p.RetryAfter, p.Reset)
 	}
 	w.Flush()
+	for _, p := range k.Policies {
+		if p.Cluster != nil {
+			printKeyCluster(out, p.name(), p.Cluster, time.Now())
+		}
+	}
 }
 
 // bytesText writes n bytes in the largest binary unit that keeps it at

@@ -118,8 +118,8 @@ var (
 		"Requests a rate_limit zone is holding until they may pass.",
 		[]string{"zone"}, nil)
 	memoryDesc = prometheus.NewDesc("caddy_rate_limit_memory_bytes",
-		"Size of a rate_limit zone's table.",
-		[]string{"zone"}, nil)
+		"Memory a rate_limit zone holds, by part (table, quotas, and a distributed zone's cluster_sketch, cluster_sums, cluster_shares, mitigation): sum by zone for its total.",
+		[]string{"zone", "part"}, nil)
 	occupancyDesc = prometheus.NewDesc("caddy_rate_limit_occupancy_ratio",
 		"Share of a rate_limit zone's counters in use (not full), measured at most once a second.",
 		[]string{"zone"}, nil)
@@ -182,7 +182,9 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		s := c.tableStats(z.buckets, now)
 		ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(c.held.Load()), z.name)
-		ch <- prometheus.MustNewConstMetric(memoryDesc, prometheus.GaugeValue, float64(z.buckets.Bytes()), z.name)
+		for part, n := range z.memory() {
+			ch <- prometheus.MustNewConstMetric(memoryDesc, prometheus.GaugeValue, float64(n), z.name, part)
+		}
 		ch <- prometheus.MustNewConstMetric(occupancyDesc, prometheus.GaugeValue, s.Busy, z.name)
 		ch <- prometheus.MustNewConstMetric(falseDenyDesc, prometheus.GaugeValue, s.FalseDeny, z.name)
 		ch <- prometheus.MustNewConstMetric(declinedDesc, prometheus.CounterValue, float64(c.requests[outcomeDenied].Load()), z.name)

@@ -170,6 +170,17 @@ func (s *Sketch) Window() time.Duration { return time.Duration(s.window) }
 // sixty-fourth of that, and 4 bytes per cell in use.
 func (s *Sketch) Memory() int { return 8 * len(s.slots) }
 
+// Bytes returns every byte the sketch holds: its counters (Memory), the
+// two bitmaps of its index of the cells in use (one bit per cell each),
+// and that index's list, 4 bytes per cell listed (as allocated: a list
+// keeps its room when cells leave it).
+func (s *Sketch) Bytes() int {
+	s.live.mu.Lock()
+	listed := cap(s.live.cells)
+	s.live.mu.Unlock()
+	return s.Memory() + 8*len(s.live.marked) + 8*len(s.live.bits) + 4*listed
+}
+
 // TakeHash grants weight tokens to the key with hash h if its estimate plus
 // weight is at most the quota, and charges them to the current window on
 // every row. A weight below 1 is taken as 1: every request costs something.

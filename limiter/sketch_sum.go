@@ -3,6 +3,7 @@ package limiter
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -45,6 +46,25 @@ type SketchSum struct {
 	// is 0 in a sum, and kept by the copies (Clone, WithoutHash) of a copy
 	// made by WithShares, which no snapshot is added to.
 	def uint32
+}
+
+// Bytes returns what the sum holds: 8 bytes per cell for its two windows'
+// counts and, unless copied reports that it shares its sum's (copies made
+// by WithShares and WithoutHash do), a bitmap of the cells in use, 1 bit
+// per cell. A copy made by WithShares adds 16 bytes per cell it lists, as
+// allocated. A nil sum holds nothing.
+func (t *SketchSum) Bytes(copied bool) int {
+	if t == nil {
+		return 0
+	}
+	n := 4 * len(t.counts)
+	if !copied {
+		n += 8 * len(t.used)
+	}
+	if t.shares != nil {
+		n += 16 * cap(t.shares.cells)
+	}
+	return n
 }
 
 // curr returns cell i's count of window epoch.
@@ -185,6 +205,17 @@ func (s *Sketch) PeekHashWith(h uint64, weight int64, now time.Time, peers *Sket
 		return v.denied(q, w)
 	}
 	return v.granted(q)
+}
+
+// EstimateWith returns the key's estimate at now, its own counts plus
+// peers' (nil for none), rounded up: what Remaining is the quota less,
+// without the floor at zero.
+func (s *Sketch) EstimateWith(h uint64, now time.Time, peers *SketchSum) int64 {
+	var cols sketchCols
+	var v sketchView
+	s.look(h, 1, now, peers, &cols, &v)
+	hi, lo := v.num(v.minRow())
+	return int64(min(sketchCeil(hi, lo, v.w), math.MaxInt64))
 }
 
 // AppendSnapshot appends the binary form of the sketch's snapshot at time

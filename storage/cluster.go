@@ -44,7 +44,13 @@ type Cluster struct {
 	sole atomic.Pointer[[]uint64]
 	// split is set when bursts are split (SplitBursts); shareWait is the
 	// read interval, after which shares are re-balanced (nanoseconds).
-	split     atomic.Bool
+	split atomic.Bool
+	// live is the number of instances live at the last read, this one
+	// included (0 before the first): what the shares divide among.
+	live atomic.Int64
+	// counted is the bytes of the syncer's bitmaps of the own counts
+	// (Syncer.counted), for Memory.
+	counted   atomic.Int64
 	shareWait atomic.Int64
 	blocks    mitigation
 

@@ -3,8 +3,8 @@ package storage
 import "sync/atomic"
 
 // MitigationSlots is how many keys a zone's mitigation cache holds: 4096
-// pointers (32 KiB) plus at most as many 24-byte entries, whatever the
-// traffic.
+// pointers (32 KiB) plus at most as many entries of MitigationEntryBytes
+// (32), whatever the traffic.
 const MitigationSlots = 1 << 12
 
 // mitigation is the Cloudflare-style cache of keys over their cluster limit:

@@ -695,6 +695,7 @@ func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank i
 	}
 	c.peers.Store(sum)
 	c.shared.Store(shared)
+	c.live.Store(int64(live))
 	c.sole.Store(&sole)
 	// The keys' blocks are lifted once neither the own counts nor the sum
 	// count them any more (see mitigate); then the peers' blocks are
@@ -832,6 +833,7 @@ func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) 
 		// The other bitmap, older still, is not the one read above.
 		other.bits, other.at = s.c.sketch.AppendCounted(other.bits, now), now
 	}
+	s.c.counted.Store(int64(8 * (len(s.counted[0].bits) + len(s.counted[1].bits))))
 	return sole
 }
 

@@ -1,0 +1,78 @@
+package ops
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+)
+
+// heapAlloc returns the live heap after a full collection.
+func heapAlloc() uint64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// What the admin API reports a zone holds is what this process's heap
+// grows by when a config adds the zones: a token-bucket zone with a quota
+// and a distributed window zone with a quota, 16 and 8 MiB each part. Caddy
+// here runs in the test's process, so its heap is the test's.
+func TestReportedMemoryIsTheHeapsGrowth(t *testing.T) {
+	mustLoad(t, caddyfile("", `	respond "none"`))
+	before := heapAlloc()
+	mustLoad(t, caddyfile("", fmt.Sprintf(`	handle /cluster {
+		rate_limit {
+			zone heap_cluster {
+				key {client_ip}
+				events 2
+				window 1h
+				memory 8MiB
+				quota 100 24h
+			}
+			distributed {
+				read_interval 100ms
+				write_interval 100ms
+			}
+			storage file_system %s
+		}
+		respond "cluster"
+	}
+	rate_limit {
+		zone heap_local {
+			key {client_ip}
+			events 2
+			window 1h
+			burst 2
+			memory 16MiB
+			quota 100 24h
+		}
+	}
+	respond "ok"`, t.TempDir())))
+	after := heapAlloc()
+	// Decoded on its own (floodgate.ZoneInfo's fields), so that the test
+	// also runs against code that reports less.
+	var zones []struct {
+		Name   string `json:"name"`
+		Memory struct {
+			Bytes int            `json:"bytes"`
+			Parts map[string]int `json:"parts"`
+		} `json:"memory"`
+	}
+	adminJSON(t, "GET", "/rate_limit/zones", &zones)
+	reported := 0
+	for _, z := range zones {
+		t.Logf("zone %s: %d bytes: %v", z.Name, z.Memory.Bytes, z.Memory.Parts)
+		reported += z.Memory.Bytes
+	}
+	growth := int64(after) - int64(before)
+	t.Logf("heap %d → %d bytes: grew %d (%.1f MiB); the zones report %d (%.1f MiB)", before, after, growth, float64(growth)/(1<<20), reported, float64(reported)/(1<<20))
+	// The rest of a config (its routes, modules, loggers) and the
+	// snapshots a sync holds between reads are a few hundred KiB; the
+	// zones' parts are 56 MiB and more.
+	const slack = 2 << 20
+	if reported < 56<<20 || growth < int64(reported)-slack/4 || growth > int64(reported)+slack {
+		t.Errorf("the heap grew %d bytes with the zones, which report %d: want the report within -%d/+%d bytes of the growth", growth, reported, slack/4, slack)
+	}
+}
