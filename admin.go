@@ -445,13 +445,18 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	d := z.buckets.PeekHash(c.hash, 1, now)
 	d.RetryAfter, d.Reset = z.told(d.RetryAfter), z.told(d.Reset)
 	policies := []KeyPolicy{keyPolicy(z.policyInfo().Kind, d)}
+	// Each policy's waits as the headers tell them (zone.told, quotaTold).
 	if z.dist != nil {
-		p := keyPolicy("cluster", z.dist.cluster.PeekHash(c.hash, 1, now))
+		d := z.dist.cluster.PeekHash(c.hash, 1, now)
+		d.RetryAfter, d.Reset = z.told(d.RetryAfter), z.told(d.Reset)
+		p := keyPolicy("cluster", d)
 		p.Cluster = keyCluster(z.dist.cluster, c.hash, now)
 		policies = append(policies, p)
 	}
 	for i, q := range z.quotas {
-		p := keyPolicy("quota", q.PeekHash(c.hash, 1, now))
+		d := q.PeekHash(c.hash, 1, now)
+		d.RetryAfter, d.Reset = z.quotaTold(i, d.RetryAfter), z.quotaTold(i, d.Reset)
+		p := keyPolicy("quota", d)
 		p.Window = time.Duration(z.conf.Quotas[i].Window).String()
 		if cl, ok := q.(*storage.Cluster); ok {
 			p.Cluster = keyCluster(cl, c.hash, now)

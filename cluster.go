@@ -301,9 +301,11 @@ type distributedZone struct {
 	iv      storage.Intervals
 	synced  []syncedCount
 	// secret is the hash secret the zone's keys are sealed with (see
-	// hashSecret); mu orders its syncers' adoptions of the cluster's.
-	secret atomic.Uint64
-	mu     sync.Mutex
+	// hashSecret), provisional while it is not yet the cluster's; mu
+	// orders its syncers' adoptions of the cluster's.
+	secret      atomic.Uint64
+	provisional atomic.Bool
+	mu          sync.Mutex
 }
 
 // A syncedCount is one cluster-wide count of a distributed zone: its rate's
@@ -358,13 +360,21 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage, sec
 		} else {
 			sc.syncer = storage.NewSyncer(c, st.st, inst.String(), iv, ctx.Logger())
 		}
-		sc.syncer.Joining(z.join(secret))
+		if z.hasSalts() {
+			sc.syncer.Joining(z.join(secret, ctx.Logger()))
+		}
 		z.dist.synced = append(z.dist.synced, sc) // released with the zone
 		if created && joined {
 			restore = append(restore, sc.syncer)
 		}
 	}
 	z.dist.cluster = z.dist.synced[0].cluster
+	if z.hasSalts() {
+		// A state counted under another secret (this process's
+		// provisional one, while an older config could not read the
+		// cluster's) forgets those counts before anything publishes them.
+		z.dist.hashedUnder(z.dist.secret.Load())
+	}
 	// A reset read from another instance fills the key's buckets here, as
 	// DELETE on that instance's admin API filled them there. The cluster
 	// outlives the config; the latest config to distribute the zone gets

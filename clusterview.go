@@ -86,6 +86,11 @@ func (d *distributedZone) clusterResetText(now time.Time) string {
 		}
 		text = fmt.Sprintf("NOT yet published: this instance's writes to the cluster storage are failing (%s succeeded); until one does, the other instances keep counting the key as before and may still deny it", last)
 	}
+	if d.provisional.Load() {
+		// Its keys' hashes are not the cluster's yet: a reset of this
+		// hash would reset nobody there, and is dropped when it joins.
+		text = "NOT published: this instance has not read its cluster's hash secret yet (its storage has not answered since the zone loaded), so the reset is this instance's alone; the other instances keep counting the key, and this instance starts the key's counts over when it joins: reset the key on another instance to reset it across the cluster"
+	}
 	return text
 }
 

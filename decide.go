@@ -136,7 +136,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return h.passLogged(w, &q, verdicts, main, next, now)
 	}
 	if !h.DisableHeaders {
-		new(responseHeaders).setRateLimit(w.Header(), verdicts)
+		new(responseHeaders).setRateLimit(w.Header(), verdicts, 0)
 	}
 	// Static values: no allocation, and Caddy's replacer holds up to 8 of
 	// them before its map grows.
@@ -365,7 +365,11 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 		d.headers.setRetryAfter(hdr, d.retryAfter)
 	}
 	if !h.DisableHeaders {
-		d.headers.setRateLimit(hdr, verdicts)
+		var told time.Duration
+		if enforcing {
+			told = wait
+		}
+		d.headers.setRateLimit(hdr, verdicts, told)
 	}
 	if h.LogKey {
 		d.key = v.z.keyText(q, v.c)

@@ -281,7 +281,7 @@ func TestHeaderFormat(t *testing.T) {
 	a := &zone{name: "api", policy: policyItem("api", limiter.Limit{Events: 100, Window: time.Minute}), rateW: time.Minute}
 	b := &zone{name: "daily", policy: policyItem("daily", limiter.Limit{Events: 1000, Window: 1500 * time.Millisecond}), rateW: 2 * time.Second}
 	hdr := http.Header{}
-	new(responseHeaders).setRateLimit(hdr, []verdict{{z: a, d: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}})
+	new(responseHeaders).setRateLimit(hdr, []verdict{{z: a, d: limiter.Decision{Remaining: 42, Reset: 17100 * time.Millisecond}}}, 0)
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60`; got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)
 	}
@@ -292,7 +292,7 @@ func TestHeaderFormat(t *testing.T) {
 	rh.setRateLimit(hdr, []verdict{
 		{z: a, d: limiter.Decision{Remaining: 0, Reset: time.Minute}},
 		{z: b, d: limiter.Decision{Remaining: -1, Reset: 0}},
-	})
+	}, 0)
 	rh.setRetryAfter(hdr, 1234567)
 	if got, want := hdr.Get("RateLimit-Policy"), `"api";q=100;w=60, "daily";q=1000;w=2`; got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)
@@ -318,7 +318,7 @@ func TestHeaderValuesOutgrowingTheBuffer(t *testing.T) {
 	}
 	hdr := http.Header{}
 	rh := new(responseHeaders)
-	rh.setRateLimit(hdr, verdicts)
+	rh.setRateLimit(hdr, verdicts, 0)
 	rh.setRetryAfter(hdr, 42)
 	if got, want := hdr.Get("RateLimit-Policy"), strings.Join(wantPolicy, ", "); got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)

@@ -3,6 +3,7 @@ package floodgate
 import (
 	"net/http"
 	"strconv"
+	"time"
 	"unsafe"
 )
 
@@ -48,7 +49,12 @@ type responseHeaders struct {
 // A zone with action log (a dry run) has no item: a dry run must not change
 // what clients see, so a response is what it would be without that zone. If
 // every zone is a dry run, neither field is set.
-func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
+//
+// told is the wait the response's Retry-After says (0 if none): the t of
+// an item that denies is at least that, at most its w, so that jitter
+// (Handler.Jitter), which lengthens Retry-After, lengthens the t of the
+// items it speaks for alike, and the two agree.
+func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration) {
 	n := 0
 	for _, v := range verdicts {
 		if v.z.action.enforces() {
@@ -91,10 +97,18 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict) {
 		if len(v.z.quotas) > 0 {
 			rate = v.rate
 		}
-		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(v.z.told(v.z.reset(rate))))
+		t := v.z.reset(rate)
+		if !rate.Allowed {
+			t = max(t, told)
+		}
+		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(v.z.told(t)))
 		for j, q := range v.quotas() {
+			t := q.Reset
+			if !q.Allowed {
+				t = max(t, told)
+			}
 			b = append(b, ", "...)
-			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(v.z.quotaTold(j, q.Reset)))
+			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(v.z.quotaTold(j, t)))
 		}
 	}
 	h.limit[0] = h.text(b)

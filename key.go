@@ -7,13 +7,13 @@ import (
 	"net/netip"
 	"net/textproto"
 	"strings"
-	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/floodgate-rl/floodgate/internal/siphash"
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
@@ -46,7 +46,7 @@ const (
 type keySpec struct {
 	kind keyKind
 	// salt is the key's public salt: its placeholder's hash, the same in
-	// every process. Its values are hashed with it mixed with a secret
+	// every process. Its values are hashed under it and a secret
 	// (zone.seal, zone.salted), so that a value only ever meets values of
 	// the same key: a header that holds "203.0.113.7" must not draw on the
 	// counters of the client 203.0.113.7. It is derived from the key's
@@ -119,47 +119,22 @@ func keySalt(s string) uint64 {
 	return max(limiter.HashString("floodgate key "+s), 1)
 }
 
-// seal sets the salts the zone hashes its keys' values with (but the
-// source address's) from their placeholders and secret: a random secret of
-// the zone's table, or for a distributed zone the cluster's (see
-// hashSecret), so that the counters a value lands on cannot be computed
-// from the public code and a guess of the table's size. A distributed zone
-// may be sealed again while it serves, when it learns the cluster's secret
-// (zone.adopt): the salts are read atomically.
-func (z *zone) seal(secret uint64) {
-	if z.salts == nil {
-		z.salts = make([]atomic.Uint64, len(z.keys))
-	}
-	for i := range z.keys {
-		if p := z.keys[i].salt; p != 0 {
-			z.salts[i].Store(max(mix(secret, p), 1))
-		}
-	}
-}
+// seal sets the secret the zone hashes its keys' values with (but the
+// source address's): a random secret of the zone's table, or for a
+// distributed zone the cluster's (see hashSecret), so that the counters a
+// value lands on cannot be computed from the public code and a guess of
+// the table's size. A distributed zone may be sealed again while it
+// serves, when it learns the cluster's secret (zone.adopt): the secret is
+// read atomically.
+func (z *zone) seal(secret uint64) { z.secret.Store(secret) }
 
-// salted returns the hash h of one of the key's values as hashed with the
-// key's public salt alone (a zone never sealed, as in tests): h itself for
-// the source address.
+// salted returns the hash h of one of the key's values as a zone never
+// sealed (in tests) hashes it: h itself for the source address.
 func (k *keySpec) salted(h uint64) uint64 {
 	if k.salt == 0 {
 		return h
 	}
-	return mix(h, k.salt)
-}
-
-// mix returns h mixed with salt: murmur3's 64-bit finaliser of h ^ salt,
-// so that every bit of either moves every bit of the result. For one salt
-// it is a bijection of h, so distinct values of one key stay as distinct
-// as their hashes, while the same value under two salts lands in unrelated
-// counters.
-func mix(h, salt uint64) uint64 {
-	h ^= salt
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
+	return siphash.Sum64(0, k.salt, h)
 }
 
 // compileTemplate splits a key template into literal text and placeholders
@@ -386,26 +361,26 @@ func (z *zone) network(a netip.Addr, i int) charge {
 	return charge{hash: z.salted(i, limiter.Hash(nk.Bytes())), key: i, addr: a}
 }
 
-// salted returns h, the hash of a value of the zone's key number i, salted
-// as that key's values are (seal).
+// salted returns h, the hash of a value of the zone's key number i, as
+// that key's values are hashed: h for the source address; else SipHash of
+// h under the zone's secret and the key's salt, a pseudorandom function of
+// h, so that a value only ever meets values of the same key, and neither
+// the counters a value lands on nor the hash the tools show (zone.source)
+// say anything of the secret to whoever knows the value.
 func (z *zone) salted(i int, h uint64) uint64 {
 	if s := z.saltOf(i); s != 0 {
-		return mix(h, s)
+		return siphash.Sum64(z.secret.Load(), s, h)
 	}
 	return h
 }
 
-// saltOf returns the salt the zone hashes its key number i with (0 for
-// the source address, whose hash is its network's). A number that is not
-// one of the zone's keys (a layer4 zone's connections, which have none) is
-// the source address's. A zone never sealed (in tests) uses the public
-// salts.
+// saltOf returns the salt of the zone's key number i: 0 for the source
+// address, whose hash is its network's. A number that is not one of the
+// zone's keys (a layer4 zone's connections, which have none) is the
+// source address's.
 func (z *zone) saltOf(i int) uint64 {
-	switch {
-	case i < 0 || i >= len(z.keys):
+	if i < 0 || i >= len(z.keys) {
 		return 0
-	case z.salts != nil:
-		return z.salts[i].Load()
 	}
 	return z.keys[i].salt
 }

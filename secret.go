@@ -64,11 +64,14 @@ func (s *hashSecret) get() (uint64, bool) {
 	return s.value, s.known
 }
 
-// learn reads the cluster's secret from st, storing this process's
-// provisional one there if the cluster has none yet, and returns it. It
-// reads the storage even when the secret is known, once per syncer start:
-// a storage whose secret changed (another storage under the same name in
-// a new config) is then followed.
+// learn reads the cluster's secret from st, storing the one this process
+// holds there if the storage has none (the cluster's first instance, or a
+// storage that lost it: a Redis without persistence restarting empty), and
+// returns it. The zones' syncers call it after each write (Syncer.rejoin),
+// so the secret is back as soon as their snapshots are, and a storage whose
+// secret changed (another instance stored one before this one could; another
+// storage under the same name in a new config) is followed within a write
+// interval.
 func (s *hashSecret) learn(ctx context.Context, st certmagic.Storage) (uint64, error) {
 	candidate, _ := s.get() // not held across the storage's calls: a reload would wait on them
 	v, err := storage.Secret(ctx, st, candidate)
@@ -97,8 +100,12 @@ func storageID(raw json.RawMessage, st certmagic.Storage) string {
 // joinCluster has z hash with the cluster's secret: at once if this process
 // knows it or can read it from st within ctx, else with a provisional one
 // until z's syncers reach the storage (adopt). It returns whether z hashes
-// with the cluster's secret now.
+// with the cluster's secret now. A zone keyed by the source address alone
+// hashes nothing with a secret, and needs none.
 func (z *zone) joinCluster(ctx context.Context, log *zap.Logger, s *hashSecret, st certmagic.Storage) bool {
+	if !z.hasSalts() {
+		return true
+	}
 	v, known := s.get()
 	if !known && st != nil {
 		var err error
@@ -112,38 +119,51 @@ func (z *zone) joinCluster(ctx context.Context, log *zap.Logger, s *hashSecret, 
 	}
 	z.seal(v)
 	z.dist.secret.Store(v)
+	z.dist.provisional.Store(!known)
 	return known
 }
 
 // join is what each of z's syncers does with its storage before it reads
-// or publishes anything: learn the cluster's secret, and adopt it.
-func (z *zone) join(s *hashSecret) func(context.Context, certmagic.Storage) error {
+// or publishes anything, and after each write: learn the cluster's secret,
+// and adopt it.
+func (z *zone) join(s *hashSecret, log *zap.Logger) func(context.Context, certmagic.Storage) error {
 	return func(ctx context.Context, st certmagic.Storage) error {
+		if !z.hasSalts() {
+			return nil // nothing to hash under a secret (distribute sets no join then)
+		}
 		v, err := s.learn(ctx, st)
-		if err == nil {
-			z.adopt(v)
+		if err == nil && z.adopt(v) {
+			log.Info("the zone now hashes its keys with its cluster's secret: this instance's own counts of it start over",
+				zap.String("zone", z.name))
 		}
 		return err
 	}
 }
 
 // adopt has z hash with the cluster's secret v, learned by one of its
-// syncers before any of them publishes. If z counted under another (a
-// provisional one), its counts of keys with salts are in other keys' cells
-// under v: each cluster state forgets what this instance counted (no peer
-// has seen it) and restores its last published state again. Its table's
-// counts of those keys start over; they are this instance's alone, and the
-// cells they were in empty within a window.
-func (z *zone) adopt(v uint64) {
+// syncers, and reports whether that changed its hashes. If z counted under another (a provisional one, or one the
+// storage lost), its cluster states forget what this instance counted
+// (storage.Cluster.HashedUnder). Its table's counts of keys with salts
+// start over; they are this instance's alone, and the cells they were in
+// empty within a window.
+func (z *zone) adopt(v uint64) (changed bool) {
 	z.dist.mu.Lock()
 	defer z.dist.mu.Unlock()
-	if z.dist.secret.Load() == v || !z.hasSalts() {
-		return // no hash changes
+	defer z.dist.provisional.Store(false)
+	if z.dist.secret.Load() == v {
+		return false
 	}
 	z.seal(v)
 	z.dist.secret.Store(v)
-	for _, sc := range z.dist.synced {
-		sc.cluster.Forget()
+	z.dist.hashedUnder(v)
+	return true
+}
+
+// hashedUnder tells each of the zone's cluster states that its keys are
+// hashed under v from now on (storage.Cluster.HashedUnder).
+func (d *distributedZone) hashedUnder(v uint64) {
+	for _, sc := range d.synced {
+		sc.cluster.HashedUnder(v)
 	}
 }
 

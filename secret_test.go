@@ -10,6 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 
 	"github.com/floodgate-rl/floodgate/internal/testclock"
 	"github.com/floodgate-rl/floodgate/limiter"
@@ -126,7 +127,7 @@ func TestAZoneThatLoadsWithoutItsStorageAdoptsTheClustersSecret(t *testing.T) {
 	if err := os.CopyFS(down, os.DirFS(dir)); err != nil {
 		t.Fatal(err)
 	}
-	if err := z.join(newHashSecretOf(t, down))(context.Background(), &certmagic.FileStorage{Path: down}); err != nil {
+	if err := z.join(newHashSecretOf(t, down), zap.NewNop())(context.Background(), &certmagic.FileStorage{Path: down}); err != nil {
 		t.Fatal(err)
 	}
 	if got := headerHash(z); got != cluster {
@@ -146,4 +147,31 @@ func newHashSecretOf(t *testing.T, dir string) *hashSecret {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// An instance that started while the storage had lost the secret (a Redis
+// restarted empty, before the running instances stored it again) makes a
+// new one; the running instances follow it at their next write
+// (Syncer.rejoin), forgetting their own counts, so the cluster hashes alike
+// again instead of staying split until every old instance restarts.
+func TestInstancesFollowASecretStoredWhileTheStorageHadLostTheirs(t *testing.T) {
+	clock := testclock.New(time.Now())
+	d := &Distributed{ReadInterval: caddy.Duration(time.Second), WriteInterval: caddy.Duration(time.Second)}
+	dir := t.TempDir()
+	newProcess(t)
+	old := distributedHandler(t, clock, "sc", secretZone(), d, dir).zones[0]
+	if err := os.Remove(filepath.Join(dir, filepath.FromSlash(storage.SecretKey))); err != nil {
+		t.Fatal(err)
+	}
+	newProcess(t)
+	newer := distributedHandler(t, clock, "sc", secretZone(), d, dir).zones[0]
+	if headerHash(old) == headerHash(newer) {
+		t.Fatal("the new instance made the secret the old one had")
+	}
+	if err := old.join(newHashSecretOf(t, dir), zap.NewNop())(context.Background(), &certmagic.FileStorage{Path: dir}); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := headerHash(old), headerHash(newer); a != b {
+		t.Fatalf("after its next write, the running instance hashes the value to %x, the new one to %x", a, b)
+	}
 }

@@ -160,8 +160,8 @@ type zone struct {
 	window time.Duration
 	rateW  time.Duration
 	keys   []keySpec
-	// salts are what each key's values are hashed with (seal, saltOf).
-	salts    []atomic.Uint64
+	// secret is what the keys' values are hashed under (seal, salted).
+	secret   atomic.Uint64
 	v4, v6   int
 	matchers caddyhttp.MatcherSets
 	tkey     tableKey

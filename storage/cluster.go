@@ -79,6 +79,10 @@ type Cluster struct {
 	// old, and syncers of two configs overlap during a reload.
 	own []ownSnapshot
 
+	// secret is what this instance's keys are hashed under (HashedUnder),
+	// 0 before the first config set it.
+	secret uint64
+
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so
 	// that a restart cannot overwrite its state before reading it.
@@ -126,17 +130,35 @@ func Release(s Shape) { _, _ = clusters.Delete(s) }
 // Destruct implements caddy.Destructor: a Cluster holds only memory.
 func (*Cluster) Destruct() error { return nil }
 
-// Forget clears what this instance counted, and has it restore its last
-// published state again before it publishes (Syncer.Write): a zone that
-// counted under a provisional hash secret, before it could read the
-// cluster's (Secret), counted in cells that are other keys' under the
-// cluster's. It is called before the instance publishes anything, so no
-// peer has seen those counts.
-func (c *Cluster) Forget() {
+// HashedUnder records that this instance's keys are hashed, from now on,
+// under secret (the cluster's hash secret, or a provisional one before the
+// instance could read it; see floodgate's hashSecret), and reports whether
+// the counts it held were made under another. Those are then forgotten:
+// they are in cells that are other keys' under the new secret. Every
+// config that distributes the zone calls it, and the zone's syncers when
+// they learn the cluster's secret, before they publish anything, so no
+// peer sees counts made under a provisional secret (but those of requests
+// hashed just before the change and charged just after it).
+//
+// Forgetting clears this instance's sketch, the resets it recorded and its
+// own blocks, and has it restore its last published state before it next
+// publishes (Syncer.Write), as after a restart; the peers' counts, read
+// under the cluster's secret, are kept.
+func (c *Cluster) HashedUnder(secret uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	forget := c.secret != 0 && c.secret != secret
+	c.secret = secret
+	if !forget {
+		return false
+	}
 	c.sketch.Clear()
+	c.rmu.Lock()
+	c.resets = resetTable{}
+	c.rmu.Unlock()
+	c.blocks.dropOwn()
 	c.restored = false
+	return true
 }
 
 // SetQuota changes the events per window the cluster may grant a key.

@@ -167,6 +167,26 @@ func (m *mitigation) dropStalePeers(gen uint64) {
 	}
 }
 
+// dropOwn lifts every block this instance decided, keeping the peers'.
+func (m *mitigation) dropOwn() {
+	for i := range m.slots {
+		s := &m.slots[i]
+		for {
+			e := loadSlot(s)
+			if e == nil || e.own == 0 {
+				break
+			}
+			var next *mitEntry
+			if e.peer != 0 {
+				next = &mitEntry{hash: e.hash, peer: e.peer, gen: e.gen}
+			}
+			if casSlot(s, e, next) {
+				break
+			}
+		}
+	}
+}
+
 // remove lifts the block of the key with hash h if it ends by upTo (Unix
 // nanoseconds): a longer block added meanwhile stays.
 func (m *mitigation) remove(h uint64, upTo int64) {

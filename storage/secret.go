@@ -7,6 +7,9 @@ import (
 	"io/fs"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/caddyserver/certmagic"
 )
 
 // SecretKey is where the instances of a cluster keep the secret they mix
@@ -33,12 +36,39 @@ const secretHeader = "floodgate hash secret v1 "
 // A stored entry that is not a secret is an error, not replaced: instances
 // already running hash with the secret it held, and a new one would split
 // the cluster's counts. Secret never returns 0.
-func Secret(ctx context.Context, st Loader, candidate uint64) (uint64, error) {
+func Secret(ctx context.Context, st certmagic.Storage, candidate uint64) (uint64, error) {
 	if v, err := loadSecret(ctx, st); !errors.Is(err, fs.ErrNotExist) {
 		return v, err
 	}
-	if err := st.Lock(ctx, SecretKey); err != nil {
-		return 0, fmt.Errorf("locking %q: %w", SecretKey, err)
+	// Instances that start together queue for the lock, which a storage
+	// may poll slowly (caddy-storage-redis every second): each waiter
+	// looks for the secret meanwhile and stops waiting once it is stored.
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stored := make(chan uint64, 1)
+	go func() {
+		tick := time.NewTicker(secretPoll)
+		defer tick.Stop()
+		for {
+			select {
+			case <-lctx.Done():
+				return
+			case <-tick.C:
+				if v, err := loadSecret(lctx, st); err == nil {
+					stored <- v
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	if err := st.Lock(lctx, SecretKey); err != nil {
+		select {
+		case v := <-stored:
+			return v, nil
+		default:
+			return 0, fmt.Errorf("locking %q: %w", SecretKey, err)
+		}
 	}
 	defer func() { _ = st.Unlock(context.WithoutCancel(ctx), SecretKey) }()
 	v, err := loadSecret(ctx, st)
@@ -52,26 +82,29 @@ func Secret(ctx context.Context, st Loader, candidate uint64) (uint64, error) {
 	return candidate, nil
 }
 
-// A Loader is the part of a certmagic.Storage that Secret uses.
-type Loader interface {
-	Lock(ctx context.Context, name string) error
-	Unlock(ctx context.Context, name string) error
-	Store(ctx context.Context, key string, value []byte) error
-	Load(ctx context.Context, key string) ([]byte, error)
-}
+// secretPoll is how often an instance waiting for the secret's lock looks
+// whether another stored the secret meanwhile.
+const secretPoll = 100 * time.Millisecond
 
-// maxSecretSize bounds what loadSecret reads: a secret is 42 bytes.
+// maxSecretSize bounds what loadSecret reads: a secret is at most 42
+// bytes. A larger entry is refused unread (loadBounded), as a snapshot is.
 const maxSecretSize = 64
 
-func loadSecret(ctx context.Context, st Loader) (uint64, error) {
-	data, err := st.Load(ctx, SecretKey)
+func loadSecret(ctx context.Context, st certmagic.Storage) (uint64, error) {
+	bad := func(what string) error {
+		return fmt.Errorf("%q does not hold a hash secret (%s): remove it when no instance runs, or restore it from a running instance's storage", SecretKey, what)
+	}
+	data, err := loadBounded(ctx, st, SecretKey, maxSecretSize)
+	if errors.Is(err, errTooLarge) {
+		return 0, bad(err.Error())
+	}
 	if err != nil {
 		return 0, err
 	}
-	text, ok := strings.CutPrefix(string(data[:min(len(data), maxSecretSize)]), secretHeader)
+	text, ok := strings.CutPrefix(string(data), secretHeader)
 	v, perr := strconv.ParseUint(strings.TrimSuffix(text, "\n"), 16, 64)
-	if !ok || perr != nil || v == 0 || len(data) > maxSecretSize {
-		return 0, fmt.Errorf("%q does not hold a hash secret (%d bytes): remove it when no instance runs, or restore it from a running instance's storage", SecretKey, len(data))
+	if !ok || perr != nil || v == 0 {
+		return 0, bad(strconv.Itoa(len(data)) + " bytes")
 	}
 	return v, nil
 }

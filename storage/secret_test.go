@@ -57,14 +57,15 @@ type raceLoader struct {
 	arrived sync.WaitGroup
 }
 
-func (r *raceLoader) Load(ctx context.Context, key string) ([]byte, error) {
-	data, err := r.FileStorage.Load(ctx, key)
+// Stat is what Secret asks first (loadBounded).
+func (r *raceLoader) Stat(ctx context.Context, key string) (certmagic.KeyInfo, error) {
+	data, err := r.FileStorage.Stat(ctx, key)
 	if r.loads.Add(1) <= 2 {
 		r.arrived.Done()
 		select {
 		case <-r.bothIn:
 		case <-time.After(10 * time.Second): // a bound, should the other never come
-			return nil, errors.New("the other caller never loaded")
+			return data, errors.New("the other caller never loaded")
 		}
 	}
 	return data, err

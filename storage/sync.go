@@ -70,7 +70,8 @@ type Syncer struct {
 	// after is time.After for waitOpen's waits (a test's clock, if set).
 	after func(time.Duration) <-chan time.Time
 	// join, if set (Joining), is called with the storage before anything
-	// is read or published, until it succeeds; joined is set when it has.
+	// is read or published, until it succeeds, and after every write
+	// (rejoin); joined is set once it has succeeded.
 	// Only the goroutine sets joined; Stop reads it after the goroutine is
 	// done.
 	join   func(context.Context, certmagic.Storage) error
@@ -229,6 +230,9 @@ func (s *Syncer) run(ctx context.Context) {
 			s.do(ctx, s.iv.Read, s.Read)
 		case <-wt.C:
 			s.do(ctx, s.iv.Write, s.Write)
+			if s.join != nil {
+				s.do(ctx, s.iv.Write, s.rejoin)
+			}
 		}
 	}
 }
@@ -267,6 +271,17 @@ func (s *Syncer) waitOpen(ctx context.Context) bool {
 		case <-after(wait):
 		}
 		wait = min(2*wait, MaxOpenRetry)
+	}
+}
+
+// rejoin calls join again after a write: what it ensures (the cluster's
+// hash secret stored) must be there as long as the snapshots are, and a
+// storage can lose both (a Redis without persistence restarting empty).
+// The snapshots come back with the next write; join puts back what it
+// keeps, or follows what another instance stored meanwhile.
+func (s *Syncer) rejoin(ctx context.Context, now time.Time) {
+	if err := s.join(ctx, s.st); err != nil {
+		s.failed(OpWrite, now, fmt.Errorf("keeping the cluster's hash secret: %w", err))
 	}
 }
 
@@ -718,20 +733,26 @@ func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank i
 	c.blocks.dropStalePeers(c.readGen)
 }
 
-// errTooLarge is load's error for an entry larger than any snapshot (or
-// aggregate) of the zone.
-var errTooLarge = errors.New("larger than any snapshot of the zone")
+// errTooLarge is loadBounded's error for an entry larger than what it can
+// be (a snapshot or aggregate of the zone, the hash secret).
+var errTooLarge = errors.New("larger than the entry can be")
 
 // load loads the entry under key if the storage reports it no larger than
 // max, the largest snapshot (or aggregate) of the zone's shape: an entry
 // that is not one (a stray file, a peer gone wrong) never costs more
-// memory than a real one. A storage whose Stat fetches the whole entry
-// (statLoads) is not asked for it: the entry is loaded once and refused
-// after, its Stat having held it in memory as well (caddy-storage-redis
-// also bounds what it decompresses to 4 MiB).
+// memory than a real one (loadBounded).
 func (s *Syncer) load(ctx context.Context, key string, max int64) ([]byte, error) {
-	if !statLoads(s.st) {
-		info, err := s.st.Stat(ctx, key)
+	return loadBounded(ctx, s.st, key, max)
+}
+
+// loadBounded loads the entry under key from st if st reports it no larger
+// than max bytes, else fails with errTooLarge. A storage whose Stat fetches
+// the whole entry (statLoads) is not asked for it: the entry is loaded once
+// and refused after, its Stat having held it in memory as well
+// (caddy-storage-redis also bounds what it decompresses to 4 MiB).
+func loadBounded(ctx context.Context, st certmagic.Storage, key string, max int64) ([]byte, error) {
+	if !statLoads(st) {
+		info, err := st.Stat(ctx, key)
 		if err != nil {
 			return nil, err
 		}
@@ -739,7 +760,7 @@ func (s *Syncer) load(ctx context.Context, key string, max int64) ([]byte, error
 			return nil, fmt.Errorf("%w: %d bytes, at most %d", errTooLarge, info.Size, max)
 		}
 	}
-	data, err := s.st.Load(ctx, key)
+	data, err := st.Load(ctx, key)
 	if err == nil && int64(len(data)) > max {
 		// It grew between the two calls: refused all the same.
 		return nil, fmt.Errorf("%w: %d bytes", errTooLarge, len(data))
