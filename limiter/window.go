@@ -35,9 +35,10 @@ import (
 // Buckets protocol below), weights, refunds, held requests and SetLimit, on
 // every path where a request's cost is known when it is granted; a cost
 // charged after the fact (Charge) counts from the moment it is charged. A
-// request held until it would pass is taken then, like any other (the
-// Caddy module's action delay does so): a window reserves nothing ahead of
-// time, since what it counts is when requests went. Racing requests whose
+// request held until it would pass is taken then, like any other: what a
+// window counts is when requests went. (The Caddy module's action delay
+// reserves its place at arrival with a Charge, which every later request
+// counts, and refunds it just before the take.) Racing requests whose
 // times were read out of order are checked, when a counter's latest charge
 // is later than their time, against everything the counter holds, and
 // counted as made at that latest charge: a request late by less than a
