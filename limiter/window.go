@@ -412,6 +412,12 @@ func (p *windowParams) capped(T, f, cost uint64) uint64 {
 	if p.sum(f, int(p.g))+cost <= p.ceil { // nothing to drop: one add
 		return T<<p.tshift | (f + cost)
 	}
+	return p.dropOldest(T, f, cost)
+}
+
+// dropOldest is capped group by group, for a charge that takes the counts
+// beyond ceil.
+func (p *windowParams) dropOldest(T, f, cost uint64) uint64 {
 	left := p.ceil
 	var out uint64
 	for i := range int(p.g) {

@@ -405,8 +405,8 @@ func TestWindowsARefundDatedBeforeItsChargeGivesItAllBack(t *testing.T) {
 	}
 }
 
-// sumGroups and cappedGroups are sum and capped group by group: the
-// references of the one multiplication and the one add that replace them.
+// sumGroups is sum group by group: the reference of the one multiplication
+// that replaces it.
 func (p *windowParams) sumGroups(v uint64, n int) uint64 {
 	var u uint64
 	for i := range n {
@@ -415,27 +415,10 @@ func (p *windowParams) sumGroups(v uint64, n int) uint64 {
 	return u
 }
 
-func (p *windowParams) cappedGroups(T, f, cost uint64) uint64 {
-	left := p.ceil
-	var out uint64
-	for i := range int(p.g) {
-		c := f >> (uint(i) * uint(p.cb)) & p.cmask
-		if i == 0 {
-			c += cost
-		}
-		c = min(c, left)
-		left -= c
-		out |= c << (uint(i) * uint(p.cb))
-	}
-	if out == 0 {
-		return 0
-	}
-	return T<<p.tshift | out
-}
-
 // Every counter a table can hold (its groups adding up to at most 2·Events)
-// sums and charges as the group-by-group references do, for layouts of
-// every number of groups and widths from 2 to 31 bits.
+// sums and charges as the group-by-group references do (sumGroups, and
+// dropOldest for capped's one add), for layouts of every number of groups
+// and widths from 2 to 31 bits.
 func TestWindowsSumAndCapAgreeWithTheGroupByGroupReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(29, 1))
 	checked := 0
@@ -458,7 +441,7 @@ func TestWindowsSumAndCapAgreeWithTheGroupByGroupReference(t *testing.T) {
 				}
 			}
 			cost := 1 + r.Uint64N(p.ceil)
-			if got, want := p.capped(T, f, cost), p.cappedGroups(T, f, cost); got != want {
+			if got, want := p.capped(T, f, cost), p.dropOldest(T, f, cost); got != want {
 				t.Fatalf("events %d: capped(%#x, %#x, %d) = %#x, want %#x", events, T, f, cost, got, want)
 			}
 			checked++
