@@ -128,11 +128,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 // (clusterWait).
 //
 // The request's tokens are reserved at once: in the zones that delay, by a
-// charge that drives the key into debt (limiter.Buckets.Charge), so every
-// later request waits behind this one and held requests never pass faster
-// than the rate; in every other zone and quota, by a normal take. It then
-// waits until its debt is repaid and the clusters of the zones that hold it
-// let it through, and is counted in those clusters when it goes (see hold).
+// charge that drives the key into debt (limiter.Buckets.Charge) or takes
+// its place in the window (zone.reserve), so every later request waits
+// behind this one and held requests never pass faster than the rate; in
+// every other zone and quota, by a normal take. It then waits until its
+// debt is repaid and the clusters of the zones that hold it let it
+// through, and is counted in those clusters and windows when it goes (see
+// hold).
 // It returns (false, 0, nil) if the request must be denied after all, having
 // charged nothing; true and the time it waited once the request may go on,
 // charged everywhere; and an error if the client went away meanwhile, every
@@ -216,15 +218,19 @@ const minShareWait = storage.MinInterval
 // hold waits for a request that delay reserved, first for wait from now.
 // Then the window zones and the clusters of the distributed zones that
 // hold it must let it through at the time it goes, and count it: neither
-// can be charged ahead of time as a bucket is (a window counts when
-// requests went, see zone.reserve; a cluster's estimate is of what was
-// granted), so one that is still (or again) full, or a cluster whose share
-// for this instance still keeps the key out, makes it wait again, for as
-// long as it says (clusterWait for a cluster), within each zone's
-// max_delay; waits that are not for a share count against maxHoldRounds.
-// It reports whether the request may go, how long it waited in all if so,
-// and an error if the client went away. A request that may not go has no
-// charge left in any of them.
+// counts a request ahead of time as a bucket does (a window counts when
+// requests went; a cluster's estimate is of what was granted). A window
+// zone gives back the place it reserved (zone.reserve) and takes the
+// request at once, checked as any request is; one that is still (or
+// again) full (the window's sub-windows count a grant up to a sub-window
+// longer than the reservation's wait said, or a key sharing its
+// counters came), or a cluster whose share for this instance still keeps
+// the key out, makes it wait again, its place reserved again, for as long
+// as it says (clusterWait for a cluster), within each zone's max_delay;
+// waits that are not for a share count against maxHoldRounds. It reports
+// whether the request may go, how long it waited in all if so, and an
+// error if the client went away. A request that may not go has no charge
+// left in any of them but its reservations, which delay gives back.
 func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait time.Duration) (bool, time.Duration, error) {
 	var waited time.Duration
 	for full := 0; ; {
@@ -242,6 +248,8 @@ func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait 
 				continue
 			}
 			if p := v.z.windowTable(); p != nil {
+				v.z.buckets.Refund(v.debt)
+				v.debt = limiter.Reservation{}
 				if d := late.Take(p, v.c.hash, v.weight, at); !d.Allowed {
 					if d.RetryAfter <= 0 || waited+d.RetryAfter > v.z.maxDelay {
 						return false, 0, nil
@@ -264,6 +272,11 @@ func (h *Handler) hold(r *http.Request, verdicts []verdict, now time.Time, wait 
 		}
 		if !late.Denied() {
 			return true, waited, nil
+		}
+		for i := range verdicts {
+			if v := &verdicts[i]; v.delayed && v.z.windowTable() != nil {
+				_, v.debt = v.z.reserve(v.c.hash, v.weight, at)
+			}
 		}
 		if !shares {
 			if full++; full == maxHoldRounds {

@@ -117,3 +117,84 @@ func TestWindowZoneTellsWhenARequestWouldPass(t *testing.T) {
 		t.Fatalf("at 40 s: %v, Retry-After %q, RateLimit %q; want 429, from 20 to 20 + %v, and t the same", err, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"), extra)
 	}
 }
+
+// A held request's place in a window zone is reserved when it arrives
+// (DESIGN.md §4): a newcomer that comes at the very moment the held
+// request goes, before it takes its place, finds the window full and is
+// denied, and the held request passes after the one wait it was told.
+// events 10 in 1s: one grant at 0, nine at 0.5 s, and a request at 0.5 s
+// held until the grant of 0 stops counting. Taken only when it went, the
+// held request lost its place to the newcomer and waited again, for the
+// nine.
+func TestWindowZoneHeldRequestKeepsItsPlace(t *testing.T) {
+	h, held := delayHandler(t, "delay_window_place", 0, 2*time.Second)
+	z := h.zones[0]
+	key := keyOf(z, "192.0.2.1:1", "", nil)
+	serveN := func(n int) {
+		t.Helper()
+		for i := range n {
+			if _, err := serve(h, weightedRequest("/")); err != nil {
+				t.Fatalf("request %d: %v", i+1, err)
+			}
+		}
+	}
+	serveN(1)
+	held.clock.Advance(500 * time.Millisecond)
+	serveN(9)
+	var newcomer limiter.Decision
+	came := false
+	held.meanwhile = func(now time.Time) {
+		if !came {
+			came = true
+			newcomer, _ = z.buckets.TakeHash(key, 1, now)
+		}
+	}
+	serveN(1)
+	w := held.held()
+	extra := z.buckets.(*limiter.Windows).ExtraWait()
+	if len(w) != 1 || w[0] < 500*time.Millisecond || w[0] > 500*time.Millisecond+extra {
+		t.Errorf("held request's waits %v, want one, until the grant of 0 stops counting (500ms, and at most %v more)", w, extra)
+	}
+	if newcomer.Allowed {
+		t.Errorf("a newcomer as the held request went (%v after it arrived) was granted (%+v): it took the held request's place", w[0], newcomer)
+	}
+	if d := z.buckets.PeekHash(key, 1, held.clock.Now()); d.Allowed {
+		t.Errorf("after the held request: %+v, want the window full (nine and the held one)", d)
+	}
+}
+
+// A held request that finds its window full when it goes (a reported cost
+// came meanwhile) and cannot wait again within max_delay is denied, its
+// place given back once: the window counts the nine and the cost, no less.
+func TestWindowZoneHeldRequestDeniedAfterItsWaitGivesItsPlaceBackOnce(t *testing.T) {
+	h, held := delayHandler(t, "delay_window_once", 0, 700*time.Millisecond)
+	z := h.zones[0]
+	key := keyOf(z, "192.0.2.1:1", "", nil)
+	for i := range 10 {
+		if i == 1 {
+			held.clock.Advance(500 * time.Millisecond)
+		}
+		if _, err := serve(h, weightedRequest("/")); err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+	}
+	came := false
+	held.meanwhile = func(now time.Time) {
+		if !came {
+			came = true
+			z.buckets.Charge(key, 1, now)
+		}
+	}
+	if _, err := serve(h, weightedRequest("/")); status(err) != http.StatusTooManyRequests {
+		t.Fatalf("held request: %v, want 429: the window is full until 1.5 s, past max_delay", err)
+	}
+	if w := held.held(); len(w) != 1 {
+		t.Fatalf("waits %v, want one", w)
+	}
+	if d := z.buckets.PeekHash(key, 1, held.clock.Now()); d.Remaining != 0 {
+		t.Errorf("after the denial: %+v, want the nine and the reported cost counted (none left)", d)
+	}
+	if n := z.counts.held.Load(); n != 0 {
+		t.Errorf("%d still held", n)
+	}
+}

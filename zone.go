@@ -376,17 +376,20 @@ func (z *zone) reset(d limiter.Decision) time.Duration {
 	return d.Reset
 }
 
-// reserve charges a held request's cost ahead of time where the zone can,
-// and says how long the request must wait: a token bucket charges it as a
-// debt that the wait repays. A window zone charges nothing and only says
-// the wait: a window counts when requests went, so hold takes it at the
-// time the request goes, as it takes a cluster; a request that finds the
-// window full again then (another took its place) waits again.
+// reserve charges a held request's cost ahead of time and says how long
+// the request must wait: a token bucket charges it as a debt that the wait
+// repays. A window zone charges it now, as a place in the window that
+// every later request counts (so none takes the room the held request
+// waits for), and hold gives the place back when the request goes, for
+// the take that counts it from then: a window counts when requests went.
 func (z *zone) reserve(h uint64, weight int64, now time.Time) (limiter.Decision, limiter.Reservation) {
 	if z.window > 0 {
 		d := z.buckets.PeekHash(h, weight, now)
-		d.Allowed = d.RetryAfter != limiter.Never
-		return d, limiter.Reservation{}
+		if d.Allowed = d.RetryAfter != limiter.Never; !d.Allowed {
+			return d, limiter.Reservation{}
+		}
+		_, res := z.buckets.Charge(h, weight, now)
+		return d, res
 	}
 	return z.buckets.Charge(h, weight, now)
 }

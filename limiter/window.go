@@ -35,9 +35,10 @@ import (
 // Buckets protocol below), weights, refunds, held requests and SetLimit, on
 // every path where a request's cost is known when it is granted; a cost
 // charged after the fact (Charge) counts from the moment it is charged. A
-// request held until it would pass is taken then, like any other (the
-// Caddy module's action delay does so): a window reserves nothing ahead of
-// time, since what it counts is when requests went. Racing requests whose
+// request held until it would pass is taken then, like any other: what a
+// window counts is when requests went. (The Caddy module's action delay
+// reserves its place at arrival with a Charge, which every later request
+// counts, and refunds it just before the take.) Racing requests whose
 // times were read out of order are checked, when a counter's latest charge
 // is later than their time, against everything the counter holds, and
 // counted as made at that latest charge: a request late by less than a
@@ -111,6 +112,8 @@ type windowParams struct {
 	tshift uint8  // g·cb: where T starts
 	stb    uint8  // a sub-window is 1<<stb ticks
 	cmask  uint64 // 1<<cb − 1
+	ones   uint64 // a 1 at the bottom of every group: Σ 1<<(i·cb), i < g
+	top    uint8  // (g−1)·cb: the oldest group's shift, where sum adds up
 	s      uint64 // sub-windows in a window
 	smask  uint64 // T's values: 1<<sb − 1
 	half   uint64 // 1<<(sb−1): a T this far ahead or more is past
@@ -205,6 +208,8 @@ func windowParamsFor(l Limit, n int) *windowParams {
 		tshift: g * cb,
 		stb:    stb,
 		cmask:  1<<cb - 1,
+		ones:   (1<<(uint(g)*uint(cb)) - 1) / (1<<cb - 1),
+		top:    (g - 1) * cb,
 		s:      s,
 		smask:  1<<sb - 1,
 		half:   half,
@@ -304,13 +309,15 @@ func (p *windowParams) live(v, t uint64) (n int, ahead uint64) {
 	return int(p.s + 1 - k), 0
 }
 
-// sum is what groups 0 to n−1 of v count.
+// sum is what groups 0 to n−1 of v count, added in one multiplication
+// (the loop over the groups, sumGroups in the tests, is the reference):
+// field j of v's groups times ones is the sum of groups 0 to j, which is
+// at most what all of v's groups count, which is at most ceil < 1<<cb
+// (capped and convert keep it so), so no field carries into the next and
+// the oldest field, at top, holds the whole sum.
 func (p *windowParams) sum(v uint64, n int) uint64 {
-	var u uint64
-	for i := range n {
-		u += p.count(v, i)
-	}
-	return u
+	f := v & (1<<(uint(n)*uint(p.cb)) - 1)
+	return f * p.ones >> p.top & p.cmask
 }
 
 // expires is how many ticks after t group i of v stops counting (v's
@@ -330,24 +337,11 @@ func (p *windowParams) expires(v uint64, i int, d, ahead uint64) uint64 {
 // what it counts, the ticks until it has room for cost, and until it
 // counts nothing.
 func (p *windowParams) waits(v, t, cost uint64) (used, room, clear uint64) {
-	n, ahead := p.live(v, t)
-	if n == 0 {
+	n, d, ahead := p.at(v, t)
+	if used = p.sum(v, n); used == 0 {
 		return 0, 0, 0
 	}
-	var d uint64
-	if ahead == 0 {
-		d = (t - v>>p.tshift) & p.smask
-	}
-	used = p.sum(v, n)
-	if used == 0 {
-		return 0, 0, 0
-	}
-	for i := range n {
-		if p.count(v, i) != 0 {
-			clear = p.expires(v, i, d, ahead)
-			break
-		}
-	}
+	clear = p.clearing(v, n, d, ahead)
 	if used+cost <= p.events {
 		return used, 0, clear
 	}
@@ -359,6 +353,28 @@ func (p *windowParams) waits(v, t, cost uint64) (used, room, clear uint64) {
 		}
 	}
 	return used, clear, clear
+}
+
+// at is live(v, t) with how many ticks past v's latest charge t is (0 if
+// it is ahead): what expires needs.
+func (p *windowParams) at(v, t uint64) (n int, d, ahead uint64) {
+	n, ahead = p.live(v, t)
+	if n != 0 && ahead == 0 {
+		d = (t - v>>p.tshift) & p.smask
+	}
+	return n, d, ahead
+}
+
+// clearing is when v, whose groups 0 to n−1 count something at a tick d
+// past (or ahead before) its latest charge, counts nothing: when the
+// newest group that counts anything expires.
+func (p *windowParams) clearing(v uint64, n int, d, ahead uint64) uint64 {
+	for i := range n {
+		if p.count(v, i) != 0 {
+			return p.expires(v, i, d, ahead)
+		}
+	}
+	return 0
 }
 
 // charge counts cost in counter value v for a request at tick t: the
@@ -389,10 +405,19 @@ func (p *windowParams) charge(v, cost, t uint64) (nv, T uint64) {
 	return p.capped(T, f, cost), T
 }
 
-// capped is the counter of latest charge T and groups f with cost added
-// to the newest group, keeping the newest counts up to ceil in all (0 if
-// nothing is left).
+// capped is the counter of latest charge T and groups f with cost (at
+// least 1) added to the newest group, keeping the newest counts up to
+// ceil in all (0 if nothing is left).
 func (p *windowParams) capped(T, f, cost uint64) uint64 {
+	if p.sum(f, int(p.g))+cost <= p.ceil { // nothing to drop: one add
+		return T<<p.tshift | (f + cost)
+	}
+	return p.dropOldest(T, f, cost)
+}
+
+// dropOldest is capped group by group, for a charge that takes the counts
+// beyond ceil.
+func (p *windowParams) dropOldest(T, f, cost uint64) uint64 {
 	left := p.ceil
 	var out uint64
 	for i := range int(p.g) {
@@ -472,10 +497,10 @@ table:
 		}
 		var vals [8]uint64
 		for {
-			// The emptiest counter decides (the first of equals); the
-			// first to have room is when the key does.
+			// The emptiest counter decides (the first of equals). A grant
+			// needs only what each counts; a denial or a peek also reads
+			// when each has room and counts nothing (answer).
 			best, fw := uint64(math.MaxUint64), 0
-			retry, reset := uint64(math.MaxUint64), uint64(math.MaxUint64)
 			for m := sub.words; m != 0; m &= m - 1 {
 				wi := bits.TrailingZeros8(m) & 7
 				v := loadWord(&ln[wi])
@@ -484,20 +509,12 @@ table:
 					continue table
 				}
 				vals[wi] = v
-				used, room, clear := p.waits(v, tick, cost)
-				if used < best {
+				if used := p.used(v, tick); used < best {
 					best, fw = used, wi
 				}
-				retry, reset = min(retry, room), min(reset, clear)
 			}
-			if !commit || retry > 0 {
-				d.Allowed = d.RetryAfter != Never && retry == 0
-				d.Remaining = int64(p.events - min(best, p.events))
-				d.Reset = p.until(ns, tick, reset)
-				if !d.Allowed && d.RetryAfter != Never {
-					d.RetryAfter = p.until(ns, tick, retry)
-				}
-				return d
+			if !commit || best+cost > p.events {
+				return p.answer(d, &vals, sub.words, ns, tick, cost)
 			}
 			// Only the header: chargeWord records every counter the key
 			// charges, and nothing reads the others.
@@ -514,10 +531,13 @@ table:
 			nv, res := p.chargeEmptiest(&ln[fw], vals[fw], sub, fw, cost, tick, r)
 			switch res {
 			case chargeGranted:
+				// The charge is in the newest group, which counts until a
+				// window and a tick after the counter's latest charge
+				// (tick, or a racing request's later one): Reset, within a
+				// tick and without a division, as Buckets'.
 				d.Allowed = true
-				used, _, clear := p.waits(nv, tick, 1)
-				d.Remaining = int64(p.events - min(used, p.events))
-				d.Reset = p.until(ns, tick, clear)
+				d.Remaining = int64(p.events - min(p.used(nv, tick), p.events))
+				d.Reset = p.about(p.wt + 1 + (nv>>p.tshift-tick)&p.smask)
 				return d
 			case chargeFrozen:
 				p = w.giveBack(w.moved(p), r, paid, ns)
@@ -531,6 +551,32 @@ table:
 			}
 		}
 	}
+}
+
+// answer is the Decision d of a request of cost at tick tick (ns) that
+// charges nothing, its key's counters being vals at the words in mask: a
+// denial, or a peek. The first counter to have room is when the key does;
+// the first to count nothing, its Reset.
+func (p *windowParams) answer(d Decision, vals *[8]uint64, mask uint8, ns int64, tick, cost uint64) Decision {
+	best := uint64(math.MaxUint64)
+	retry, reset := uint64(math.MaxUint64), uint64(math.MaxUint64)
+	for m := mask; m != 0; m &= m - 1 {
+		used, room, clear := p.waits(vals[bits.TrailingZeros8(m)&7], tick, cost)
+		best, retry, reset = min(best, used), min(retry, room), min(reset, clear)
+	}
+	d.Allowed = d.RetryAfter != Never && retry == 0
+	d.Remaining = int64(p.events - min(best, p.events))
+	d.Reset = p.until(ns, tick, reset)
+	if !d.Allowed && d.RetryAfter != Never {
+		d.RetryAfter = p.until(ns, tick, retry)
+	}
+	return d
+}
+
+// used is what counter value v counts at tick t.
+func (p *windowParams) used(v, t uint64) uint64 {
+	n, _ := p.live(v, t)
+	return p.sum(v, n)
 }
 
 // keyPos is where a Reservation records counter word wi of sub.
@@ -558,7 +604,7 @@ func (p *windowParams) chargeWord(q *uint64, v uint64, sub subset, wi int, cost,
 // outcome of Buckets' chargeFullest.
 func (p *windowParams) chargeEmptiest(q *uint64, v uint64, sub subset, wi int, cost, t uint64, r *Reservation) (uint64, int) {
 	for {
-		if n, _ := p.live(v, t); p.sum(v, n)+cost > p.events {
+		if p.used(v, t)+cost > p.events {
 			return v, chargeLost
 		}
 		nv, T := p.charge(v, cost, t)

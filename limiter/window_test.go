@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -402,4 +403,49 @@ func TestWindowsARefundDatedBeforeItsChargeGivesItAllBack(t *testing.T) {
 			t.Errorf("after refunding all 10, dated %v before the charge: %d remaining, want 10", back, d.Remaining)
 		}
 	}
+}
+
+// sumGroups is sum group by group: the reference of the one multiplication
+// that replaces it.
+func (p *windowParams) sumGroups(v uint64, n int) uint64 {
+	var u uint64
+	for i := range n {
+		u += p.count(v, i)
+	}
+	return u
+}
+
+// Every counter a table can hold (its groups adding up to at most 2·Events)
+// sums and charges as the group-by-group references do (sumGroups, and
+// dropOldest for capped's one add), for layouts of every number of groups
+// and widths from 2 to 31 bits.
+func TestWindowsSumAndCapAgreeWithTheGroupByGroupReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(29, 1))
+	checked := 0
+	for _, events := range []int64{1, 2, 3, 5, 10, 31, 100, 128, 511, 512, 8191, 8192, MaxBurst} {
+		p := windowParamsFor(Limit{Events: events, Window: time.Minute}, 1)
+		for range 2000 {
+			// Random groups, the newest first, within ceil in all.
+			var f uint64
+			left := p.ceil
+			for i := range int(p.g) {
+				c := min(left, r.Uint64N(p.ceil+1)>>r.UintN(uint(p.cb)+1))
+				left -= c
+				f |= c << (uint(i) * uint(p.cb))
+			}
+			T := r.Uint64() & p.smask
+			v := T<<p.tshift | f
+			for n := range int(p.g) + 1 {
+				if got, want := p.sum(v, n), p.sumGroups(v, n); got != want {
+					t.Fatalf("events %d: sum(%#x, %d) = %d, want %d", events, v, n, got, want)
+				}
+			}
+			cost := 1 + r.Uint64N(p.ceil)
+			if got, want := p.capped(T, f, cost), p.dropOldest(T, f, cost); got != want {
+				t.Fatalf("events %d: capped(%#x, %#x, %d) = %#x, want %#x", events, T, f, cost, got, want)
+			}
+			checked++
+		}
+	}
+	t.Logf("%d counters checked", checked)
 }
