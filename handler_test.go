@@ -40,8 +40,10 @@ var testClocks sync.Map // *Handler → *testclock.Clock
 func newTestHandler(t testing.TB, clock *testclock.Clock, zones map[string]*Zone) *Handler {
 	t.Helper()
 	h := &Handler{RateLimits: zones, logger: zap.NewNop(), sleep: sleep, now: time.Now}
+	h.meter = &timeMeter{clock: time.Now}
 	if clock != nil {
 		h.now = clock.Now
+		h.meter.clock = clock.Now
 		testClocks.Store(h, clock)
 		t.Cleanup(func() { testClocks.Delete(h) })
 	}
