@@ -256,7 +256,9 @@ func TestReloadMidRequestChargesTimeOnce(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	reloaded := make(chan error, 1)
 	// Caddy's reload waits for the old server's requests: run it beside.
-	go func() { reloaded <- testcaddy.Load(t, adminPort, withPorts(timeConfig("reload_time", upstream, "two")), "caddyfile") }()
+	go func() {
+		reloaded <- testcaddy.Load(t, adminPort, withPorts(timeConfig("reload_time", upstream, "two")), "caddyfile")
+	}()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
