@@ -3,6 +3,7 @@ package floodgate
 import (
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,5 +125,41 @@ func TestTimeMeterChargesEachMillisecondOnce(t *testing.T) {
 	h.meter.tickAt(h.now())
 	if got := left(h, "a"); got < 849 || got > 853 {
 		t.Errorf("after 150 ms ticked 10 times: %d left, want 850 (+ its refill)", got)
+	}
+}
+
+// Runs starting and ending on many goroutines while ticks charge them are
+// each charged their time exactly once, and leave nothing behind.
+func TestTimeMeterConcurrentRunsAreChargedOnce(t *testing.T) {
+	h, clock := keyedHandler(t, "meter_concurrent", zoneconf.Limit{MaxEvents: 1_000_000, Window: caddy.Duration(time.Hour), Burst: 1_000_000}, func(z *Zone) {
+		z.WeightResponseTime = true
+	})
+	z := h.zones[0]
+	hash := keyOf(z, "192.0.2.1:1", "", map[string]string{"X-Key": "a"})
+	t0 := clock.Now()
+	const goroutines, runs = 8, 50
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Go(func() {
+			for range runs {
+				r := h.meter.start(afterCharge{z: z, hash: hash}, t0)
+				h.meter.end(r, t0.Add(10*time.Millisecond))
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 200 {
+			h.meter.tickAt(t0.Add(time.Duration(i%10) * time.Millisecond))
+		}
+	})
+	wg.Wait()
+	// 400 runs of 10 ms, charged within 10 ms of t0: 4000 ms, and the
+	// refill of at most 10 ms at a million an hour (3).
+	left := z.buckets.PeekHash(hash, 1, t0.Add(10*time.Millisecond)).Remaining
+	if want := int64(1_000_000 - goroutines*runs*10); left < want || left > want+3 {
+		t.Errorf("%d ms left after %d runs of 10 ms, want %d", left, goroutines*runs, want)
+	}
+	if n := h.meter.live.Load(); n != 0 {
+		t.Errorf("%d runs live after all ended", n)
 	}
 }
