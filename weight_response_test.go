@@ -338,3 +338,56 @@ func TestResponseStatusOvershootIsWhatWasInFlight(t *testing.T) {
 		t.Errorf("after 2m: %v, want it served", err)
 	}
 }
+
+// A dry run (action log) of response_status is charged as the zone would be
+// if it enforced, for the requests it would let through; those it would deny
+// pass, logged, and are charged nothing, as for every weight.
+func TestResponseStatusDryRunChargesWhatItWouldLetThrough(t *testing.T) {
+	h, clock := keyedHandler(t, "logins_dry_run", zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(time.Hour), Burst: 2}, func(z *Zone) {
+		z.WeightResponseStatus = []string{"401"}
+		z.Action = "log"
+	})
+	failed := &upstream{status: http.StatusUnauthorized}
+	for i := range 5 {
+		if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), failed); err != nil {
+			t.Fatalf("failed login %d in a dry run: %v, want it to pass", i+1, err)
+		}
+	}
+	if failed.hits != 5 {
+		t.Errorf("%d upstream hits, want 5: a dry run refuses nothing", failed.hits)
+	}
+	// Charged 2, not 5: half an hour brings one back.
+	clock.Advance(30 * time.Minute)
+	if got := left(h, "a"); got != 1 {
+		t.Errorf("half an hour after 2 charged and 3 logged: %d left, want 1", got)
+	}
+}
+
+// With action delay, a request of a spent key waits for its budget and then
+// goes on; its weight is reserved while it waits, and its status charges
+// nothing more.
+func TestResponseStatusWithDelayHoldsASpentKey(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour))
+	h := newTestHandler(t, clock, map[string]*Zone{"logins_delay": {
+		Limit:                zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Second), Burst: 1},
+		WeightResponseStatus: []string{"401"},
+		Action:               "delay",
+		MaxDelay:             caddy.Duration(250 * time.Millisecond),
+	}})
+	held := &heldClock{clock: clock}
+	h.sleep = held.sleep
+	failed := &upstream{status: http.StatusUnauthorized}
+	for i := range 3 {
+		if _, err := serveThrough(h, weightedRequest("/"), failed); status(err) == http.StatusTooManyRequests {
+			t.Fatalf("failed login %d: %v, want it held, then served", i+1, err)
+		}
+	}
+	// One back every 100 ms, burst 1: the first is charged at its 401,
+	// the next two wait for a token each.
+	if w := held.held(); len(w) != 2 || w[0] <= 0 || w[0] > 100*time.Millisecond || w[1] <= 0 || w[1] > 100*time.Millisecond {
+		t.Errorf("waits %v, want two of at most 100ms", w)
+	}
+	if failed.hits != 3 {
+		t.Errorf("%d upstream hits, want 3", failed.hits)
+	}
+}
