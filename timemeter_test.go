@@ -163,3 +163,28 @@ func TestTimeMeterConcurrentRunsAreChargedOnce(t *testing.T) {
 		t.Errorf("%d runs live after all ended", n)
 	}
 }
+
+// The ticker starts with the first run and charges runs on its own, at the
+// meter's clock's time: here a test clock moved by a second, so the charge
+// is a second whenever the real ticker fires.
+func TestTimeMeterTicksOnItsOwn(t *testing.T) {
+	h, clock := keyedHandler(t, "meter_ticker", zoneconf.Limit{MaxEvents: 60_000, Window: caddy.Duration(time.Minute), Burst: 60_000}, func(z *Zone) {
+		z.WeightResponseTime = true
+	})
+	m := &timeMeter{clock: clock.Now, auto: true}
+	z := h.zones[0]
+	hash := keyOf(z, "192.0.2.1:1", "", map[string]string{"X-Key": "a"})
+	r := m.start(afterCharge{z: z, hash: hash}, clock.Now())
+	clock.Advance(time.Second)
+	deadline := time.Now().Add(10 * time.Second) // 40 ticks
+	for z.buckets.PeekHash(hash, 1, clock.Now()).Remaining > 59_000 {
+		if time.Now().After(deadline) {
+			t.Fatal("no tick charged the run within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	m.end(r, clock.Now())
+	if got := z.buckets.PeekHash(hash, 1, clock.Now()).Remaining; got != 59_000 {
+		t.Errorf("a second charged by the ticker, then the run ended: %d left, want 59000 (charged once)", got)
+	}
+}
