@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	_ "github.com/caddyserver/caddy/v2/modules/filestorage"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -379,5 +380,54 @@ func TestDelayHoldsARequestOnlyItsShareKeepsOut(t *testing.T) {
 	}
 	if len(held.held()) != before {
 		t.Errorf("request 6, over the cluster's limit, was held: %v", held.held()[before:])
+	}
+}
+
+// A distributed zone with weight response_status or response_time counts
+// what the responses cost in the cluster, as a reported cost is, and
+// admits a key only while the cluster has room for it: a key spent on
+// another instance is refused here before its request is served.
+func TestDeferredCostsAreCountedInTheCluster(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		edit func(*Zone)
+		next caddyhttp.Handler
+		cost int64
+	}{
+		{"status", func(z *Zone) { z.WeightResponseStatus = []string{"401"} }, &upstream{status: http.StatusUnauthorized}, 1},
+		{"time", func(z *Zone) { z.WeightResponseTime = true }, nil, 300},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := testclock.New(time.Now().Add(time.Hour))
+			zc := &Zone{Limit: zoneconf.Limit{MaxEvents: 1000, Window: caddy.Duration(time.Hour), Burst: 1000, Memory: 4096}}
+			tt.edit(zc)
+			dir := t.TempDir()
+			d := &Distributed{ReadInterval: caddy.Duration(time.Second), WriteInterval: caddy.Duration(time.Second), Bursts: "free"}
+			h := distributedHandler(t, clock, "dd_"+tt.name, zc, d, dir)
+			z := h.zones[0]
+			key := keyOf(z, "192.0.2.1:1", "", nil)
+			next := tt.next
+			if next == nil {
+				next = slowWeight(h, clock, 300*time.Millisecond, "")
+			}
+			if _, err := serveThrough(h, weightedRequest("/"), next); status(err) == http.StatusTooManyRequests {
+				t.Fatal(err)
+			}
+			_, rate := countsOf(z, 0)
+			if d := rate.PeekHash(key, 1, clock.Now()); d.Remaining < 1000-tt.cost || d.Remaining > 1000-tt.cost+1 {
+				t.Errorf("the cluster holds %d of 1000 after a response costing %d, want %d", d.Remaining, tt.cost, 1000-tt.cost)
+			}
+			// Another instance spends the key: this one refuses it
+			// before the upstream once it has read that.
+			shape, _ := countsOf(z, 0)
+			p := newClusterPeer(t, dir, shape, 1000, d.intervals(time.Hour), "zz-peer")
+			p.c.Add(key, 2000, clock.Now())
+			p.publish(clock.Now())
+			syncCounts(z, clock.Now())
+			u := &upstream{status: http.StatusOK}
+			if _, err := serveThrough(h, weightedRequest("/"), u); status(err) != http.StatusTooManyRequests || u.hits != 0 {
+				t.Errorf("a key the cluster has spent: %v after %d upstream hits, want a 429 before the upstream", err, u.hits)
+			}
+		})
 	}
 }

@@ -180,10 +180,12 @@ func deciding(verdicts []verdict) int {
 
 // takeAll asks every policy of z (its rate, then its quotas) for v's weight
 // in txn, and sets v's decisions.
+// A zone that charges once the response is known (zone.deferred) only
+// checks that every policy has room for the weight.
 func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
 	v.rate = z.take(txn, v.c.hash, v.weight, now)
 	for i, s := range z.quotas {
-		v.q[i] = txn.Take(s, v.c.hash, v.weight, now)
+		v.q[i] = z.ask(txn, s, v.c.hash, v.weight, now)
 	}
 	v.combine()
 }
@@ -206,13 +208,24 @@ func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
 // take charges the key with hash h in the zone's token bucket and, if the
 // zone is distributed, in its cluster estimate, as part of txn: the request
 // passes when both allow it. The decision is the bucket's, with the
-// cluster's denial, wait and remaining count where they are stricter.
+// cluster's denial, wait and remaining count where they are stricter. A
+// zone that charges once the response is known (zone.deferred) charges
+// nothing here: it checks the key has room for the weight.
 func (z *zone) take(txn *limiter.Txn, h uint64, weight int64, now time.Time) limiter.Decision {
-	d := txn.Take(z.buckets, h, weight, now)
+	d := z.ask(txn, z.buckets, h, weight, now)
 	if z.dist == nil {
 		return d
 	}
-	return stricter(d, txn.Take(z.dist.cluster, h, weight, now))
+	return stricter(d, z.ask(txn, z.dist.cluster, h, weight, now))
+}
+
+// ask takes weight from p in txn, or, in a zone that charges once the
+// response is known, checks p has room for it (limiter.Txn.Check).
+func (z *zone) ask(txn *limiter.Txn, p limiter.Policy, h uint64, weight int64, now time.Time) limiter.Decision {
+	if z.deferred() {
+		return txn.Check(p, h, weight, now)
+	}
+	return txn.Take(p, h, weight, now)
 }
 
 // peek answers what take would, charging nothing.

@@ -20,8 +20,13 @@ func (z *zone) meaning() string {
 	} else {
 		fmt.Fprintf(&b, "%d per %s sustained, up to %d at once", zc.MaxEvents, spanWords(time.Duration(zc.Window)), zc.Burst)
 	}
-	if zc.WeightResponseBytes {
+	switch {
+	case zc.WeightResponseBytes:
 		b.WriteString(" (bytes of response body)")
+	case zc.WeightResponseTime:
+		b.WriteString(" (milliseconds of response time)")
+	case zc.WeightResponseStatus != nil:
+		b.WriteString(" (responses with status " + strings.Join(zc.WeightResponseStatus, ", ") + " only)")
 	}
 	b.WriteString(" " + z.keyWords())
 	for _, q := range zc.Quotas {

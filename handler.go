@@ -101,6 +101,9 @@ type Handler struct {
 	// replace both to drive time.
 	sleep func(context.Context, time.Duration) error
 	now   func() time.Time
+	// meter charges the time of requests in zones with weight
+	// response_time (timemeter.go); tests give a handler its own.
+	meter *timeMeter
 }
 
 // emitter is what the handler uses of Caddy's events app (caddyevents.App).
@@ -221,7 +224,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
-	h.sleep, h.now = sleep, time.Now
+	h.sleep, h.now, h.meter = sleep, time.Now, sharedMeter
 	return nil
 }
 

@@ -40,8 +40,10 @@ var testClocks sync.Map // *Handler → *testclock.Clock
 func newTestHandler(t testing.TB, clock *testclock.Clock, zones map[string]*Zone) *Handler {
 	t.Helper()
 	h := &Handler{RateLimits: zones, logger: zap.NewNop(), sleep: sleep, now: time.Now}
+	h.meter = &timeMeter{clock: time.Now}
 	if clock != nil {
 		h.now = clock.Now
+		h.meter.clock = clock.Now
 		testClocks.Store(h, clock)
 		t.Cleanup(func() { testClocks.Delete(h) })
 	}
@@ -461,6 +463,8 @@ func BenchmarkServeHTTP(b *testing.B) {
 		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: "192.0.2.1"}))
 		w := httptest.NewRecorder()
 		now := time.Now()
+		// What the response costs is charged at the handler's time too.
+		h.now = func() time.Time { return now }
 		_ = h.serveAt(w, r, okHandler, now)
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -560,6 +564,12 @@ func BenchmarkServeHTTP(b *testing.B) {
 	})
 	b.Run("allowed_response_header", func(b *testing.B) {
 		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.WeightResponseHeader = "X-Query-Cost" })), false)
+	})
+	b.Run("allowed_response_status", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.WeightResponseStatus = []string{"401", "403"} })), false)
+	})
+	b.Run("allowed_response_time", func(b *testing.B) {
+		run(b, newTestHandler(b, nil, weighted(func(zc *Zone) { zc.WeightResponseTime = true })), false)
 	})
 }
 

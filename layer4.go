@@ -15,8 +15,9 @@ import (
 	"github.com/floodgate-rl/floodgate/layer4"
 )
 
-// Layer4Zone returns the global zone name for a layer4 matcher. A zone with
-// action delay is refused: a connection cannot be held until its tokens
+// Layer4Zone returns the global zone name for a layer4 matcher. A zone that
+// charges an HTTP response's status or time is refused (a connection has
+// neither), and so is a zone with action delay: a connection cannot be held until its tokens
 // return without keeping a socket and a goroutine for every connection of a
 // flood, and closing it instead would enforce a zone whose action says
 // otherwise.
@@ -27,6 +28,9 @@ func (a *App) Layer4Zone(name string) (layer4.Zone, error) {
 	}
 	if z.action.holds() {
 		return layer4.Zone{}, fmt.Errorf("zone %q has action delay, which holds HTTP requests; a layer4 matcher cannot hold a connection: use a zone with action deny or log", name)
+	}
+	if z.deferred() {
+		return layer4.Zone{}, fmt.Errorf("zone %q charges only what an HTTP response says it cost (weight response_status or response_time); a connection has no response, so a layer4 matcher would charge each one a unit the zone does not count in: use a zone of its own", name)
 	}
 	a.sharedWithLayer4(z)
 	return z.layer4(), nil

@@ -95,6 +95,24 @@ func TestLayer4RefusesADelayZone(t *testing.T) {
 	}
 }
 
+// A zone that charges responses' statuses or time cannot serve a layer4
+// matcher: a connection has neither, so it would be charged in a unit the
+// zone does not count in.
+func TestLayer4RefusesAZoneChargedByItsResponses(t *testing.T) {
+	for name, edit := range map[string]func(*Zone){
+		"by_status": func(z *Zone) { z.WeightResponseStatus = []string{"401"} },
+		"by_time":   func(z *Zone) { z.WeightResponseTime = true },
+	} {
+		zc := &Zone{Limit: zoneconf.Limit{MaxEvents: 3, Burst: 3, Window: caddy.Duration(time.Hour)}}
+		edit(zc)
+		a, _ := provisionedApp(t, map[string]*Zone{name: zc})
+		_, err := a.Layer4Zone(name)
+		if err == nil || !strings.Contains(err.Error(), `zone "`+name+`" charges only what an HTTP response says`) {
+			t.Errorf("error %v, want one naming the zone and why", err)
+		}
+	}
+}
+
 // A zone with action log is a dry run for connections too.
 func TestLayer4DryRunZone(t *testing.T) {
 	a, _ := provisionedApp(t, map[string]*Zone{

@@ -221,3 +221,173 @@ func TestResponseWeightCountsInTheQuotaWhenReported(t *testing.T) {
 		t.Errorf("quota estimate %v after a response costing 150000, want at least 149999", got)
 	}
 }
+
+// keyedHandler is a handler with one zone keyed by the X-Key header, of
+// limit and weight rule edit sets, on a clock of its own.
+func keyedHandler(t *testing.T, name string, limit zoneconf.Limit, edit func(*Zone)) (*Handler, *testclock.Clock) {
+	t.Helper()
+	clock := testclock.New(time.Now().Add(time.Hour))
+	limit.Memory = 4096
+	zc := &Zone{Key: "{http.request.header.X-Key}", Limit: limit}
+	edit(zc)
+	return newTestHandler(t, clock, map[string]*Zone{name: zc}), clock
+}
+
+// left is what key holds in h's only zone at h's time.
+func left(h *Handler, key string) int64 {
+	z := h.zones[0]
+	return z.buckets.PeekHash(keyOf(z, "192.0.2.1:1", "", map[string]string{"X-Key": key}), 1, h.now()).Remaining
+}
+
+// upstream answers with status, written or (as basic_auth does) returned
+// as an error, and counts the requests that reach it.
+type upstream struct {
+	hits     int
+	status   int
+	returned bool
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	u.hits++
+	if u.returned {
+		return caddyhttp.Error(u.status, io.EOF)
+	}
+	w.WriteHeader(u.status)
+	return nil
+}
+
+// A zone with weight response_status charges only the responses whose
+// status it names, written or returned as an error, and refuses a key whose
+// budget they spent before its request reaches the upstream.
+func TestResponseStatusChargesOnlyMatchingResponses(t *testing.T) {
+	for _, returned := range []bool{false, true} {
+		t.Run(map[bool]string{false: "written", true: "returned"}[returned], func(t *testing.T) {
+			h, _ := keyedHandler(t, "logins_"+strconv.FormatBool(returned), zoneconf.Limit{MaxEvents: 3, Window: caddy.Duration(time.Hour), Burst: 3}, func(z *Zone) {
+				z.WeightResponseStatus = []string{"401", "403"}
+			})
+			ok := &upstream{status: http.StatusOK, returned: false}
+			for i := range 10 {
+				if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), ok); err != nil {
+					t.Fatalf("successful login %d: %v", i+1, err)
+				}
+			}
+			if got := left(h, "a"); got != 3 {
+				t.Fatalf("after 10 successful logins the key holds %d, want 3: they cost nothing", got)
+			}
+			failed := &upstream{status: http.StatusUnauthorized, returned: returned}
+			for i := range 3 {
+				if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), failed); status(err) == http.StatusTooManyRequests {
+					t.Fatalf("failed login %d refused: %v", i+1, err)
+				}
+			}
+			w, err := serveThrough(h, weightedRequest("/", "X-Key: a"), failed)
+			if status(err) != http.StatusTooManyRequests || failed.hits != 3 {
+				t.Fatalf("4th failed login: %v after %d upstream hits, want a 429 before the upstream (3 hits)", err, failed.hits)
+			}
+			if got := w.Header().Get("RateLimit"); !strings.Contains(got, "r=0") {
+				t.Errorf("RateLimit %q, want r=0", got)
+			}
+			if _, err := serveThrough(h, weightedRequest("/", "X-Key: b"), failed); status(err) == http.StatusTooManyRequests || failed.hits != 4 {
+				t.Errorf("another key's failed login: %v, want it to reach the upstream", err)
+			}
+		})
+	}
+}
+
+// Requests in flight when a key's budget is spent were all admitted with
+// room: the key is charged each as its status is known, into debt up to one
+// burst below empty (limiter.Buckets.Charge), which the next request waits
+// out.
+func TestResponseStatusOvershootIsWhatWasInFlight(t *testing.T) {
+	h, clock := keyedHandler(t, "logins_in_flight", zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Minute), Burst: 1}, func(z *Zone) {
+		z.WeightResponseStatus = []string{"4xx"}
+	})
+	// Three requests admitted before any has answered: each nests the
+	// next inside it, so all three pass the zone before the first 401.
+	var serve func(depth int) caddyhttp.Handler
+	admitted := 0
+	serve = func(depth int) caddyhttp.Handler {
+		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			admitted++
+			if depth < 3 {
+				if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), serve(depth+1)); status(err) != http.StatusUnauthorized {
+					t.Errorf("request %d admitted while %d in flight: %v", depth+1, depth, err)
+				}
+			}
+			return caddyhttp.Error(http.StatusUnauthorized, io.EOF)
+		})
+	}
+	if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), serve(1)); status(err) != http.StatusUnauthorized {
+		t.Fatal(err)
+	}
+	if admitted != 3 {
+		t.Fatalf("%d admitted, want 3", admitted)
+	}
+	if got := left(h, "a"); got != 0 {
+		t.Errorf("key holds %d after 3 failures on a budget of 1, want 0 (and debt behind it)", got)
+	}
+	// Three charged on a budget of 1: a debt of 1 below empty (one
+	// burst), which the key refills at 1 a minute: refused for two
+	// minutes less a moment, not more.
+	clock.Advance(2*time.Minute - time.Second)
+	if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), &upstream{status: 200}); status(err) != http.StatusTooManyRequests {
+		t.Errorf("after 1m59s: %v, want a 429 (the overshoot is owed)", err)
+	}
+	clock.Advance(time.Second)
+	if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), &upstream{status: 200}); err != nil {
+		t.Errorf("after 2m: %v, want it served", err)
+	}
+}
+
+// A dry run (action log) of response_status is charged as the zone would be
+// if it enforced, for the requests it would let through; those it would deny
+// pass, logged, and are charged nothing, as for every weight.
+func TestResponseStatusDryRunChargesWhatItWouldLetThrough(t *testing.T) {
+	h, clock := keyedHandler(t, "logins_dry_run", zoneconf.Limit{MaxEvents: 2, Window: caddy.Duration(time.Hour), Burst: 2}, func(z *Zone) {
+		z.WeightResponseStatus = []string{"401"}
+		z.Action = "log"
+	})
+	failed := &upstream{status: http.StatusUnauthorized}
+	for i := range 5 {
+		if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), failed); err != nil {
+			t.Fatalf("failed login %d in a dry run: %v, want it to pass", i+1, err)
+		}
+	}
+	if failed.hits != 5 {
+		t.Errorf("%d upstream hits, want 5: a dry run refuses nothing", failed.hits)
+	}
+	// Charged 2, not 5: half an hour brings one back.
+	clock.Advance(30 * time.Minute)
+	if got := left(h, "a"); got != 1 {
+		t.Errorf("half an hour after 2 charged and 3 logged: %d left, want 1", got)
+	}
+}
+
+// With action delay, a request of a spent key waits for its budget and then
+// goes on; its weight is reserved while it waits, and its status charges
+// nothing more.
+func TestResponseStatusWithDelayHoldsASpentKey(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour))
+	h := newTestHandler(t, clock, map[string]*Zone{"logins_delay": {
+		Limit:                zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Second), Burst: 1},
+		WeightResponseStatus: []string{"401"},
+		Action:               "delay",
+		MaxDelay:             caddy.Duration(250 * time.Millisecond),
+	}})
+	held := &heldClock{clock: clock}
+	h.sleep = held.sleep
+	failed := &upstream{status: http.StatusUnauthorized}
+	for i := range 3 {
+		if _, err := serveThrough(h, weightedRequest("/"), failed); status(err) == http.StatusTooManyRequests {
+			t.Fatalf("failed login %d: %v, want it held, then served", i+1, err)
+		}
+	}
+	// One back every 100 ms, burst 1: the first is charged at its 401,
+	// the next two wait for a token each.
+	if w := held.held(); len(w) != 2 || w[0] <= 0 || w[0] > 100*time.Millisecond || w[1] <= 0 || w[1] > 100*time.Millisecond {
+		t.Errorf("waits %v, want two of at most 100ms", w)
+	}
+	if failed.hits != 3 {
+		t.Errorf("%d upstream hits, want 3", failed.hits)
+	}
+}

@@ -41,7 +41,16 @@ func TestBadWeightQuotaAndActionValuesFailAtLoad(t *testing.T) {
 		{"weight without a value", zone("weight"), "wrong argument count"},
 		{"weight with two values", zone("weight 2 3"), "wrong argument count"},
 		{"response_header without a field", zone("weight response_header"), "response_header needs a value"},
-		{"both response weights", zone("weight response_header X-Cost\nweight response_bytes"), `weight response_header "X-Cost": a zone charges either`},
+		{"both response weights", zone("weight response_header X-Cost\nweight response_bytes"), `zone "z": weight response_header and weight response_bytes: a zone charges one cost its response reports, not both`},
+		{"status and time", zone("weight response_status 401\nweight response_time"), `zone "z": weight response_status and weight response_time: a zone charges one cost`},
+		{"response_status without a status", zone("weight response_status"), `zone "z": weight response_status: needs at least one status code or class, e.g. 401 403 or 4xx`},
+		{"response_status 4xxx", zone("weight response_status 401 4xxx"), `zone "z": weight response_status: "4xxx": not a status code (401) or class (4xx)`},
+		{"response_status 1xx", zone("weight response_status 1xx"), `zone "z": weight response_status: "1xx": a class is 2xx, 3xx, 4xx or 5xx`},
+		{"response_status 101", zone("weight response_status 101"), `zone "z": weight response_status: "101": a final status is from 200 to 599`},
+		{"response_status 600", zone("weight response_status 600"), `zone "z": weight response_status: "600": a final status is from 200 to 599`},
+		{"response_status twice", zone("weight response_status 401\nweight response_status 403"), `zone "z": weight response_status is set twice`},
+		{"response_time with a value", zone("weight response_time 300ms"), `zone "z": weight response_time takes no value, not "300ms"`},
+		{"response_time and a weight rule", zone("weight 2 {\nmethod POST\n}\nweight response_time"), `zone "z": weight response_time: a zone that charges the response's time has no other weight rule`},
 		{"handler weight 0", "weight 0\n" + zone(""), "weight 0: must be at least 1"},
 		{"handler weight -2", "weight -2\n" + zone(""), "weight -2: must be at least 1"},
 		{"quota 0 1h", zone("quota 0 1h"), `zone "z": quota "0": the count must be a whole number of at least 1`},
@@ -80,6 +89,8 @@ func TestBadValuesInJSONFailAtValidation(t *testing.T) {
 		{"action explode", func(z *Zone) { z.Action = "explode" }, `zone "z": action "explode": must be deny, log or delay`},
 		{"action delay -1s", func(z *Zone) { z.Action, z.MaxDelay = "delay", caddy.Duration(-time.Second) }, `zone "z": action delay -1s: the longest delay must be positive`},
 		{"max_delay without delay", func(z *Zone) { z.MaxDelay = caddy.Duration(time.Second) }, `zone "z": max_delay 1s: only with action delay`},
+		{"weight_response_status 4x", func(z *Zone) { z.WeightResponseStatus = []string{"4x"} }, `zone "z": weight response_status: "4x": not a status code (401) or class (4xx)`},
+		{"weight_response_status empty", func(z *Zone) { z.WeightResponseStatus = []string{} }, `zone "z": weight response_status: needs at least one status code or class`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			z := base()
@@ -104,6 +115,16 @@ func TestWeightSubdirectivesParse(t *testing.T) {
 		quota 50 1h
 		quota 500 24h
 		action delay 2s
+	}
+	zone logins {
+		events 5
+		window 10m
+		weight response_status 401 403 5xx
+	}
+	zone backend {
+		events 60000
+		window 1m
+		weight response_time
 	}`)
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +136,8 @@ func TestWeightSubdirectivesParse(t *testing.T) {
 		`"weight_response_header":"X-Upstream-Cost"`,
 		`"quotas":[{"max_events":50,"window":3600000000000},{"max_events":500,"window":86400000000000}]`,
 		`"action":"delay","max_delay":2000000000`,
+		`"weight_response_status":["401","403","5xx"]`,
+		`"weight_response_time":true`,
 	} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("JSON %s\nlacks %s", got, want)

@@ -10,6 +10,7 @@ package floodgate
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -26,8 +27,27 @@ func (zc *Zone) validateWeights(where string) error {
 	if err := weight.Validate(zc.Weights, zc.grantable()); err != nil {
 		return fmt.Errorf("%s%v", where, err)
 	}
-	if zc.WeightResponseHeader != "" && zc.WeightResponseBytes {
-		return fmt.Errorf("%sweight response_header %q: a zone charges either a response header or the response bytes, not both", where, zc.WeightResponseHeader)
+	var after []string
+	if zc.WeightResponseHeader != "" {
+		after = append(after, "response_header")
+	}
+	if zc.WeightResponseBytes {
+		after = append(after, "response_bytes")
+	}
+	if zc.WeightResponseStatus != nil {
+		after = append(after, "response_status")
+		if _, err := weight.ParseStatuses(zc.WeightResponseStatus); err != nil {
+			return fmt.Errorf("%sweight response_status: %v", where, err)
+		}
+	}
+	if zc.WeightResponseTime {
+		after = append(after, "response_time")
+		if len(zc.Weights) > 0 {
+			return fmt.Errorf("%sweight response_time: a zone that charges the response's time has no other weight rule (its unit is the millisecond)", where)
+		}
+	}
+	if len(after) > 1 {
+		return fmt.Errorf("%sweight %s and weight %s: a zone charges one cost its response reports, not both (define a zone for each)", where, after[0], after[1])
 	}
 	return nil
 }
@@ -37,6 +57,14 @@ func (z *zone) provisionWeights(ctx caddy.Context, zc *Zone) error {
 	z.grantable = zc.grantable()
 	z.afterHeader = zc.WeightResponseHeader
 	z.afterBytes = zc.WeightResponseBytes
+	z.afterTime = zc.WeightResponseTime
+	if zc.WeightResponseStatus != nil {
+		st, err := weight.ParseStatuses(zc.WeightResponseStatus)
+		if err != nil {
+			return fmt.Errorf("zone %q: weight response_status: %v", z.name, err)
+		}
+		z.afterStatus = &st
+	}
 	rules, err := weight.Provision(ctx, zc.Weights, fmt.Sprintf("zone %q", z.name))
 	if err != nil {
 		return err
@@ -48,13 +76,32 @@ func (z *zone) provisionWeights(ctx caddy.Context, zc *Zone) error {
 // checkHandlerWeight reports an error if w, the weight of a handler that
 // charges z, is a number z could never grant. A zone with a rule for every
 // request never uses the handler's weight.
+// A zone that charges the response's time ignores the handler's weight.
 func (z *zone) checkHandlerWeight(w weight.Value) error {
+	if z.afterTime {
+		return nil
+	}
 	return z.weights.CheckHandler(w, z.grantable)
 }
 
-// weightOf is what r costs in z: see weight.Rules.Of.
+// weightOf is what r costs in z: see weight.Rules.Of. In a zone that
+// charges the response's time, what r needs to be admitted: 1 ms.
 func (z *zone) weightOf(r *http.Request, repl *caddy.Replacer, hw weight.Value) (int64, error) {
+	if z.afterTime {
+		return 1, nil
+	}
 	return z.weights.Of(r, repl, hw, z.grantable)
+}
+
+// deferred reports whether z charges a request nothing at admission, only
+// once its response says what it costs (weight response_status and
+// response_time): it admits a request if the key has room for its weight.
+func (z *zone) deferred() bool { return z.afterStatus != nil || z.afterTime }
+
+// reportsWeight reports whether the response tells z what the request
+// costs, through a weightWriter.
+func (z *zone) reportsWeight() bool {
+	return z.afterHeader != "" || z.afterBytes || z.afterStatus != nil
 }
 
 // parseWeightValue reads the weight argument the dispenser is on: a whole
@@ -75,16 +122,18 @@ func parseWeightValue(d *caddyfile.Dispenser, where string) (weight.Value, error
 //	weight <n|placeholder> [{ <matchers> }]
 //	weight response_header <field>
 //	weight response_bytes
+//	weight response_status <code|class>...
+//	weight response_time
 //
-// seen holds the zone's settings so far: response_header and response_bytes
-// may be written once, and a rule after one without matchers (which prices
+// seen holds the zone's settings so far: the response_ forms may be
+// written once, and a rule after one without matchers (which prices
 // every request) would never apply.
 func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string, seen zoneconf.Fields) error {
 	if !d.NextArg() {
 		return d.ArgErr()
 	}
 	switch d.Val() {
-	case "response_header", "response_bytes":
+	case "response_header", "response_bytes", "response_status", "response_time":
 		if err := seen.OnceAs(d, where, "weight "+d.Val()); err != nil {
 			return err
 		}
@@ -101,11 +150,23 @@ func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string, seen zonec
 		}
 		zc.WeightResponseHeader = field
 		return nil
-	case "response_bytes":
-		if d.NextArg() {
-			return d.ArgErr()
+	case "response_bytes", "response_time":
+		form := d.Val()
+		if rest := d.RemainingArgs(); len(rest) > 0 {
+			return d.Errf("%sweight %s takes no value, not %q", where, form, strings.Join(rest, " "))
 		}
-		zc.WeightResponseBytes = true
+		if form == "response_bytes" {
+			zc.WeightResponseBytes = true
+		} else {
+			zc.WeightResponseTime = true
+		}
+		return nil
+	case "response_status":
+		codes := d.RemainingArgs()
+		if _, err := weight.ParseStatuses(codes); err != nil {
+			return d.Errf("%sweight response_status: %v", where, err)
+		}
+		zc.WeightResponseStatus = codes
 		return nil
 	}
 	v, err := parseWeightValue(d, where)
@@ -194,9 +255,9 @@ func addCapped(s quotaPolicy, h uint64, before, after int64, now time.Time) {
 }
 
 // weightWriter charges the weights zones read from a response (weight
-// response_header, weight response_bytes) as weight.ResponseWriter reports
-// them: pending[i] settles what the response reports for its i-th Watch.
-// Only requests that meet such a zone get one.
+// response_header, response_bytes, response_status) as weight.ResponseWriter
+// reports them: pending[i] settles what the response reports for its i-th
+// Watch. Only requests that meet such a zone get one.
 type weightWriter struct {
 	weight.ResponseWriter
 	pending []afterCharge
@@ -204,12 +265,25 @@ type weightWriter struct {
 }
 
 // serveCharged passes the request on; for zones whose weight the response
-// reports, through a weightWriter that charges it.
+// reports, through a weightWriter that charges it, and for zones that
+// charge its time, metered by h.meter while it runs. A zone that charged
+// nothing at admission (zone.deferred) owes all of it, unless action delay
+// held the request, which reserved its weight (paid, then).
 func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts []verdict, next caddyhttp.Handler) error {
 	var ww *weightWriter
+	var runs [2]*timedRun
+	timed := runs[:0]
 	for i := range verdicts {
 		v := &verdicts[i]
-		if v.z.afterHeader == "" && !v.z.afterBytes || v.logged {
+		if v.logged || !v.z.reportsWeight() && !v.z.afterTime {
+			continue
+		}
+		c := afterCharge{z: v.z, hash: v.c.hash, paid: v.weight}
+		if v.z.deferred() && !v.delayed {
+			c.paid = 0
+		}
+		if v.z.afterTime {
+			timed = append(timed, h.meter.start(c, h.now()))
 			continue
 		}
 		if ww == nil {
@@ -217,13 +291,20 @@ func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts 
 			ww.Init(w, ww, h.now)
 			ww.pending = ww.inline[:0]
 		}
-		ww.pending = append(ww.pending, afterCharge{z: v.z, hash: v.c.hash, paid: v.weight})
-		ww.Watch(weight.Watch{Header: v.z.afterHeader, Bytes: v.z.afterBytes})
+		ww.pending = append(ww.pending, c)
+		ww.Watch(weight.Watch{Header: v.z.afterHeader, Bytes: v.z.afterBytes, Status: v.z.afterStatus, Cost: v.weight})
 	}
+	var err error
 	if ww == nil {
-		return next.ServeHTTP(w, r)
+		err = next.ServeHTTP(w, r)
+	} else {
+		err = next.ServeHTTP(ww, r)
+		ww.Done(err)
 	}
-	return next.ServeHTTP(ww, r)
+	for _, run := range timed {
+		h.meter.end(run, h.now())
+	}
+	return err
 }
 
 // Reported settles the zone of the i-th pending charge.

@@ -73,6 +73,20 @@ type Zone struct {
 	// byte (RateLimit-Policy says qu="content-bytes").
 	WeightResponseBytes bool `json:"weight_response_bytes,omitempty"`
 
+	// WeightResponseStatus charges the request's weight (1, or what the
+	// weight rules or the handler's weight say) only when its final
+	// status is one of these codes ("401") or classes ("4xx"): a handler's
+	// written status, or the status of the error it returned (basic_auth's
+	// 401, reverse_proxy's 502). A request is admitted only if its key
+	// has room for its weight, charging nothing until the status is known.
+	WeightResponseStatus []string `json:"weight_response_status,omitempty"`
+
+	// WeightResponseTime charges the time from the request passing the
+	// zone until its response is complete, in milliseconds, as that time
+	// passes; the zone's unit is then the millisecond (RateLimit-Policy
+	// says qu="ms"). A request is admitted if its key has 1 ms left.
+	WeightResponseTime bool `json:"weight_response_time,omitempty"`
+
 	// Quotas are rolling limits beside the rate: at most max_events in
 	// any window of that length. A request is charged to the rate and
 	// every quota only if all of them allow it. At most 2 per zone.
@@ -196,9 +210,12 @@ type zone struct {
 	// weight the zone can ever grant.
 	weights   weight.Rules
 	grantable int64
-	// afterHeader or afterBytes: the weight reported by the response.
+	// afterHeader, afterBytes, afterStatus (nil if none) or afterTime:
+	// the weight reported by the response.
 	afterHeader string
 	afterBytes  bool
+	afterStatus *weight.Statuses
+	afterTime   bool
 	// unit is the RateLimit-Policy parameter naming the zone's unit, if
 	// not requests.
 	unit string
@@ -249,8 +266,11 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	if err := z.provisionWeights(ctx, zc); err != nil {
 		return nil, err
 	}
-	if z.afterBytes {
+	switch {
+	case z.afterBytes:
 		z.unit = `;qu="content-bytes"`
+	case z.afterTime:
+		z.unit = `;qu="ms"`
 	}
 	z.action, z.maxDelay = parseAction(zc.Action), time.Duration(zc.MaxDelay)
 	if z.action.holds() && !zc.Windowed() {

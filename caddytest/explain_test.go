@@ -60,6 +60,20 @@ http://localhost:HTTP_PORT {
 			burst 100
 		}
 	}
+	rate_limit /api {
+		zone explain_failed {
+			key {client_ip}
+			events 5
+			window 10m
+			weight response_status 401 4xx
+		}
+		zone explain_time {
+			key {client_ip}
+			events 60000
+			window 1m
+			weight response_time
+		}
+	}
 	respond "ok"
 }
 `
@@ -76,6 +90,8 @@ http://localhost:HTTP_PORT {
 		`info zone "explain_shared": at most 10 in any 2 seconds per X-Api-Key header or client address (networks of /24 for IPv4, /64 for IPv6); and at most 3 in any day`,
 		`info zone "explain_login": at most 5 in any 10 minutes for all its requests together (no key)`,
 		`info zone "explain_burst": 1000 per 5 minutes sustained, up to 100 at once per client address`,
+		`info zone "explain_failed": at most 5 in any 10 minutes (responses with status 401, 4xx only) per client address`,
+		`info zone "explain_time": at most 60000 in any minute (milliseconds of response time) per client address`,
 		`warn the rate_limit global option defines zones "explain_also_unused", "explain_everything", which no site, route or layer4 matcher uses, so nothing is limited by it: the global option only defines zones; to apply one, write rate_limit explain_also_unused explain_everything in each site (or route) it limits`,
 		`warn zone "explain_login": has no key, so every request it applies to shares one bucket, whoever sends it; to limit each client, add key {client_ip}`,
 		`warn zone "explain_cost": its weight rule {http.request.header.X-Cost} prices every request, so a request without it (or with anything but a whole number of at least 1) is answered 400`,

@@ -5,8 +5,11 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
 )
 
 // okUpstream is an upstream that answers 200 "upstream", for the recipes
@@ -114,5 +117,83 @@ func TestWhyABare400(t *testing.T) {
 	}
 	if code, _, _ := get(t, tc, "/", "X-Cost: 2"); code != 200 {
 		t.Errorf("a good weight: %d", code)
+	}
+}
+
+// loginUpstream is a login form: 200 for the password "right" (in the
+// X-Password header), 401 for any other; it counts the attempts that reach
+// it.
+func loginUpstream(t *testing.T) (addr string, hits *atomic.Int64) {
+	t.Helper()
+	hits = new(atomic.Int64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		if r.Header.Get("X-Password") != "right" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte("welcome"))
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://"), hits
+}
+
+func TestRecipeFailedLoginsOnly(t *testing.T) {
+	tc := newTester(t)
+	addr, hits := loginUpstream(t)
+	tc.InitServer(readmeConfig(t, "## Failed logins only", 0, "", "localhost:8080", addr), "caddyfile")
+	c := clientFrom("127.0.0.42")
+	if got := seq(t, c, 10, "POST", "/login", "X-Password: right"); got != strings.TrimSpace(strings.Repeat("200 ", 10)) {
+		t.Fatalf("ten successful logins: %s", got)
+	}
+	if got := seq(t, c, 5, "POST", "/login", "X-Password: guess"); got != "401 401 401 401 401" {
+		t.Fatalf("five failed logins after ten successful ones: %s, want each to reach the form", got)
+	}
+	before := hits.Load()
+	code, body, resp := do(t, c, testcaddy.Request(t, "POST", baseURL+"/login", "X-Password: guess"))
+	if code != 429 || !strings.HasPrefix(body, "Too many failed logins: try again later") {
+		t.Errorf("sixth failed login: %d %q, want 429 with the message", code, body)
+	}
+	if n := hits.Load() - before; n != 0 {
+		t.Errorf("the sixth failed login reached the upstream (%d hits), want it refused before", n)
+	}
+	// A failure returns every 10m / 5 = 2 minutes.
+	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 120 {
+		t.Errorf("Retry-After %q, want 1 to 120 s", resp.Header.Get("Retry-After"))
+	}
+	if got := seq(t, clientFrom("127.0.0.43"), 1, "POST", "/login", "X-Password: guess"); got != "401" {
+		t.Errorf("another client's failed login: %s, want it to reach the form", got)
+	}
+}
+
+func TestRecipeAShareOfTheBackendsTime(t *testing.T) {
+	tc := newTester(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(300 * time.Millisecond) // the backend's time is what is measured
+		_, _ = w.Write([]byte("result"))
+	}))
+	t.Cleanup(srv.Close)
+	tc.InitServer(readmeConfig(t, "## A share of the backend's time", 0, "", "localhost:8080", strings.TrimPrefix(srv.URL, "http://"), "events 60000", "events 1000"), "caddyfile")
+	c := clientFrom("127.0.0.44")
+	var got []string
+	for range 8 {
+		code, _, resp := do(t, c, testcaddy.Request(t, "GET", baseURL+"/search", "X-API-Key: alice"))
+		got = append(got, strconv.Itoa(code))
+		if code == 429 {
+			if p := resp.Header.Get("RateLimit-Policy"); !strings.Contains(p, `qu="ms"`) {
+				t.Errorf("RateLimit-Policy %q, want the millisecond as the unit", p)
+			}
+			break
+		}
+	}
+	if s := strings.Join(got, " "); s != "200 200 200 429" && s != "200 200 200 200 429" {
+		t.Errorf("a key's 300 ms requests on 1000 ms a minute: %s, want 3 or 4 served, then 429", s)
+	}
+	code, _, resp := do(t, c, testcaddy.Request(t, "GET", baseURL+"/search", "X-API-Key: bob"))
+	if code != 200 {
+		t.Errorf("another key: %d, want it served", code)
+	}
+	if r := remaining(t, resp, "backend_time"); r < 1000-400 || r > 1000 {
+		t.Errorf("another key's first request: r=%d ms left, want what is left before its own time is charged", r)
 	}
 }

@@ -94,6 +94,20 @@ func (t *Txn) Take(p Policy, h uint64, weight int64, now time.Time) Decision {
 	return d
 }
 
+// Check asks p whether it would grant weight tokens of the key with hash h
+// at time now, charging nothing: a denial denies t as Take's does, and
+// rolls back what t holds. It is the admission of a request whose cost is
+// charged later, once known (a response's status or time), so that a key
+// whose budget is spent is refused before the request is served.
+func (t *Txn) Check(p Policy, h uint64, weight int64, now time.Time) Decision {
+	d := p.PeekHash(h, weight, now)
+	if !t.denied && !d.Allowed {
+		t.now = now
+		return t.deny(d)
+	}
+	return d
+}
+
 // deny records a denial by a policy that charged nothing and rolls back
 // every charge held.
 func (t *Txn) deny(d Decision) Decision {

@@ -91,3 +91,32 @@ func TestTxnAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per two-policy decision", allocs)
 	}
 }
+
+// TestTxnCheckChargesNothingAndDeniesWhenSpent: a Check grants what the key
+// could pay without charging it, and a key with nothing left denies the Txn
+// and gives back what an earlier Take charged.
+func TestTxnCheckChargesNothingAndDeniesWhenSpent(t *testing.T) {
+	clk := newFakeClock()
+	other := roomy(t, Limit{Events: 5, Window: time.Hour}, clk)
+	checked := roomy(t, Limit{Events: 1, Window: time.Hour}, clk)
+	h := Hash([]byte("k"))
+	for i := range 3 {
+		var txn Txn
+		txn.Take(other, h, 1, clk.Now())
+		if d := txn.Check(checked, h, 1, clk.Now()); !d.Allowed || txn.Denied() {
+			t.Fatalf("check %d: %+v, want it allowed: nothing was charged", i+1, d)
+		}
+	}
+	if got := checked.PeekHash(h, 1, clk.Now()).Remaining; got != 1 {
+		t.Fatalf("checked policy holds %d, want 1: a Check charges nothing", got)
+	}
+	checked.TakeHash(h, 1, clk.Now())
+	var txn Txn
+	txn.Take(other, h, 1, clk.Now())
+	if d := txn.Check(checked, h, 1, clk.Now()); d.Allowed || !txn.Denied() {
+		t.Fatalf("check of a spent key: %+v denied=%v, want a denial", d, txn.Denied())
+	}
+	if got := other.PeekHash(h, 1, clk.Now()).Remaining; got != 2 {
+		t.Fatalf("other policy holds %d after the denial, want 2 (its charge given back)", got)
+	}
+}

@@ -9,11 +9,14 @@ import (
 )
 
 // Watch is a weight a response reports: the value of the header field
-// Header (weight response_header), or, with Bytes, the body's size in bytes
-// (weight response_bytes).
+// Header (weight response_header); with Bytes, the body's size in bytes
+// (weight response_bytes); with Status, Cost if the final status is one
+// of Status (weight response_status), else nothing.
 type Watch struct {
 	Header string
 	Bytes  bool
+	Status *Statuses
+	Cost   int64
 }
 
 // A Reporter is told the weights a response reports.
@@ -26,9 +29,10 @@ type Reporter interface {
 // ResponseWriter reports to a Reporter the weights a response declares, as
 // soon as each is known and before the client can have it, so that the
 // client's next request is decided on a key that has paid for this one: a
-// header's value when the header is written, once, at the final (non-1xx)
-// status; the body's bytes as they are written. A missing or bad header
-// value (see Count) reports nothing. Set it up with Init and Watch.
+// header's value, or a status's cost, when the header is written, once, at
+// the final (non-1xx) status; the body's bytes as they are written. A
+// missing or bad header value (see Count) reports nothing. Set it up with
+// Init and Watch, and tell it with Done what the handler returned.
 type ResponseWriter struct {
 	caddyhttp.ResponseWriterWrapper
 	report  Reporter
@@ -56,19 +60,46 @@ func (w *ResponseWriter) Watch(x Watch) {
 	w.countBytes = w.countBytes || x.Bytes
 }
 
-// WriteHeader reports the header fields watched, once, at the final status.
+// WriteHeader reports the header fields and statuses watched, once, at the
+// final status.
 func (w *ResponseWriter) WriteHeader(code int) {
 	if code >= 200 && !w.wrote {
-		w.wrote = true
-		for i, x := range w.watches {
-			if x.Header != "" {
-				if n, ok := Count(w.Header().Get(x.Header)); ok {
-					w.report.Reported(i, 0, n, w.clock())
-				}
-			}
-		}
+		w.final(code, true)
 	}
 	w.ResponseWriterWrapper.WriteHeader(code)
+}
+
+// final reports what the final status code says, and the header fields
+// watched if headers (the response's headers are the handler's).
+func (w *ResponseWriter) final(code int, headers bool) {
+	w.wrote = true
+	for i, x := range w.watches {
+		switch {
+		case x.Header != "" && headers:
+			if n, ok := Count(w.Header().Get(x.Header)); ok {
+				w.report.Reported(i, 0, n, w.clock())
+			}
+		case x.Status != nil && x.Status.Has(code):
+			w.report.Reported(i, 0, x.Cost, w.clock())
+		}
+	}
+}
+
+// Done tells w that the handler returned err. A handler that wrote no
+// status leaves it to Caddy, which answers an error with its status (see
+// ErrorStatus: basic_auth's 401 is such an error) and nil with 200, as its
+// access log records: Done reports the statuses watched for that one. (A
+// handle_errors route may then write another status; the error's is the
+// one charged.)
+func (w *ResponseWriter) Done(err error) {
+	if w.wrote {
+		return
+	}
+	if err != nil {
+		w.final(ErrorStatus(err), false)
+	} else {
+		w.final(http.StatusOK, true)
+	}
 }
 
 // Write reports p's bytes before it passes them on. Bytes the connection
