@@ -181,7 +181,7 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 			}
 		}
 		for _, s := range v.z.quotas {
-			txn.Take(s, v.c.hash, v.weight, now)
+			v.z.ask(&txn, s, v.c.hash, v.weight, now) // a zone charged after the response only checks
 		}
 	}
 	var err error

@@ -391,3 +391,46 @@ func TestResponseStatusWithDelayHoldsASpentKey(t *testing.T) {
 		t.Errorf("%d upstream hits, want 3", failed.hits)
 	}
 }
+
+// A request held by another zone (action delay) passes a response_status
+// zone's quota as it passes its rate: checked, not charged, since only a
+// matching status charges. Before, the hold charged the quota at admission:
+// three successful logins held by a gate spent three of the quota's five.
+func TestAHoldElsewhereChargesNoQuotaOfAStatusZone(t *testing.T) {
+	clock := testclock.New(time.Now().Add(time.Hour))
+	h := newTestHandler(t, clock, map[string]*Zone{
+		"a_gate": {
+			Key:      "{http.request.header.X-Key}",
+			Limit:    zoneconf.Limit{MaxEvents: 10, Window: caddy.Duration(time.Second), Burst: 1, Memory: 4096},
+			Action:   "delay",
+			MaxDelay: caddy.Duration(250 * time.Millisecond),
+		},
+		"b_logins": {
+			Key:                  "{http.request.header.X-Key}",
+			Limit:                zoneconf.Limit{MaxEvents: 100, Window: caddy.Duration(time.Minute), Burst: 100, Memory: 4096},
+			Quotas:               []Quota{{MaxEvents: 5, Window: caddy.Duration(time.Hour)}},
+			WeightResponseStatus: []string{"401"},
+		},
+	})
+	held := &heldClock{clock: clock}
+	h.sleep = held.sleep
+	ok := &upstream{status: http.StatusOK}
+	for i := range 3 {
+		if _, err := serveThrough(h, weightedRequest("/", "X-Key: carol"), ok); err != nil {
+			t.Fatalf("successful login %d: %v", i+1, err)
+		}
+	}
+	if w := held.held(); len(w) != 2 {
+		t.Fatalf("held %v, want the 2nd and 3rd held by the gate", w)
+	}
+	var logins *zone
+	for _, z := range h.zones {
+		if z.name == "b_logins" {
+			logins = z
+		}
+	}
+	key := keyOf(logins, "192.0.2.1:1", "", map[string]string{"X-Key": "carol"})
+	if d := logins.quotas[0].PeekHash(key, 1, clock.Now()); d.Remaining != 5 {
+		t.Errorf("after 3 successful logins, 2 of them held by another zone, the quota of 5 failed logins has %d left, want all 5", d.Remaining)
+	}
+}
