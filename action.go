@@ -143,7 +143,10 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 		if !v.z.action.enforces() || v.d.Allowed {
 			continue
 		}
-		if !v.z.action.holds() || !v.quotasAllowed() || v.rate.RetryAfter > v.z.maxDelay && !v.shareDenied(now) {
+		// A zone's max_concurrent does not hold (yet): a request
+		// denied a place is denied at once.
+		if !v.z.action.holds() || !v.quotasAllowed() || v.z.conc != nil && !v.conc.Allowed ||
+			v.rate.RetryAfter > v.z.maxDelay && !v.shareDenied(now) {
 			return false, 0, nil
 		}
 	}

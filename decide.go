@@ -41,6 +41,9 @@ type verdict struct {
 	// delayed: a zone with action delay held it; debt is its charge.
 	logged, delayed bool
 	debt            limiter.Reservation
+	// conc is the answer of the zone's max_concurrent, if it has one
+	// (zone.conc): a place admitted, denied, or only peeked at.
+	conc limiter.Decision
 }
 
 // maxInlineVerdicts is how many zones a request can apply without the
@@ -60,6 +63,12 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	var txn limiter.Txn
 	var buf [maxInlineVerdicts]verdict
 	verdicts := buf[:0]
+	// ps are the places the request holds in zones with max_concurrent,
+	// given back when the handler returns, whichever way it does (a
+	// response, an error, a panic of a later handler), and at once if the
+	// request is denied.
+	var ps *places
+	defer func() { ps.release() }()
 	// A request that fails in a zone (a matcher's error, a weight it
 	// refuses) is not served: the zones before it give back what they
 	// took, as when a zone denies.
@@ -93,6 +102,18 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		}
 		v.weight = wt
 		if z.action.enforces() {
+			if z.conc != nil {
+				if txn.Denied() {
+					v.conc = z.peekConc(v.c.hash)
+				} else {
+					if ps == nil {
+						ps = &places{held: make([]limiter.Place, len(h.zones))}
+					}
+					if v.conc = ps.admit(z, v.c.hash); !v.conc.Allowed {
+						txn.Deny(now)
+					}
+				}
+			}
 			z.takeAll(&txn, &v, now)
 		}
 		verdicts = append(verdicts, v)
@@ -103,6 +124,9 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	denied := txn.Denied()
 	if denied {
 		held, wait, err := h.delay(r, verdicts, now)
+		if !held {
+			ps.release() // a denied request takes no place anywhere
+		}
 		if err != nil {
 			return err
 		}
@@ -123,6 +147,22 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 				v.d.Allowed, v.d.RetryAfter = true, 0
 			}
 		}
+	}
+	// A dry run's max_concurrent counts the requests it admits, so that
+	// what it would refuse is what enforcing would.
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.z.conc == nil || v.z.action.enforces() {
+			continue
+		}
+		if denied {
+			v.conc = v.z.peekConc(v.c.hash)
+			continue
+		}
+		if ps == nil {
+			ps = &places{held: make([]limiter.Place, len(h.zones))}
+		}
+		v.conc = ps.admit(v.z, v.c.hash)
 	}
 	logged := h.dryRun(verdicts, denied, now)
 	if !h.DisableMetrics {
@@ -192,6 +232,9 @@ func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
 // nothing: all of them, or only those that granted (and were refunded
 // since, because another policy denied the request).
 func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
+	if z.conc != nil && (all || v.conc.Allowed) {
+		v.conc = z.peekConc(v.c.hash)
+	}
 	if all || v.rate.Allowed {
 		v.rate = z.peek(v.c.hash, v.weight, now)
 	}
@@ -248,6 +291,9 @@ func (v *verdict) retryAfter() time.Duration {
 			d = max(d, q.RetryAfter)
 		}
 	}
+	if v.z.conc != nil && !v.conc.Allowed {
+		d = max(d, v.conc.RetryAfter)
+	}
 	return d
 }
 
@@ -271,6 +317,19 @@ func (v *verdict) combine() {
 			v.d.Remaining, v.d.Limit = q.Remaining, q.Limit
 		}
 		v.d.Reset = max(v.d.Reset, q.Reset)
+	}
+	if v.z.conc != nil {
+		c := v.conc
+		if !c.Allowed {
+			if v.d.Allowed {
+				v.d.Allowed, v.d.RetryAfter = false, c.RetryAfter
+			} else {
+				v.d.RetryAfter = max(v.d.RetryAfter, c.RetryAfter)
+			}
+		}
+		if c.Remaining < v.d.Remaining {
+			v.d.Remaining, v.d.Limit = c.Remaining, c.Limit
+		}
 	}
 }
 
