@@ -1,0 +1,274 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/floodgate-rl/floodgate/caddytest/internal/testcaddy"
+)
+
+// slowUpstream is a real upstream on a loopback port picked at run time:
+// every request to /slow waits until released (or until its own request is
+// cancelled, which it reports on cancelled); /fast answers at once.
+type slowUpstream struct {
+	addr      string
+	arrived   chan string // the X-Key of each /slow request, as it arrives
+	cancelled chan string // the X-Key of each /slow request cancelled upstream
+	release   chan struct{}
+	srv       *http.Server
+}
+
+func newSlowUpstream(t *testing.T) *slowUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &slowUpstream{addr: ln.Addr().String(), arrived: make(chan string, 64), cancelled: make(chan string, 64), release: make(chan struct{})}
+	u.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/slow" {
+			fmt.Fprint(w, "fast")
+			return
+		}
+		u.arrived <- r.Header.Get("X-Key")
+		select {
+		case <-u.release:
+			fmt.Fprint(w, "slow")
+		case <-r.Context().Done():
+			u.cancelled <- r.Header.Get("X-Key")
+		}
+	})}
+	go func() { _ = u.srv.Serve(ln) }()
+	t.Cleanup(func() {
+		close(u.release)
+		_ = u.srv.Close()
+	})
+	return u
+}
+
+// wait returns the next value of ch, failing the test after 10 s.
+func wait(t *testing.T, ch chan string, what string) string {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		return ""
+	}
+}
+
+// inFlight sends GET path with key in the background and returns a channel
+// that gets its status (0 if the client's request failed).
+func inFlight(ctx context.Context, t *testing.T, tc *tester, path, key string) chan int {
+	t.Helper()
+	req := testcaddy.Request(t, http.MethodGet, baseURL+path, "X-Key: "+key).WithContext(ctx)
+	got := make(chan int, 1)
+	go func() {
+		resp, err := tc.Client.Do(req)
+		if err != nil {
+			got <- 0
+			return
+		}
+		resp.Body.Close()
+		got <- resp.StatusCode
+	}()
+	return got
+}
+
+func concurrentConfig(zone, upstream string, n int, extra string) string {
+	return config("", fmt.Sprintf(`
+	route {
+		rate_limit {
+			zone %s {
+				key {header.X-Key}
+				max_concurrent %d
+			}
+		}
+		%s
+		reverse_proxy %s
+	}`, zone, n, extra, upstream))
+}
+
+// eventually retries GET /fast for key until it is served, for at most 5 s:
+// the place of a request whose client went away comes back when Caddy's
+// handler returns, a moment after the client sees its connection closed.
+// A place that never comes back fails the test.
+func eventually(t *testing.T, tc *tester, key string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, _, _ := get(t, tc, "/fast", "X-Key: "+key)
+		if code == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key %s still gets %d 5 s after its requests ended: a place was not given back", key, code)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestMaxConcurrentDeniesTheRequestBeyondN(t *testing.T) {
+	tc := newTester(t)
+	u := newSlowUpstream(t)
+	tc.InitServer(concurrentConfig("conc_n", u.addr, 2, ""), "caddyfile")
+	ctx := context.Background()
+	a1, a2 := inFlight(ctx, t, tc, "/slow", "a"), inFlight(ctx, t, tc, "/slow", "a")
+	wait(t, u.arrived, "a's first request upstream")
+	wait(t, u.arrived, "a's second request upstream")
+	code, _, resp := get(t, tc, "/slow", "X-Key: a")
+	if code != http.StatusTooManyRequests {
+		t.Fatalf("a's third request in flight: %d, want 429", code)
+	}
+	if ra := resp.Header.Get("Retry-After"); ra != "1" {
+		t.Errorf("Retry-After %q, want 1 (no table knows when a request ends)", ra)
+	}
+	if p := resp.Header.Get("RateLimit-Policy"); p != `"conc_n-concurrent";q=2;qu="concurrent-requests"` {
+		t.Errorf("RateLimit-Policy %q", p)
+	}
+	if l := resp.Header.Get("RateLimit"); l != `"conc_n-concurrent";r=0` {
+		t.Errorf("RateLimit %q", l)
+	}
+	b := inFlight(ctx, t, tc, "/slow", "b")
+	select {
+	case k := <-u.arrived:
+		if k != "b" {
+			t.Fatalf("upstream got %q, want b", k)
+		}
+	case c := <-b:
+		t.Fatalf("b's request while a holds both its places: %d, want it served", c)
+	case <-time.After(10 * time.Second):
+		t.Fatal("timed out waiting for b's request upstream")
+	}
+	for range 3 {
+		u.release <- struct{}{}
+	}
+	for _, ch := range []chan int{a1, a2, b} {
+		if c := <-ch; c != http.StatusOK {
+			t.Errorf("a request in flight ended with %d, want 200", c)
+		}
+	}
+	// Both of a's places came back when its requests ended.
+	a3, a4 := inFlight(ctx, t, tc, "/slow", "a"), inFlight(ctx, t, tc, "/slow", "a")
+	wait(t, u.arrived, "a's request upstream")
+	wait(t, u.arrived, "a's request upstream")
+	u.release <- struct{}{}
+	u.release <- struct{}{}
+	if c1, c2 := <-a3, <-a4; c1 != 200 || c2 != 200 {
+		t.Errorf("a after its requests ended: %d %d, want 200 200", c1, c2)
+	}
+}
+
+func TestMaxConcurrentReleasesAClientThatWentAway(t *testing.T) {
+	tc := newTester(t)
+	u := newSlowUpstream(t)
+	tc.InitServer(concurrentConfig("conc_gone", u.addr, 1, ""), "caddyfile")
+	ctx, cancel := context.WithCancel(context.Background())
+	got := inFlight(ctx, t, tc, "/slow", "a")
+	wait(t, u.arrived, "a's request upstream")
+	if code, _, _ := get(t, tc, "/fast", "X-Key: a"); code != http.StatusTooManyRequests {
+		t.Fatalf("a's second request: %d, want 429", code)
+	}
+	cancel()
+	<-got
+	wait(t, u.cancelled, "the upstream request to be cancelled")
+	eventually(t, tc, "a")
+}
+
+func TestMaxConcurrentReleasesOnAnUpstreamTimeout(t *testing.T) {
+	tc := newTester(t)
+	u := newSlowUpstream(t)
+	tc.InitServer(config("", fmt.Sprintf(`
+	route {
+		rate_limit {
+			zone conc_timeout {
+				key {header.X-Key}
+				max_concurrent 1
+			}
+		}
+		reverse_proxy %s {
+			transport http {
+				response_header_timeout 200ms
+			}
+		}
+	}`, u.addr)), "caddyfile")
+	for i := range 3 {
+		// Each request times out upstream (a 504) and gives its place
+		// back before its answer is written: the next one is admitted.
+		if code, _, _ := get(t, tc, "/slow", "X-Key: a"); code != http.StatusGatewayTimeout {
+			t.Fatalf("request %d: %d, want 504 (a 429 means the place of a timed-out request was kept)", i+1, code)
+		}
+		wait(t, u.arrived, "the request upstream")
+	}
+}
+
+func TestMaxConcurrentReleasesOnAHandlerError(t *testing.T) {
+	tc := newTester(t)
+	tc.InitServer(config("", `
+	route {
+		rate_limit {
+			zone conc_err {
+				key {header.X-Key}
+				max_concurrent 1
+			}
+		}
+		error "boom" 503
+	}`), "caddyfile")
+	if got := codes(t, tc, 3, "/", "X-Key: a"); got != "503 503 503" {
+		t.Errorf("statuses %s, want 503 503 503: an error must give the place back", got)
+	}
+}
+
+// A request admitted under one config releases its place into the table
+// the next config uses, and that config's new max_concurrent counts it.
+func TestMaxConcurrentReleasesAcrossAReload(t *testing.T) {
+	tc := newTester(t)
+	u := newSlowUpstream(t)
+	tc.InitServer(concurrentConfig("conc_reload", u.addr, 1, ""), "caddyfile")
+	ctx := context.Background()
+	old := inFlight(ctx, t, tc, "/slow", "a")
+	wait(t, u.arrived, "a's request under the first config")
+	tc.InitServer(concurrentConfig("conc_reload", u.addr, 2, ""), "caddyfile")
+	second := inFlight(ctx, t, tc, "/slow", "a")
+	wait(t, u.arrived, "a's request under the second config")
+	if code, _, _ := get(t, tc, "/fast", "X-Key: a"); code != http.StatusTooManyRequests {
+		t.Fatalf("a's third request: %d, want 429 (the first config's request still holds a place)", code)
+	}
+	u.release <- struct{}{}
+	u.release <- struct{}{}
+	if c1, c2 := <-old, <-second; c1 != 200 || c2 != 200 {
+		t.Fatalf("the requests in flight: %d %d, want 200 200", c1, c2)
+	}
+	// Both places are back: two in flight again, and the third denied.
+	var wg sync.WaitGroup
+	var errs []error
+	var mu sync.Mutex
+	for range 2 {
+		ch := inFlight(ctx, t, tc, "/slow", "a")
+		wg.Go(func() {
+			if c := <-ch; c != 200 {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("status %d", c))
+				mu.Unlock()
+			}
+		})
+	}
+	wait(t, u.arrived, "a's request")
+	wait(t, u.arrived, "a's request")
+	if code, _, _ := get(t, tc, "/fast", "X-Key: a"); code != http.StatusTooManyRequests {
+		t.Errorf("a's third request after the reload: %d, want 429", code)
+	}
+	u.release <- struct{}{}
+	u.release <- struct{}{}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Error(err)
+	}
+}
