@@ -348,6 +348,9 @@ func count(verdicts []verdict, denied bool) {
 			v.z.counts.count(outcomeLogged, v.weight)
 		case !v.d.Allowed:
 			v.z.counts.count(outcomeDenied, v.weight)
+			if v.z.conc != nil && !v.conc.Allowed {
+				v.z.counts.concDenied.Add(1)
+			}
 		case !denied:
 			v.z.counts.count(outcomeAllowed, v.weight)
 		}

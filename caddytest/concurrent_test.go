@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -271,4 +272,140 @@ func TestMaxConcurrentReleasesAcrossAReload(t *testing.T) {
 	if err := errors.Join(errs...); err != nil {
 		t.Error(err)
 	}
+}
+
+// countingDialer counts the connections a client opens.
+type countingDialer struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (d *countingDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.mu.Lock()
+	d.n++
+	d.mu.Unlock()
+	return (&net.Dialer{}).DialContext(ctx, network, addr)
+}
+
+// HTTP/2 streams on one connection are requests in flight one by one.
+func TestMaxConcurrentCountsHTTP2StreamsOneByOne(t *testing.T) {
+	tc := newTester(t)
+	u := newSlowUpstream(t)
+	tc.InitServer(testcaddy.Site(adminPort, httpPort, httpsPort, "servers {\n\t\tprotocols h1 h2c\n\t}", fmt.Sprintf(`
+	rate_limit {
+		zone conc_h2 {
+			key {header.X-Key}
+			max_concurrent 2
+		}
+	}
+	reverse_proxy %s`, u.addr)), "caddyfile")
+	dialer := &countingDialer{}
+	tr := &http.Transport{DialContext: dialer.dial, Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	send := func(path string) chan *http.Response {
+		ch := make(chan *http.Response, 1)
+		go func() {
+			resp, err := c.Do(testcaddy.Request(t, http.MethodGet, baseURL+path, "X-Key: a"))
+			if err != nil {
+				ch <- nil
+				return
+			}
+			resp.Body.Close()
+			ch <- resp
+		}()
+		return ch
+	}
+	s1 := send("/slow")
+	wait(t, u.arrived, "the first stream upstream")
+	s2 := send("/slow")
+	wait(t, u.arrived, "the second stream upstream")
+	third := <-send("/fast")
+	if third == nil || third.StatusCode != http.StatusTooManyRequests || third.ProtoMajor != 2 {
+		t.Fatalf("the third stream: %+v, want a 429 over HTTP/2", third)
+	}
+	u.release <- struct{}{}
+	u.release <- struct{}{}
+	for _, ch := range []chan *http.Response{s1, s2} {
+		if r := <-ch; r == nil || r.StatusCode != http.StatusOK || r.ProtoMajor != 2 {
+			t.Errorf("a stream in flight: %+v, want 200 over HTTP/2", r)
+		}
+	}
+	// Both places are back: two more streams pass.
+	for range 2 {
+		if r := <-send("/fast"); r == nil || r.StatusCode != http.StatusOK {
+			t.Errorf("a stream after the others ended: %+v, want 200", r)
+		}
+	}
+	if dialer.n != 1 {
+		t.Errorf("the client opened %d connections, want every stream on one", dialer.n)
+	}
+}
+
+// A soak of clients that go away mid-request, on a few keys: the gauge of
+// places in use goes back to 0 at rest, and no key is left locked out.
+func TestMaxConcurrentGaugeReturnsToZeroAfterAbortedClients(t *testing.T) {
+	tc := newTester(t)
+	u := newSlowUpstream(t)
+	tc.InitServer(concurrentConfig("conc_soak", u.addr, 3, ""), "caddyfile")
+	const clients = 40
+	var held []chan int // the admitted clients' answers
+	var cancels []context.CancelFunc
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	for i := range clients {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		got := inFlight(ctx, t, tc, "/slow", fmt.Sprint("k", i%4))
+		// Each key holds at most 3: a client is either upstream (admitted)
+		// or answered 429 at once.
+		select {
+		case <-u.arrived:
+			held = append(held, got)
+		case c := <-got:
+			if c != http.StatusTooManyRequests {
+				t.Errorf("client %d: %d, want 429 or held upstream", i, c)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("client %d neither arrived upstream nor was answered", i)
+		}
+	}
+	admitted := len(held)
+	if admitted != 4*3 {
+		t.Errorf("%d of %d clients admitted, want 3 for each of 4 keys", admitted, clients)
+	}
+	// Every client goes away mid-request at once.
+	for _, c := range cancels {
+		c()
+	}
+	for _, got := range held {
+		<-got
+	}
+	for range admitted {
+		wait(t, u.cancelled, "an upstream request to be cancelled")
+	}
+	metric := `caddy_rate_limit_in_flight_requests{zone="conc_soak"}`
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		m := testcaddy.Metrics(t, adminPort)
+		if !strings.Contains(m, metric) {
+			t.Fatalf("/metrics has no %s", metric)
+		}
+		if v := testcaddy.MetricSum(m, metric); v == 0 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%s is %v 5 s after every client went away, want 0", metric, v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for k := range 4 {
+		if code, _, _ := get(t, tc, "/fast", fmt.Sprint("X-Key: k", k)); code != http.StatusOK {
+			t.Errorf("key k%d at rest: %d, want 200", k, code)
+		}
+	}
+	t.Logf("%d of %d clients admitted before going away", admitted, clients)
 }
