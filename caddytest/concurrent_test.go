@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -136,6 +137,15 @@ func TestMaxConcurrentDeniesTheRequestBeyondN(t *testing.T) {
 	}
 	if l := resp.Header.Get("RateLimit"); l != `"conc_n-concurrent";r=0` {
 		t.Errorf("RateLimit %q", l)
+	}
+	// The admin API and the CLI show the key's places and the zone's.
+	out, err := testcaddy.RateLimit(t, adminPort, "key", "conc_n", "a")
+	if err != nil || !strings.Contains(out, "concurrent (2 in flight)  2      0") {
+		t.Errorf("caddy rate-limit key conc_n a: %v\n%s", err, out)
+	}
+	out, err = testcaddy.RateLimit(t, adminPort, "zones")
+	if err != nil || !strings.Contains(out, "zone conc_n: max_concurrent 2: 2 in flight, 1 denied for want of a place") {
+		t.Errorf("caddy rate-limit zones: %v\n%s", err, out)
 	}
 	b := inFlight(ctx, t, tc, "/slow", "b")
 	select {
@@ -408,4 +418,71 @@ func TestMaxConcurrentGaugeReturnsToZeroAfterAbortedClients(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d clients admitted before going away", admitted, clients)
+}
+
+// A WebSocket holds its place while it is open, through reverse_proxy's
+// hijacked connections, and gives it back when it closes.
+func TestMaxConcurrentCountsAnOpenWebSocket(t *testing.T) {
+	tc := newTester(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{}, 4)
+	upstream := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			fmt.Fprint(w, "fast")
+			return
+		}
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		// Echo until the client closes.
+		buf := make([]byte, 64)
+		for {
+			n, err := brw.Read(buf)
+			if err != nil {
+				closed <- struct{}{}
+				return
+			}
+			conn.Write(buf[:n])
+		}
+	})}
+	go func() { _ = upstream.Serve(ln) }()
+	defer upstream.Close()
+	tc.InitServer(concurrentConfig("conc_ws", ln.Addr().String(), 1, ""), "caddyfile")
+	open := func() net.Conn {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", httpPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: localhost:%d\r\nX-Key: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", httpPort)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c
+	}
+	status := func(c net.Conn) string {
+		buf := make([]byte, 12)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatalf("reading the status line: %v", err)
+		}
+		return string(buf[9:12])
+	}
+	ws := open()
+	if s := status(ws); s != "101" {
+		t.Fatalf("the WebSocket's status: %s, want 101", s)
+	}
+	if code, _, _ := get(t, tc, "/fast", "X-Key: a"); code != http.StatusTooManyRequests {
+		t.Fatalf("a request beside the open WebSocket: %d, want 429", code)
+	}
+	ws.Close()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream never saw the WebSocket close")
+	}
+	eventually(t, tc, "a")
 }
