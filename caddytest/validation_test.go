@@ -219,6 +219,7 @@ func TestGoodConfigsValidate(t *testing.T) {
 		{"prefix zero", zoneCaddyfile("ipv4_prefix 0\nipv6_prefix 0")},
 		{"max_concurrent alone, as caddy-ratelimit's PR #98 writes it", handlerCaddyfile("zone z {\nkey {remote_host}\nmax_concurrent 5\n}")},
 		{"max_concurrent beside a rate, a quota, a weight and fallback keys", handlerCaddyfile("zone z {\nkey {header.X-Key} {client_ip}\nevents 10\nwindow 1s\nburst 20\nquota 1000 1h\nweight 2\nmax_concurrent 5\n}")},
+		{"max_concurrent alone and beside a rate in a distributed handler", handlerCaddyfile("zone conc_only {\nkey {client_ip}\nmax_concurrent 5\n}\nzone conc_rate {\nkey {client_ip}\nevents 5\nwindow 1m\nmax_concurrent 5\n}\ndistributed {\nread_interval 1s\nwrite_interval 1s\n}\nstorage file_system /tmp/floodgate-unused")},
 		{"max_concurrent alone with action log and memory", handlerCaddyfile("zone z {\nkey {client_ip}\nmax_concurrent 5\naction log\nmemory 1MiB\n}")},
 		{"high rate as a token bucket", zoneCaddyfile("events 1500000\nwindow 1m\nburst 1048576")},
 		{"the fastest rate", zoneCaddyfile("events 1000000\nwindow 1s")},
