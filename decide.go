@@ -300,37 +300,33 @@ func (v *verdict) retryAfter() time.Duration {
 // quotas are the decisions of the quotas of v's zone.
 func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
 
-// combine sets v.d, the zone's answer, from its policies': allowed if all
-// allow, the fewest tokens left, the longest wait of those that deny, the
-// latest reset.
+// combine sets v.d, the zone's answer, from its policies' (the rate's, the
+// quotas', max_concurrent's): allowed if all allow, the fewest left, the
+// longest wait of those that deny, the latest reset.
 func (v *verdict) combine() {
 	v.d = v.rate
 	for _, q := range v.quotas() {
-		if !q.Allowed {
-			if v.d.Allowed {
-				v.d.Allowed, v.d.RetryAfter = false, q.RetryAfter
-			} else {
-				v.d.RetryAfter = max(v.d.RetryAfter, q.RetryAfter)
-			}
-		}
-		if q.Remaining < v.d.Remaining {
-			v.d.Remaining, v.d.Limit = q.Remaining, q.Limit
-		}
-		v.d.Reset = max(v.d.Reset, q.Reset)
+		combineInto(&v.d, q)
 	}
 	if v.z.conc != nil {
-		c := v.conc
-		if !c.Allowed {
-			if v.d.Allowed {
-				v.d.Allowed, v.d.RetryAfter = false, c.RetryAfter
-			} else {
-				v.d.RetryAfter = max(v.d.RetryAfter, c.RetryAfter)
-			}
-		}
-		if c.Remaining < v.d.Remaining {
-			v.d.Remaining, v.d.Limit = c.Remaining, c.Limit
+		combineInto(&v.d, v.conc) // a place has no reset
+	}
+}
+
+// combineInto combines another policy's decision p into d, as combine
+// does.
+func combineInto(d *limiter.Decision, p limiter.Decision) {
+	if !p.Allowed {
+		if d.Allowed {
+			d.Allowed, d.RetryAfter = false, p.RetryAfter
+		} else {
+			d.RetryAfter = max(d.RetryAfter, p.RetryAfter)
 		}
 	}
+	if p.Remaining < d.Remaining {
+		d.Remaining, d.Limit = p.Remaining, p.Limit
+	}
+	d.Reset = max(d.Reset, p.Reset)
 }
 
 // count adds the request to each zone's counts: allowed where it was
