@@ -212,10 +212,12 @@ type ZoneInfo struct {
 // key may hold, the places in use now (requests in flight, of every key),
 // the requests denied for want of one, and the size of its table.
 type ConcurrentInfo struct {
-	MaxConcurrent int64      `json:"max_concurrent"`
-	InFlight      int64      `json:"in_flight"`
-	Denied        uint64     `json:"denied"`
-	Memory        MemoryInfo `json:"memory"`
+	MaxConcurrent int64  `json:"max_concurrent"`
+	InFlight      int64  `json:"in_flight"`
+	Denied        uint64 `json:"denied"`
+	// Waiting is how many requests wait for a place (action delay).
+	Waiting int        `json:"waiting"`
+	Memory  MemoryInfo `json:"memory"`
 }
 
 // ClusterInfo is a distributed zone's sync through storage: its failures
@@ -286,7 +288,7 @@ func (z *zone) info(now time.Time) ZoneInfo {
 	}
 	zi.XDP = z.table.xdp.info()
 	if z.conc != nil {
-		zi.Concurrent = &ConcurrentInfo{MaxConcurrent: z.conc.Max(), InFlight: z.conc.InUse(), Denied: c.concDenied.Load(),
+		zi.Concurrent = &ConcurrentInfo{MaxConcurrent: z.conc.Max(), InFlight: z.conc.InUse(), Denied: c.concDenied.Load(), Waiting: z.queue.len(),
 			Memory: MemoryInfo{Bytes: z.conc.Bytes(), Lines: z.conc.Lines(), K: z.conc.K()}}
 	}
 	if z.dist != nil {

@@ -10,6 +10,7 @@
 package floodgate
 
 import (
+	"context"
 	cryptorand "crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -40,6 +41,7 @@ type concKey struct {
 type concEntry struct {
 	c      *limiter.Concurrency
 	secret uint64
+	queue  *concQueue // the requests waiting for a place (action delay)
 }
 
 // Destruct implements caddy.Destructor: a table is garbage once no config
@@ -62,13 +64,16 @@ func (z *zone) provisionConcurrency(zc *Zone) error {
 		if _, err := cryptorand.Read(b[:]); err != nil {
 			return nil, fmt.Errorf("drawing the table's secret: %v", err)
 		}
-		return concEntry{c: c, secret: binary.LittleEndian.Uint64(b[:])}, nil
+		return concEntry{c: c, secret: binary.LittleEndian.Uint64(b[:]), queue: &concQueue{waiting: make(map[uint64][]chan struct{})}}, nil
 	})
 	if err != nil {
 		return fmt.Errorf("zone %q: %v", z.name, err)
 	}
 	e := v.(concEntry)
 	z.conc, z.maxConcurrent, z.concSecret = e.c, zc.MaxConcurrent, e.secret
+	if z.action.holds() {
+		z.queue = e.queue
+	}
 	z.concPolicy = concPolicyItem(z.name, zc.MaxConcurrent)
 	return nil
 }
@@ -101,28 +106,54 @@ const concRetryAfter = time.Second
 // them, made only when it meets such a zone.
 type places struct {
 	held []limiter.Place
-	n    int
+	// wakes[i] is the queue to wake when held[i] is released, and the
+	// key's hash: the zone's, if it has action delay.
+	wakes []placeWake
+	n     int
+}
+
+type placeWake struct {
+	q *concQueue
+	h uint64
+}
+
+func newPlaces(zones int) *places {
+	return &places{held: make([]limiter.Place, zones), wakes: make([]placeWake, zones)}
 }
 
 // admit takes a place in z for the key with hash h and returns the
-// decision, RetryAfter set for a denial.
-func (ps *places) admit(z *zone, h uint64) limiter.Decision {
-	d := z.conc.AdmitHash(h, &ps.held[ps.n])
+// decision, RetryAfter set for a denial. In a zone with action delay it
+// waits for a place, up to max_delay, behind the key's earlier requests
+// (concQueue), and returns an error if the client goes away meanwhile.
+func (ps *places) admit(ctx context.Context, z *zone, h uint64) (limiter.Decision, error) {
+	var d limiter.Decision
+	if z.queue != nil {
+		var err error
+		if d, _, err = z.queue.admit(ctx, z.conc, h, &ps.held[ps.n], z.maxDelay); err != nil {
+			return d, err
+		}
+	} else {
+		d = z.conc.AdmitHash(h, &ps.held[ps.n])
+	}
 	if d.Allowed {
+		ps.wakes[ps.n] = placeWake{z.queue, h}
 		ps.n++
 	} else {
 		d.RetryAfter = concRetryAfter
 	}
-	return d
+	return d, nil
 }
 
-// release gives back every place held; a second call gives back nothing.
+// release gives back every place held, waking the first request of its
+// key that waits for one; a second call gives back nothing.
 func (ps *places) release() {
 	if ps == nil {
 		return
 	}
 	for i := range ps.held[:ps.n] {
-		ps.held[i].Release()
+		if ps.held[i].Release() && ps.wakes[i].q != nil {
+			ps.wakes[i].q.wake(ps.wakes[i].h)
+		}
 	}
 	ps.n = 0
 }

@@ -107,9 +107,14 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 					v.conc = z.peekConc(v.c.hash)
 				} else {
 					if ps == nil {
-						ps = &places{held: make([]limiter.Place, len(h.zones))}
+						ps = newPlaces(len(h.zones))
 					}
-					if v.conc = ps.admit(z, v.c.hash); !v.conc.Allowed {
+					var err error
+					if v.conc, err = ps.admit(r.Context(), z, v.c.hash); err != nil {
+						txn.RollbackAt(now)
+						return err
+					}
+					if !v.conc.Allowed {
 						txn.Deny(now)
 					}
 				}
@@ -160,9 +165,9 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 			continue
 		}
 		if ps == nil {
-			ps = &places{held: make([]limiter.Place, len(h.zones))}
+			ps = newPlaces(len(h.zones))
 		}
-		v.conc = ps.admit(v.z, v.c.hash)
+		v.conc, _ = ps.admit(r.Context(), v.z, v.c.hash) // a dry run never waits
 	}
 	logged := h.dryRun(verdicts, denied, now)
 	if !h.DisableMetrics {

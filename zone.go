@@ -222,6 +222,8 @@ type zone struct {
 	maxConcurrent int64
 	concPolicy    string
 	concSecret    uint64
+	// queue holds the requests waiting for a place, with action delay.
+	queue *concQueue
 }
 
 // provisionZone validates zc and acquires its table. The caller must

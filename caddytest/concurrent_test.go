@@ -38,7 +38,7 @@ func newSlowUpstream(t *testing.T) *slowUpstream {
 			fmt.Fprint(w, "fast")
 			return
 		}
-		u.arrived <- r.Header.Get("X-Key")
+		u.arrived <- r.Header.Get("X-Key") + r.Header.Get("X-N")
 		select {
 		case <-u.release:
 			fmt.Fprint(w, "slow")
@@ -485,4 +485,109 @@ func TestMaxConcurrentCountsAnOpenWebSocket(t *testing.T) {
 		t.Fatal("the upstream never saw the WebSocket close")
 	}
 	eventually(t, tc, "a")
+}
+
+// With action delay, a request beyond max_concurrent waits for a place, up
+// to max_delay, first come first served per key; one that would wait
+// longer is denied.
+func TestMaxConcurrentDelayWaitsForAPlaceInOrder(t *testing.T) {
+	tc := newTester(t)
+	u := newSlowUpstream(t)
+	tc.InitServer(config("", fmt.Sprintf(`
+	route /q/* {
+		rate_limit {
+			zone conc_delay {
+				key {header.X-Key}
+				max_concurrent 1
+				action delay 10s
+			}
+		}
+		uri strip_prefix /q
+		reverse_proxy %s
+	}
+	route /short/* {
+		rate_limit {
+			zone conc_short {
+				key {header.X-Key}
+				max_concurrent 1
+				action delay 100ms
+			}
+		}
+		uri strip_prefix /short
+		reverse_proxy %s
+	}`, u.addr, u.addr)), "caddyfile")
+	ctx := context.Background()
+	send := func(prefix, n string) chan int {
+		req := testcaddy.Request(t, http.MethodGet, baseURL+prefix+"/slow", "X-Key: a", "X-N: "+n)
+		got := make(chan int, 1)
+		go func() {
+			resp, err := tc.Client.Do(req.WithContext(ctx))
+			if err != nil {
+				got <- 0
+				return
+			}
+			resp.Body.Close()
+			got <- resp.StatusCode
+		}()
+		return got
+	}
+	first := send("/q", "1")
+	if k := wait(t, u.arrived, "the first request"); k != "a1" {
+		t.Fatalf("upstream got %q first, want a1", k)
+	}
+	second := send("/q", "2")
+	// The second must be queued before the third is sent: it waits
+	// without reaching the upstream, so wait until the zone counts it.
+	waitQueued(t, "conc_delay", 1)
+	third := send("/q", "3")
+	waitQueued(t, "conc_delay", 2)
+	for _, want := range []string{"a2", "a3"} {
+		u.release <- struct{}{}
+		if k := wait(t, u.arrived, "the next request in line"); k != want {
+			t.Fatalf("upstream got %q, want %q: first come, first served", k, want)
+		}
+	}
+	u.release <- struct{}{}
+	for i, ch := range []chan int{first, second, third} {
+		if c := <-ch; c != http.StatusOK {
+			t.Errorf("request %d: %d, want 200", i+1, c)
+		}
+	}
+	// A request that would wait longer than max_delay is denied.
+	held := send("/short", "4")
+	wait(t, u.arrived, "the request holding conc_short's place")
+	start := time.Now()
+	if code, _, _ := get(t, tc, "/short/fast", "X-Key: a"); code != http.StatusTooManyRequests {
+		t.Errorf("a request beyond max_delay: %d, want 429", code)
+	}
+	if waited := time.Since(start); waited < 100*time.Millisecond {
+		t.Errorf("denied after %v, before its max_delay of 100ms", waited)
+	}
+	u.release <- struct{}{}
+	if c := <-held; c != http.StatusOK {
+		t.Errorf("the held request: %d", c)
+	}
+}
+
+// waitQueued waits, for at most 10 s, until zone has n requests waiting for
+// a place, as the admin API tells.
+func waitQueued(t *testing.T, zone string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for {
+		var zi struct {
+			Concurrent *struct {
+				Waiting int `json:"waiting"`
+			} `json:"concurrent"`
+		}
+		testcaddy.JSON(t, c, testcaddy.Request(t, http.MethodGet, fmt.Sprintf("http://localhost:%d/rate_limit/zones/%s", adminPort, zone)), &zi)
+		if zi.Concurrent != nil && zi.Concurrent.Waiting == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("zone %s: never %d waiting for a place", zone, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
