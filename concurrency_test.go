@@ -82,3 +82,33 @@ func TestADeniedRequestTakesNoPlaceAndNoToken(t *testing.T) {
 		t.Fatalf("a request a_rate denied holds %d places, want 0", n)
 	}
 }
+
+// A dry run (action log) admits and counts places as enforcing would, lets
+// the request it would refuse pass, and counts it as logged.
+func TestADryRunCountsTheRequestsItWouldRefuse(t *testing.T) {
+	zc := concZone(1)
+	zc.Action = "log"
+	h := newTestHandler(t, nil, map[string]*Zone{"conc_log": zc})
+	z := h.zones[0]
+	var inner error
+	var innerCalled bool
+	nested := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		_, inner = serveNextAt(h, keyed("a"), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+			innerCalled = true
+			return nil
+		}), time.Now())
+		return nil
+	})
+	if _, err := serveNextAt(h, keyed("a"), nested, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if inner != nil || !innerCalled {
+		t.Fatalf("the request a dry run would refuse: %v (served %v), want it served", inner, innerCalled)
+	}
+	if got := z.counts.requests[outcomeLogged].Load(); got != 1 {
+		t.Fatalf("%d requests counted as logged, want 1", got)
+	}
+	if n := z.conc.InUse(); n != 0 {
+		t.Fatalf("%d places in use at rest", n)
+	}
+}
