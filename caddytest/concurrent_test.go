@@ -66,11 +66,12 @@ func wait(t *testing.T, ch chan string, what string) string {
 	}
 }
 
-// inFlight sends GET path with key in the background and returns a channel
-// that gets its status (0 if the client's request failed).
-func inFlight(ctx context.Context, t *testing.T, tc *tester, path, key string) chan int {
+// inFlight sends GET path with key (and headers, "Name: value") in the
+// background and returns a channel that gets its status (0 if the client's
+// request failed).
+func inFlight(ctx context.Context, t *testing.T, tc *tester, path, key string, headers ...string) chan int {
 	t.Helper()
-	req := testcaddy.Request(t, http.MethodGet, baseURL+path, "X-Key: "+key).WithContext(ctx)
+	req := testcaddy.Request(t, http.MethodGet, baseURL+path, append([]string{"X-Key: " + key}, headers...)...).WithContext(ctx)
 	got := make(chan int, 1)
 	go func() {
 		resp, err := tc.Client.Do(req)
@@ -517,20 +518,7 @@ func TestMaxConcurrentDelayWaitsForAPlaceInOrder(t *testing.T) {
 		reverse_proxy %s
 	}`, u.addr, u.addr)), "caddyfile")
 	ctx := context.Background()
-	send := func(prefix, n string) chan int {
-		req := testcaddy.Request(t, http.MethodGet, baseURL+prefix+"/slow", "X-Key: a", "X-N: "+n)
-		got := make(chan int, 1)
-		go func() {
-			resp, err := tc.Client.Do(req.WithContext(ctx))
-			if err != nil {
-				got <- 0
-				return
-			}
-			resp.Body.Close()
-			got <- resp.StatusCode
-		}()
-		return got
-	}
+	send := func(prefix, n string) chan int { return inFlight(ctx, t, tc, prefix+"/slow", "a", "X-N: "+n) }
 	first := send("/q", "1")
 	if k := wait(t, u.arrived, "the first request"); k != "a1" {
 		t.Fatalf("upstream got %q first, want a1", k)
