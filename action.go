@@ -145,7 +145,10 @@ func (h *Handler) delay(r *http.Request, verdicts []verdict, now time.Time) (boo
 		if !v.z.action.enforces() || v.d.Allowed {
 			continue
 		}
-		if !v.z.action.holds() || !v.quotasAllowed() || v.rate.RetryAfter > v.z.maxDelay && !v.shareDenied(now) {
+		// A request denied a place has waited for one already, up
+		// to max_delay (concQueue): it is not held again.
+		if !v.z.action.holds() || !v.quotasAllowed() || v.z.conc != nil && !v.conc.Allowed ||
+			v.rate.RetryAfter > v.z.maxDelay && !v.shareDenied(now) {
 			return false, 0, nil
 		}
 	}

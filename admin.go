@@ -204,6 +204,20 @@ type ZoneInfo struct {
 	Cluster *ClusterInfo `json:"cluster,omitempty"`
 	// XDP is the zone's XDP program, if it has one.
 	XDP *XDPInfo `json:"xdp,omitempty"`
+	// Concurrent is the zone's max_concurrent, if it has one.
+	Concurrent *ConcurrentInfo `json:"concurrent,omitempty"`
+}
+
+// ConcurrentInfo is a zone's max_concurrent on this instance: the places a
+// key may hold, the places in use now (requests in flight, of every key),
+// the requests denied for want of one, and the size of its table.
+type ConcurrentInfo struct {
+	MaxConcurrent int64  `json:"max_concurrent"`
+	InFlight      int64  `json:"in_flight"`
+	Denied        uint64 `json:"denied"`
+	// Waiting is how many requests wait for a place (action delay).
+	Waiting int        `json:"waiting"`
+	Memory  MemoryInfo `json:"memory"`
 }
 
 // ClusterInfo is a distributed zone's sync through storage: its failures
@@ -288,6 +302,10 @@ func (z *zone) info(now time.Time) ZoneInfo {
 			Logged: c.connections[outcomeLogged].Load()}
 	}
 	zi.XDP = z.table.xdp.info()
+	if z.conc != nil {
+		zi.Concurrent = &ConcurrentInfo{MaxConcurrent: z.conc.Max(), InFlight: z.conc.InUse(), Denied: c.concDenied.Load(), Waiting: z.queue.len(),
+			Memory: MemoryInfo{Bytes: z.conc.Bytes(), Lines: z.conc.Lines(), K: z.conc.K()}}
+	}
 	if z.dist != nil {
 		zi.Cluster = z.dist.info()
 	}
@@ -296,7 +314,10 @@ func (z *zone) info(now time.Time) ZoneInfo {
 
 // policiesInfo describes the zone's rate, then each of its quotas.
 func (z *zone) policiesInfo() []PolicyInfo {
-	out := []PolicyInfo{z.policyInfo()}
+	var out []PolicyInfo
+	if _, none := z.buckets.(noRate); !none {
+		out = append(out, z.policyInfo())
+	}
 	for i, q := range z.quotas {
 		out = append(out, PolicyInfo{Kind: "quota", Events: q.Quota(), Window: time.Duration(z.conf.Quotas[i].Window).String()})
 	}
@@ -342,6 +363,10 @@ type KeyPolicy struct {
 	// Cluster is the key's standing in the cluster, for the cluster
 	// policy and each quota of a distributed zone.
 	Cluster *KeyCluster `json:"cluster,omitempty"`
+	// InFlight is the key's requests in flight, for the policy
+	// "concurrent" (max_concurrent; Limit is its n): what the table
+	// counts, which collisions can only make more.
+	InFlight *int64 `json:"in_flight,omitempty"`
 }
 
 // TopInfo is a zone's most denied sources.
@@ -444,7 +469,10 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	d := z.buckets.PeekHash(c.hash, 1, now)
 	d.RetryAfter, d.Reset = z.told(d.RetryAfter), z.told(d.Reset)
-	policies := []KeyPolicy{keyPolicy(z.policyInfo().Kind, d)}
+	var policies []KeyPolicy
+	if _, none := z.buckets.(noRate); !none {
+		policies = append(policies, keyPolicy(z.policyInfo().Kind, d))
+	}
 	// Each policy's waits as the headers tell them (zone.told, quotaTold).
 	if z.dist != nil {
 		d := z.dist.cluster.PeekHash(c.hash, 1, now)
@@ -461,6 +489,12 @@ func handleKey(w http.ResponseWriter, r *http.Request) error {
 		if cl, ok := q.(*storage.Cluster); ok {
 			p.Cluster = keyCluster(cl, c.hash, now)
 		}
+		policies = append(policies, p)
+	}
+	if z.conc != nil {
+		p := keyPolicy("concurrent", z.peekConc(c.hash))
+		inFlight := z.conc.InFlight(c.hash)
+		p.InFlight = &inFlight
 		policies = append(policies, p)
 	}
 	allowed := true

@@ -277,6 +277,10 @@ func (a *App) Start() error {
 			_ = a.Stop()
 			return fmt.Errorf("zone %q: %v", z.name, err)
 		}
+		if z.conc != nil {
+			// Validated at provisioning; the places in use stay.
+			_ = z.conc.SetMax(z.maxConcurrent)
+		}
 		if z.dist != nil {
 			if err := z.dist.start(); err != nil {
 				_ = a.Stop()

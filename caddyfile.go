@@ -412,8 +412,13 @@ func parseZoneBody(d *caddyfile.Dispenser, name string, nesting int) (*Zone, err
 			}
 		}
 	}
-	if err := seen.Require(d, where, "events", "window"); err != nil {
-		return nil, err
+	// A zone limits a rate, requests in flight, or both: max_concurrent
+	// alone needs no events and window (as the incumbent's PR #98 writes
+	// it), one beside them needs both.
+	if _, conc := seen["max_concurrent"]; !conc || seen["events"] != "" || seen["window"] != "" {
+		if err := seen.Require(d, where, "events", "window"); err != nil {
+			return nil, err
+		}
 	}
 	if err := zc.Validate(name); err != nil {
 		return nil, d.Err(err.Error())

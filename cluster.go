@@ -281,6 +281,11 @@ func distributeZones(ctx caddy.Context, d *Distributed, module any, field string
 		return err
 	}
 	for _, z := range zones {
+		if _, none := z.buckets.(noRate); none {
+			// max_concurrent alone: places are per instance, nothing
+			// to sync (docs/cluster.md).
+			continue
+		}
 		if err := z.distribute(ctx, d, st, secret); err != nil {
 			return err
 		}

@@ -143,6 +143,10 @@ func printZones(out io.Writer, zs []ZoneInfo) {
 		if x := z.XDP; x != nil {
 			fmt.Fprintf(out, "zone %s: XDP on %s (%s mode): %d SYNs passed, %d dropped\n", z.Name, x.Interface, x.Mode, x.Passed, x.Dropped)
 		}
+		if c := z.Concurrent; c != nil {
+			fmt.Fprintf(out, "zone %s: max_concurrent %d: %d in flight, %d denied for want of a place (%s)\n",
+				z.Name, c.MaxConcurrent, c.InFlight, c.Denied, bytesText(c.Memory.Bytes))
+		}
 		printZoneExtras(out, z, time.Now())
 	}
 }
@@ -174,7 +178,11 @@ func printKey(out io.Writer, k KeyInfo, prefix string) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "POLICY\tLIMIT\tREMAINING\tRETRY AFTER\tFULL IN")
 	for _, p := range k.Policies {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%ds\t%ds\n", p.name(), p.Limit, p.Remaining, p.RetryAfter, p.Reset)
+		name := p.name()
+		if p.InFlight != nil {
+			name += fmt.Sprintf(" (%d in flight)", *p.InFlight)
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%ds\t%ds\n", name, p.Limit, p.Remaining, p.RetryAfter, p.Reset)
 	}
 	w.Flush()
 	for _, p := range k.Policies {

@@ -41,6 +41,9 @@ type verdict struct {
 	// delayed: a zone with action delay held it; debt is its charge.
 	logged, delayed bool
 	debt            limiter.Reservation
+	// conc is the answer of the zone's max_concurrent, if it has one
+	// (zone.conc): a place admitted, denied, or only peeked at.
+	conc limiter.Decision
 }
 
 // maxInlineVerdicts is how many zones a request can apply without the
@@ -60,6 +63,12 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	var txn limiter.Txn
 	var buf [maxInlineVerdicts]verdict
 	verdicts := buf[:0]
+	// ps are the places the request holds in zones with max_concurrent,
+	// given back when the handler returns, whichever way it does (a
+	// response, an error, a panic of a later handler), and at once if the
+	// request is denied.
+	var ps *places
+	defer func() { ps.release() }()
 	// A request that fails in a zone (a matcher's error, a weight it
 	// refuses) is not served: the zones before it give back what they
 	// took, as when a zone denies.
@@ -93,6 +102,23 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		}
 		v.weight = wt
 		if z.action.enforces() {
+			if z.conc != nil {
+				if txn.Denied() {
+					v.conc = z.peekConc(v.c.hash)
+				} else {
+					if ps == nil {
+						ps = newPlaces(len(h.zones))
+					}
+					var err error
+					if v.conc, err = ps.admit(r.Context(), z, v.c.hash); err != nil {
+						txn.RollbackAt(now)
+						return err
+					}
+					if !v.conc.Allowed {
+						txn.Deny(now)
+					}
+				}
+			}
 			z.takeAll(&txn, &v, now)
 		}
 		verdicts = append(verdicts, v)
@@ -103,6 +129,9 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	denied := txn.Denied()
 	if denied {
 		held, wait, err := h.delay(r, verdicts, now)
+		if !held {
+			ps.release() // a denied request takes no place anywhere
+		}
 		if err != nil {
 			return err
 		}
@@ -123,6 +152,22 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 				v.d.Allowed, v.d.RetryAfter = true, 0
 			}
 		}
+	}
+	// A dry run's max_concurrent counts the requests it admits, so that
+	// what it would refuse is what enforcing would.
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.z.conc == nil || v.z.action.enforces() {
+			continue
+		}
+		if denied {
+			v.conc = v.z.peekConc(v.c.hash)
+			continue
+		}
+		if ps == nil {
+			ps = newPlaces(len(h.zones))
+		}
+		v.conc, _ = ps.admit(r.Context(), v.z, v.c.hash) // a dry run never waits
 	}
 	logged := h.dryRun(verdicts, denied, now)
 	if !h.DisableMetrics {
@@ -194,6 +239,9 @@ func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
 // nothing: all of them, or only those that granted (and were refunded
 // since, because another policy denied the request).
 func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
+	if z.conc != nil && (all || v.conc.Allowed) {
+		v.conc = z.peekConc(v.c.hash)
+	}
 	if all || v.rate.Allowed {
 		v.rate = z.peek(v.c.hash, v.weight, now)
 	}
@@ -261,30 +309,44 @@ func (v *verdict) retryAfter() (wait, most time.Duration) {
 			wait, most = max(wait, v.z.quotaTold(j, q.RetryAfter)), max(most, v.z.quotaW[j])
 		}
 	}
+	if v.z.conc != nil && !v.conc.Allowed {
+		// No table knows when a place frees: the wait told is its own
+		// (1 s), not capped by any window.
+		wait, most = max(wait, v.conc.RetryAfter), max(most, v.conc.RetryAfter)
+	}
 	return wait, most
 }
 
 // quotas are the decisions of the quotas of v's zone.
 func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
 
-// combine sets v.d, the zone's answer, from its policies': allowed if all
-// allow, the fewest tokens left, the longest wait of those that deny, the
-// latest reset.
+// combine sets v.d, the zone's answer, from its policies' (the rate's, the
+// quotas', max_concurrent's): allowed if all allow, the fewest left, the
+// longest wait of those that deny, the latest reset.
 func (v *verdict) combine() {
 	v.d = v.rate
 	for _, q := range v.quotas() {
-		if !q.Allowed {
-			if v.d.Allowed {
-				v.d.Allowed, v.d.RetryAfter = false, q.RetryAfter
-			} else {
-				v.d.RetryAfter = max(v.d.RetryAfter, q.RetryAfter)
-			}
-		}
-		if q.Remaining < v.d.Remaining {
-			v.d.Remaining, v.d.Limit = q.Remaining, q.Limit
-		}
-		v.d.Reset = max(v.d.Reset, q.Reset)
+		combineInto(&v.d, q)
 	}
+	if v.z.conc != nil {
+		combineInto(&v.d, v.conc) // a place has no reset
+	}
+}
+
+// combineInto combines another policy's decision p into d, as combine
+// does.
+func combineInto(d *limiter.Decision, p limiter.Decision) {
+	if !p.Allowed {
+		if d.Allowed {
+			d.Allowed, d.RetryAfter = false, p.RetryAfter
+		} else {
+			d.RetryAfter = max(d.RetryAfter, p.RetryAfter)
+		}
+	}
+	if p.Remaining < d.Remaining {
+		d.Remaining, d.Limit = p.Remaining, p.Limit
+	}
+	d.Reset = max(d.Reset, p.Reset)
 }
 
 // count adds the request to each zone's counts: allowed where it was
@@ -302,6 +364,9 @@ func count(verdicts []verdict, denied bool) {
 			v.z.counts.count(outcomeLogged, v.weight)
 		case !v.d.Allowed:
 			v.z.counts.count(outcomeDenied, v.weight)
+			if v.z.conc != nil && !v.conc.Allowed {
+				v.z.counts.concDenied.Add(1)
+			}
 		case !denied:
 			v.z.counts.count(outcomeAllowed, v.weight)
 		}

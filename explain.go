@@ -15,6 +15,10 @@ import (
 func (z *zone) meaning() string {
 	zc := z.conf
 	var b strings.Builder
+	if !zc.HasRate() {
+		fmt.Fprintf(&b, "at most %d requests in flight at once %s, on this instance (max_concurrent is never shared across a cluster)", zc.MaxConcurrent, z.keyWords())
+		return b.String()
+	}
 	if zc.Windowed() {
 		fmt.Fprintf(&b, "at most %d in any %s", zc.MaxEvents, spanWords(time.Duration(zc.Window)))
 	} else {
@@ -34,6 +38,9 @@ func (z *zone) meaning() string {
 	}
 	if z.dist != nil {
 		b.WriteString(", across the cluster")
+	}
+	if zc.MaxConcurrent != 0 {
+		fmt.Fprintf(&b, "; and at most %d requests in flight at once, on this instance", zc.MaxConcurrent)
 	}
 	switch {
 	case !z.action.enforces():

@@ -197,6 +197,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// cluster-wide (or not) where it was first provisioned. A handler that
 	// disagrees would silently get the other handler's choice.
 	for _, z := range shared {
+		if _, none := z.buckets.(noRate); none {
+			continue // max_concurrent alone is never distributed
+		}
 		if (z.dist != nil) != (h.Distributed != nil) {
 			return fmt.Errorf("zone %q is also defined (the same way) where it is %s, so it is one zone; write the same distributed block wherever it is defined, or define it once in the rate_limit global option",
 				z.name, map[bool]string{true: "distributed", false: "not distributed"}[z.dist != nil])

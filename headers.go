@@ -88,27 +88,37 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 		if !v.z.action.enforces() {
 			continue
 		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		// d is the zone's answer; with quotas, that combines the rate's
-		// and theirs, and each has an item of its own.
+		// The rate, each quota and max_concurrent have an item each
+		// (a zone with max_concurrent alone has no rate).
+		// d is the zone's answer; with quotas or max_concurrent, that
+		// combines the rate's and theirs.
 		rate := v.d
-		if len(v.z.quotas) > 0 {
+		if len(v.z.quotas) > 0 || v.z.conc != nil {
 			rate = v.rate
 		}
-		t := v.z.reset(rate)
-		if !rate.Allowed {
-			t = max(t, told)
+		if _, none := v.z.buckets.(noRate); !none {
+			t := v.z.reset(rate)
+			if !rate.Allowed {
+				t = max(t, told)
+			}
+			b = appendSeparator(b)
+			b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(v.z.told(t)))
 		}
-		b = appendLimitItem(b, v.z.name, rate.Remaining, ceilSeconds(v.z.told(t)))
 		for j, q := range v.quotas() {
 			t := q.Reset
 			if !q.Allowed {
 				t = max(t, told)
 			}
-			b = append(b, ", "...)
+			b = appendSeparator(b)
 			b = appendLimitItem(b, v.z.quotaNames[j], q.Remaining, ceilSeconds(v.z.quotaTold(j, t)))
+		}
+		if v.z.conc != nil {
+			// A place has no window: r alone (t is optional).
+			b = appendSeparator(b)
+			b = append(b, '"')
+			b = append(b, concName(v.z.name)...)
+			b = append(b, `";r=`...)
+			b = strconv.AppendInt(b, max(v.conc.Remaining, 0), 10)
 		}
 	}
 	h.limit[0] = h.text(b)
@@ -137,6 +147,14 @@ func (h *responseHeaders) text(b []byte) string {
 		h.n += len(b) // it stayed in buf
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// appendSeparator appends the comma between two list items, if b has one.
+func appendSeparator(b []byte) []byte {
+	if len(b) > 0 {
+		b = append(b, ", "...)
+	}
+	return b
 }
 
 // appendLimitItem appends one RateLimit list item: `"name";r=<remaining>;t=<seconds>`.

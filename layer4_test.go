@@ -113,6 +113,26 @@ func TestLayer4RefusesAZoneChargedByItsResponses(t *testing.T) {
 	}
 }
 
+// A zone with max_concurrent cannot serve a layer4 matcher yet, alone or
+// beside a rate, global or inline: the config fails to load, saying why,
+// rather than the limit being silently ignored for connections.
+func TestLayer4RefusesAMaxConcurrentZone(t *testing.T) {
+	a, _ := provisionedApp(t, map[string]*Zone{
+		"alone":  {Limit: zoneconf.Limit{MaxConcurrent: 3, Memory: 1 << 12}},
+		"beside": {Limit: zoneconf.Limit{MaxEvents: 3, Burst: 3, Window: caddy.Duration(time.Hour), MaxConcurrent: 3, Memory: 1 << 12}},
+	})
+	for _, name := range []string{"alone", "beside"} {
+		_, err := a.Layer4Zone(name)
+		if err == nil || !strings.Contains(err.Error(), `zone "`+name+`" has max_concurrent`) || !strings.Contains(err.Error(), "without max_concurrent") {
+			t.Errorf("zone %s: error %v, want one naming the zone and max_concurrent", name, err)
+		}
+	}
+	_, _, err := a.Layer4Inline(layer4.Inline{Name: "l4_conc", Limit: zoneconf.Limit{MaxConcurrent: 2, Memory: 1 << 12}})
+	if err == nil || !strings.Contains(err.Error(), `zone "l4_conc" has max_concurrent`) {
+		t.Errorf("inline: error %v, want one naming max_concurrent", err)
+	}
+}
+
 // A zone with action log is a dry run for connections too.
 func TestLayer4DryRunZone(t *testing.T) {
 	a, _ := provisionedApp(t, map[string]*Zone{

@@ -50,6 +50,9 @@ type zoneCounts struct {
 	// layer4 is set once a layer4 matcher uses the zone, which then reports
 	// connections.
 	layer4 atomic.Bool
+	// concDenied counts the requests denied for want of a place
+	// (max_concurrent), among the denied ones.
+	concDenied atomic.Uint64
 	// held is the number of requests waiting for tokens now (the delayed
 	// outcome, before its wait is over).
 	held atomic.Int64
@@ -114,6 +117,12 @@ var (
 	synsDesc = prometheus.NewDesc("caddy_rate_limit_xdp_syns_total",
 		"TCP SYNs decided by a zone's XDP program, by zone and outcome (passed, dropped), since its table was made.",
 		[]string{"zone", "outcome"}, nil)
+	inFlightDesc = prometheus.NewDesc("caddy_rate_limit_in_flight_requests",
+		"Places in use in a rate_limit zone with max_concurrent: its requests (or layer4 connections) in flight.",
+		[]string{"zone"}, nil)
+	concDeniedDesc = prometheus.NewDesc("caddy_rate_limit_concurrent_denied_total",
+		"Requests a rate_limit zone denied for want of a place (max_concurrent); they are also counted as denied in caddy_rate_limit_requests_total.",
+		[]string{"zone"}, nil)
 	heldDesc = prometheus.NewDesc("caddy_rate_limit_held_requests",
 		"Requests a rate_limit zone is holding until they may pass.",
 		[]string{"zone"}, nil)
@@ -157,7 +166,7 @@ var (
 type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, synsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc,
+	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, synsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc, inFlightDesc, concDeniedDesc,
 		declinedDesc, configDesc, keysDesc, clusterSkippedDesc, clusterErrorsDesc, clusterConflictsDesc, clusterLastSuccessDesc} {
 		ch <- d
 	}
@@ -179,6 +188,10 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		if x := z.table.xdp.info(); x != nil {
 			ch <- prometheus.MustNewConstMetric(synsDesc, prometheus.CounterValue, float64(x.Passed), z.name, "passed")
 			ch <- prometheus.MustNewConstMetric(synsDesc, prometheus.CounterValue, float64(x.Dropped), z.name, "dropped")
+		}
+		if z.conc != nil {
+			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(z.conc.InUse()), z.name)
+			ch <- prometheus.MustNewConstMetric(concDeniedDesc, prometheus.CounterValue, float64(c.concDenied.Load()), z.name)
 		}
 		s := c.tableStats(z.buckets, now)
 		ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(c.held.Load()), z.name)

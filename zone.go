@@ -6,6 +6,7 @@ import (
 	"math/big"
 	"math/bits"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -136,6 +137,9 @@ func (z *Zone) Validate(name string) error {
 // burst, or a smaller quota.
 func (zc *Zone) grantable() int64 {
 	g := zc.Rate().EffectiveBurst()
+	if !zc.HasRate() {
+		g = limiter.MaxBurst // weights only count in its quotas
+	}
 	for _, q := range zc.Quotas {
 		g = min(g, q.MaxEvents)
 	}
@@ -232,6 +236,17 @@ type zone struct {
 
 	action   action
 	maxDelay time.Duration
+
+	// conc is the zone's table of places in flight (max_concurrent), nil
+	// without one; ckey its pool key, maxConcurrent the limit this config
+	// puts in force (App.Start) and concPolicy its RateLimit-Policy item.
+	conc          *limiter.Concurrency
+	ckey          concKey
+	maxConcurrent int64
+	concPolicy    string
+	concSecret    uint64
+	// queue holds the requests waiting for a place, with action delay.
+	queue *concQueue
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -277,15 +292,33 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 		z.limit.Debt = delayDebt(z.limit, z.maxDelay)
 	}
 	z.burstValue = z.limit.EffectiveBurst()
-	if zc.Windowed() {
+	if zc.Windowed() && zc.HasRate() {
 		z.window = z.limit.Window
 	}
 	z.rateW = itemW(z.limit, zc.Windowed())
-	z.policy = policyItem(name, z.limit) + z.unit
+	if zc.HasRate() {
+		z.policy = policyItem(name, z.limit) + z.unit
+	}
 	z.exceeded = denialError(name)
 	if err := z.provisionQuotas(zc); err != nil {
 		z.releaseQuotas()
 		return nil, err
+	}
+	if err := z.provisionConcurrency(zc); err != nil {
+		z.releaseQuotas()
+		return nil, err
+	}
+	if z.conc != nil {
+		z.policy = strings.TrimPrefix(z.policy+", "+z.concPolicy, ", ")
+	}
+	if !zc.HasRate() {
+		// max_concurrent alone: no rate table, a rate that grants
+		// everything in its place.
+		z.burstValue = zc.MaxConcurrent
+		z.table, z.buckets = &table{buckets: noRate{}}, noRate{}
+		z.seal(z.concSecret)
+		z.counts = acquireCounts(name)
+		return z, nil
 	}
 	x := z.xdpSpec(zc)
 	z.tkey = tableKey{zone: name, lines: zc.Lines(), k: limiter.DefaultK, window: zc.Windowed(), xdp: x.key()}
@@ -306,6 +339,7 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 	})
 	if err != nil {
 		z.releaseQuotas()
+		z.releaseConcurrency()
 		return nil, fmt.Errorf("zone %q: %v", name, err)
 	}
 	z.table, z.buckets = t, t.buckets
@@ -317,7 +351,10 @@ func provisionZone(ctx caddy.Context, name string, zc *Zone) (*zone, error) {
 // release gives back the zone's references to its table, sketches, counts
 // and cluster state.
 func (z *zone) release() {
-	releaseTable(z.tkey)
+	if z.tkey.zone != "" {
+		releaseTable(z.tkey)
+	}
+	z.releaseConcurrency()
 	z.releaseQuotas()
 	releaseCounts(z.name)
 	if z.dist != nil {

@@ -62,6 +62,14 @@ func TestEveryBadValueFailsAtLoadNamingIt(t *testing.T) {
 		want               []string // every substring must be in the error
 	}{
 		{"events zero", "caddyfile", zoneCaddyfile("events 0"), []string{`events "0"`, "at least 1"}},
+		{"max_concurrent zero", "caddyfile", zoneCaddyfile("max_concurrent 0"), []string{`max_concurrent "0"`, "from 1 to 1048576"}},
+		{"max_concurrent too large", "caddyfile", handlerCaddyfile("zone z {\nmax_concurrent 2000000\n}"), []string{`max_concurrent "2000000"`}},
+		{"max_concurrent not a number", "caddyfile", handlerCaddyfile("zone z {\nmax_concurrent many\n}"), []string{`max_concurrent "many"`}},
+		{"max_concurrent misspelt", "caddyfile", handlerCaddyfile("zone z {\nmax_concurent 3\n}"), []string{"max_concurent", "max_concurrent"}},
+		{"max_concurrent with window alone", "caddyfile", handlerCaddyfile("zone z {\nmax_concurrent 3\nwindow 1m\n}"), []string{"events is required"}},
+		{"max_concurrent with burst alone", "caddyfile", handlerCaddyfile("zone z {\nmax_concurrent 3\nburst 5\n}"), []string{"burst 5", "needs max_events and window"}},
+		{"max_concurrent negative in JSON", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_concurrent": -1}}}`, ""), []string{"max_concurrent -1", "between 1 and 1048576"}},
+		{"max_concurrent with events alone in JSON", "json", handlerJSON(`{"handler": "rate_limit", "rate_limits": {"z": {"max_concurrent": 2, "max_events": 5}}}`, ""), []string{"max_events 5 needs a window"}},
 		{"events negative", "caddyfile", zoneCaddyfile("events -3"), []string{`events "-3"`}},
 		{"events not a number", "caddyfile", zoneCaddyfile("events lots"), []string{`events "lots"`}},
 		{"events missing", "caddyfile", handlerCaddyfile("zone z {\nwindow 1m\n}"), []string{"events is required"}},
@@ -209,6 +217,10 @@ func TestGoodConfigsValidate(t *testing.T) {
 		disable_metrics
 		headers off`)},
 		{"prefix zero", zoneCaddyfile("ipv4_prefix 0\nipv6_prefix 0")},
+		{"max_concurrent alone, as caddy-ratelimit's PR #98 writes it", handlerCaddyfile("zone z {\nkey {remote_host}\nmax_concurrent 5\n}")},
+		{"max_concurrent beside a rate, a quota, a weight and fallback keys", handlerCaddyfile("zone z {\nkey {header.X-Key} {client_ip}\nevents 10\nwindow 1s\nburst 20\nquota 1000 1h\nweight 2\nmax_concurrent 5\n}")},
+		{"max_concurrent alone and beside a rate in a distributed handler", handlerCaddyfile("zone conc_only {\nkey {client_ip}\nmax_concurrent 5\n}\nzone conc_rate {\nkey {client_ip}\nevents 5\nwindow 1m\nmax_concurrent 5\n}\ndistributed {\nread_interval 1s\nwrite_interval 1s\n}\nstorage file_system /tmp/floodgate-unused")},
+		{"max_concurrent alone with action log and memory", handlerCaddyfile("zone z {\nkey {client_ip}\nmax_concurrent 5\naction log\nmemory 1MiB\n}")},
 		{"high rate as a token bucket", zoneCaddyfile("events 1500000\nwindow 1m\nburst 1048576")},
 		{"the fastest rate", zoneCaddyfile("events 1000000\nwindow 1s")},
 		{"the slowest rate", zoneCaddyfile("events 1\nwindow 365d")},

@@ -168,3 +168,85 @@ func (x *xrateMap) allow(a netip.Addr) bool {
 	x.mu.Unlock()
 	return l.Allow()
 }
+
+// BenchmarkAdmit is a concurrency zone's request: admitting it and
+// releasing its place (limiter.Concurrency), over the million keys of
+// BenchmarkAllow, reading the clock once as a request does. Its floor is
+// the least any counting table can do: hashing the key and one atomic
+// increment and one decrement on a random line of a table of the same size
+// (floor_inc_dec), and floor_inc_dec_k the same for each word the key's
+// counters occupy.
+func BenchmarkAdmit(b *testing.B) {
+	keys := benchKeys()
+	c, err := NewConcurrency(ConcurrencyConfig{Max: 8})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range c.lines { // fault the pages in, as in the floor
+		c.lines[i][0] = 0
+	}
+	floor := newLines(c.Lines())
+	for i := range floor {
+		floor[i][0] = 2
+	}
+	subs := c.subs
+	run := func(name string, f func(netip.Addr, *Place) bool) {
+		runtime.GC()
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			var p Place
+			i := 0
+			for b.Loop() {
+				f(keys[i], &p)
+				if i++; i == len(keys) {
+					i = 0
+				}
+			}
+		})
+		b.Run(name+"_parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			var start atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				var p Place
+				i := int(start.Add(int64(len(keys)/8))) % len(keys)
+				for pb.Next() {
+					f(keys[i], &p)
+					if i++; i == len(keys) {
+						i = 0
+					}
+				}
+			})
+		})
+	}
+	run("floodgate_concurrent", func(a netip.Addr, p *Place) bool {
+		_ = time.Now()
+		k := NetworkKey(a, 32, 128)
+		ok := c.AdmitHash(Hash(k.Bytes()), p).Allowed
+		p.Release()
+		return ok
+	})
+	run("floor_inc_dec", func(a netip.Addr, _ *Place) bool {
+		now := time.Now()
+		k := NetworkKey(a, 32, 128)
+		h := Hash(k.Bytes())
+		w := &floor[uint64(uint32(h>>32))*uint64(len(floor))>>32][0]
+		ok := atomic.AddUint64(w, uint64(now.Nanosecond()&1)|1) > 0
+		atomic.AddUint64(w, ^uint64(0))
+		return ok
+	})
+	run("floor_inc_dec_k", func(a netip.Addr, _ *Place) bool {
+		now := time.Now()
+		k := NetworkKey(a, 32, 128)
+		h := Hash(k.Bytes())
+		ln := &floor[uint64(uint32(h>>32))*uint64(len(floor))>>32]
+		sub := subs[uint64(uint32(h))*uint64(len(subs))>>32].words
+		var v uint64
+		for m := sub; m != 0; m &= m - 1 {
+			v += atomic.AddUint64(&ln[bits.TrailingZeros8(m)&7], uint64(now.Nanosecond()&1)|1)
+		}
+		for m := sub; m != 0; m &= m - 1 {
+			atomic.AddUint64(&ln[bits.TrailingZeros8(m)&7], ^uint64(0))
+		}
+		return v > 0
+	})
+}

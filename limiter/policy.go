@@ -116,6 +116,14 @@ func (t *Txn) deny(d Decision) Decision {
 	return d
 }
 
+// Deny records a denial by something that is not a Policy (a zone's places
+// in flight, Concurrency) as of now: it rolls back every charge held, and
+// later Takes only peek, as after a policy's denial.
+func (t *Txn) Deny(now time.Time) {
+	t.denied = true
+	t.RollbackAt(now)
+}
+
 // Denied reports whether any Take in t was denied.
 func (t *Txn) Denied() bool { return t.denied }
 

@@ -73,6 +73,35 @@ type Limit struct {
 	// XDP also enforces the table on TCP SYNs at a network interface
 	// (see XDP). Default: off.
 	XDP *XDP `json:"xdp,omitempty"`
+
+	// MaxConcurrent is how many of a key's requests may be in flight at
+	// once (HTTP/1.1 requests and HTTP/2 and HTTP/3 streams alike), or,
+	// in a layer4 zone, how many connections a source network may hold
+	// open. 1 to 1,048,576. The counts live in a fixed table of their own,
+	// sized by memory (or sources and false_deny) like the rate's; they
+	// are per instance, never synced. A zone may have max_concurrent
+	// alone (no max_events and window) or beside its rate. Default: no
+	// limit.
+	MaxConcurrent int64 `json:"max_concurrent,omitempty"`
+}
+
+// HasRate reports whether l limits a rate (max_events per window), which
+// every zone does but one that only has max_concurrent.
+func (l *Limit) HasRate() bool { return l.MaxEvents != 0 || l.Window != 0 || l.MaxConcurrent == 0 }
+
+// ConcurrencyLines is the number of 64-byte lines of l's table of places
+// in flight (see Lines).
+func (l *Limit) ConcurrencyLines() int {
+	if l.Memory != 0 {
+		return int(l.Memory / 64)
+	}
+	return limiter.LinesFor(l.EffectiveSources(), l.EffectiveFalseDeny(), limiter.DefaultK)
+}
+
+// Concurrency is the configuration of l's table of places in flight, sized
+// as the rate's is.
+func (l *Limit) Concurrency() limiter.ConcurrencyConfig {
+	return limiter.ConcurrencyConfig{Max: l.MaxConcurrent, Bytes: int(l.Memory), Sources: l.Sources, FalseDeny: l.FalseDeny}
 }
 
 // The range of rates a zone may have, documented in docs/limits.md#rates:
@@ -171,7 +200,20 @@ func (l *Limit) Validate(where string) error {
 	bad := func(field string, value any, why string) error {
 		return fmt.Errorf("%s%s %v: %s", where, field, value, why)
 	}
+	if l.MaxConcurrent < 0 || l.MaxConcurrent > limiter.MaxConcurrent {
+		return bad("max_concurrent", l.MaxConcurrent, fmt.Sprintf("must be between 1 and %d", limiter.MaxConcurrent))
+	}
+	if !l.HasRate() {
+		if l.Burst != 0 {
+			return bad("burst", l.Burst, "needs max_events and window: a burst is part of a rate")
+		}
+		return l.validateTable(where, bad)
+	}
 	switch {
+	case l.MaxEvents == 0 && l.MaxConcurrent != 0:
+		return fmt.Errorf("%swindow %v needs max_events (events): a rate is events per window; for a limit of requests in flight alone, max_concurrent needs neither", where, time.Duration(l.Window))
+	case l.Window == 0 && l.MaxConcurrent != 0:
+		return fmt.Errorf("%smax_events %d needs a window: a rate is events per window; for a limit of requests in flight alone, max_concurrent needs neither", where, l.MaxEvents)
 	case l.MaxEvents == 0:
 		return fmt.Errorf("%smax_events is required (at least 1)", where)
 	case l.MaxEvents < 0:
@@ -203,6 +245,15 @@ func (l *Limit) Validate(where string) error {
 	}
 	if err := validate(); err != nil {
 		return fmt.Errorf("%s%v", where, err)
+	}
+	return l.validateTable(where, bad)
+}
+
+// validateTable checks the settings every zone has, with a rate or not:
+// prefixes and the size of its tables.
+func (l *Limit) validateTable(where string, bad func(field string, value any, why string) error) error {
+	if l.XDP != nil && !l.HasRate() {
+		return bad("xdp", l.XDP.Interface, "needs a rate (events, window and burst): the XDP program enforces token buckets, not max_concurrent")
 	}
 	if p := l.IPv4Prefix; p != nil && (*p < 0 || *p > 32) {
 		return bad("ipv4_prefix", *p, "must be between 0 and 32")
@@ -288,15 +339,15 @@ func memoryProblem(n int64) string {
 // IsZero reports whether no setting of l is set.
 func (l *Limit) IsZero() bool {
 	return l.MaxEvents == 0 && l.Window == 0 && l.Burst == 0 && l.IPv4Prefix == nil && l.IPv6Prefix == nil &&
-		l.Memory == 0 && l.Sources == 0 && l.FalseDeny == 0 && l.XDP == nil
+		l.Memory == 0 && l.Sources == 0 && l.FalseDeny == 0 && l.XDP == nil && l.MaxConcurrent == 0
 }
 
 // Options are the subdirectives UnmarshalOption reads.
-var Options = []string{"events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny", "xdp"}
+var Options = []string{"events", "window", "burst", "ipv4_prefix", "ipv6_prefix", "memory", "sources", "false_deny", "xdp", "max_concurrent"}
 
 // UnmarshalOption reads the Caddyfile subdirective the dispenser is on if it
 // is one of l's (events, window, burst, ipv4_prefix, ipv6_prefix, memory,
-// sources, false_deny, xdp), and reports whether it was. Errors start with
+// sources, false_deny, xdp, max_concurrent), and reports whether it was. Errors start with
 // where and name the subdirective and its value as written. seen holds the
 // subdirectives of the block read so far: a setting written twice is an
 // error, not a silent "last one wins".
@@ -361,6 +412,12 @@ func (l *Limit) UnmarshalOption(d *caddyfile.Dispenser, where string, seen Field
 			return true, bad(why)
 		}
 		l.Memory = int64(size)
+	case "max_concurrent":
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 || n > limiter.MaxConcurrent {
+			return true, bad(fmt.Sprintf("must be a whole number from 1 to %d", limiter.MaxConcurrent))
+		}
+		l.MaxConcurrent = n
 	case "sources":
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {

@@ -8,7 +8,8 @@ import (
 )
 
 // An Item is one item of the RateLimit-Policy and RateLimit fields: its
-// name, q and w from the policy, r and t from the limit.
+// name, q and w from the policy, r and t from the limit (w and t -1 when
+// the item has none, as max_concurrent's).
 type Item struct {
 	Name       string
 	Q, W, R, T int64
@@ -29,7 +30,7 @@ func Items(t testing.TB, hdr http.Header) []Item {
 		if p["name"] != l["name"] {
 			t.Fatalf("item %d is %s in RateLimit-Policy, %s in RateLimit", i, p["name"], l["name"])
 		}
-		items[i] = Item{Name: p["name"], Q: num(t, p, "q"), W: num(t, p, "w"), R: num(t, l, "r"), T: num(t, l, "t")}
+		items[i] = Item{Name: p["name"], Q: num(t, p, "q"), W: optional(t, p, "w"), R: num(t, l, "r"), T: optional(t, l, "t")}
 	}
 	return items
 }
@@ -52,6 +53,16 @@ func params(t testing.TB, field string) []map[string]string {
 		out = append(out, m)
 	}
 	return out
+}
+
+// optional is num for a parameter an item may leave out (a max_concurrent
+// item has no window): -1 if it does.
+func optional(t testing.TB, m map[string]string, k string) int64 {
+	t.Helper()
+	if _, ok := m[k]; !ok {
+		return -1
+	}
+	return num(t, m, k)
 }
 
 func num(t testing.TB, m map[string]string, k string) int64 {
@@ -77,6 +88,9 @@ func CheckHonest(t testing.TB, label string, resp *http.Response) ([]Item, int64
 	t.Helper()
 	items := Items(t, resp.Header)
 	for _, it := range items {
+		if it.W < 0 {
+			continue // a place in flight has no window
+		}
 		if it.T > it.W || it.T < 0 {
 			t.Errorf("%s: item %s says t=%d, outside its window w=%d", label, it.Name, it.T, it.W)
 		}
@@ -90,7 +104,10 @@ func CheckHonest(t testing.TB, label string, resp *http.Response) ([]Item, int64
 	}
 	var w, tt int64
 	for _, it := range items {
-		if it.R == 0 {
+		if it.R == 0 && it.W < 0 {
+			w, tt = max(w, 1), max(tt, 1) // max_concurrent's Retry-After is 1 s
+		}
+		if it.R == 0 && it.W >= 0 {
 			w, tt = max(w, it.W), max(tt, it.T)
 		}
 	}
