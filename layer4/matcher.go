@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -229,7 +230,7 @@ func (m *Matcher) inline() Inline {
 	v4, v6 := m.Prefixes(DefaultIPv4Prefix, DefaultIPv6Prefix)
 	in.IPv4Prefix, in.IPv6Prefix = &v4, &v6
 	if in.Name == "" {
-		in.Name = DerivedName(in.Rate(), v4, v6)
+		in.Name = DerivedName(in.Rate(), v4, v6) + sizingSuffix(m.Limit)
 	}
 	return in
 }
@@ -248,6 +249,23 @@ func DerivedName(l limiter.Limit, v4, v6 int) string {
 	}
 	if v6 != DefaultIPv6Prefix {
 		fmt.Fprintf(&b, "_v6_%d", v6)
+	}
+	return b.String()
+}
+
+// sizingSuffix names l's table sizing where it is set, for a derived name:
+// two unnamed limits that differ only in size are two zones, each with its
+// own name, not one name defined twice.
+func sizingSuffix(l zoneconf.Limit) string {
+	var b strings.Builder
+	if l.Memory != 0 {
+		fmt.Fprintf(&b, "_memory_%d", l.Memory)
+	}
+	if l.Sources != 0 {
+		fmt.Fprintf(&b, "_sources_%d", l.Sources)
+	}
+	if l.FalseDeny != 0 {
+		fmt.Fprintf(&b, "_false_deny_%s", strconv.FormatFloat(l.FalseDeny, 'g', -1, 64))
 	}
 	return b.String()
 }

@@ -608,6 +608,20 @@ func TestConnectionChargedOnItsSYNIsNotChargedAgain(t *testing.T) {
 	}
 }
 
+// An unnamed limit's sizing, where set, is part of its derived name.
+func TestDerivedNamesSayTheSizingThatIsSet(t *testing.T) {
+	name := func(l zoneconf.Limit) string { return (&Matcher{Limit: l}).inline().Name }
+	rate := zoneconf.Limit{MaxEvents: 3, Window: caddy.Duration(time.Hour)}
+	sized := rate
+	sized.Memory, sized.Sources, sized.FalseDeny = 4096, 100, 0.001
+	if got, want := name(rate), "layer4_3_per_1h"; got != want {
+		t.Errorf("no sizing: %q, want %q", got, want)
+	}
+	if got, want := name(sized), "layer4_3_per_1h_memory_4096_sources_100_false_deny_0.001"; got != want {
+		t.Errorf("sized: %q, want %q", got, want)
+	}
+}
+
 // TestDerivedNamesAreShortAndSayOnlyWhatIsSet: an unnamed inline limit is
 // named by its settings, those at their defaults left out, so that the
 // name is short to type and never claims a burst the zone does not have.

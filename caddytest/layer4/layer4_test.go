@@ -269,6 +269,50 @@ func TestIdenticalUnnamedLimitsShareState(t *testing.T) {
 		"127.0.14.1", "127.0.14.129", "127.0.14.2", "127.0.14.130")
 }
 
+// Two unnamed limits that differ only in their table's size are two zones,
+// each named by its settings and size: the config loads, and each limit
+// counts on its own. Before, both got the name layer4_3_per_1h_burst_3 and
+// the config was refused as one zone defined twice, with advice for HTTP
+// zones.
+func TestUnnamedLimitsDifferingInSizeAreTwoZones(t *testing.T) {
+	load(t, fmt.Sprintf(`{
+	admin off
+	persist_config off
+	layer4 {
+		%s {
+			@small {
+				remote_ip 127.0.15.0/25
+				rate_limit {
+					events 3
+					burst 3
+					window 1h
+					memory 4KiB
+				}
+			}
+			@large {
+				remote_ip 127.0.15.128/25
+				rate_limit {
+					events 3
+					burst 3
+					window 1h
+					memory 8KiB
+				}
+			}
+			route @small @large {
+				close
+			}
+			route {
+				echo
+			}
+		}
+	}
+}
+`, l4Addr))
+	// Each network's first three connections echo, whatever the other's.
+	expectEchoes(t, map[string]bool{"127.0.15.1": true, "127.0.15.129": true},
+		"127.0.15.1", "127.0.15.129")
+}
+
 // Configs that must fail to load, with an error naming the field and value.
 func TestInvalidConfigsFailToLoad(t *testing.T) {
 	for _, tc := range []struct {
