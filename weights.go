@@ -8,6 +8,7 @@
 package floodgate
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -294,18 +295,35 @@ func (h *Handler) serveCharged(w http.ResponseWriter, r *http.Request, verdicts 
 		ww.pending = append(ww.pending, c)
 		ww.Watch(weight.Watch{Header: v.z.afterHeader, Bytes: v.z.afterBytes, Status: v.z.afterStatus, Cost: v.weight})
 	}
-	var err error
+	// A later handler may panic: Caddy's abort does, and reverse_proxy
+	// when a streamed response breaks or its client leaves (both with
+	// http.ErrAbortHandler, which net/http recovers). The runs end and the
+	// response is settled all the same, else the meter would charge the
+	// key for ever.
+	defer func() {
+		for _, run := range timed {
+			h.meter.end(run, h.now())
+		}
+	}()
 	if ww == nil {
-		err = next.ServeHTTP(w, r)
-	} else {
-		err = next.ServeHTTP(ww, r)
-		ww.Done(err)
+		return next.ServeHTTP(w, r)
 	}
-	for _, run := range timed {
-		h.meter.end(run, h.now())
-	}
+	settled := false
+	defer func() {
+		if !settled {
+			ww.Done(errAborted)
+		}
+	}()
+	err := next.ServeHTTP(ww, r)
+	settled = true
+	ww.Done(err)
 	return err
 }
+
+// errAborted is the error a response that a handler's panic cut short is
+// settled with: one without a status, so response_status reads it as the
+// 500 Caddy logs for an error without one.
+var errAborted = errors.New("the handler panicked")
 
 // Reported settles the zone of the i-th pending charge.
 func (ww *weightWriter) Reported(i int, from, to int64, now time.Time) {

@@ -6,6 +6,9 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/floodgate-rl/floodgate/zoneconf"
 )
@@ -96,6 +99,25 @@ func TestSYNPath(t *testing.T) {
 		p := newSYNPath(eth0, host, tc.ports)
 		if got := p.charged(ap(tc.local), ap(tc.remote)); got != tc.want {
 			t.Errorf("ports %v: %s <- %s: charged = %v, want %v", tc.ports, tc.local, tc.remote, got, tc.want)
+		}
+	}
+}
+
+// XDP charges each connection a token, which a zone that counts only what
+// its responses say (failed logins, milliseconds) does not count in: such a
+// zone with xdp is refused at load, naming it, as a layer4 matcher refuses
+// it. A reviewer's successful logins spent a failed-login budget through
+// their SYNs, and the next client's SYN was dropped.
+func TestXDPRefusesAZoneChargedByItsResponses(t *testing.T) {
+	for name, edit := range map[string]func(*Zone){
+		"by_status": func(z *Zone) { z.WeightResponseStatus = []string{"401"} },
+		"by_time":   func(z *Zone) { z.WeightResponseTime = true },
+	} {
+		zc := &Zone{Key: "{client_ip}", Limit: zoneconf.Limit{MaxEvents: 3, Burst: 3, Window: caddy.Duration(time.Hour), XDP: &zoneconf.XDP{Interface: "lo"}}}
+		edit(zc)
+		err := zc.Validate(name)
+		if err == nil || !strings.Contains(err.Error(), `zone "`+name+`"`) || !strings.Contains(err.Error(), "xdp") {
+			t.Errorf("%s: %v, want an error naming the zone and xdp", name, err)
 		}
 	}
 }

@@ -130,6 +130,12 @@ func (z *Zone) Validate(name string) error {
 	if err := z.validateWeights(where); err != nil {
 		return err
 	}
+	if z.XDP != nil && (len(z.WeightResponseStatus) > 0 || z.WeightResponseTime) {
+		// As a layer4 matcher (Layer4Zone), the program charges each SYN
+		// a token: a unit a zone counting failed responses or milliseconds
+		// does not count in, and successful logins would spend its budget.
+		return fmt.Errorf("%sxdp charges each connection, but the zone charges only what an HTTP response says it cost (weight response_status or response_time): give xdp a zone of its own", where)
+	}
 	return z.validateAction(where)
 }
 
@@ -439,13 +445,19 @@ func (z *zone) reset(d limiter.Decision) time.Duration {
 // every later request counts (so none takes the room the held request
 // waits for), and hold gives the place back when the request goes, for
 // the take that counts it from then: a window counts when requests went.
+// A window's counters hold at most 2·events, and a place is reserved only
+// within that (limiter.Windows.Reserve): beyond it the request is denied,
+// not held, since a reservation that dropped the window's oldest grants
+// would, once given back (its client gone), have let the key past its
+// limit.
 func (z *zone) reserve(h uint64, weight int64, now time.Time) (limiter.Decision, limiter.Reservation) {
-	if z.window > 0 {
-		d := z.buckets.PeekHash(h, weight, now)
+	if w, ok := z.buckets.(*limiter.Windows); ok {
+		d := w.PeekHash(h, weight, now)
 		if d.Allowed = d.RetryAfter != limiter.Never; !d.Allowed {
 			return d, limiter.Reservation{}
 		}
-		_, res := z.buckets.Charge(h, weight, now)
+		reserved, res := w.Reserve(h, weight, now)
+		d.Allowed = reserved.Allowed
 		return d, res
 	}
 	return z.buckets.Charge(h, weight, now)

@@ -603,8 +603,13 @@ func (p *windowParams) chargeWord(q *uint64, v uint64, sub subset, wi int, cost,
 // has room for it at t, in one CAS. It returns the counter it left, and an
 // outcome of Buckets' chargeFullest.
 func (p *windowParams) chargeEmptiest(q *uint64, v uint64, sub subset, wi int, cost, t uint64, r *Reservation) (uint64, int) {
+	return p.chargeWithin(q, v, sub, wi, cost, t, r, p.events)
+}
+
+// chargeWithin is chargeEmptiest with room up to limit counts.
+func (p *windowParams) chargeWithin(q *uint64, v uint64, sub subset, wi int, cost, t uint64, r *Reservation, limit uint64) (uint64, int) {
 	for {
-		if p.used(v, t)+cost > p.events {
+		if p.used(v, t)+cost > limit {
 			return v, chargeLost
 		}
 		nv, T := p.charge(v, cost, t)
@@ -755,6 +760,53 @@ table:
 		d.Remaining = int64(p.events - min(best, p.events))
 		d.Reset = p.until(ns, tick, reset)
 		d.RetryAfter = p.until(ns, tick, retry)
+		return d, r
+	}
+}
+
+// Reserve counts weight tokens for the key with hash h at time now, as
+// Charge does, if each of the key's counters has room for them within its
+// ceiling (2·Events), and else counts nothing: Allowed reports which. It is
+// the reservation of a request held for its place (action delay): one that
+// made a counter drop its oldest counts, as Charge may, would erase grants
+// the window still holds, and a reservation given back when its client
+// leaves would then have let the key past its limit. Each counter is
+// checked and charged in one CAS, as a grant is; RefundAt takes it back.
+func (w *Windows) Reserve(h uint64, weight int64, now time.Time) (Decision, Reservation) {
+	ns := w.nowNanos(now)
+	p := w.params()
+table:
+	for {
+		d := Decision{Limit: int64(p.events)}
+		if weight < 1 || uint64(weight) > p.ceil {
+			return d, Reservation{}
+		}
+		tick := p.ticks(ns)
+		cost := uint64(weight)
+		ln, sub, index := placeIn(p.lines, w.subs, h)
+		r := Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
+		var paid uint8
+		for m := sub.words; m != 0; m &= m - 1 {
+			wi := bits.TrailingZeros8(m) & 7
+			v := loadWord(&ln[wi])
+			res := chargeFrozen
+			if v != frozen {
+				_, res = p.chargeWithin(&ln[wi], v, sub, wi, cost, tick, &r, p.ceil)
+			}
+			switch res {
+			case chargeFrozen:
+				p = w.giveBack(w.moved(p), &r, paid, ns)
+				continue table
+			case chargeLost:
+				if q := w.giveBack(p, &r, paid, ns); q != p {
+					p = q
+					continue table
+				}
+				return d, Reservation{}
+			}
+			paid |= 1 << wi
+		}
+		d.Allowed = true
 		return d, r
 	}
 }

@@ -449,3 +449,39 @@ func TestWindowsSumAndCapAgreeWithTheGroupByGroupReference(t *testing.T) {
 	}
 	t.Logf("%d counters checked", checked)
 }
+
+// A reservation (a held request's place) counts only within a counter's
+// ceiling of 2·Events, so it never drops the window's grants as Charge
+// may: once given back, the key is where its grants left it. With Charge,
+// reserving 8 on a full window of 4 dropped the 4 grants, and refunding
+// the 8 left the key with its whole limit again.
+func TestWindowsReserveNeverDropsAGrant(t *testing.T) {
+	w := newWindowTable(t, Limit{Events: 4, Window: time.Minute}, 1<<12, 0)
+	const h = 42
+	if got := drain(w, h, tm(0)); got != 4 {
+		t.Fatalf("granted %d of 4", got)
+	}
+	var held []Reservation
+	for i := range 4 {
+		d, r := w.Reserve(h, 1, tm(time.Second))
+		if !d.Allowed || !r.Charged() {
+			t.Fatalf("reservation %d of the 4 a ceiling of 8 leaves: %+v", i+1, d)
+		}
+		held = append(held, r)
+	}
+	if d, r := w.Reserve(h, 1, tm(time.Second)); d.Allowed || r.Charged() {
+		t.Fatalf("a fifth reservation beyond the ceiling was counted: %+v", d)
+	}
+	if d, r := w.Reserve(h, 9, tm(time.Second)); d.Allowed || r.Charged() {
+		t.Fatalf("a reservation above the ceiling was counted: %+v", d)
+	}
+	for _, r := range held {
+		w.RefundAt(r, tm(2*time.Second))
+	}
+	if d := w.PeekHash(h, 1, tm(2*time.Second)); d.Allowed {
+		t.Fatalf("the reservations given back, the key's 4 grants of 0 s no longer count: %+v", d)
+	}
+	if got := drain(w, h, tm(time.Minute+w.ExtraWait())); got != 4 {
+		t.Fatalf("a window later: %d granted, want 4", got)
+	}
+}

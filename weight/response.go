@@ -61,9 +61,12 @@ func (w *ResponseWriter) Watch(x Watch) {
 }
 
 // WriteHeader reports the header fields and statuses watched, once, at the
-// final status.
+// final status. 101 Switching Protocols is final too: the connection is
+// then handed over (a WebSocket) and no other status follows, so Done must
+// not take the handler's nil for a 200; no status set holds 101 (see
+// ParseStatuses), so it charges nothing, as the access log's 101 says.
 func (w *ResponseWriter) WriteHeader(code int) {
-	if code >= 200 && !w.wrote {
+	if (code >= 200 || code == http.StatusSwitchingProtocols) && !w.wrote {
 		w.final(code, true)
 	}
 	w.ResponseWriterWrapper.WriteHeader(code)

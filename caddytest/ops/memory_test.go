@@ -21,6 +21,10 @@ func heapAlloc() uint64 {
 // here runs in the test's process, so its heap is the test's.
 func TestReportedMemoryIsTheHeapsGrowth(t *testing.T) {
 	mustLoad(t, caddyfile("", `	respond "none"`))
+	dir := t.TempDir()
+	// Cleanups run last first: the distributed zone's sync stops (and
+	// writes its last snapshot) before dir is removed.
+	t.Cleanup(func() { mustLoad(t, caddyfile("", `	respond "none"`)) })
 	before := heapAlloc()
 	mustLoad(t, caddyfile("", fmt.Sprintf(`	handle /cluster {
 		rate_limit {
@@ -49,7 +53,7 @@ func TestReportedMemoryIsTheHeapsGrowth(t *testing.T) {
 			quota 100 24h
 		}
 	}
-	respond "ok"`, t.TempDir())))
+	respond "ok"`, dir)))
 	after := heapAlloc()
 	// Decoded on its own (floodgate.ZoneInfo's fields), so that the test
 	// also runs against code that reports less.
@@ -68,11 +72,14 @@ func TestReportedMemoryIsTheHeapsGrowth(t *testing.T) {
 	}
 	growth := int64(after) - int64(before)
 	t.Logf("heap %d → %d bytes: grew %d (%.1f MiB); the zones report %d (%.1f MiB)", before, after, growth, float64(growth)/(1<<20), reported, float64(reported)/(1<<20))
-	// The rest of a config (its routes, modules, loggers) and the
-	// snapshots a sync holds between reads are a few hundred KiB; the
-	// zones' parts are 56 MiB and more.
-	const slack = 2 << 20
-	if reported < 56<<20 || growth < int64(reported)-slack/4 || growth > int64(reported)+slack {
-		t.Errorf("the heap grew %d bytes with the zones, which report %d: want the report within -%d/+%d bytes of the growth", growth, reported, slack/4, slack)
+	// The rest of a config (its routes, modules, loggers) is a few
+	// hundred KiB; a sync running as the heap is read holds a snapshot and
+	// its peers' (up to 1.4 MiB each here), and under load one or two more
+	// not yet collected: seen at +4.2 MiB with two test suites beside it.
+	// A part left out is 8 MiB or more (the smallest, the cluster's table);
+	// TestMemoryPartsMatchSizing (caddytest/cluster) checks the small ones.
+	const slack = 6 << 20
+	if reported < 56<<20 || growth < int64(reported)-slack/12 || growth > int64(reported)+slack {
+		t.Errorf("the heap grew %d bytes with the zones, which report %d: want the report within -%d/+%d bytes of the growth", growth, reported, slack/12, slack)
 	}
 }
