@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
@@ -29,9 +30,10 @@ import (
 // not read the storage again before serving, and keeps a provisional
 // value while the storage stays away.
 type hashSecret struct {
-	mu    sync.Mutex
-	value uint64
-	known bool // value is the cluster's
+	mu      sync.Mutex
+	value   uint64
+	known   bool      // value is the cluster's
+	checked time.Time // when it was last read from the storage
 }
 
 // hashSecrets holds a hashSecret per storage (storageID), for the life of
@@ -68,21 +70,33 @@ func (s *hashSecret) get() (uint64, bool) {
 // holds there if the storage has none (the cluster's first instance, or a
 // storage that lost it: a Redis without persistence restarting empty), and
 // returns it. The zones' syncers call it after each write (Syncer.rejoin),
-// so the secret is back as soon as their snapshots are, and a storage whose
-// secret changed (another instance stored one before this one could; another
-// storage under the same name in a new config) is followed within a write
-// interval.
+// so the secret is back soon after their snapshots are, and a storage whose
+// secret changed (another instance stored one before this one could;
+// another storage under the same name in a new config) is followed. A
+// secret read within recheck is taken as it is: however many zones and
+// quotas sync through the storage, the process reads it at most once per
+// recheck.
 func (s *hashSecret) learn(ctx context.Context, st certmagic.Storage) (uint64, error) {
-	candidate, _ := s.get() // not held across the storage's calls: a reload would wait on them
+	s.mu.Lock()
+	candidate, fresh := s.value, s.known && time.Since(s.checked) < recheck
+	s.mu.Unlock()
+	if fresh {
+		return candidate, nil
+	}
+	// Not held across the storage's calls: a reload would wait on them.
 	v, err := storage.Secret(ctx, st, candidate)
 	if err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.value, s.known = v, true
+	s.value, s.known, s.checked = v, true, time.Now()
 	return v, nil
 }
+
+// recheck is how long a secret read from the storage is taken as still
+// there (learn).
+const recheck = time.Second
 
 // storageID names the storage a distributed zone syncs through: the
 // module's JSON, or the config's default storage (Caddy's file system
