@@ -315,13 +315,15 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		if m.name == own || s.proc.ours(k, m.w) {
 			return aggregateForeign
 		}
-		if now.Sub(time.Unix(0, m.w.at)) <= liveWrites*s.iv.Write {
+		if written := time.Unix(0, m.w.at); now.Sub(written) <= liveWrites*s.iv.Write {
 			live++
 			if m.name < own {
 				rank++
 			}
+			s.lateness(now, written)
 		}
 	}
+	late := s.lateEnd()
 	srcs := []*snapshot{&a.snapshot}
 	seq := s.learnResets(now, srcs)
 	// Resets known here that the aggregate does not list: the aggregator
@@ -330,7 +332,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 	for _, f := range s.forget {
 		sum.ForgetHash(f.Hash, f.At)
 	}
-	s.replaceView(now, sum, live, rank, seq, srcs, s.iv.Read)
+	s.replaceView(now, sum, live, rank, seq, srcs, s.iv.Read+late)
 	return aggregateUsed
 }
 

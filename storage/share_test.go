@@ -186,3 +186,82 @@ func TestReadsDuringABurstKeepTheOthersShares(t *testing.T) {
 		})
 	}
 }
+
+// An instance that publishes late (a loaded machine, a slow storage)
+// grants its share of a burst and is not seen to for longer than the
+// shares' hold: the others must not hand its share out again meanwhile.
+// A key hit on every instance at once; the last then publishes nothing for
+// six write intervals (still live: its last snapshot is younger than
+// liveWrites) while the others sync every read interval and the key keeps
+// coming to them. The key gets its limit, exactly: every grant here is
+// seen by every instance in time, and the late one's shares are not handed
+// out twice (that gave it 12 of 10 with three instances, and 11 with four,
+// whose others read the aggregate).
+func TestALatePublisherKeepsItsShare(t *testing.T) {
+	for _, size := range []int{3, AggregateFrom} {
+		t.Run(fmt.Sprint(size, " instances"), func(t *testing.T) {
+			now := t0.Add(time.Second)
+			nodes := newSplitNodes(t, newMemStorage(), size, now)
+			others := nodes[:size-1]
+			granted := 0
+			for _, n := range nodes {
+				granted += n.take("burst", 10, now)
+			}
+			stalled := 8
+			at := now
+			for range stalled {
+				at = at.Add(testIntervals.Read)
+				syncAll(at, others...)
+				for _, n := range others {
+					granted += n.take("burst", 10, at)
+				}
+			}
+			if hold := shareHold(testIntervals); time.Duration(stalled)*testIntervals.Read <= hold {
+				t.Fatalf("the last stalls %d read intervals, no longer than the hold %v: the test shows nothing", stalled, hold)
+			}
+			aggregated := others[0].s.lastRead == aggregateUsed || others[1].s.lastRead == aggregateUsed
+			for range 3 {
+				at = at.Add(testIntervals.Read)
+				syncAll(at, nodes...)
+				for _, n := range nodes {
+					granted += n.take("burst", 10, at)
+				}
+			}
+			t.Logf("%d instances, the last published %d read intervals late (aggregate read: %v): %d granted of a limit of 10",
+				size, stalled, aggregated, granted)
+			if aggregated != (size >= AggregateFrom) {
+				t.Fatalf("%d instances: an aggregate read %v", size, aggregated)
+			}
+			if granted != 10 {
+				t.Fatalf("granted %d to a key of limit 10 while an instance that granted it published late, want 10", granted)
+			}
+		})
+	}
+}
+
+// A peer that stops publishing for good lengthens the others' holds only
+// while it still counts as live: once it is not (liveWrites), a key that
+// reaches one instance alone gets its whole limit within four syncs again,
+// as in a cluster that never had it (TestSingleInstanceKeyGetsItsWholeLimitAfterTwoSyncs).
+func TestADeadPeerStopsLengtheningTheHold(t *testing.T) {
+	now := t0.Add(time.Second)
+	st, _ := fileStorage(t)
+	nodes := newSplitNodes(t, st, 3, now)
+	a, b := nodes[0], nodes[1] // and c, which is gone from now on
+	at := now
+	for range liveWrites + 1 {
+		at = at.Add(testIntervals.Read)
+		syncAll(at, a, b)
+	}
+	first := a.take("sticky", 10, at)
+	got, rounds := first, 0
+	for got < 10 && rounds < 8 {
+		rounds++
+		syncAll(at.Add(time.Duration(rounds)*testIntervals.Read), a, b)
+		got += a.take("sticky", 10, at.Add(time.Duration(rounds)*testIntervals.Read))
+	}
+	t.Logf("c gone for %d write intervals: a key on a alone got %d at once, %d after %d syncs", liveWrites+1, first, got, rounds)
+	if got != 10 || rounds > 4 {
+		t.Fatalf("c gone: a key on one instance got %d of its limit 10 after %d syncs, want all of it within 4", got, rounds)
+	}
+}

@@ -123,6 +123,9 @@ type Syncer struct {
 	aggLatest map[uint64]int64
 	// lastRead is what the last Read did with the aggregate.
 	lastRead aggregateRead
+	// late is the most a live peer's snapshot is overdue in the read
+	// under way (lateness).
+	late time.Duration
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
@@ -150,6 +153,27 @@ func NewSyncerOpening(c *Cluster, open func(context.Context) (certmagic.Storage,
 // enough for an instance that granted it to publish that and for this one
 // to read it, twice over for a write or read that runs late.
 func shareHold(iv Intervals) time.Duration { return 2 * (iv.Write + iv.Read) }
+
+// lateness notes how much later than on time a live peer publishes: how
+// much its snapshot, written at written, is older at now than its write
+// interval (at most liveWrites write intervals: older, it is not live).
+// The read's most (lateEnd) lengthens the shares' hold and the wait for a
+// key to be this instance's alone (replaceView's lag): a grant of a peer
+// that publishes late becomes visible late, and a share released before it
+// does would be granted twice. A dead peer lengthens them only until it
+// stops counting as live; a cluster that publishes on time keeps the
+// configured hold. The caller holds c.mu.
+func (s *Syncer) lateness(now, written time.Time) {
+	s.late = max(s.late, min(max(now.Sub(written)-s.iv.Write, 0), liveWrites*s.iv.Write))
+}
+
+// lateEnd returns the most lateness noted in a read, and starts the next
+// read's afresh.
+func (s *Syncer) lateEnd() time.Duration {
+	late := s.late
+	s.late = 0
+	return late
+}
 
 // liveWrites is how many write intervals an instance's last snapshot may
 // be old for the instance to count as live in the shares (SplitBursts): a
@@ -484,8 +508,10 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 			if snap.instance < own {
 				rank++
 			}
+			s.lateness(now, snap.written)
 		}
 	}
+	late := s.lateEnd()
 	switch {
 	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers && (s.aggregating || found == aggregateNone):
 		// An instance that another's fresh claim names the aggregator
@@ -516,7 +542,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 		s.dropAggregate(ctx, why, live)
 	}
-	s.replaceView(now, sum, live, rank, seq, added, 0)
+	s.replaceView(now, sum, live, rank, seq, added, late)
 	s.ok(OpRead, now)
 }
 
@@ -679,9 +705,10 @@ func (s *Syncer) learnResets(now time.Time, srcs []*snapshot) uint64 {
 // are taken out of the sum here. The caller holds c.mu.
 //
 // lag is how much older the view is than a direct read of every snapshot
-// would be (an aggregate's: up to the aggregator's read interval): what
-// the shares assume the others have published and this one has read by a
-// time waits that much longer.
+// of peers that publish on time would be (an aggregate's: up to the
+// aggregator's read interval; and peers that publish late: lateness):
+// what the shares assume the others have published and this one has read
+// by a time waits that much longer.
 func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank int, seq uint64, srcs []*snapshot, lag time.Duration) {
 	c := s.c
 	n := now.UnixNano()
