@@ -257,7 +257,7 @@ func TestReloadMidRequestChargesTimeOnce(t *testing.T) {
 	reloaded := make(chan error, 1)
 	// Caddy's reload waits for the old server's requests: run it beside.
 	go func() {
-		reloaded <- testcaddy.Load(t, adminPort, withPorts(timeConfig("reload_time", upstream, "two")), "caddyfile")
+		reloaded <- testcaddy.Post(adminPort, withPorts(timeConfig("reload_time", upstream, "two")), "caddyfile")
 	}()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -265,6 +265,7 @@ func TestReloadMidRequestChargesTimeOnce(t *testing.T) {
 	if err := <-reloaded; err != nil {
 		t.Fatal(err)
 	}
+	testcaddy.Settle(t, adminPort, httpPort, httpsPort)
 	code, _, resp := do(t, clientFrom("127.0.0.53"), testcaddy.Request(t, http.MethodGet, baseURL+"/now", "X-Key: "+key))
 	if code != 200 || resp.Header.Get("X-Config") != "two" {
 		t.Fatalf("after the reload: %d from config %q, want 200 from two", code, resp.Header.Get("X-Config"))

@@ -11,6 +11,7 @@ package testcaddy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -29,30 +30,58 @@ import (
 )
 
 // Load posts cfg ("caddyfile" or "json") to the /load endpoint of the admin
-// listener on localhost:adminPort, waits until the config that serves
-// afterwards is the only one listening on ports (Settle), and returns the
-// error Caddy reports, if any.
+// listener on localhost:adminPort (Post), waits until the config that
+// serves afterwards is the only one listening on ports (Settle), and
+// returns the error Caddy reports, if any. It fails the test if the admin
+// endpoint does not answer.
 func Load(t testing.TB, adminPort int, cfg, adapter string, ports ...int) error {
 	t.Helper()
+	err := Post(adminPort, cfg, adapter)
+	var refused *LoadError
+	if err != nil && !errors.As(err, &refused) {
+		t.Fatal(err)
+	}
+	Settle(t, ports...)
+	return err
+}
+
+// LoadError is a load that Caddy's admin endpoint answered with another
+// status than 200.
+type LoadError struct {
+	Status int
+	Body   string
+}
+
+func (e *LoadError) Error() string { return fmt.Sprintf("%d: %s", e.Status, e.Body) }
+
+// Post posts cfg ("caddyfile" or "json") to the /load endpoint of the admin
+// listener on localhost:adminPort and returns the error Caddy reports (a
+// *LoadError), or the request's. It does not wait for the old config's
+// sockets to close (Settle does), and it touches no testing.TB, so a test
+// may run it in a goroutine of its own (a reload that waits for a request
+// in flight).
+func Post(adminPort int, cfg, adapter string) error {
 	ct := "application/json"
 	if adapter == "caddyfile" {
 		ct = "text/caddyfile"
 	}
 	req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://localhost:%d/load", adminPort), strings.NewReader(cfg))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	req.Header.Set("Content-Type", ct)
 	req.Header.Set("Cache-Control", "must-revalidate")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	Settle(t, ports...)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%d: %s", resp.StatusCode, body)
+		return &LoadError{Status: resp.StatusCode, Body: string(body)}
 	}
 	return nil
 }
