@@ -292,7 +292,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 	// not.
 	noteLatests(s.aggLatest, a.resets)
 	own := s.proc.name(s.instance)
-	live, rank := 1, 0
+	live, rank, late := 1, 0, time.Duration(0)
 	for _, m := range a.members {
 		k := Key(c.shape.Zone, m.name)
 		if data := c.ownLocked(k, m.w); data != nil {
@@ -315,15 +315,17 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		if m.name == own || s.proc.ours(k, m.w) {
 			return aggregateForeign
 		}
-		if written := time.Unix(0, m.w.at); now.Sub(written) <= liveWrites*s.iv.Write {
+		// A member's new snapshot is in the aggregate within a read
+		// interval of its write, and found here within another.
+		if ok, l := s.sight(now, m.name, m.w.at, s.iv.Write+2*s.iv.Read); ok {
 			live++
 			if m.name < own {
 				rank++
 			}
-			s.lateness(now, written)
+			late = max(late, l)
 		}
 	}
-	late := s.lateEnd()
+	s.forgetUnsighted()
 	srcs := []*snapshot{&a.snapshot}
 	seq := s.learnResets(now, srcs)
 	// Resets known here that the aggregate does not list: the aggregator
@@ -332,7 +334,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 	for _, f := range s.forget {
 		sum.ForgetHash(f.Hash, f.At)
 	}
-	s.replaceView(now, sum, live, rank, seq, srcs, s.iv.Read+late)
+	s.replaceView(now, sum, live, rank, seq, srcs, s.iv.Read, late)
 	return aggregateUsed
 }
 

@@ -187,81 +187,221 @@ func TestReadsDuringABurstKeepTheOthersShares(t *testing.T) {
 	}
 }
 
+// lateBurst has a key hit on every instance of size at once, at t0 + 20 s
+// (far from a window's edge, after two syncs that show every instance
+// publishing), and then the last instance, whose clock is off by skew,
+// publish nothing for stalled read intervals while the others
+// sync every read interval and the key keeps coming to them; then every
+// instance syncs on time for three read intervals more. It returns how
+// many were granted.
+func lateBurst(t *testing.T, size, stalled int, skew time.Duration) int {
+	t.Helper()
+	nodes, clock, now := skewedNodes(t, size, skew, t0.Add(18*time.Second), 2)
+	others := nodes[:size-1]
+	granted := 0
+	for _, n := range nodes {
+		granted += n.take("burst", 10, clock(n, now))
+	}
+	if hold := shareHold(testIntervals); time.Duration(stalled)*testIntervals.Read <= hold {
+		t.Fatalf("the last stalls %d read intervals, no longer than the hold %v: the test shows nothing", stalled, hold)
+	}
+	at := now
+	for range stalled {
+		at = at.Add(testIntervals.Read)
+		syncAll(at, others...)
+		for _, n := range others {
+			granted += n.take("burst", 10, at)
+		}
+	}
+	for range 3 {
+		at = at.Add(testIntervals.Read)
+		syncAt(nodes, nodes, clock, at)
+		for _, n := range nodes {
+			granted += n.take("burst", 10, clock(n, at))
+		}
+	}
+	return granted
+}
+
+// skewedNodes returns size nodes of a fresh storage, bursts split, the
+// last one's clock off by skew (clock gives a node's time at a real time),
+// synced at now and then every read interval for warm read intervals, and
+// the real time of their last sync.
+func skewedNodes(t *testing.T, size int, skew time.Duration, now time.Time, warm int) ([]*node, func(*node, time.Time) time.Time, time.Time) {
+	t.Helper()
+	nodes := newNodes(t, newMemStorage(), size)
+	last := nodes[size-1]
+	clock := func(n *node, at time.Time) time.Time {
+		if n == last {
+			return at.Add(skew)
+		}
+		return at
+	}
+	for _, n := range nodes {
+		n.c.SplitBursts(true, testIntervals.Read)
+	}
+	at := now
+	syncAt(nodes, nodes, clock, at)
+	for range warm {
+		at = at.Add(testIntervals.Read)
+		syncAt(nodes, nodes, clock, at)
+	}
+	return nodes, clock, at
+}
+
+// syncAt has every node of syncing write and then read at real time at,
+// each on its own clock.
+func syncAt(nodes, syncing []*node, clock func(*node, time.Time) time.Time, at time.Time) {
+	for _, n := range syncing {
+		n.s.Write(bg, clock(n, at))
+	}
+	for _, n := range syncing {
+		n.s.Read(bg, clock(n, at))
+	}
+}
+
+// soleRounds hits key on nodes[0] alone with 10 requests at real time at
+// and then at every read interval while the nodes of syncing sync, and
+// returns what it got at once and how many syncs it took to get all 10
+// (most, if it never did).
+func soleRounds(nodes, syncing []*node, clock func(*node, time.Time) time.Time, at time.Time, key string, most int) (first, rounds int) {
+	a := nodes[0]
+	first = a.take(key, 10, at)
+	got := first
+	for got < 10 && rounds < most {
+		rounds++
+		at = at.Add(testIntervals.Read)
+		syncAt(nodes, syncing, clock, at)
+		got += a.take(key, 10, at)
+	}
+	return first, rounds
+}
+
 // An instance that publishes late (a loaded machine, a slow storage)
 // grants its share of a burst and is not seen to for longer than the
 // shares' hold: the others must not hand its share out again meanwhile.
-// A key hit on every instance at once; the last then publishes nothing for
-// six write intervals (still live: its last snapshot is younger than
-// liveWrites) while the others sync every read interval and the key keeps
-// coming to them. The key gets its limit, exactly: every grant here is
-// seen by every instance in time, and the late one's shares are not handed
-// out twice (that gave it 12 of 10 with three instances, and 11 with four,
-// whose others read the aggregate).
+// The last instance stalls for eight read intervals (still live: its last
+// snapshot is younger than liveWrites), its clock on time, ahead or behind
+// (lateness is measured on the reader's clock). The key gets its limit,
+// exactly: every grant here is seen by every instance in time, and the
+// late one's shares are not handed out twice (that gave it 12 of 10 with
+// three instances, and 11 with four, whose others read the aggregate; a
+// lateness measured from the peer's clock gave that again with its clock
+// 4 s ahead).
 func TestALatePublisherKeepsItsShare(t *testing.T) {
 	for _, size := range []int{3, AggregateFrom} {
-		t.Run(fmt.Sprint(size, " instances"), func(t *testing.T) {
-			now := t0.Add(time.Second)
-			nodes := newSplitNodes(t, newMemStorage(), size, now)
-			others := nodes[:size-1]
-			granted := 0
-			for _, n := range nodes {
-				granted += n.take("burst", 10, now)
-			}
-			stalled := 8
-			at := now
-			for range stalled {
-				at = at.Add(testIntervals.Read)
-				syncAll(at, others...)
-				for _, n := range others {
-					granted += n.take("burst", 10, at)
+		for _, skew := range []time.Duration{0, 5 * time.Second, -5 * time.Second} {
+			t.Run(fmt.Sprintf("%d instances, clock %v", size, skew), func(t *testing.T) {
+				granted := lateBurst(t, size, 8, skew)
+				t.Logf("%d instances, the last published 8 read intervals late, its clock off by %v: %d granted of a limit of 10", size, skew, granted)
+				if granted != 10 {
+					t.Fatalf("granted %d to a key of limit 10 while an instance that granted it published late, want 10", granted)
 				}
+			})
+		}
+	}
+}
+
+// Nothing late, a key that only reaches one instance gets its whole limit
+// within four syncs (TestSingleInstanceKeyGetsItsWholeLimitAfterTwoSyncs)
+// whatever a peer's clock says (within MaxClockSkew), after a peer died
+// (it counts as live, and late, for liveWrites write intervals), and
+// through an aggregate. A lateness measured from the peer's clock, or
+// one that held such keys too, took up to 18 syncs.
+func TestLatenessCostsKeysOfOneInstanceNothing(t *testing.T) {
+	for _, skew := range []time.Duration{0, 9 * time.Second, -2 * time.Second, -9 * time.Second} {
+		t.Run(fmt.Sprint("clock ", skew), func(t *testing.T) {
+			nodes, clock, at := skewedNodes(t, 3, skew, t0.Add(10*time.Second), 12)
+			first, rounds := soleRounds(nodes, nodes, clock, at, "sticky", 30)
+			t.Logf("c's clock off by %v: a key on a alone got %d at once, all 10 after %d syncs", skew, first, rounds)
+			if rounds > 4 {
+				t.Fatalf("c's clock off by %v: a key on a alone got its whole limit after %d syncs, want at most 4", skew, rounds)
 			}
-			if hold := shareHold(testIntervals); time.Duration(stalled)*testIntervals.Read <= hold {
-				t.Fatalf("the last stalls %d read intervals, no longer than the hold %v: the test shows nothing", stalled, hold)
-			}
-			aggregated := others[0].s.lastRead == aggregateUsed || others[1].s.lastRead == aggregateUsed
-			for range 3 {
+		})
+	}
+	for _, dead := range []int{0, 1, 5, 8} {
+		t.Run(fmt.Sprint("peer dead for ", dead), func(t *testing.T) {
+			nodes, clock, at := skewedNodes(t, 3, 0, t0.Add(10*time.Second), 8)
+			for range dead {
 				at = at.Add(testIntervals.Read)
-				syncAll(at, nodes...)
-				for _, n := range nodes {
-					granted += n.take("burst", 10, at)
-				}
+				syncAll(at, nodes[:2]...)
 			}
-			t.Logf("%d instances, the last published %d read intervals late (aggregate read: %v): %d granted of a limit of 10",
-				size, stalled, aggregated, granted)
-			if aggregated != (size >= AggregateFrom) {
-				t.Fatalf("%d instances: an aggregate read %v", size, aggregated)
-			}
-			if granted != 10 {
-				t.Fatalf("granted %d to a key of limit 10 while an instance that granted it published late, want 10", granted)
+			first, rounds := soleRounds(nodes, nodes[:2], clock, at, "sticky", 30)
+			t.Logf("c dead for %d read intervals: a key on a alone got %d at once, all 10 after %d syncs", dead, first, rounds)
+			if rounds > 4 {
+				t.Fatalf("c dead for %d read intervals: a key on a alone got its whole limit after %d syncs, want at most 4", dead, rounds)
 			}
 		})
 	}
 }
 
-// A peer that stops publishing for good lengthens the others' holds only
-// while it still counts as live: once it is not (liveWrites), a key that
-// reaches one instance alone gets its whole limit within four syncs again,
-// as in a cluster that never had it (TestSingleInstanceKeyGetsItsWholeLimitAfterTwoSyncs).
-func TestADeadPeerStopsLengtheningTheHold(t *testing.T) {
-	now := t0.Add(time.Second)
-	st, _ := fileStorage(t)
-	nodes := newSplitNodes(t, st, 3, now)
-	a, b := nodes[0], nodes[1] // and c, which is gone from now on
+// Through an aggregate, with nobody late, the shares' hold is not
+// lengthened: the members' snapshots the aggregate lists are older than a
+// direct read's by up to the aggregator's read interval, which the hold
+// already allows for. Four instances write at each second, the readers
+// read 0.8 s later and the aggregator 0.9 s later, so a reader always
+// finds the aggregate of the previous second's snapshots; a member's
+// snapshot age then is 1.8 s, which a lateness measured from the
+// snapshots' ages took for 0.8 s late.
+func TestAnAggregateOnTimeIsNotLate(t *testing.T) {
+	now := t0.Add(10 * time.Second)
+	nodes := newSplitNodes(t, newMemStorage(), AggregateFrom, now)
+	a := nodes[0]
 	at := now
-	for range liveWrites + 1 {
+	for range 10 {
 		at = at.Add(testIntervals.Read)
-		syncAll(at, a, b)
+		for _, n := range nodes {
+			n.s.Write(bg, at)
+		}
+		for _, n := range nodes[1:] {
+			n.s.Read(bg, at.Add(800*time.Millisecond))
+		}
+		a.s.Read(bg, at.Add(900*time.Millisecond))
 	}
-	first := a.take("sticky", 10, at)
-	got, rounds := first, 0
-	for got < 10 && rounds < 8 {
-		rounds++
-		syncAll(at.Add(time.Duration(rounds)*testIntervals.Read), a, b)
-		got += a.take("sticky", 10, at.Add(time.Duration(rounds)*testIntervals.Read))
+	d := nodes[3]
+	if !a.s.aggregating || d.s.lastRead != aggregateUsed {
+		t.Fatalf("a aggregating %v, d's last read %v: want the aggregate read", a.s.aggregating, d.s.lastRead)
 	}
-	t.Logf("c gone for %d write intervals: a key on a alone got %d at once, %d after %d syncs", liveWrites+1, first, got, rounds)
-	if got != 10 || rounds > 4 {
-		t.Fatalf("c gone: a key on one instance got %d of its limit 10 after %d syncs, want all of it within 4", got, rounds)
+	for name, p := range d.s.sighted {
+		late := time.Duration(at.Add(800*time.Millisecond).UnixNano()-p.at) - (testIntervals.Write + 2*testIntervals.Read)
+		t.Logf("d found %s's newest snapshot %v before its last read", name, time.Duration(at.Add(800*time.Millisecond).UnixNano()-p.at))
+		if late > 0 {
+			t.Fatalf("d takes %s, on time, for %v late", name, late)
+		}
+	}
+	if len(d.s.sighted) != AggregateFrom-1 {
+		t.Fatalf("d found %d peers live, want %d", len(d.s.sighted), AggregateFrom-1)
+	}
+}
+
+// A peer whose clock runs behind by more than liveWrites write intervals
+// (within MaxClockSkew) counts as live once it has been seen to publish:
+// a key hit on every instance at once gets its limit, not the share of
+// two instances on the others (13 of 10, when its snapshots' ages made it
+// dead).
+func TestAPeerBehindCountsAsLiveOnceSeenPublishing(t *testing.T) {
+	for _, size := range []int{3, AggregateFrom} {
+		t.Run(fmt.Sprint(size, " instances"), func(t *testing.T) {
+			nodes, clock, at := skewedNodes(t, size, -15*time.Second, t0.Add(10*time.Second), 10)
+			granted := 0
+			for _, n := range nodes {
+				granted += n.take("burst", 10, clock(n, at))
+			}
+			for range 3 {
+				at = at.Add(testIntervals.Read)
+				syncAt(nodes, nodes, clock, at)
+				for _, n := range nodes {
+					granted += n.take("burst", 10, clock(n, at))
+				}
+			}
+			var live []int64
+			for _, n := range nodes {
+				live = append(live, n.c.live.Load())
+			}
+			t.Logf("%d instances, the last one's clock 15 s behind: %d granted of a limit of 10; live as each sees it: %v", size, granted, live)
+			if granted != 10 {
+				t.Fatalf("granted %d of a limit of 10 to a key hit on every instance at once, want 10 (live as each sees it: %v)", granted, live)
+			}
+		})
 	}
 }

@@ -123,9 +123,11 @@ type Syncer struct {
 	aggLatest map[uint64]int64
 	// lastRead is what the last Read did with the aggregate.
 	lastRead aggregateRead
-	// late is the most a live peer's snapshot is overdue in the read
-	// under way (lateness).
-	late time.Duration
+	// sighted holds, for each live peer, the newest snapshot a read has
+	// found of it and when on this instance's clock (see lateness), and
+	// the read that last found it, counted in reads.
+	sighted map[string]sighting
+	reads   uint64
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
@@ -154,31 +156,80 @@ func NewSyncerOpening(c *Cluster, open func(context.Context) (certmagic.Storage,
 // to read it, twice over for a write or read that runs late.
 func shareHold(iv Intervals) time.Duration { return 2 * (iv.Write + iv.Read) }
 
-// lateness notes how much later than on time a live peer publishes: how
-// much its snapshot, written at written, is older at now than its write
-// interval (at most liveWrites write intervals: older, it is not live).
-// The read's most (lateEnd) lengthens the shares' hold and the wait for a
-// key to be this instance's alone (replaceView's lag): a grant of a peer
-// that publishes late becomes visible late, and a share released before it
-// does would be granted twice. A dead peer lengthens them only until it
-// stops counting as live; a cluster that publishes on time keeps the
-// configured hold. The caller holds c.mu.
-func (s *Syncer) lateness(now, written time.Time) {
-	s.late = max(s.late, min(max(now.Sub(written)-s.iv.Write, 0), liveWrites*s.iv.Write))
+// sight notes the snapshot of peer name, written at written (on the
+// peer's clock), that a read found at now, and returns whether the peer is
+// live and how late it publishes, seen from here.
+//
+// A peer is live while a new snapshot of it, found within the last
+// liveWrites write intervals (on this instance's clock), shows it
+// publishing; one found for the first time and not replaced since is
+// judged by its age (on the peer's clock): at most liveWrites write
+// intervals. So once a peer has been seen to publish, its clock, ahead or
+// behind within MaxClockSkew, neither keeps it live when it stops nor
+// makes it dead while it publishes.
+//
+// Its lateness is how much longer ago than every (the longest a peer on
+// time takes between two snapshots this instance finds: a write interval
+// and one or two read intervals) this instance found the peer's newest
+// snapshot, at most liveWrites write intervals, and zero for a peer not
+// live. The most of a read's is added, twice, to the shares' hold: a grant
+// of a peer that publishes late becomes visible late, and a share released
+// before it does would be granted twice. A cluster that publishes on time
+// keeps the configured hold.
+//
+// The caller holds c.mu, and ends the read with forgetUnsighted.
+func (s *Syncer) sight(now time.Time, name string, written int64, every time.Duration) (live bool, late time.Duration) {
+	p, ok := s.sighted[name]
+	switch {
+	case !ok:
+		p = sighting{written: written, at: now.UnixNano()}
+	case written > p.written:
+		p = sighting{written: written, at: now.UnixNano(), replaced: true}
+	}
+	p.read = s.reads
+	if s.sighted == nil {
+		s.sighted = make(map[string]sighting)
+	}
+	s.sighted[name] = p
+	most := liveWrites * s.iv.Write
+	since := time.Duration(now.UnixNano() - p.at)
+	if p.replaced {
+		live = since <= most
+	} else {
+		live = time.Duration(now.UnixNano()-written) <= most
+	}
+	if !live {
+		return false, 0
+	}
+	return true, min(max(since-every, 0), most)
 }
 
-// lateEnd returns the most lateness noted in a read, and starts the next
-// read's afresh.
-func (s *Syncer) lateEnd() time.Duration {
-	late := s.late
-	s.late = 0
-	return late
+// forgetUnsighted forgets the peers no read since the last call found
+// (gone), and starts the next read's count.
+func (s *Syncer) forgetUnsighted() {
+	for name, p := range s.sighted {
+		if p.read != s.reads {
+			delete(s.sighted, name)
+		}
+	}
+	s.reads++
 }
 
-// liveWrites is how many write intervals an instance's last snapshot may
-// be old for the instance to count as live in the shares (SplitBursts): a
-// loaded instance may publish late, and one counted live while dead only
-// makes the others' shares smaller for that long.
+// sighting is the newest snapshot of a peer a Syncer found: its write time
+// (on the peer's clock), when the Syncer first found it (on its own),
+// whether it replaced an older one found before, and the read that last
+// found it.
+type sighting struct {
+	written, at int64
+	replaced    bool
+	read        uint64
+}
+
+// liveWrites is how many write intervals may pass without a new snapshot
+// of an instance for it to count as live in the shares (SplitBursts, see
+// sight): a loaded instance may publish late, and one counted live while
+// dead only makes the others' shares smaller, and their holds longer, for
+// that long.
 const liveWrites = 10
 
 // OpenRetry is how long a Syncer made by NewSyncerOpening waits before it
@@ -498,20 +549,19 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		return
 	}
 	added := s.snaps
-	// The instances live now, those that published within liveWrites
-	// write intervals, and this one's rank among them by name, for the
-	// shares.
-	live, rank := 1, 0
+	// The instances live now (sight), this one's rank among them by
+	// name, and how late they publish, for the shares.
+	live, rank, late := 1, 0, time.Duration(0)
 	for _, snap := range added {
-		if now.Sub(snap.written) <= liveWrites*s.iv.Write {
+		if ok, l := s.sight(now, snap.instance, snap.written.UnixNano(), s.iv.Write+s.iv.Read); ok {
 			live++
 			if snap.instance < own {
 				rank++
 			}
-			s.lateness(now, snap.written)
+			late = max(late, l)
 		}
 	}
-	late := s.lateEnd()
+	s.forgetUnsighted()
 	switch {
 	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers && (s.aggregating || found == aggregateNone):
 		// An instance that another's fresh claim names the aggregator
@@ -542,7 +592,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 		s.dropAggregate(ctx, why, live)
 	}
-	s.replaceView(now, sum, live, rank, seq, added, late)
+	s.replaceView(now, sum, live, rank, seq, added, 0, late)
 	s.ok(OpRead, now)
 }
 
@@ -705,11 +755,15 @@ func (s *Syncer) learnResets(now time.Time, srcs []*snapshot) uint64 {
 // are taken out of the sum here. The caller holds c.mu.
 //
 // lag is how much older the view is than a direct read of every snapshot
-// of peers that publish on time would be (an aggregate's: up to the
-// aggregator's read interval; and peers that publish late: lateness):
-// what the shares assume the others have published and this one has read
-// by a time waits that much longer.
-func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank int, seq uint64, srcs []*snapshot, lag time.Duration) {
+// would be (an aggregate's: up to the aggregator's read interval): what
+// the shares assume the others have published and this one has read by a
+// time waits that much longer. late is how late the live peers publish
+// (lateness): what the shares assume the others have published waits
+// that much longer too. A key counted by this instance alone is let off
+// its share (sole) after lag but not late: a dead peer counts as live,
+// and late, for up to liveWrites write intervals, and every key of one
+// instance would wait that long for its whole limit.
+func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank int, seq uint64, srcs []*snapshot, lag, late time.Duration) {
 	c := s.c
 	n := now.UnixNano()
 	// Each key's share of what the cluster has left, over the instances
@@ -717,7 +771,7 @@ func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank i
 	// the shares.
 	shared, sole := sum, []uint64(nil)
 	if c.split.Load() {
-		shared = sum.WithShares(c.sketch, live, rank, now, c.shared.Load(), shareHold(s.iv)+2*lag)
+		shared = sum.WithShares(c.sketch, live, rank, now, c.shared.Load(), shareHold(s.iv)+2*(lag+late))
 		sole = s.sole(now, sum, lag)
 	}
 
@@ -850,7 +904,11 @@ func CheckStorage(st certmagic.Storage, s Shape) error {
 // instance is known as such within two such ages and a read interval
 // after each (reads come on their own ticks): 2 × (write + 2 × read +
 // lag). Only reads that fall exactly on the ages, as a test's clock makes
-// them, save the read intervals.
+// them, save the read intervals. A peer that publishes late (sight) is
+// not waited for, unlike in the shares' hold: a key it counts unseen may
+// be let off its share here meanwhile, where waiting would hold every key
+// of one instance for up to liveWrites write intervals after any peer
+// died (replaceView).
 func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) []uint64 {
 	age := s.iv.Write + s.iv.Read + lag
 	newest, other := &s.counted[0], &s.counted[1]
