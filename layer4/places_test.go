@@ -296,3 +296,57 @@ func TestInlineMaxConcurrentAlone(t *testing.T) {
 		t.Fatalf("derived name %q, want %q", got, want)
 	}
 }
+
+// Connections admitted while sweeps run are neither lost nor given back
+// twice: the watch's record of places is swapped out under its lock, so
+// every place held is in it once, and every closed one is released once.
+func TestHoldsDuringSweepsAreKeptAndReleasedOnce(t *testing.T) {
+	const conns = 64
+	c, err := limiter.NewConcurrency(limiter.ConcurrencyConfig{Max: conns, Bytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := newLoopback(t)
+	servers := make([]*net.TCPConn, conns)
+	held := make([]*heldPlace, conns)
+	for i := range servers {
+		_, servers[i], _ = lb.accept("127.0.0.1")
+		rc, err := servers[i].SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[i] = &heldPlace{socket: rc}
+		if !c.AdmitHash(7, &held[i].place).Allowed {
+			t.Fatalf("place %d refused", i)
+		}
+	}
+	w := &closeWatch{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range held {
+			w.hold(held[i])
+			if i%2 == 0 {
+				servers[i].Close()
+			}
+		}
+	}()
+	for sweeping := true; sweeping; {
+		select {
+		case <-done:
+			sweeping = false
+		default:
+			w.sweep()
+		}
+	}
+	w.sweep()
+	if n, in := w.holding(), c.InFlight(7); n != conns/2 || in != conns/2 {
+		t.Fatalf("%d held, %d in flight, want %d and %d", n, in, conns/2, conns/2)
+	}
+	for _, s := range servers {
+		s.Close()
+	}
+	if n := w.sweep(); n != 0 || c.InFlight(7) != 0 {
+		t.Fatalf("after every socket closed: %d held, %d in flight", n, c.InFlight(7))
+	}
+}

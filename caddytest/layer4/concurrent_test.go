@@ -18,9 +18,14 @@ import (
 // max_concurrent alone), and whose later routes read the first 4 bytes:
 // "echo" is echoed until the client closes, "quit" is closed by the close
 // handler, anything else matches no route and is closed by the server, and
-// a client that sends nothing is closed at the matching timeout.
-func concServer(max int) string {
-	return withAPI("", fmt.Sprintf(`matching_timeout 500ms
+// a client that sends nothing is closed at the matching timeout (timeout,
+// or a minute if "").
+func concServer(max int, timeout string) string {
+	mt := "1m"
+	if timeout != "" {
+		mt = timeout
+	}
+	return withAPI("", fmt.Sprintf(`matching_timeout %s
 			@flood rate_limit {
 				name open
 				max_concurrent %d
@@ -35,7 +40,7 @@ func concServer(max int) string {
 			@echo regexp ^echo 4
 			route @echo {
 				echo
-			}`, max), "")
+			}`, mt, max), "")
 }
 
 // openEcho connects from src and reports whether the server admitted the
@@ -103,7 +108,7 @@ func waitInFlight(t *testing.T, zone string, want int64) {
 // last is closed, while another network is served; the admin API counts
 // the places and the denial.
 func TestMaxConcurrentLimitsOpenConnections(t *testing.T) {
-	load(t, concServer(2))
+	load(t, concServer(2, ""))
 	for i := 1; i <= 2; i++ {
 		if _, ok := openEcho(t, fmt.Sprintf("127.0.40.%d", i)); !ok {
 			t.Fatalf("connection %d of 127.0.40.0/24 was refused with max_concurrent 2", i)
@@ -129,10 +134,11 @@ func TestMaxConcurrentLimitsOpenConnections(t *testing.T) {
 // holds one place, not one per evaluation.
 func TestEveryWayAConnectionEndsGivesItsPlaceBack(t *testing.T) {
 	for _, tt := range []struct {
-		name string
-		end  func(t *testing.T, c net.Conn)
+		name    string
+		end     func(t *testing.T, c net.Conn)
+		timeout string // the server's matching timeout, if not a minute
 	}{
-		{"client closes while matched", func(t *testing.T, c net.Conn) { c.Close() }},
+		{"client closes while matched", func(t *testing.T, c net.Conn) { c.Close() }, ""},
 		{"client closes while echoed", func(t *testing.T, c net.Conn) {
 			_ = c.SetDeadline(time.Now().Add(ioDeadline))
 			if _, err := c.Write([]byte("echo")); err != nil {
@@ -142,13 +148,15 @@ func TestEveryWayAConnectionEndsGivesItsPlaceBack(t *testing.T) {
 				t.Fatalf("not echoed: %v", err)
 			}
 			c.Close()
-		}},
-		{"handler closes", func(t *testing.T, c net.Conn) { _, _ = c.Write([]byte("quit")) }},
-		{"no route matches", func(t *testing.T, c net.Conn) { _, _ = c.Write([]byte("nope")) }},
-		{"matching times out", func(t *testing.T, c net.Conn) {}},
+		}, ""},
+		{"handler closes", func(t *testing.T, c net.Conn) { _, _ = c.Write([]byte("quit")) }, ""},
+		{"no route matches", func(t *testing.T, c net.Conn) { _, _ = c.Write([]byte("nope")) }, ""},
+		// Long enough for the checks before it, even under the race
+		// detector on a busy machine.
+		{"matching times out", func(t *testing.T, c net.Conn) {}, "3s"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			load(t, concServer(1))
+			load(t, concServer(1, tt.timeout))
 			src := "127.0.42.1"
 			c, err := dialFrom(src, l4Addr)
 			if err != nil {
@@ -175,7 +183,7 @@ func TestEveryWayAConnectionEndsGivesItsPlaceBack(t *testing.T) {
 // table the next config uses, and a reload that changes max_concurrent
 // keeps the places in use.
 func TestReloadMidConnectionKeepsAndGivesBackPlaces(t *testing.T) {
-	load(t, concServer(2))
+	load(t, concServer(2, ""))
 	var old []net.Conn
 	for i := 1; i <= 2; i++ {
 		c, ok := openEcho(t, fmt.Sprintf("127.0.43.%d", i))
@@ -184,7 +192,7 @@ func TestReloadMidConnectionKeepsAndGivesBackPlaces(t *testing.T) {
 		}
 		old = append(old, c)
 	}
-	load(t, concServer(3))
+	load(t, concServer(3, ""))
 	if _, ok := openEcho(t, "127.0.43.3"); !ok {
 		t.Fatal("max_concurrent raised to 3 with 2 open: the third was refused")
 	}
@@ -206,7 +214,7 @@ func TestReloadMidConnectionKeepsAndGivesBackPlaces(t *testing.T) {
 // no place held and the heap where it was: what a connection holds goes
 // with it.
 func TestPlacesOfAFloodAllComeBack(t *testing.T) {
-	load(t, concServer(1))
+	load(t, concServer(1, ""))
 	heap := func() uint64 {
 		runtime.GC()
 		var ms runtime.MemStats
