@@ -304,3 +304,57 @@ func TestListenerWrapperHoldsPlacesWhileHTTPKeepsConnectionsOpen(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // waiting for the server to close, not for a rate
 	}
 }
+
+// Behind a load balancer (documented order 1, an unconditional
+// proxy_protocol route first), the places are the clients' networks', not
+// the balancer's, and each is given back when its connection closes.
+func TestMaxConcurrentBehindProxyProtocolCountsTheClients(t *testing.T) {
+	load(t, withAPI(`rate_limit {
+		zone behind_lb_conc {
+			max_concurrent 1
+			ipv4_prefix 24
+		}
+	}`, `route {
+				`+proxyHandler+`
+			}
+			@flood rate_limit zone behind_lb_conc
+			route @flood {
+				close
+			}
+			route {
+				echo
+			}`, ""))
+	through := func(client string) (net.Conn, bool) {
+		t.Helper()
+		c, err := dialFrom("127.0.66.1", l4Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(ioDeadline))
+		msg := "ping from " + client
+		if _, err := c.Write([]byte(header(client) + msg)); err != nil {
+			return c, false
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(c, got); err != nil {
+			return c, false
+		}
+		return c, string(got) == msg
+	}
+	first, ok := through("192.0.2.1")
+	if !ok {
+		t.Fatal("the first client connection was refused")
+	}
+	if _, ok := through("192.0.2.2"); ok {
+		t.Fatal("a second connection of 192.0.2.0/24 was served with max_concurrent 1")
+	}
+	if _, ok := through("198.51.100.1"); !ok {
+		t.Fatal("another client network behind the same balancer was refused: the balancer was counted")
+	}
+	first.Close()
+	waitInFlight(t, "behind_lb_conc", 1)
+	if _, ok := through("192.0.2.3"); !ok {
+		t.Fatal("192.0.2.0/24 was still refused after its connection closed")
+	}
+}
