@@ -350,3 +350,48 @@ func TestHoldsDuringSweepsAreKeptAndReleasedOnce(t *testing.T) {
 		t.Fatalf("after every socket closed: %d held, %d in flight", n, c.InFlight(7))
 	}
 }
+
+// BenchmarkSweep is one sweep of the watch over 1000 open connections: its
+// cost per held place is what the watch adds, every sweepInterval, per
+// connection open in a zone with max_concurrent.
+func BenchmarkSweep(b *testing.B) {
+	const conns = 1000
+	c, err := limiter.NewConcurrency(limiter.ConcurrencyConfig{Max: conns, Bytes: 64 << 10})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	w := &closeWatch{}
+	for i := 0; i < conns; i++ {
+		client, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer client.Close()
+		server, err := ln.AcceptTCP()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer server.Close()
+		rc, err := server.SyscallConn()
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := &heldPlace{socket: rc}
+		if !c.AdmitHash(uint64(i), &h.place).Allowed {
+			b.Fatal("no place")
+		}
+		w.hold(h)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if w.sweep() != conns {
+			b.Fatal("a place was given back with its socket open")
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/conns, "ns/place")
+}
