@@ -5,7 +5,9 @@
 // away or an upstream timeout: every way out of ServeHTTP), and a denial by
 // any policy of any zone releases every place the request took. The tables
 // outlive configs as the rate's do, so a request admitted under one config
-// releases its place into the table the next one uses.
+// releases its place into the table the next one uses. A layer4 matcher's
+// connections take places in the same table, each held until its socket
+// closes (layer4/places.go).
 
 package floodgate
 

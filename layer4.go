@@ -32,9 +32,6 @@ func (a *App) Layer4Zone(name string) (layer4.Zone, error) {
 	if z.deferred() {
 		return layer4.Zone{}, fmt.Errorf("zone %q charges only what an HTTP response says it cost (weight response_status or response_time); a connection has no response, so a layer4 matcher would charge each one a unit the zone does not count in: use a zone of its own", name)
 	}
-	if err := noLayer4Concurrency(z); err != nil {
-		return layer4.Zone{}, err
-	}
 	a.sharedWithLayer4(z)
 	return z.layer4(), nil
 }
@@ -50,28 +47,11 @@ func (a *App) Layer4Inline(in layer4.Inline) (layer4.Zone, func(), error) {
 	if err != nil {
 		return layer4.Zone{}, nil, err
 	}
-	if err := noLayer4Concurrency(z); err != nil {
-		if owned {
-			z.release()
-		}
-		return layer4.Zone{}, nil, err
-	}
 	release := func() {}
 	if owned {
 		release = z.release
 	}
 	return z.layer4(), release, nil
-}
-
-// noLayer4Concurrency refuses a zone with max_concurrent for a layer4
-// matcher: a matcher cannot yet give a connection's place back when the
-// connection closes, and a limit it took and never gave back, or ignored,
-// would be worse than none. (Issue 31's layer4 part is still to do.)
-func noLayer4Concurrency(z *zone) error {
-	if z.conc == nil {
-		return nil
-	}
-	return fmt.Errorf("zone %q has max_concurrent, which limits HTTP requests in flight; a layer4 matcher cannot enforce it yet: use a zone without max_concurrent for layer4", z.name)
 }
 
 // sharedWithLayer4 gives a zone without a key that a layer4 matcher uses the
@@ -97,8 +77,13 @@ func (z *zone) layer4() layer4.Zone {
 	z.counts.layer4.Store(true)
 	return layer4.Zone{Name: z.name, Buckets: z.buckets, IPv4Prefix: z.v4, IPv6Prefix: z.v6,
 		DryRun: !z.action.enforces(), Count: z.counts.countConnection, Note: logOf(&z.denials).note,
-		Denied: z.connectionDenied, SYNCharged: z.table.xdp.synCharged()}
+		Denied: z.connectionDenied, SYNCharged: z.table.xdp.synCharged(),
+		Places: z.conc, PlaceDenied: z.placeDenied}
 }
+
+// placeDenied counts a connection a layer4 matcher denied for want of a
+// place (max_concurrent), as a request denied so is counted.
+func (z *zone) placeDenied() { z.counts.concDenied.Add(1) }
 
 // connectionDenied notes in the zone's top sketch that a layer4 matcher
 // denied a connection from ip: its source network, under the hash an HTTP

@@ -113,23 +113,36 @@ func TestLayer4RefusesAZoneChargedByItsResponses(t *testing.T) {
 	}
 }
 
-// A zone with max_concurrent cannot serve a layer4 matcher yet, alone or
-// beside a rate, global or inline: the config fails to load, saying why,
-// rather than the limit being silently ignored for connections.
-func TestLayer4RefusesAMaxConcurrentZone(t *testing.T) {
+// A zone with max_concurrent serves a layer4 matcher, alone or beside a
+// rate, global or inline: the matcher gets the zone's own table of places
+// (the one its HTTP requests and the admin API count in) and counts its
+// denials for want of a place where the zone's metrics read them.
+func TestLayer4ZoneCarriesItsPlaces(t *testing.T) {
 	a, _ := provisionedApp(t, map[string]*Zone{
 		"alone":  {Limit: zoneconf.Limit{MaxConcurrent: 3, Memory: 1 << 12}},
 		"beside": {Limit: zoneconf.Limit{MaxEvents: 3, Burst: 3, Window: caddy.Duration(time.Hour), MaxConcurrent: 3, Memory: 1 << 12}},
 	})
 	for _, name := range []string{"alone", "beside"} {
-		_, err := a.Layer4Zone(name)
-		if err == nil || !strings.Contains(err.Error(), `zone "`+name+`" has max_concurrent`) || !strings.Contains(err.Error(), "without max_concurrent") {
-			t.Errorf("zone %s: error %v, want one naming the zone and max_concurrent", name, err)
+		lz, err := a.Layer4Zone(name)
+		if err != nil {
+			t.Fatalf("zone %s: %v", name, err)
+		}
+		z := a.global[name]
+		if lz.Places == nil || lz.Places != z.conc || lz.PlaceDenied == nil {
+			t.Fatalf("zone %s: the matcher got places %p, want the zone's %p", name, lz.Places, z.conc)
+		}
+		lz.PlaceDenied()
+		if n := z.counts.concDenied.Load(); n != 1 {
+			t.Fatalf("zone %s: %d denials for want of a place counted, want 1", name, n)
 		}
 	}
-	_, _, err := a.Layer4Inline(layer4.Inline{Name: "l4_conc", Limit: zoneconf.Limit{MaxConcurrent: 2, Memory: 1 << 12}})
-	if err == nil || !strings.Contains(err.Error(), `zone "l4_conc" has max_concurrent`) {
-		t.Errorf("inline: error %v, want one naming max_concurrent", err)
+	lz, release, err := a.Layer4Inline(layer4.Inline{Name: "l4_conc", Limit: zoneconf.Limit{MaxConcurrent: 2, Memory: 1 << 12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if lz.Places == nil || lz.Places.Max() != 2 {
+		t.Fatalf("inline: places %v, want a table of max 2", lz.Places)
 	}
 }
 

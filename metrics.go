@@ -50,8 +50,8 @@ type zoneCounts struct {
 	// layer4 is set once a layer4 matcher uses the zone, which then reports
 	// connections.
 	layer4 atomic.Bool
-	// concDenied counts the requests denied for want of a place
-	// (max_concurrent), among the denied ones.
+	// concDenied counts the requests (and layer4 connections) denied for
+	// want of a place (max_concurrent), among the denied ones.
 	concDenied atomic.Uint64
 	// held is the number of requests waiting for tokens now (the delayed
 	// outcome, before its wait is over).
@@ -121,7 +121,7 @@ var (
 		"Places in use in a rate_limit zone with max_concurrent: its requests (or layer4 connections) in flight.",
 		[]string{"zone"}, nil)
 	concDeniedDesc = prometheus.NewDesc("caddy_rate_limit_concurrent_denied_total",
-		"Requests a rate_limit zone denied for want of a place (max_concurrent); they are also counted as denied in caddy_rate_limit_requests_total.",
+		"Requests (and layer4 connections) a rate_limit zone denied for want of a place (max_concurrent); they are also counted as denied in caddy_rate_limit_requests_total (caddy_rate_limit_connections_total).",
 		[]string{"zone"}, nil)
 	heldDesc = prometheus.NewDesc("caddy_rate_limit_held_requests",
 		"Requests a rate_limit zone is holding until they may pass.",

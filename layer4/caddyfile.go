@@ -12,9 +12,10 @@ import (
 //	@flood rate_limit {
 //	    zone <name>             # a zone of the rate_limit global option; or:
 //	    name        <name>      # default: made of the settings below
-//	    events      <n>         # required
-//	    window      <duration>  # required
+//	    events      <n>         # required, unless max_concurrent is set alone
+//	    window      <duration>  # required, unless max_concurrent is set alone
 //	    burst       <n>         # a token bucket; without: at most events in a window
+//	    max_concurrent <n>      # at most n connections open at once
 //	    ipv4_prefix <bits>      # default 24
 //	    ipv6_prefix <bits>      # default 48
 //	    memory      <size>      # e.g. 16MiB; or:
@@ -72,7 +73,7 @@ func (m *Matcher) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		}
 	}
-	if m.Zone == "" {
+	if m.Zone == "" && m.MaxConcurrent == 0 {
 		if err := seen.Require(d, "rate_limit: ", "events", "window"); err != nil {
 			return err
 		}

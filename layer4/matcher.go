@@ -1,7 +1,8 @@
 // Package layer4 is floodgate's connection matcher for the caddy-l4 app,
 // layer4.matchers.rate_limit: it limits how many TCP connections a source
-// network may open, before a byte is read and, in the caddy.listeners.layer4
-// listener wrapper, before the TLS handshake.
+// network may open, and how many it may hold open at once (max_concurrent),
+// before a byte is read and, in the caddy.listeners.layer4 listener wrapper,
+// before the TLS handshake.
 //
 // The matcher matches a connection whose source network is over its limit, so
 // that `route @flood { close }` drops it. It keeps no state of its own: its
@@ -17,7 +18,10 @@
 // in any route or matcher set, takes it from there. A stage that charges a
 // connection earlier records its verdict with Charged, and the matchers then
 // charge nothing more; so does Match for a connection whose SYN the zone's
-// XDP program charged (Zone.SYNCharged).
+// XDP program charged (Zone.SYNCharged). A connection that a zone with
+// max_concurrent admits holds a place until its socket closes; places.go
+// says how the place is given back, since caddy-l4 tells a matcher nothing
+// of the close.
 package layer4
 
 import (
@@ -27,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -50,7 +55,8 @@ const (
 
 // Matcher matches a connection whose source network has opened more
 // connections than its limit allows: max_events per window sustained, up to
-// burst at once. Use it in its own first route, `route @flood { close }`.
+// burst at once, and, with max_concurrent, no more than max_concurrent open
+// at once. Use it in its own first route, `route @flood { close }`.
 //
 // Each connection is charged one token per zone, once, however many times
 // caddy-l4 evaluates the matcher and however many matchers of the zone the
@@ -88,13 +94,18 @@ type Matcher struct {
 
 	zone    Zone
 	release func()
+	// watch gives back the places of the connections the matcher admits
+	// when they close: the process's (see closeWatch).
+	watch *closeWatch
 	// verdict is the connection variable that holds the zone's decision
 	// (verdictVar).
 	verdict string
 	logger  *zap.Logger
 	// warnedProxy is set once the matcher has warned that it met an unread
-	// PROXY protocol header (a pointer: Matcher is a config value, copied).
-	warnedProxy *atomic.Bool
+	// PROXY protocol header, warnedUnwatchable once it has met a
+	// connection whose close it cannot see (pointers: Matcher is a config
+	// value, copied).
+	warnedProxy, warnedUnwatchable *atomic.Bool
 }
 
 // Zones is what the matcher needs from the rate_limit app. Package floodgate's
@@ -141,6 +152,14 @@ type Zone struct {
 	// more, so that it costs one token, not two. It must be cheap: it runs
 	// once per connection, flood included.
 	SYNCharged func(local, remote netip.AddrPort) bool
+	// Places, if not nil, is the zone's table of places (max_concurrent):
+	// a connection it admits holds a place of its source network until it
+	// closes (see closeWatch); a connection it has no place for is over
+	// the limit, and so is one whose close the matcher cannot see.
+	Places *limiter.Concurrency
+	// PlaceDenied, if not nil, is told of every connection matched for
+	// want of a place (not a dry run's), for the zone's metrics.
+	PlaceDenied func()
 }
 
 // Outcome is what a zone did with a connection.
@@ -191,8 +210,8 @@ func (m *Matcher) Provision(ctx caddy.Context) error {
 }
 
 func (m *Matcher) provision(zones Zones, logger *zap.Logger) error {
-	m.logger = logger
-	m.warnedProxy = new(atomic.Bool)
+	m.logger, m.watch = logger, watch
+	m.warnedProxy, m.warnedUnwatchable = new(atomic.Bool), new(atomic.Bool)
 	if err := m.validate(); err != nil {
 		return err
 	}
@@ -230,19 +249,27 @@ func (m *Matcher) inline() Inline {
 	v4, v6 := m.Prefixes(DefaultIPv4Prefix, DefaultIPv6Prefix)
 	in.IPv4Prefix, in.IPv6Prefix = &v4, &v6
 	if in.Name == "" {
-		in.Name = DerivedName(in.Rate(), v4, v6) + sizingSuffix(m.Limit)
+		in.Name = DerivedName(in.Rate(), in.MaxConcurrent, v4, v6) + sizingSuffix(m.Limit)
 	}
 	return in
 }
 
-// DerivedName is the name of an unnamed inline limit: its settings, short
-// enough to type in `caddy rate-limit top`, with what is not the default
-// only: "layer4_3_per_1h", "layer4_100_per_1m_burst_20_v4_16".
-func DerivedName(l limiter.Limit, v4, v6 int) string {
+// DerivedName is the name of an unnamed inline limit: its settings (a rate
+// l, if it has one, and max_concurrent, if set), short enough to type in
+// `caddy rate-limit top`, with what is not the default only:
+// "layer4_3_per_1h", "layer4_100_per_1m_burst_20_v4_16",
+// "layer4_concurrent_10".
+func DerivedName(l limiter.Limit, concurrent int64, v4, v6 int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "layer4_%d_per_%s", l.Events, shortDuration(l.Window))
+	b.WriteString("layer4")
+	if l.Events > 0 {
+		fmt.Fprintf(&b, "_%d_per_%s", l.Events, shortDuration(l.Window))
+	}
 	if l.Burst > 0 {
 		fmt.Fprintf(&b, "_burst_%d", l.Burst)
+	}
+	if concurrent > 0 {
+		fmt.Fprintf(&b, "_concurrent_%d", concurrent)
 	}
 	if v4 != DefaultIPv4Prefix {
 		fmt.Fprintf(&b, "_v4_%d", v4)
@@ -328,36 +355,85 @@ func (m *Matcher) Match(cx *layer4.Connection) (bool, error) {
 				zap.String("zone", m.zone.Name), zap.Stringer("remote", cx.RemoteAddr()))
 		}
 	}
-	if m.zone.SYNCharged != nil && synCharged(cx, m.zone.SYNCharged) {
-		Charged(cx, m.zone.Name, false)
-		if m.zone.Count != nil {
-			m.zone.Count(Allowed)
-		}
-		return false, nil
-	}
-	over := m.zone.decide(ip, time.Now(), m.logger) // one clock reading per connection
+	synPaid := m.zone.SYNCharged != nil && synCharged(cx, m.zone.SYNCharged)
+	over := m.decide(cx, ip, synPaid, time.Now()) // one clock reading per connection
 	Charged(cx, m.zone.Name, over)
 	return over, nil
 }
 
-// decide charges the network of ip one connection and returns whether the
-// connection is to be matched: over the limit, in a zone that enforces it.
-func (z *Zone) decide(ip netip.Addr, now time.Time, logger *zap.Logger) bool {
+// decide charges the network of ip one connection (its rate, unless its
+// SYN paid it already, and a place if the zone has max_concurrent) and
+// returns whether the connection is to be matched: over the limit, in a
+// zone that enforces it. A connection over any of the zone's limits takes
+// nothing from the others: a place is taken first and given back at once
+// if the rate refuses the connection.
+func (m *Matcher) decide(cx *layer4.Connection, ip netip.Addr, synPaid bool, now time.Time) bool {
+	z := &m.zone
 	key := limiter.NetworkKey(ip, z.IPv4Prefix, z.IPv6Prefix)
 	o := Allowed
-	if !z.Buckets.Allow(key.Bytes(), 1, now).Allowed {
+	held, placed := m.place(cx, key)
+	if !placed || !synPaid && !z.Buckets.Allow(key.Bytes(), 1, now).Allowed {
+		if held != nil {
+			held.place.Release()
+		}
 		o = Denied
 		if z.DryRun {
 			o = Logged
-		} else if z.Denied != nil {
-			z.Denied(ip, now)
+		} else {
+			if z.Denied != nil {
+				z.Denied(ip, now)
+			}
+			if !placed && z.PlaceDenied != nil {
+				z.PlaceDenied()
+			}
 		}
-		z.log(logger, ip, key, o, now)
+		z.log(m.logger, ip, key, o, now)
+	} else if held != nil {
+		m.watch.hold(held)
 	}
 	if z.Count != nil {
 		z.Count(o)
 	}
 	return o == Denied
+}
+
+// place takes a place for a connection from the network key in a zone with
+// max_concurrent, and reports false if there is none for it: the network
+// holds max_concurrent connections, or the matcher cannot see when the
+// connection closes (see watchable), so that a place it took would never
+// be given back. In a zone without max_concurrent it takes nothing and
+// reports true. A connection refused a place costs no allocation.
+func (m *Matcher) place(cx *layer4.Connection, key limiter.NetKey) (*heldPlace, bool) {
+	z := &m.zone
+	if z.Places == nil {
+		return nil, true
+	}
+	h := limiter.Hash(key.Bytes())
+	if !z.Places.PeekHash(h).Allowed {
+		return nil, false
+	}
+	sc, ok := socket(cx.Conn).(syscall.Conn)
+	if !ok {
+		if !m.warnedUnwatchable.Swap(true) {
+			m.logger.Warn("a connection whose close the matcher cannot see (a UDP flow, or a connection wrapped in a type it does not know): a zone with max_concurrent counts TCP connections only, and refuses this one rather than hold a place it could never give back",
+				zap.String("zone", z.Name), zap.Stringer("remote", cx.RemoteAddr()), zap.String("type", fmt.Sprintf("%T", socket(cx.Conn))))
+		}
+		return nil, false
+	}
+	held := new(heldPlace)
+	if !z.Places.AdmitHash(h, &held.place).Allowed {
+		return nil, false
+	}
+	rc, err := sc.SyscallConn()
+	if err == nil {
+		held.socket = rc
+	}
+	if err != nil || held.closed() {
+		// Closed already: no sweep would see it close.
+		held.place.Release()
+		return nil, false
+	}
+	return held, true
 }
 
 // log logs a connection from ip over the zone's limit (outcome o, Denied or
@@ -404,8 +480,9 @@ func synCharged(cx *layer4.Connection, charged func(local, remote netip.AddrPort
 	return ok1 && ok2 && charged(local, remote)
 }
 
-// socket unwraps c to the accepted socket: through caddy-l4's Connection
-// and PROXY protocol's Conn (Raw), a bounded number of layers.
+// socket unwraps c to the accepted socket: through caddy-l4's Connection,
+// PROXY protocol's Conn (Raw) and TLS (NetConn), a bounded number of
+// layers.
 func socket(c net.Conn) net.Conn {
 	for range 8 {
 		switch w := c.(type) {
@@ -413,6 +490,8 @@ func socket(c net.Conn) net.Conn {
 			c = w.Conn
 		case interface{ Raw() net.Conn }:
 			c = w.Raw()
+		case interface{ NetConn() net.Conn }:
+			c = w.NetConn()
 		default:
 			return c
 		}

@@ -636,7 +636,7 @@ func TestDerivedNamesAreShortAndSayOnlyWhatIsSet(t *testing.T) {
 		{limiter.Limit{Events: 100, Window: 90 * time.Minute, Burst: 20}, 16, 48, "layer4_100_per_1h30m_burst_20_v4_16"},
 		{limiter.Limit{Events: 5, Window: 1500 * time.Millisecond}, 24, 64, "layer4_5_per_1.5s_v6_64"},
 	} {
-		if got := DerivedName(tt.l, tt.v4, tt.v6); got != tt.want {
+		if got := DerivedName(tt.l, 0, tt.v4, tt.v6); got != tt.want {
 			t.Errorf("DerivedName(%+v, %d, %d) = %q, want %q", tt.l, tt.v4, tt.v6, got, tt.want)
 		}
 	}

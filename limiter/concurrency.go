@@ -121,7 +121,7 @@ func (p *Place) Release() bool {
 	if ln == nil {
 		return false
 	}
-	countWords(ln, p.sub, p.sub.words, -1)
+	uncount(ln, p.sub, p.sub.words)
 	return true
 }
 
@@ -145,7 +145,7 @@ func (c *Concurrency) AdmitHash(h uint64, p *Place) Decision {
 		}
 		// The others first, the least last with the CAS that admits.
 		others := sub.words &^ (1 << fw)
-		if !countWords(ln, sub, others, +1) {
+		if !countWords(ln, sub, others) {
 			return d // a counter is full: 2³² places, a deny
 		}
 		after, res := admitLeast(&ln[fw], vals[fw], fl, sub.lanes(fw), uint32(n))
@@ -159,7 +159,7 @@ func (c *Concurrency) AdmitHash(h uint64, p *Place) Decision {
 		// The least counter reached n meanwhile (or its word's other
 		// counter is full): take back the others' counts and decide
 		// again (deny).
-		countWords(ln, sub, others, -1)
+		uncount(ln, sub, others)
 		if res == admitFull {
 			return d
 		}
@@ -249,13 +249,26 @@ func admitLeast(p *uint64, w uint64, fl, lanes uint8, n uint32) (uint32, int) {
 	}
 }
 
-// countWords adds delta (+1 or −1) to the key's counters in the words of
-// mask, one CAS per word. An addition that would overflow a counter changes
-// nothing in its word, takes back what it added to the words before it, and
-// reports false; a subtraction never takes a counter below 0 (a place is
-// only ever released once, onto the counters that counted it, so it never
-// has to).
-func countWords(ln *line, sub subset, mask uint8, delta int32) bool {
+// uncount takes one off each of the key's counters in the words of mask,
+// one atomic subtraction per word, for a place they all count: a place
+// released (counted on every counter of its key when admitted, and
+// released once) or an admission's counts taken back. Each of those
+// counters is at least 1, so no subtraction borrows from the word's other
+// counter; a subtraction needs no load and no retry, which a
+// compare-and-swap would under contention.
+func uncount(ln *line, sub subset, mask uint8) {
+	for m := mask; m != 0; m &= m - 1 {
+		w := bits.TrailingZeros8(m) & 7
+		lanes := sub.lanes(w)
+		subWord(&ln[w], uint64(lanes&1)|uint64(lanes>>1)<<32)
+	}
+}
+
+// countWords adds one to the key's counters in the words of mask, one CAS
+// per word. An addition that would overflow a counter changes nothing in
+// its word, takes back what it added to the words before it, and reports
+// false.
+func countWords(ln *line, sub subset, mask uint8) bool {
 	var done uint8
 	for m := mask; m != 0; m &= m - 1 {
 		w := bits.TrailingZeros8(m) & 7
@@ -263,25 +276,19 @@ func countWords(ln *line, sub subset, mask uint8, delta int32) bool {
 		lanes := sub.lanes(w)
 		for {
 			v := loadWord(q)
-			nv, ok := v, true
+			nv := v
 			for l := uint8(0); l < 2; l++ {
 				if lanes>>l&1 == 0 {
 					continue
 				}
 				x := lane(v, l)
-				switch {
-				case delta > 0 && x == math.MaxUint32:
-					ok = false
-				case delta < 0 && x == 0:
-				default:
-					nv = withLane(nv, l, x+uint32(delta))
+				if x == math.MaxUint32 {
+					uncount(ln, sub, done)
+					return false
 				}
+				nv = withLane(nv, l, x+1)
 			}
-			if !ok {
-				countWords(ln, sub, done, -delta)
-				return false
-			}
-			if nv == v || casWord(q, v, nv) {
+			if casWord(q, v, nv) {
 				break
 			}
 		}

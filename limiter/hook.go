@@ -21,7 +21,7 @@ func pause(addr unsafe.Pointer) {
 	}
 }
 
-// loadWord, casWord and swapWord are the only ways a table's words are read
+// loadWord, casWord, swapWord and subWord are the only ways a table's words are read
 // and written once it is in use, except thawStray's (see there).
 func loadWord(p *uint64) uint64 {
 	pause(unsafe.Pointer(p))
@@ -36,6 +36,13 @@ func casWord(p *uint64, old, new uint64) bool {
 func swapWord(p *uint64, new uint64) uint64 {
 	pause(unsafe.Pointer(p))
 	return atomic.SwapUint64(p, new)
+}
+
+// subWord subtracts d from the word at p, for a caller that knows no
+// counter d takes from is below what it takes (a place's release).
+func subWord(p *uint64, d uint64) {
+	pause(unsafe.Pointer(p))
+	atomic.AddUint64(p, -d)
 }
 
 // params and setParams load and replace the parameters in force.
