@@ -10,6 +10,11 @@
 // division, and the charge (the fullest of the key's counters grants, every
 // counter pays, one 64-bit compare-and-swap per word). The Go tests run this
 // program and limiter side by side and compare every counter.
+//
+// A SYN it grants is marked in charged, by its addresses and ports, for the
+// layer4 matcher to find (and delete) when the connection is accepted: a
+// connection is charged by the program if and only if it is marked, so one
+// whose SYN the program could not parse is charged by the matcher.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -69,6 +74,29 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 12870); // C(16, 8), the most a K allows
 } subsets SEC(".maps");
+
+// charged marks the SYNs the program granted, by their flow: the source
+// and destination addresses (an IPv4 address as ::ffff:a.b.c.d) and the
+// ports, as the accepted socket will show them. The matcher looks a
+// connection up and deletes its mark (Table.Charged); a mark it does not
+// find means the program did not charge the connection (it could not parse
+// its SYN, or the mark was evicted by CHARGED_MARKS granted SYNs since),
+// and the matcher charges it: a connection is charged once, or at worst
+// twice, never by neither side.
+struct flow {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u8 sport[2], dport[2]; // network order
+};
+
+#define CHARGED_MARKS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow);
+	__type(value, __u8);
+	__uint(max_entries, CHARGED_MARKS);
+} charged SEC(".maps");
 
 enum stat {
 	STAT_PASSED,    // SYNs to a limited port that took a token
@@ -438,8 +466,15 @@ struct {
 	__uint(max_entries, 1);
 } probes SEC(".maps");
 
+// mark records that the SYN of flow f was charged here (see charged).
+static __always_inline void mark(const struct flow *f)
+{
+	__u8 one = 1;
+	bpf_map_update_elem(&charged, f, &one, BPF_ANY);
+}
+
 // limit decides a SYN from the source key (len 5 or 17 bytes).
-static __always_inline int limit(const struct params *p, __u8 *key, int len, int at_probe)
+static __always_inline int limit(const struct params *p, __u8 *key, int len, const struct flow *f, int at_probe)
 {
 	__u64 h = len == 5 ? xxh64_key5(key) : xxh64_key17(key);
 	__u32 idx = (__u32)(((__u64)(__u32)(h >> 32) * p->lines) >> 32);
@@ -462,6 +497,7 @@ static __always_inline int limit(const struct params *p, __u8 *key, int len, int
 	__u32 now = (__u32)ticks(p, ns);
 	switch (take(ln, *sub & 0xffff, p, now)) {
 	case GRANT:
+		mark(f);
 		count(STAT_PASSED);
 		return XDP_PASS;
 	case CONTENDED:
@@ -481,42 +517,109 @@ static __always_inline int limited_syn(const struct params *p, const struct tcph
 	return p->ports[(port >> 6) & 1023] >> (port & 63) & 1;
 }
 
+// What the program walks through to a SYN's TCP header: at most MAX_VLANS
+// VLAN tags (802.1Q or 802.1ad: a double tag is QinQ) and MAX_EXT IPv6
+// extension headers (hop-by-hop, routing, destination options, and a
+// fragment header of a first fragment). A longer chain, another header
+// (ESP, AH, an unknown one), or a fragment that is not the first passes
+// unparsed and uncharged: the matcher charges its connection, if it makes
+// one. The bounds keep the walk a fixed number of steps, as the verifier
+// requires, and are beyond what a real handshake carries.
+#define MAX_VLANS 2
+#define MAX_EXT 6
+
+struct vlan_hdr {
+	__be16 tci;
+	__be16 proto;
+};
+
+// ipv6_tcp walks the IPv6 extension headers from nh, the fixed header's
+// next header, at cur, and returns the TCP header, or NULL.
+static __always_inline const struct tcphdr *ipv6_tcp(__u8 nh, const void *cur, const void *end)
+{
+	for (int i = 0; i < MAX_EXT; i++) {
+		if (nh == IPPROTO_TCP)
+			break;
+		const __u8 *h = cur;
+		if ((const void *)(h + 8) > end) // every extension header is 8 bytes or more
+			return 0;
+		switch (nh) {
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS:
+			cur += ((__u32)h[1] + 1) * 8;
+			break;
+		case IPPROTO_FRAGMENT:
+			if ((h[2] << 8 | h[3]) & 0xfff8) // an offset: not the first fragment
+				return 0;
+			cur += 8;
+			break;
+		default:
+			return 0;
+		}
+		nh = h[0];
+	}
+	if (nh != IPPROTO_TCP)
+		return 0;
+	return cur;
+}
+
 // source_key writes the key of a limited SYN's source network into key and
-// returns its length (5 or 17), or 0 for any other packet.
-static __always_inline int source_key(struct xdp_md *ctx, const struct params *p, __u8 *key)
+// its flow into f, and returns the key's length (5 or 17), or 0 for any
+// other packet. Both are copied out of the packet, so that the paths
+// through the headers meet again here for the verifier.
+static __always_inline int source_key(struct xdp_md *ctx, const struct params *p, __u8 *key, struct flow *f)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return 0;
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
+	__be16 proto = eth->h_proto;
+	void *cur = eth + 1;
+	for (int i = 0; i < MAX_VLANS; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		struct vlan_hdr *vh = cur;
+		if ((void *)(vh + 1) > end)
+			return 0;
+		proto = vh->proto;
+		cur = vh + 1;
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = cur;
 		if ((void *)(ip + 1) > end || ip->protocol != IPPROTO_TCP)
 			return 0;
 		if (ip->frag_off & bpf_htons(0x1fff)) // not the first fragment
 			return 0;
-		struct tcphdr *tcp = (void *)ip + ip->ihl * 4;
+		struct tcphdr *tcp = (void *)ip + ip->ihl * 4; // past any options
 		if (ip->ihl < 5 || (void *)(tcp + 1) > end || !limited_syn(p, tcp))
 			return 0;
 		__u8 *src = (__u8 *)&ip->saddr;
+		f->saddr[10] = f->saddr[11] = f->daddr[10] = f->daddr[11] = 0xff;
+		__builtin_memcpy(f->saddr + 12, &ip->saddr, 4);
+		__builtin_memcpy(f->daddr + 12, &ip->daddr, 4);
+		__builtin_memcpy(f->sport, &tcp->source, 2);
+		__builtin_memcpy(f->dport, &tcp->dest, 2);
 		key[0] = 4;
 #pragma clang loop unroll(full)
 		for (int i = 0; i < 4; i++)
 			key[1 + i] = src[i] & p->mask4[i];
 		return 5;
 	}
-	if (eth->h_proto != bpf_htons(ETH_P_IPV6))
+	if (proto != bpf_htons(ETH_P_IPV6))
 		return 0;
-	struct ipv6hdr *ip6 = (void *)(eth + 1);
-	// Only a TCP header right after the fixed header is seen: a SYN behind
-	// extension headers passes to the kernel.
-	if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP)
+	struct ipv6hdr *ip6 = cur;
+	if ((void *)(ip6 + 1) > end)
 		return 0;
-	struct tcphdr *tcp = (void *)(ip6 + 1);
-	if ((void *)(tcp + 1) > end || !limited_syn(p, tcp))
+	const struct tcphdr *tcp = ipv6_tcp(ip6->nexthdr, ip6 + 1, end);
+	if (!tcp || (void *)(tcp + 1) > end || !limited_syn(p, tcp))
 		return 0;
 	__u8 *src = ip6->saddr.in6_u.u6_addr8;
+	__builtin_memcpy(f->saddr, src, 16);
+	__builtin_memcpy(f->daddr, ip6->daddr.in6_u.u6_addr8, 16);
+	__builtin_memcpy(f->sport, &tcp->source, 2);
+	__builtin_memcpy(f->dport, &tcp->dest, 2);
 	// ::ffff:a.b.c.d counts as IPv4, as NetworkKey unmaps it.
 	int mapped = src[10] == 0xff && src[11] == 0xff;
 #pragma clang loop unroll(full)
@@ -545,10 +648,11 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 	if (!p || !p->enabled)
 		return XDP_PASS;
 	__u8 key[17] = {};
-	int len = source_key(ctx, p, key);
+	struct flow f = {};
+	int len = source_key(ctx, p, key, &f);
 	if (!len)
 		return XDP_PASS;
-	return limit(p, key, len, at_probe);
+	return limit(p, key, len, &f, at_probe);
 }
 
 SEC("xdp")
