@@ -201,6 +201,14 @@ static __always_inline void mul64(__u64 a, __u64 b, __u64 *hi, __u64 *lo)
 	*lo = a * b;
 }
 
+// ticks_hi is ticks(ns) or one less, cheaper: the high half of ns·mult.
+static __always_inline __u64 ticks_hi(const struct params *p, __u64 ns)
+{
+	__u64 hi, lo;
+	mul64(ns, p->mult, &hi, &lo);
+	return hi;
+}
+
 // ticks is limiter's clock.ticks: ⌊ns·pe/w⌋ exactly, as the high half of
 // ns·mult (that or one less) and one comparison of 128-bit products.
 static __always_inline __u64 ticks(const struct params *p, __u64 ns)
@@ -439,6 +447,37 @@ static __noinline enum verdict take(struct line *ln, __u32 counters, const struc
 	return d.verdict == UNDECIDED ? CONTENDED : d.verdict;
 }
 
+// denied_at is the deny of decide_once without its loops and calls, for
+// the flood's fast path: whether the fullest of the key's counters in ln
+// (counters as in struct decision) holds less than cost ticks of room at
+// now, or a word of the key is FROZEN. It is straight-line arithmetic (no
+// branch per word or lane), so the verifier walks it once.
+static __noinline int denied_at(const struct line *ln, __u32 counters, const struct params *p, __u32 now)
+{
+	__u64 best = 0xffffffff, frozen = 0;
+#pragma clang loop unroll(full)
+	for (int w = 0; w < 8; w++) {
+		__u64 v = *(volatile __u64 *)&ln->word[w];
+		__u64 lanes = counters >> (2 * w) & 3;
+		// in_key: all ones if the word holds a counter of the key.
+		__u64 in_key = (__s64)(-(__s64)lanes) >> 63;
+		__u64 nv = ~v;
+		frozen |= ~((__s64)(nv | -nv) >> 63) & in_key; // v == FROZEN
+#pragma clang loop unroll(full)
+		for (int l = 0; l < 2; l++) {
+			__u64 c = l ? v >> 32 : v & 0xffffffff;
+			__s64 d = (__s32)((__u32)c - now);
+			// ahead_of: d if the counter is set and ahead, else 0.
+			__u64 ahead = (__u64)(__u32)d & ((__s64)(-d) >> 63) & ((__s64)(-(__s64)c) >> 63);
+			// A lane not of the key counts as empty (never the fullest).
+			ahead |= ~((__s64)(-(__s64)(lanes >> l & 1)) >> 63) & 0xffffffff;
+			__s64 diff = (__s64)ahead - (__s64)best;
+			best += diff & (diff >> 63); // min(best, ahead)
+		}
+	}
+	return frozen || best + p->cost > p->cap;
+}
+
 static __always_inline void count(enum stat s)
 {
 	__u32 k = s;
@@ -446,6 +485,15 @@ static __always_inline void count(enum stat s)
 	if (c)
 		*c += 1;
 }
+
+// COARSE_LAG bounds how far CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns,
+// the time of the last timer tick, a few nanoseconds to read) lags
+// CLOCK_MONOTONIC (bpf_ktime_get_ns, tens of nanoseconds under a
+// hypervisor's clock): a timer tick or a few, 1 to 4 ms each; 100 ms is far
+// beyond. A SYN denied at the coarse time plus COARSE_LAG, no earlier than
+// now, is denied now without reading the precise clock; any other SYN is
+// decided on the precise clock.
+#define COARSE_LAG 100000000ULL
 
 // probe is a 17-byte key and its length (5 or 17) in, and the program's
 // readings out: the hash, and the tick of a given time.
@@ -483,19 +531,31 @@ static __always_inline int limit(const struct params *p, __u8 *key, int len, con
 	__u32 *sub = bpf_map_lookup_elem(&subsets, &s);
 	if (!ln || !sub)
 		return XDP_PASS;
+	__u32 counters = *sub & 0xffff;
 	__u64 ns;
+	struct probe *pr = 0;
 	if (at_probe) {
 		__u32 zero = 0;
-		struct probe *pr = bpf_map_lookup_elem(&probes, &zero);
+		pr = bpf_map_lookup_elem(&probes, &zero);
 		if (!pr)
 			return XDP_ABORTED;
 		ns = pr->ns;
 	} else {
+		ns = bpf_ktime_get_coarse_ns() + COARSE_LAG;
+		ns = ns > p->epoch ? ns - p->epoch : 0;
+	}
+	// The flood's fast path: denied at a time no earlier than now, denied
+	// now (a counter only gains room as time goes on).
+	if (denied_at(ln, counters, p, (__u32)(ticks_hi(p, ns) + 1))) {
+		count(STAT_DROPPED);
+		return XDP_DROP;
+	}
+	if (!at_probe) {
 		ns = bpf_ktime_get_ns();
 		ns = ns > p->epoch ? ns - p->epoch : 0;
 	}
 	__u32 now = (__u32)ticks(p, ns);
-	switch (take(ln, *sub & 0xffff, p, now)) {
+	switch (take(ln, counters, p, now)) {
 	case GRANT:
 		mark(f);
 		count(STAT_PASSED);
