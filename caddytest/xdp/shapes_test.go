@@ -4,7 +4,6 @@ package xdp
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -122,29 +121,15 @@ func TestXDPChargesEveryShapeOnce(t *testing.T) {
 // a dial timeout of 500 ms: a SYN the program drops is retransmitted only
 // after a second, so each connection sends one SYN.
 func echoesShaped(v *netnstest.VethPair, s socketShape, dst netip.Addr) error {
-	return netnstest.In(v.Client, func() error {
-		d := net.Dialer{Timeout: 500 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: s.src.AsSlice()},
-			Control: func(_, _ string, c syscall.RawConn) error {
-				if s.opts == nil {
-					return nil
-				}
-				var err error
-				if cerr := c.Control(func(fd uintptr) { err = s.opts(int(fd)) }); cerr != nil {
-					return cerr
-				}
-				return err
-			}}
-		c, err := d.Dial("tcp", netip.AddrPortFrom(dst, port).String())
-		if err != nil {
+	return echoesVia(v, net.Dialer{Timeout: 500 * time.Millisecond, LocalAddr: &net.TCPAddr{IP: s.src.AsSlice()},
+		Control: func(_, _ string, c syscall.RawConn) error {
+			if s.opts == nil {
+				return nil
+			}
+			var err error
+			if cerr := c.Control(func(fd uintptr) { err = s.opts(int(fd)) }); cerr != nil {
+				return cerr
+			}
 			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := c.Write([]byte("ping")); err != nil {
-			return err
-		}
-		buf := make([]byte, 4)
-		_, err = io.ReadFull(c, buf)
-		return err
-	})
+		}}, dst)
 }

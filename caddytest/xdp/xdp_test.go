@@ -343,8 +343,13 @@ func echoesWithin(v *netnstest.VethPair, d time.Duration) error {
 
 // echoesTo is echoes to the server's address addr, with a dial timeout of d.
 func echoesTo(v *netnstest.VethPair, addr netip.Addr, d time.Duration) error {
+	return echoesVia(v, net.Dialer{Timeout: d}, addr)
+}
+
+// echoesVia is echoes to the server's address addr, dialled with d.
+func echoesVia(v *netnstest.VethPair, d net.Dialer, addr netip.Addr) error {
 	return netnstest.In(v.Client, func() error {
-		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, port).String(), d)
+		c, err := d.Dial("tcp", netip.AddrPortFrom(addr, port).String())
 		if err != nil {
 			return err
 		}
