@@ -3,7 +3,6 @@
 package xdp
 
 import (
-	"fmt"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/floodgate-rl/floodgate/internal/netnstest"
@@ -80,15 +78,7 @@ func TestXDPChargesEveryShapeOnce(t *testing.T) {
 		}
 		ip("-n", v.Client, "addr", "add", s.src.String()+"/"+bits, "dev", v.ClientIf, "nodad")
 	}
-	anyAddr := strings.Replace(config(v, burst, fmt.Sprintf("xdp %s %d", v.ServerIf, port)),
-		fmt.Sprintf("%s:%d {", v.ServerAddr, port), fmt.Sprintf(":%d {", port), 1)
-	if err := load(v, anyAddr); err != nil {
-		if strings.Contains(err.Error(), "not permitted") {
-			t.Skipf("BPF is not permitted here: %v", err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
+	runOnAnyAddress(t, v, burst)
 
 	for _, s := range socketShapes {
 		dst := v.ServerAddr

@@ -364,6 +364,21 @@ func echoesVia(v *netnstest.VethPair, d net.Dialer, addr netip.Addr) error {
 	})
 }
 
+// runOnAnyAddress runs config with xdp on the server's interface, the
+// layer4 server listening on every address, until the test ends.
+func runOnAnyAddress(t *testing.T, v *netnstest.VethPair, burst int) {
+	t.Helper()
+	anyAddr := strings.Replace(config(v, burst, fmt.Sprintf("xdp %s %d", v.ServerIf, port)),
+		fmt.Sprintf("%s:%d {", v.ServerAddr, port), fmt.Sprintf(":%d {", port), 1)
+	if err := load(v, anyAddr); err != nil {
+		if strings.Contains(err.Error(), "not permitted") {
+			t.Skipf("BPF is not permitted here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+}
+
 // TestXDPChargesAConnectionToANewAddressOnce: the matcher knows a
 // connection the program charged by the program's mark of its SYN, not by
 // the interface's addresses, so a connection to an address the interface
@@ -374,15 +389,7 @@ func echoesVia(v *netnstest.VethPair, d net.Dialer, addr netip.Addr) error {
 func TestXDPChargesAConnectionToANewAddressOnce(t *testing.T) {
 	const burst = 4
 	v := netnstest.NewVethPair(t)
-	anyAddr := strings.Replace(config(v, burst, fmt.Sprintf("xdp %s %d", v.ServerIf, port)),
-		fmt.Sprintf("%s:%d {", v.ServerAddr, port), fmt.Sprintf(":%d {", port), 1)
-	if err := load(v, anyAddr); err != nil {
-		if strings.Contains(err.Error(), "not permitted") {
-			t.Skipf("BPF is not permitted here: %v", err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = caddy.Stop() })
+	runOnAnyAddress(t, v, burst)
 	added := netip.MustParseAddr("10.99.0.3")
 	if out, err := exec.Command("ip", "-n", v.Server, "addr", "add", added.String()+"/24", "dev", v.ServerIf).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
