@@ -522,12 +522,13 @@ func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
 	}
 	src := netip.MustParseAddr("203.0.113.9")
 	key := limiter.NetworkKey(src, 24, 48)
-	syn := packet(src, 443, flagSYN)
+	// One thread's SYNs are plain, the other's in QinQ with IPv4 options.
+	syns := [][]byte{packet(src, 443, flagSYN), shaped(src, 443, flagSYN, shape{vlans: []uint16{0x88a8, 0x8100}, ipv4Opts: 3})}
 	var goGranted atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	tids := make(chan int, 2)
-	for range 2 {
+	for _, syn := range syns {
 		wg.Go(func() {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
