@@ -533,10 +533,9 @@ static __always_inline int limit(const struct params *p, __u8 *key, int len, con
 		return XDP_PASS;
 	__u32 counters = *sub & 0xffff;
 	__u64 ns;
-	struct probe *pr = 0;
 	if (at_probe) {
 		__u32 zero = 0;
-		pr = bpf_map_lookup_elem(&probes, &zero);
+		struct probe *pr = bpf_map_lookup_elem(&probes, &zero);
 		if (!pr)
 			return XDP_ABORTED;
 		ns = pr->ns;
