@@ -26,7 +26,11 @@
 // constant the time package keeps to itself) minus the table's base; the
 // epoch is bracketed to within Table.Slack (tens of nanoseconds), which
 // shifts one side's view of the refill by at most that much time: at most
-// Slack × rate tokens, a millionth of a token at 1,000 per second.
+// Slack × rate tokens, a millionth of a token at 1,000 per second. The
+// program first tries to deny a SYN on the coarse clock plus 100 ms (a time
+// no earlier than now, a few nanoseconds to read) and reads the precise
+// clock only for a SYN that would not be denied then: the same verdict,
+// unless the coarse clock lagged by more than 100 ms (docs/xdp.md).
 //
 // The program parses a SYN behind VLAN tags, IPv4 options and IPv6
 // extension headers (docs/xdp.md says which), and marks every SYN it grants
