@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -28,12 +27,6 @@ type xdpTable struct {
 
 	mu  sync.Mutex // serialises attach and close
 	att *xdp.Attachment
-	// path is where the program charges SYNs: nil until the program is
-	// attached (a connection accepted before that was not charged by it),
-	// then read at attach and again whenever a config with this table is
-	// loaded (synCharged), so that an address the interface gained since
-	// is known after a reload.
-	path atomic.Pointer[synPath]
 }
 
 // newXDPBuckets makes a table whose buckets live in an XDP program's map,
@@ -45,7 +38,7 @@ type xdpTable struct {
 func newXDPBuckets(zone string, cfg limiter.BucketsConfig, x *zoneconf.XDP, v4, v6 int) (*limiter.Buckets, *xdpTable, error) {
 	xt, err := xdp.NewTable(xdp.Config{Buckets: cfg, IPv4Prefix: v4, IPv6Prefix: v6, Zone: zone})
 	if err == nil {
-		if _, err = readSYNPath(x); err == nil {
+		if err = checkInterface(x); err == nil {
 			return xt.Buckets, &xdpTable{t: xt, x: x, zone: zone}, nil
 		}
 		xt.Close()
@@ -71,7 +64,7 @@ func (x *xdpTable) attach() error {
 	if x.att != nil {
 		return nil
 	}
-	path, err := readSYNPath(x.x)
+	err := checkInterface(x.x)
 	var att *xdp.Attachment
 	if err == nil {
 		att, err = x.t.Attach(x.x.Interface, x.x.Ports)
@@ -88,53 +81,33 @@ func (x *xdpTable) attach() error {
 		zap.String("zone", x.zone), zap.String("interface", att.Interface), zap.String("mode", att.Mode),
 		zap.Uint16s("ports", x.x.Ports))
 	x.att = att
-	x.path.Store(path)
 	return nil
 }
 
-// readSYNPath reads the addresses the program will see SYNs to, in this
-// thread's network namespace (the one the program is attached in).
-func readSYNPath(x *zoneconf.XDP) (*synPath, error) {
-	ifc, err := net.InterfaceByName(x.Interface)
-	if err != nil {
-		return nil, fmt.Errorf("xdp: interface %q: %w", x.Interface, err)
+// checkInterface checks that the interface exists in this thread's network
+// namespace (the one the program is attached in).
+func checkInterface(x *zoneconf.XDP) error {
+	if _, err := net.InterfaceByName(x.Interface); err != nil {
+		return fmt.Errorf("xdp: interface %q: %w", x.Interface, err)
 	}
-	ia, err := ifc.Addrs()
-	if err != nil {
-		return nil, fmt.Errorf("xdp: interface %q: %w", x.Interface, err)
-	}
-	ha, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("xdp: the host's addresses: %w", err)
-	}
-	return newSYNPath(ia, ha, x.Ports), nil
+	return nil
 }
 
 // synCharged is what the layer4 matchers ask whether the program charged a
-// connection's SYN; nil if the table has no XDP side. It reads the
-// addresses again first if the program is attached (a config using the
-// table is being loaded, in the namespace the program was attached in); if
-// that fails it keeps those it had. Until the program is attached, no
-// connection is taken for one it charged.
+// connection's SYN (xdp.Table.Charged: the program marked it, whatever
+// shape or interface it came in); nil if the table has no XDP side.
 func (x *xdpTable) synCharged() func(local, remote netip.AddrPort) bool {
 	if x == nil {
 		return nil
 	}
-	x.mu.Lock()
-	if x.att != nil {
-		if p, err := readSYNPath(x.x); err == nil {
-			x.path.Store(p)
-		}
-	}
-	x.mu.Unlock()
-	return func(local, remote netip.AddrPort) bool { return x.path.Load().charged(local, remote) }
+	return x.t.Charged
 }
 
 // setLimit puts l in force on the table and its program, keeping what each
 // key used (xdp.Table.SetLimit). If the limit is in force but the kernel
 // refused the new program, the program is detached: it logs that, and the
 // zone's matchers charge every connection again (none came through the
-// program) until a config attaches the table anew.
+// program, so none is marked) until a config attaches the table anew.
 func (x *xdpTable) setLimit(l limiter.Limit, now time.Time) error {
 	err := x.t.SetLimit(l, now)
 	var notReplaced *xdp.ProgramNotReplacedError
@@ -143,7 +116,6 @@ func (x *xdpTable) setLimit(l limiter.Limit, now time.Time) error {
 	}
 	x.mu.Lock()
 	x.att = nil
-	x.path.Store(nil)
 	x.mu.Unlock()
 	caddy.Log().Named("rate_limit").Error(fmt.Sprintf("zone %q: limiting connections in Go only: %v", x.zone, err),
 		zap.String("zone", x.zone))

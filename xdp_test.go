@@ -2,8 +2,6 @@ package floodgate
 
 import (
 	"bytes"
-	"net"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -57,49 +55,6 @@ func TestXDPSettingIsPartOfTheTable(t *testing.T) {
 	}
 	if key(eth0, 4, 24) != base {
 		t.Error("a new limit gives another table key: the counters would restart")
-	}
-}
-
-// TestSYNPath: the layer4 matcher takes a connection for one whose SYN the
-// program charged when it was sent to an address of the program's
-// interface, to one of its ports (any, if none), from outside the host.
-func TestSYNPath(t *testing.T) {
-	nets := func(cidrs ...string) []net.Addr {
-		var as []net.Addr
-		for _, c := range cidrs {
-			ip, n, err := net.ParseCIDR(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			n.IP = ip
-			as = append(as, n)
-		}
-		return as
-	}
-	eth0 := nets("10.99.0.1/24", "2001:db8::1/64", "fe80::1/64")
-	host := append(nets("127.0.0.1/8", "::1/128", "192.168.7.1/24"), eth0...)
-	ap := netip.MustParseAddrPort
-	for _, tc := range []struct {
-		ports         []uint16
-		local, remote string
-		want          bool
-	}{
-		{[]uint16{443}, "10.99.0.1:443", "192.0.2.7:40000", true},
-		{[]uint16{443}, "[2001:db8::1]:443", "[2001:db8:1::7]:40000", true},
-		{[]uint16{443}, "[fe80::1]:443", "[fe80::7]:40000", true},
-		{[]uint16{443, 8443}, "10.99.0.1:8443", "192.0.2.7:40000", true},
-		{nil, "10.99.0.1:9", "192.0.2.7:40000", true},
-		{[]uint16{443}, "10.99.0.1:8443", "192.0.2.7:40000", false},  // a port the program passes
-		{[]uint16{443}, "192.168.7.1:443", "192.0.2.7:40000", false}, // another interface
-		{[]uint16{443}, "127.0.0.1:443", "127.0.0.1:40000", false},   // loopback
-		{[]uint16{443}, "10.99.0.1:443", "10.99.0.1:40000", false},   // the host to itself, over loopback
-		{[]uint16{443}, "10.99.0.1:443", "192.168.7.1:40000", false}, // the same, from another address of the host
-		{nil, "10.99.0.1:443", "127.0.0.5:40000", false},
-	} {
-		p := newSYNPath(eth0, host, tc.ports)
-		if got := p.charged(ap(tc.local), ap(tc.remote)); got != tc.want {
-			t.Errorf("ports %v: %s <- %s: charged = %v, want %v", tc.ports, tc.local, tc.remote, got, tc.want)
-		}
 	}
 }
 

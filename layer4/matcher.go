@@ -146,11 +146,13 @@ type Zone struct {
 	// matched to be closed (not a dry run's), for the zone's top sources.
 	Denied func(ip netip.Addr, now time.Time)
 	// SYNCharged, if not nil, reports whether the zone's XDP program
-	// charged a connection between these addresses on its SYN: the
-	// connection arrived on the program's interface, to one of its ports.
+	// charged a connection between these addresses on its SYN (the program
+	// marked it), and forgets the mark: Match asks once per connection.
 	// Match then counts it as allowed (its SYN passed) and charges nothing
-	// more, so that it costs one token, not two. It must be cheap: it runs
-	// once per connection, flood included.
+	// more, so that it costs one token, not two; a connection the program
+	// did not mark (its SYN came in a shape the program does not parse,
+	// or elsewhere) Match charges. It runs once per connection, flood
+	// included: one system call.
 	SYNCharged func(local, remote netip.AddrPort) bool
 	// Places, if not nil, is the zone's table of places (max_concurrent):
 	// a connection it admits holds a place of its source network until it

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/floodgate-rl/floodgate/internal/netnstest"
 	"github.com/floodgate-rl/floodgate/limiter"
@@ -275,5 +276,76 @@ func TestAFailedProgramSwapDetachesRatherThanDropEverySYN(t *testing.T) {
 	}
 	if got := tb.Buckets.Limit(); got != raised {
 		t.Fatalf("the table's limit after the failed swap: %v, want %v in force for Go", got, raised)
+	}
+}
+
+// TestShapedSYNsChargedOnTheInterface: SYNs in VLAN-tagged frames (one tag,
+// and 802.1ad outside 802.1Q) and behind IPv6 extension headers, written
+// onto the client's end of the veth pair as they are (a packet socket), are
+// parsed and charged by the program attached to the server's end, one token
+// each: with a burst of one, each shape's first SYN passes and is marked
+// for the matcher, once, and its second is dropped. (This machine's kernel
+// has no VLAN interfaces, so no connection can follow them; the matcher's
+// side of a marked connection is TestXDPChargesEveryShapeOnce's.)
+func TestShapedSYNsChargedOnTheInterface(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	var att *Attachment
+	if err := netnstest.In(v.Server, func() error {
+		var err error
+		att, err = tb.Attach(v.ServerIf, []uint16{443})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer att.Close()
+	var fd int
+	if err := netnstest.In(v.Client, func() error {
+		ifc, err := net.InterfaceByName(v.ClientIf)
+		if err != nil {
+			return err
+		}
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Ifindex: ifc.Index})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	shapes := []shape{
+		{name: "802.1Q", vlans: []uint16{0x8100}},
+		{name: "802.1ad+802.1Q", vlans: []uint16{0x88a8, 0x8100}},
+		{name: "802.1Q, hop-by-hop and destination options", vlans: []uint16{0x8100}, ext: []byte{ipv6HopByHop, ipv6DestOpts}},
+	}
+	for i, s := range shapes {
+		src := netip.AddrFrom4([4]byte{172, 30, byte(i), 7})
+		if len(s.ext) > 0 {
+			src = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, byte(i), 15: 7})
+		}
+		before, err := tb.Counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		frame := shaped(src, 443, flagSYN, s)
+		for range 2 {
+			if _, err := unix.Write(fd, frame); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := Counts{Passed: before.Passed + 1, Dropped: before.Dropped + 1}
+		var c Counts
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if c, err = tb.Counts(); err != nil || c == want {
+				break
+			}
+		}
+		if c != want {
+			t.Errorf("%s: the program counted %+v after %+v, want one SYN passed and one dropped", s.name, c, before)
+		}
+		local, remote := flowOf(src)
+		if got := []bool{tb.Charged(local, remote), tb.Charged(local, remote)}; !got[0] || got[1] {
+			t.Errorf("%s: Charged twice: %v, want the first SYN's mark found once", s.name, got)
+		}
 	}
 }

@@ -36,10 +36,86 @@ const (
 )
 
 // packet is an Ethernet frame holding a TCP segment from src to dport with
-// the given flags.
+// the given flags, in the plain shape: no VLAN tag, no IP options or
+// extension headers.
 func packet(src netip.Addr, dport uint16, flags byte) []byte {
+	return shaped(src, dport, flags, shape{})
+}
+
+// A shape is how a frame wraps its TCP segment: what the program must see
+// through (VLAN tags, IPv4 options, IPv6 extension headers, a first
+// fragment) and what it must leave to the matcher (a later fragment, an
+// unknown header, a longer chain than it walks).
+type shape struct {
+	name  string
+	vlans []uint16 // tag protocols, outermost first: 0x8100 or 0x88a8
+	// ipv4Opts is the IPv4 options' length in 32-bit words.
+	ipv4Opts int
+	// ext is the IPv6 extension headers, first first: ipv6HopByHop,
+	// ipv6Routing, ipv6Fragment, ipv6DestOpts, or another protocol number
+	// (a header of 8 bytes).
+	ext []byte
+	// fragOffset is a non-zero fragment offset (in 8 bytes) for a later
+	// fragment: in the IPv4 header, or in the IPv6 fragment header.
+	fragOffset uint16
+	// moreFragments marks the packet as a first fragment of several.
+	moreFragments bool
+}
+
+// IPv6 extension headers' protocol numbers.
+const (
+	ipv6HopByHop = 0
+	ipv6Routing  = 43
+	ipv6Fragment = 44
+	ipv6ESP      = 50
+	ipv6DestOpts = 60
+)
+
+// parsedShapes are the shapes whose SYNs the program charges; notParsed,
+// those it passes for the matcher to charge.
+var (
+	parsedShapes = []shape{
+		{name: "plain"},
+		{name: "ipv4 options", ipv4Opts: 3},
+		{name: "ipv4 options, the most", ipv4Opts: 10},
+		{name: "ipv4 first fragment", moreFragments: true},
+		{name: "802.1Q", vlans: []uint16{0x8100}},
+		{name: "802.1ad+802.1Q", vlans: []uint16{0x88a8, 0x8100}},
+		{name: "802.1Q+802.1Q", vlans: []uint16{0x8100, 0x8100}},
+		{name: "hop-by-hop", ext: []byte{ipv6HopByHop}},
+		{name: "destination options", ext: []byte{ipv6DestOpts}},
+		{name: "routing", ext: []byte{ipv6Routing}},
+		{name: "first fragment", ext: []byte{ipv6Fragment}, moreFragments: true},
+		{name: "atomic fragment", ext: []byte{ipv6Fragment}},
+		{name: "all four, in a VLAN", vlans: []uint16{0x8100},
+			ext: []byte{ipv6HopByHop, ipv6DestOpts, ipv6Routing, ipv6Fragment, ipv6DestOpts}, moreFragments: true},
+		{name: "six", ext: []byte{ipv6HopByHop, ipv6DestOpts, ipv6Routing, ipv6Routing, ipv6Fragment, ipv6DestOpts}},
+	}
+	notParsed = []shape{
+		{name: "ipv4 later fragment", fragOffset: 1},
+		{name: "ipv6 later fragment", ext: []byte{ipv6Fragment}, fragOffset: 185},
+		{name: "ESP", ext: []byte{ipv6ESP}},
+		{name: "seven extension headers", ext: []byte{ipv6HopByHop, ipv6DestOpts, ipv6Routing, ipv6Routing, ipv6Routing, ipv6Fragment, ipv6DestOpts}},
+		{name: "three VLAN tags", vlans: []uint16{0x88a8, 0x8100, 0x8100}},
+	}
+)
+
+// v4 reports whether the shape is of an IPv4 packet (it has IPv4 options
+// or fragments without IPv6 headers).
+func (s shape) v4() bool {
+	return s.ipv4Opts > 0 || (len(s.ext) == 0 && (s.fragOffset > 0 || s.moreFragments))
+}
+
+// shaped is packet in shape s: an IPv4 packet if src is IPv4, an IPv6 one
+// otherwise (an IPv4-mapped src too). An IPv4 shape needs an IPv4 src, an
+// IPv6 shape an IPv6 one; a shape of neither kind takes src's family.
+func shaped(src netip.Addr, dport uint16, flags byte, s shape) []byte {
 	var b bytes.Buffer
 	b.Write(make([]byte, 12)) // MACs
+	for _, tpid := range s.vlans {
+		b.Write(binary.BigEndian.AppendUint16(nil, tpid))
+		b.Write([]byte{0x00, 0x64}) // the tag: VLAN 100
+	}
 	tcp := make([]byte, 20)
 	binary.BigEndian.PutUint16(tcp[0:], 40000)
 	binary.BigEndian.PutUint16(tcp[2:], dport)
@@ -47,29 +123,140 @@ func packet(src netip.Addr, dport uint16, flags byte) []byte {
 	tcp[13] = flags
 	if src.Is4() {
 		b.Write([]byte{0x08, 0x00})
-		ip := make([]byte, 20)
-		ip[0] = 0x45
-		binary.BigEndian.PutUint16(ip[2:], 40)
+		ip := make([]byte, 20+4*s.ipv4Opts)
+		ip[0] = 0x40 | byte(5+s.ipv4Opts)
+		binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+20))
+		frag := s.fragOffset
+		if s.moreFragments {
+			frag |= 0x2000
+		}
+		binary.BigEndian.PutUint16(ip[6:], frag)
 		ip[8] = 64
 		ip[9] = 6
-		s := src.As4()
-		copy(ip[12:], s[:])
+		s4 := src.As4()
+		copy(ip[12:], s4[:])
 		copy(ip[16:], []byte{10, 0, 0, 1})
+		for i := 20; i < len(ip); i++ {
+			ip[i] = 1 // NOP
+		}
 		b.Write(ip)
 	} else {
 		b.Write([]byte{0x86, 0xdd})
+		var ext []byte
+		for i, h := range s.ext {
+			next := byte(6)
+			if i+1 < len(s.ext) {
+				next = s.ext[i+1]
+			}
+			switch h {
+			case ipv6Routing: // type 0 (deprecated, and so unusual), no segment left, one address
+				ext = append(ext, next, 2, 0, 0, 0, 0, 0, 0)
+				ext = append(ext, make([]byte, 16)...)
+			case ipv6Fragment:
+				off := s.fragOffset << 3
+				if s.moreFragments {
+					off |= 1
+				}
+				ext = append(ext, next, 0, byte(off>>8), byte(off), 0, 0, 0x12, 0x34)
+			default: // options: one PadN of 4 bytes, so 8 bytes in all; or ESP's SPI and sequence
+				ext = append(ext, next, 0, 1, 4, 0, 0, 0, 0)
+			}
+		}
 		ip := make([]byte, 40)
 		ip[0] = 0x60
-		binary.BigEndian.PutUint16(ip[4:], 20)
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(ext)+20))
 		ip[6] = 6
+		if len(s.ext) > 0 {
+			ip[6] = s.ext[0]
+		}
 		ip[7] = 64
-		s := src.As16()
-		copy(ip[8:], s[:])
+		s16 := src.As16()
+		copy(ip[8:], s16[:])
 		ip[39] = 1
 		b.Write(ip)
+		b.Write(ext)
 	}
 	b.Write(tcp)
 	return b.Bytes()
+}
+
+// flowOf is the connection a SYN of shaped(src, 443, …) opens, as its
+// accepted socket shows it: from src:40000 to 10.0.0.1:443 or [::1]:443.
+func flowOf(src netip.Addr) (local, remote netip.AddrPort) {
+	dst := netip.MustParseAddr("::1")
+	if src.Is4() {
+		dst = netip.MustParseAddr("10.0.0.1")
+	}
+	return netip.AddrPortFrom(dst, 443), netip.AddrPortFrom(src, 40000)
+}
+
+// TestProgramChargesEverySYNItParses: a SYN in each shape the program
+// parses takes one token (a burst of one: the first passes, the second is
+// dropped), as the plain one does, and the connection it opens is marked
+// as charged, once (Table.Charged); a packet in a shape it does not parse
+// passes, charges nothing and marks nothing, so the matcher charges it.
+func TestProgramChargesEverySYNItParses(t *testing.T) {
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	if err := tb.enable([]uint16{443}); err != nil {
+		t.Fatal(err)
+	}
+	// Each shape's SYNs come from a network of their own (/24, /48).
+	srcOf := func(i int, s shape) netip.Addr {
+		if s.v4() {
+			return netip.AddrFrom4([4]byte{192, 0, byte(i), 7})
+		}
+		return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, byte(i), 15: 7})
+	}
+	counts := func() Counts {
+		t.Helper()
+		c, err := tb.Counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	for i, s := range parsedShapes {
+		t.Run(s.name, func(t *testing.T) {
+			src := srcOf(i, s)
+			before := counts()
+			local, remote := flowOf(src)
+			for i, want := range []uint32{xdpPass, xdpDrop} {
+				if v := runAt(t, tb, shaped(src, 443, flagSYN, s), 1e9); v != want {
+					t.Fatalf("SYN %d: verdict %d, want %d", i+1, v, want)
+				}
+				if got := []bool{tb.Charged(local, remote), tb.Charged(local, remote)}; got[0] != (want == xdpPass) || got[1] {
+					t.Fatalf("after SYN %d (verdict %d), Charged(%v, %v) twice: %v", i+1, want, local, remote, got)
+				}
+			}
+			// Not a SYN, or another port, in the same shape: passed, free.
+			for _, p := range [][]byte{shaped(src, 443, flagACK, s), shaped(src, 80, flagSYN, s)} {
+				if v := runAt(t, tb, p, 1e9); v != xdpPass {
+					t.Fatalf("verdict %d for %x, want pass", v, p)
+				}
+			}
+			if c := counts(); c != (Counts{Passed: before.Passed + 1, Dropped: before.Dropped + 1}) {
+				t.Fatalf("counts %+v after %+v: want one more passed, one more dropped", c, before)
+			}
+		})
+	}
+	for i, s := range notParsed {
+		t.Run(s.name, func(t *testing.T) {
+			src := srcOf(100+i, s)
+			before, table := counts(), slices.Clone(words(tb.mem))
+			local, remote := flowOf(src)
+			for range 3 {
+				if v := runAt(t, tb, shaped(src, 443, flagSYN, s), 1e9); v != xdpPass {
+					t.Fatalf("verdict %d, want pass", v)
+				}
+				if tb.Charged(local, remote) {
+					t.Fatal("a SYN the program did not parse is marked charged: the matcher would not charge its connection")
+				}
+			}
+			if c := counts(); c != before || !slices.Equal(words(tb.mem), table) {
+				t.Fatalf("a packet the program does not parse was counted (%+v after %+v) or charged the table", c, before)
+			}
+		})
+	}
 }
 
 // runAt runs the program on frame at ns on the table's clock and returns
@@ -184,6 +371,8 @@ func alignedLines(n int) []byte {
 // verdict for every SYN and the same value in every word of the two tables
 // after each. Requests alternate between the program and the shared
 // table's own Go side, so each side also decides on the other's charges.
+// Each SYN comes in one of the shapes the program parses, picked at
+// random for its family (VLAN tags, IPv4 options, IPv6 extension headers).
 func TestProgramChargesAsLimiter(t *testing.T) {
 	for _, tc := range []struct {
 		l limiter.Limit
@@ -226,7 +415,7 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 			if i%3 == 2 {
 				got = tb.Buckets.Allow(key.Bytes(), 1, tb.Buckets.Base().Add(time.Duration(ns))).Allowed
 			} else {
-				v := runAt(t, tb, packet(src, 443, flagSYN), ns)
+				v := runAt(t, tb, shaped(src, 443, flagSYN, randomShape(r, src)), ns)
 				if v != xdpPass && v != xdpDrop {
 					t.Fatalf("verdict %d", v)
 				}
@@ -254,6 +443,17 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 		}
 		tb.Close()
 	}
+}
+
+// randomShape picks one of parsedShapes that a packet from src can take.
+func randomShape(r *rand.Rand, src netip.Addr) shape {
+	var fit []shape
+	for _, s := range parsedShapes {
+		if s.v4() == src.Is4() || !s.v4() && len(s.ext) == 0 {
+			fit = append(fit, s)
+		}
+	}
+	return fit[r.IntN(len(fit))]
 }
 
 func slicesEqual(a, b []uint64) bool {
@@ -322,12 +522,13 @@ func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
 	}
 	src := netip.MustParseAddr("203.0.113.9")
 	key := limiter.NetworkKey(src, 24, 48)
-	syn := packet(src, 443, flagSYN)
+	// One thread's SYNs are plain, the other's in QinQ with IPv4 options.
+	syns := [][]byte{packet(src, 443, flagSYN), shaped(src, 443, flagSYN, shape{vlans: []uint16{0x88a8, 0x8100}, ipv4Opts: 3})}
 	var goGranted atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	tids := make(chan int, 2)
-	for range 2 {
+	for _, syn := range syns {
 		wg.Go(func() {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
@@ -433,7 +634,7 @@ func interrupt(tids []int) (stop func() int) {
 // both sides, as limiter's SetLimit does on a plain table: a network the
 // program drained under "events 3" has 2 SYNs under "events 5", a key Go
 // charged twice has 3 requests; the new program decides on the converted
-// counters, and the SYN counts go on.
+// counters, the SYN counts go on, and so do the marks of the SYNs charged.
 func TestSetLimitKeepsWhatKeysUsed(t *testing.T) {
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
 	if err := tb.enable([]uint16{443}); err != nil {
@@ -460,6 +661,11 @@ func TestSetLimitKeepsWhatKeysUsed(t *testing.T) {
 	}
 	if err := tb.SetLimit(limiter.Limit{Events: 5, Window: time.Hour}, at(1)); err != nil {
 		t.Fatal(err)
+	}
+	// The new program marks in the old one's map: a connection whose SYN
+	// the old program charged is found after the change.
+	if !tb.Charged(flowOf(src)) {
+		t.Fatal("a SYN charged before the limit changed is not found charged after it")
 	}
 	if got := verdicts(1e9+1, 3); !slices.Equal(got, []uint32{xdpPass, xdpPass, xdpDrop}) {
 		t.Fatalf("under events 5, after using 3: verdicts %v, want 2 passed", got)

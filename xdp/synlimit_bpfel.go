@@ -13,6 +13,14 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type synlimitFlow struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Daddr [16]uint8
+	Sport [2]uint8
+	Dport [2]uint8
+}
+
 type synlimitLine struct {
 	_    structs.HostLayout
 	Word [8]uint64
@@ -98,6 +106,7 @@ type synlimitProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type synlimitMapSpecs struct {
+	Charged *ebpf.MapSpec `ebpf:"charged"`
 	Config  *ebpf.MapSpec `ebpf:"config"`
 	Probes  *ebpf.MapSpec `ebpf:"probes"`
 	Stats   *ebpf.MapSpec `ebpf:"stats"`
@@ -131,6 +140,7 @@ func (o *synlimitObjects) Close() error {
 //
 // It can be passed to loadSynlimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type synlimitMaps struct {
+	Charged *ebpf.Map `ebpf:"charged"`
 	Config  *ebpf.Map `ebpf:"config"`
 	Probes  *ebpf.Map `ebpf:"probes"`
 	Stats   *ebpf.Map `ebpf:"stats"`
@@ -140,6 +150,7 @@ type synlimitMaps struct {
 
 func (m *synlimitMaps) Close() error {
 	return _SynlimitClose(
+		m.Charged,
 		m.Config,
 		m.Probes,
 		m.Stats,

@@ -26,12 +26,23 @@
 // constant the time package keeps to itself) minus the table's base; the
 // epoch is bracketed to within Table.Slack (tens of nanoseconds), which
 // shifts one side's view of the refill by at most that much time: at most
-// Slack × rate tokens, a millionth of a token at 1,000 per second.
+// Slack × rate tokens, a millionth of a token at 1,000 per second. The
+// program first tries to deny a SYN on the coarse clock plus 100 ms (a time
+// no earlier than now, a few nanoseconds to read) and reads the precise
+// clock only for a SYN that would not be denied then: the same verdict,
+// unless the coarse clock lagged by more than 100 ms (docs/xdp.md).
+//
+// The program parses a SYN behind VLAN tags, IPv4 options and IPv6
+// extension headers (docs/xdp.md says which), and marks every SYN it grants
+// by its flow; the layer4 matcher asks Table.Charged for each connection it
+// accepts and charges the ones not marked, so a SYN the program passes
+// unparsed is charged by the matcher, and no connection by both.
 //
 // Start reading at NewTable, then Attach.
 package xdp
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -81,6 +92,12 @@ type Table struct {
 	params  synlimitParams
 	counted Counts // by the programs SetLimit replaced
 	closed  bool
+
+	// marks is the programs' map of the SYNs they granted (see Charged):
+	// one map for the table's life, handed to each program SetLimit loads,
+	// so that a mark made before a limit change is found after it.
+	marksMu sync.RWMutex // Close takes it to close marks; Charged, to read
+	marks   *ebpf.Map
 }
 
 // NewTable creates the table's maps and loads the program (not yet
@@ -95,11 +112,17 @@ func NewTable(cfg Config) (*Table, error) {
 	if err := cfg.Buckets.Limit.Validate(); err != nil {
 		return nil, err
 	}
-	objs, mem, err := loadObjects(lines)
+	objs, mem, err := loadObjects(lines, nil)
 	if err != nil {
 		return nil, err
 	}
-	t := &Table{zone: cfg.Zone, objs: objs, mem: mem}
+	marks, err := objs.Charged.Clone()
+	if err != nil {
+		unix.Munmap(mem)
+		objs.Close()
+		return nil, fmt.Errorf("xdp: the map of charged SYNs: %w", err)
+	}
+	t := &Table{zone: cfg.Zone, objs: objs, mem: mem, marks: marks}
 	base := time.Now()
 	epoch, slack := monoEpoch(base)
 	t.Slack = slack
@@ -107,6 +130,7 @@ func NewTable(cfg Config) (*Table, error) {
 	if err != nil {
 		unix.Munmap(t.mem)
 		t.objs.Close()
+		t.marks.Close()
 		return nil, err
 	}
 	// The mapping lives as long as the Buckets over it (and keeps the map
@@ -129,15 +153,20 @@ func NewTable(cfg Config) (*Table, error) {
 }
 
 // loadObjects loads the program with a table of lines lines, and maps the
-// table into this process.
-func loadObjects(lines int) (synlimitObjects, []byte, error) {
+// table into this process. The program marks the SYNs it grants in marks,
+// or in a map of its own if marks is nil.
+func loadObjects(lines int, marks *ebpf.Map) (synlimitObjects, []byte, error) {
 	var objs synlimitObjects
 	spec, err := loadSynlimit()
 	if err != nil {
 		return objs, nil, fmt.Errorf("xdp: reading the embedded program: %w", err)
 	}
 	spec.Maps["table"].MaxEntries = uint32(lines)
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	opts := &ebpf.CollectionOptions{}
+	if marks != nil {
+		opts.MapReplacements = map[string]*ebpf.Map{"charged": marks}
+	}
+	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		return objs, nil, explain("loading the XDP program", err)
 	}
 	mem, err := unix.Mmap(objs.Table.FD(), 0, lines*64, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
@@ -186,7 +215,7 @@ func (t *Table) SetLimit(l limiter.Limit, now time.Time) error {
 	if closed {
 		return errors.New("xdp: the table is closed")
 	}
-	objs, mem, err := loadObjects(len(oldMem) / 64)
+	objs, mem, err := loadObjects(len(oldMem)/64, t.marks)
 	if err != nil {
 		return err
 	}
@@ -289,10 +318,30 @@ func (t *Table) Counts() (Counts, error) {
 	return c, nil
 }
 
+// Charged reports whether the program charged the SYN of the connection
+// from remote to local (the accepted socket's addresses), and forgets it:
+// a second call for the same connection reports false. A connection the
+// program did not charge is one whose SYN it passed unparsed (see
+// docs/xdp.md), or one that did not come through its interface, or whose
+// mark was evicted by the 65,536 SYNs the program granted after it (the
+// marks are a fixed-size LRU map); the caller charges it, so that every
+// connection is charged once, and at worst twice, never by neither side.
+// It makes one system call (BPF_MAP_LOOKUP_AND_DELETE_ELEM, Linux 5.14+).
+func (t *Table) Charged(local, remote netip.AddrPort) bool {
+	f := synlimitFlow{Saddr: remote.Addr().As16(), Daddr: local.Addr().As16()}
+	binary.BigEndian.PutUint16(f.Sport[:], remote.Port())
+	binary.BigEndian.PutUint16(f.Dport[:], local.Port())
+	var v uint8
+	t.marksMu.RLock()
+	defer t.marksMu.RUnlock()
+	return t.marks != nil && t.marks.LookupAndDelete(&f, &v) == nil
+}
+
 // Close releases the program and its maps; close the table's Attachments
 // first. Buckets stays usable (its memory is unmapped once Buckets is
 // garbage), so a request still running on an old config's zone never
-// touches unmapped memory; its charges then reach no program.
+// touches unmapped memory; its charges then reach no program, and Charged
+// reports false.
 func (t *Table) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -300,5 +349,9 @@ func (t *Table) Close() error {
 		return nil
 	}
 	t.closed = true
+	t.marksMu.Lock()
+	t.marks.Close()
+	t.marks = nil
+	t.marksMu.Unlock()
 	return t.objs.Close()
 }

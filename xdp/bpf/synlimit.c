@@ -10,6 +10,11 @@
 // division, and the charge (the fullest of the key's counters grants, every
 // counter pays, one 64-bit compare-and-swap per word). The Go tests run this
 // program and limiter side by side and compare every counter.
+//
+// A SYN it grants is marked in charged, by its addresses and ports, for the
+// layer4 matcher to find (and delete) when the connection is accepted: a
+// connection is charged by the program if and only if it is marked, so one
+// whose SYN the program could not parse is charged by the matcher.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -69,6 +74,29 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 12870); // C(16, 8), the most a K allows
 } subsets SEC(".maps");
+
+// charged marks the SYNs the program granted, by their flow: the source
+// and destination addresses (an IPv4 address as ::ffff:a.b.c.d) and the
+// ports, as the accepted socket will show them. The matcher looks a
+// connection up and deletes its mark (Table.Charged); a mark it does not
+// find means the program did not charge the connection (it could not parse
+// its SYN, or the mark was evicted by CHARGED_MARKS granted SYNs since),
+// and the matcher charges it: a connection is charged once, or at worst
+// twice, never by neither side.
+struct flow {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u8 sport[2], dport[2]; // network order
+};
+
+#define CHARGED_MARKS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct flow);
+	__type(value, __u8);
+	__uint(max_entries, CHARGED_MARKS);
+} charged SEC(".maps");
 
 enum stat {
 	STAT_PASSED,    // SYNs to a limited port that took a token
@@ -171,6 +199,14 @@ static __always_inline void mul64(__u64 a, __u64 b, __u64 *hi, __u64 *lo)
 	w1 += a0 * b1;
 	*hi = a1 * b1 + w2 + (w1 >> 32);
 	*lo = a * b;
+}
+
+// ticks_hi is ticks(ns) or one less, cheaper: the high half of ns·mult.
+static __always_inline __u64 ticks_hi(const struct params *p, __u64 ns)
+{
+	__u64 hi, lo;
+	mul64(ns, p->mult, &hi, &lo);
+	return hi;
 }
 
 // ticks is limiter's clock.ticks: ⌊ns·pe/w⌋ exactly, as the high half of
@@ -411,6 +447,37 @@ static __noinline enum verdict take(struct line *ln, __u32 counters, const struc
 	return d.verdict == UNDECIDED ? CONTENDED : d.verdict;
 }
 
+// denied_at is the deny of decide_once without its loops and calls, for
+// the flood's fast path: whether the fullest of the key's counters in ln
+// (counters as in struct decision) holds less than cost ticks of room at
+// now, or a word of the key is FROZEN. It is straight-line arithmetic (no
+// branch per word or lane), so the verifier walks it once.
+static __noinline int denied_at(const struct line *ln, __u32 counters, const struct params *p, __u32 now)
+{
+	__u64 best = 0xffffffff, frozen = 0;
+#pragma clang loop unroll(full)
+	for (int w = 0; w < 8; w++) {
+		__u64 v = *(volatile __u64 *)&ln->word[w];
+		__u64 lanes = counters >> (2 * w) & 3;
+		// in_key: all ones if the word holds a counter of the key.
+		__u64 in_key = (__s64)(-(__s64)lanes) >> 63;
+		__u64 nv = ~v;
+		frozen |= ~((__s64)(nv | -nv) >> 63) & in_key; // v == FROZEN
+#pragma clang loop unroll(full)
+		for (int l = 0; l < 2; l++) {
+			__u64 c = l ? v >> 32 : v & 0xffffffff;
+			__s64 d = (__s32)((__u32)c - now);
+			// ahead_of: d if the counter is set and ahead, else 0.
+			__u64 ahead = (__u64)(__u32)d & ((__s64)(-d) >> 63) & ((__s64)(-(__s64)c) >> 63);
+			// A lane not of the key counts as empty (never the fullest).
+			ahead |= ~((__s64)(-(__s64)(lanes >> l & 1)) >> 63) & 0xffffffff;
+			__s64 diff = (__s64)ahead - (__s64)best;
+			best += diff & (diff >> 63); // min(best, ahead)
+		}
+	}
+	return frozen || best + p->cost > p->cap;
+}
+
 static __always_inline void count(enum stat s)
 {
 	__u32 k = s;
@@ -418,6 +485,15 @@ static __always_inline void count(enum stat s)
 	if (c)
 		*c += 1;
 }
+
+// COARSE_LAG bounds how far CLOCK_MONOTONIC_COARSE (bpf_ktime_get_coarse_ns,
+// the time of the last timer tick, a few nanoseconds to read) lags
+// CLOCK_MONOTONIC (bpf_ktime_get_ns, tens of nanoseconds under a
+// hypervisor's clock): a timer tick or a few, 1 to 4 ms each; 100 ms is far
+// beyond. A SYN denied at the coarse time plus COARSE_LAG, no earlier than
+// now, is denied now without reading the precise clock; any other SYN is
+// decided on the precise clock.
+#define COARSE_LAG 100000000ULL
 
 // probe is a 17-byte key and its length (5 or 17) in, and the program's
 // readings out: the hash, and the tick of a given time.
@@ -438,8 +514,15 @@ struct {
 	__uint(max_entries, 1);
 } probes SEC(".maps");
 
+// mark records that the SYN of flow f was charged here (see charged).
+static __always_inline void mark(const struct flow *f)
+{
+	__u8 one = 1;
+	bpf_map_update_elem(&charged, f, &one, BPF_ANY);
+}
+
 // limit decides a SYN from the source key (len 5 or 17 bytes).
-static __always_inline int limit(const struct params *p, __u8 *key, int len, int at_probe)
+static __always_inline int limit(const struct params *p, __u8 *key, int len, const struct flow *f, int at_probe)
 {
 	__u64 h = len == 5 ? xxh64_key5(key) : xxh64_key17(key);
 	__u32 idx = (__u32)(((__u64)(__u32)(h >> 32) * p->lines) >> 32);
@@ -448,6 +531,7 @@ static __always_inline int limit(const struct params *p, __u8 *key, int len, int
 	__u32 *sub = bpf_map_lookup_elem(&subsets, &s);
 	if (!ln || !sub)
 		return XDP_PASS;
+	__u32 counters = *sub & 0xffff;
 	__u64 ns;
 	if (at_probe) {
 		__u32 zero = 0;
@@ -456,12 +540,23 @@ static __always_inline int limit(const struct params *p, __u8 *key, int len, int
 			return XDP_ABORTED;
 		ns = pr->ns;
 	} else {
+		ns = bpf_ktime_get_coarse_ns() + COARSE_LAG;
+		ns = ns > p->epoch ? ns - p->epoch : 0;
+	}
+	// The flood's fast path: denied at a time no earlier than now, denied
+	// now (a counter only gains room as time goes on).
+	if (denied_at(ln, counters, p, (__u32)(ticks_hi(p, ns) + 1))) {
+		count(STAT_DROPPED);
+		return XDP_DROP;
+	}
+	if (!at_probe) {
 		ns = bpf_ktime_get_ns();
 		ns = ns > p->epoch ? ns - p->epoch : 0;
 	}
 	__u32 now = (__u32)ticks(p, ns);
-	switch (take(ln, *sub & 0xffff, p, now)) {
+	switch (take(ln, counters, p, now)) {
 	case GRANT:
+		mark(f);
 		count(STAT_PASSED);
 		return XDP_PASS;
 	case CONTENDED:
@@ -481,42 +576,109 @@ static __always_inline int limited_syn(const struct params *p, const struct tcph
 	return p->ports[(port >> 6) & 1023] >> (port & 63) & 1;
 }
 
+// What the program walks through to a SYN's TCP header: at most MAX_VLANS
+// VLAN tags (802.1Q or 802.1ad: a double tag is QinQ) and MAX_EXT IPv6
+// extension headers (hop-by-hop, routing, destination options, and a
+// fragment header of a first fragment). A longer chain, another header
+// (ESP, AH, an unknown one), or a fragment that is not the first passes
+// unparsed and uncharged: the matcher charges its connection, if it makes
+// one. The bounds keep the walk a fixed number of steps, as the verifier
+// requires, and are beyond what a real handshake carries.
+#define MAX_VLANS 2
+#define MAX_EXT 6
+
+struct vlan_hdr {
+	__be16 tci;
+	__be16 proto;
+};
+
+// ipv6_tcp walks the IPv6 extension headers from nh, the fixed header's
+// next header, at cur, and returns the TCP header, or NULL.
+static __always_inline const struct tcphdr *ipv6_tcp(__u8 nh, const void *cur, const void *end)
+{
+	for (int i = 0; i < MAX_EXT; i++) {
+		if (nh == IPPROTO_TCP)
+			break;
+		const __u8 *h = cur;
+		if ((const void *)(h + 8) > end) // every extension header is 8 bytes or more
+			return 0;
+		switch (nh) {
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS:
+			cur += ((__u32)h[1] + 1) * 8;
+			break;
+		case IPPROTO_FRAGMENT:
+			if ((h[2] << 8 | h[3]) & 0xfff8) // an offset: not the first fragment
+				return 0;
+			cur += 8;
+			break;
+		default:
+			return 0;
+		}
+		nh = h[0];
+	}
+	if (nh != IPPROTO_TCP)
+		return 0;
+	return cur;
+}
+
 // source_key writes the key of a limited SYN's source network into key and
-// returns its length (5 or 17), or 0 for any other packet.
-static __always_inline int source_key(struct xdp_md *ctx, const struct params *p, __u8 *key)
+// its flow into f, and returns the key's length (5 or 17), or 0 for any
+// other packet. Both are copied out of the packet, so that the paths
+// through the headers meet again here for the verifier.
+static __always_inline int source_key(struct xdp_md *ctx, const struct params *p, __u8 *key, struct flow *f)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return 0;
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
+	__be16 proto = eth->h_proto;
+	void *cur = eth + 1;
+	for (int i = 0; i < MAX_VLANS; i++) {
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+		struct vlan_hdr *vh = cur;
+		if ((void *)(vh + 1) > end)
+			return 0;
+		proto = vh->proto;
+		cur = vh + 1;
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = cur;
 		if ((void *)(ip + 1) > end || ip->protocol != IPPROTO_TCP)
 			return 0;
 		if (ip->frag_off & bpf_htons(0x1fff)) // not the first fragment
 			return 0;
-		struct tcphdr *tcp = (void *)ip + ip->ihl * 4;
+		struct tcphdr *tcp = (void *)ip + ip->ihl * 4; // past any options
 		if (ip->ihl < 5 || (void *)(tcp + 1) > end || !limited_syn(p, tcp))
 			return 0;
 		__u8 *src = (__u8 *)&ip->saddr;
+		f->saddr[10] = f->saddr[11] = f->daddr[10] = f->daddr[11] = 0xff;
+		__builtin_memcpy(f->saddr + 12, &ip->saddr, 4);
+		__builtin_memcpy(f->daddr + 12, &ip->daddr, 4);
+		__builtin_memcpy(f->sport, &tcp->source, 2);
+		__builtin_memcpy(f->dport, &tcp->dest, 2);
 		key[0] = 4;
 #pragma clang loop unroll(full)
 		for (int i = 0; i < 4; i++)
 			key[1 + i] = src[i] & p->mask4[i];
 		return 5;
 	}
-	if (eth->h_proto != bpf_htons(ETH_P_IPV6))
+	if (proto != bpf_htons(ETH_P_IPV6))
 		return 0;
-	struct ipv6hdr *ip6 = (void *)(eth + 1);
-	// Only a TCP header right after the fixed header is seen: a SYN behind
-	// extension headers passes to the kernel.
-	if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP)
+	struct ipv6hdr *ip6 = cur;
+	if ((void *)(ip6 + 1) > end)
 		return 0;
-	struct tcphdr *tcp = (void *)(ip6 + 1);
-	if ((void *)(tcp + 1) > end || !limited_syn(p, tcp))
+	const struct tcphdr *tcp = ipv6_tcp(ip6->nexthdr, ip6 + 1, end);
+	if (!tcp || (void *)(tcp + 1) > end || !limited_syn(p, tcp))
 		return 0;
 	__u8 *src = ip6->saddr.in6_u.u6_addr8;
+	__builtin_memcpy(f->saddr, src, 16);
+	__builtin_memcpy(f->daddr, ip6->daddr.in6_u.u6_addr8, 16);
+	__builtin_memcpy(f->sport, &tcp->source, 2);
+	__builtin_memcpy(f->dport, &tcp->dest, 2);
 	// ::ffff:a.b.c.d counts as IPv4, as NetworkKey unmaps it.
 	int mapped = src[10] == 0xff && src[11] == 0xff;
 #pragma clang loop unroll(full)
@@ -545,10 +707,11 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 	if (!p || !p->enabled)
 		return XDP_PASS;
 	__u8 key[17] = {};
-	int len = source_key(ctx, p, key);
+	struct flow f = {};
+	int len = source_key(ctx, p, key, &f);
 	if (!len)
 		return XDP_PASS;
-	return limit(p, key, len, at_probe);
+	return limit(p, key, len, &f, at_probe);
 }
 
 SEC("xdp")
