@@ -292,7 +292,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 	// not.
 	noteLatests(s.aggLatest, a.resets)
 	own := s.proc.name(s.instance)
-	live, rank, late := 1, 0, time.Duration(0)
+	live, rank := 1, 0
 	for _, m := range a.members {
 		k := Key(c.shape.Zone, m.name)
 		if data := c.ownLocked(k, m.w); data != nil {
@@ -317,15 +317,14 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		}
 		// A member's new snapshot is in the aggregate within a read
 		// interval of its write, and found here within another.
-		if ok, l := s.sight(now, m.name, m.w.at, s.iv.Write+2*s.iv.Read); ok {
+		if s.sight(now, m.name, m.w.at, s.iv.Write+2*s.iv.Read) {
 			live++
 			if m.name < own {
 				rank++
 			}
-			late = max(late, l)
 		}
 	}
-	s.forgetUnsighted()
+	late := s.endSight(now)
 	srcs := []*snapshot{&a.snapshot}
 	seq := s.learnResets(now, srcs)
 	// Resets known here that the aggregate does not list: the aggregator

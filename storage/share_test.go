@@ -405,3 +405,116 @@ func TestAPeerBehindCountsAsLiveOnceSeenPublishing(t *testing.T) {
 		})
 	}
 }
+
+// A peer whose clock is set back (NTP, or a restart under the same name on
+// a machine whose clock is behind) publishes snapshots older than the last
+// one found of it: they show it publishing all the same. Its clock 30 s
+// ahead for six syncs, then right, and 12 syncs later a key hit on every
+// instance at once gets its limit (13 of 10 when only newer snapshots
+// counted: it looked dead).
+func TestAPeerWhoseClockIsSetBackStaysLive(t *testing.T) {
+	for _, size := range []int{3, AggregateFrom} {
+		t.Run(fmt.Sprint(size, " instances"), func(t *testing.T) {
+			skew := 30 * time.Second
+			nodes := newNodes(t, newMemStorage(), size)
+			for _, n := range nodes {
+				n.c.SplitBursts(true, testIntervals.Read)
+			}
+			last := nodes[size-1]
+			clock := func(n *node, at time.Time) time.Time {
+				if n == last {
+					return at.Add(skew)
+				}
+				return at
+			}
+			at := t0.Add(2 * time.Second) // every clock within one window
+			for range 6 {
+				at = at.Add(testIntervals.Read)
+				syncAt(nodes, nodes, clock, at)
+			}
+			skew = 0
+			for range 12 {
+				at = at.Add(testIntervals.Read)
+				syncAt(nodes, nodes, clock, at)
+			}
+			granted := 0
+			for _, n := range nodes {
+				granted += n.take("burst", 10, at)
+			}
+			for range 3 {
+				at = at.Add(testIntervals.Read)
+				syncAt(nodes, nodes, clock, at)
+				for _, n := range nodes {
+					granted += n.take("burst", 10, at)
+				}
+			}
+			var live []int64
+			for _, n := range nodes {
+				live = append(live, n.c.live.Load())
+			}
+			t.Logf("%d instances, the last one's clock set back 30 s: %d granted of a limit of 10; live as each sees it: %v", size, granted, live)
+			if granted != 10 {
+				t.Fatalf("granted %d of a limit of 10 after a peer's clock was set back, want 10 (live as each sees it: %v)", granted, live)
+			}
+		})
+	}
+}
+
+// One read that misses a late peer's snapshot (a load that failed, an
+// aggregate without it) must not make that snapshot look new at the next:
+// the last instance stalls eight read intervals, its snapshot missing for
+// the others' third read, and the key still gets its limit (12 of 10 when
+// a read that missed a peer forgot it).
+func TestAReadThatMissesALatePeerKeepsItsLateness(t *testing.T) {
+	for _, size := range []int{3, AggregateFrom} {
+		t.Run(fmt.Sprint(size, " instances"), func(t *testing.T) {
+			st := newMemStorage()
+			now := t0.Add(20 * time.Second)
+			nodes := newSplitNodes(t, st, size, now.Add(-2*time.Second))
+			syncAll(now.Add(-time.Second), nodes...)
+			syncAll(now, nodes...)
+			last, others := nodes[size-1], nodes[:size-1]
+			key := Key("z/1", last.s.instance)
+			granted := 0
+			for _, n := range nodes {
+				granted += n.take("burst", 10, now)
+			}
+			at := now
+			for i := 1; i <= 8; i++ {
+				at = at.Add(testIntervals.Read)
+				for _, n := range others {
+					n.s.Write(bg, at)
+				}
+				st.mu.Lock()
+				saved, ok := st.data[key]
+				if i == 3 {
+					delete(st.data, key)
+				}
+				st.mu.Unlock()
+				if !ok {
+					t.Fatalf("no snapshot of %s at %q", last.s.instance, key)
+				}
+				for _, n := range others {
+					n.s.Read(bg, at)
+				}
+				st.mu.Lock()
+				st.data[key] = saved
+				st.mu.Unlock()
+				for _, n := range others {
+					granted += n.take("burst", 10, at)
+				}
+			}
+			for range 3 {
+				at = at.Add(testIntervals.Read)
+				syncAll(at, nodes...)
+				for _, n := range nodes {
+					granted += n.take("burst", 10, at)
+				}
+			}
+			t.Logf("%d instances, the last stalled 8 read intervals and missing from the others' third read: %d granted of a limit of 10", size, granted)
+			if granted != 10 {
+				t.Fatalf("granted %d of a limit of 10, want 10", granted)
+			}
+		})
+	}
+}

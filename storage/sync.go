@@ -123,11 +123,9 @@ type Syncer struct {
 	aggLatest map[uint64]int64
 	// lastRead is what the last Read did with the aggregate.
 	lastRead aggregateRead
-	// sighted holds, for each live peer, the newest snapshot a read has
-	// found of it and when on this instance's clock (see lateness), and
-	// the read that last found it, counted in reads.
+	// sighted holds, for each peer a read found, the latest snapshot of
+	// it and when on this instance's clock (see sight).
 	sighted map[string]sighting
-	reads   uint64
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
@@ -158,71 +156,78 @@ func shareHold(iv Intervals) time.Duration { return 2 * (iv.Write + iv.Read) }
 
 // sight notes the snapshot of peer name, written at written (on the
 // peer's clock), that a read found at now, and returns whether the peer is
-// live and how late it publishes, seen from here.
+// live. every is the longest a peer on time takes between two snapshots
+// this instance finds: a write interval and one or two read intervals
+// (endSight).
 //
-// A peer is live while a new snapshot of it, found within the last
-// liveWrites write intervals (on this instance's clock), shows it
-// publishing; one found for the first time and not replaced since is
-// judged by its age (on the peer's clock): at most liveWrites write
-// intervals. So once a peer has been seen to publish, its clock, ahead or
-// behind within MaxClockSkew, neither keeps it live when it stops nor
-// makes it dead while it publishes.
+// A peer is live while another snapshot of it (newer, or written after
+// its clock was set back), found within the last liveWrites write
+// intervals (on this instance's clock), shows it publishing; one found for
+// the first time and not replaced since is judged by its age (on the
+// peer's clock): at most liveWrites write intervals. So once a peer has
+// been seen to publish, its clock, ahead or behind within MaxClockSkew,
+// neither keeps it live when it stops nor makes it dead while it
+// publishes; before (this instance's first reads, a peer that joins), a
+// peer's clock behind may make it look dead, and one ahead, live.
 //
-// Its lateness is how much longer ago than every (the longest a peer on
-// time takes between two snapshots this instance finds: a write interval
-// and one or two read intervals) this instance found the peer's newest
-// snapshot, at most liveWrites write intervals, and zero for a peer not
-// live. The most of a read's is added, twice, to the shares' hold: a grant
-// of a peer that publishes late becomes visible late, and a share released
-// before it does would be granted twice. A cluster that publishes on time
-// keeps the configured hold.
-//
-// The caller holds c.mu, and ends the read with forgetUnsighted.
-func (s *Syncer) sight(now time.Time, name string, written int64, every time.Duration) (live bool, late time.Duration) {
+// The caller holds c.mu, and ends the read with endSight.
+func (s *Syncer) sight(now time.Time, name string, written int64, every time.Duration) bool {
 	p, ok := s.sighted[name]
 	switch {
 	case !ok:
 		p = sighting{written: written, at: now.UnixNano()}
-	case written > p.written:
+	case written != p.written:
+		// Another snapshot: a newer one, or one written after the
+		// peer's clock was set back.
 		p = sighting{written: written, at: now.UnixNano(), replaced: true}
 	}
-	p.read = s.reads
+	p.found, p.every = now.UnixNano(), every
 	if s.sighted == nil {
 		s.sighted = make(map[string]sighting)
 	}
 	s.sighted[name] = p
-	most := liveWrites * s.iv.Write
-	since := time.Duration(now.UnixNano() - p.at)
-	if p.replaced {
-		live = since <= most
-	} else {
-		live = time.Duration(now.UnixNano()-written) <= most
-	}
-	if !live {
-		return false, 0
-	}
-	return true, min(max(since-every, 0), most)
+	return p.live(now.UnixNano(), liveWrites*s.iv.Write)
 }
 
-// forgetUnsighted forgets the peers no read since the last call found
-// (gone), and starts the next read's count.
-func (s *Syncer) forgetUnsighted() {
+// live is whether the peer of p is live at now (sight), most being
+// liveWrites write intervals.
+func (p sighting) live(now int64, most time.Duration) bool {
+	if p.replaced {
+		return time.Duration(now-p.at) <= most
+	}
+	return time.Duration(now-p.written) <= most
+}
+
+// endSight ends a read: it forgets the peers no read has found for
+// liveWrites write intervals (gone), and returns how late the live peers
+// publish, seen from here: the most that this instance found a live
+// peer's latest snapshot longer ago than every, at most liveWrites write
+// intervals. A peer a read missed (a load that failed, an aggregate
+// without it) is remembered, late as it was, so that its old snapshot does
+// not look new at the next read. The lateness is added, twice, to the
+// shares' hold: a grant of a peer that publishes late becomes visible
+// late, and a share released before it does would be granted twice. A
+// cluster that publishes on time keeps the configured hold.
+func (s *Syncer) endSight(now time.Time) time.Duration {
+	most := liveWrites * s.iv.Write
+	n := now.UnixNano()
+	var late time.Duration
 	for name, p := range s.sighted {
-		if p.read != s.reads {
+		if time.Duration(n-p.found) > most {
 			delete(s.sighted, name)
+			continue
+		}
+		if p.live(n, most) {
+			late = max(late, min(time.Duration(n-p.at)-p.every, most))
 		}
 	}
-	s.reads++
+	return late
 }
 
-// sighting is the newest snapshot of a peer a Syncer found: its write time
-// (on the peer's clock), when the Syncer first found it (on its own),
-// whether it replaced an older one found before, and the read that last
-// found it.
 type sighting struct {
-	written, at int64
-	replaced    bool
-	read        uint64
+	written, at, found int64
+	every              time.Duration
+	replaced           bool
 }
 
 // liveWrites is how many write intervals may pass without a new snapshot
@@ -551,17 +556,16 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	added := s.snaps
 	// The instances live now (sight), this one's rank among them by
 	// name, and how late they publish, for the shares.
-	live, rank, late := 1, 0, time.Duration(0)
+	live, rank := 1, 0
 	for _, snap := range added {
-		if ok, l := s.sight(now, snap.instance, snap.written.UnixNano(), s.iv.Write+s.iv.Read); ok {
+		if s.sight(now, snap.instance, snap.written.UnixNano(), s.iv.Write+s.iv.Read) {
 			live++
 			if snap.instance < own {
 				rank++
 			}
-			late = max(late, l)
 		}
 	}
-	s.forgetUnsighted()
+	late := s.endSight(now)
 	switch {
 	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers && (s.aggregating || found == aggregateNone):
 		// An instance that another's fresh claim names the aggregator
@@ -758,7 +762,7 @@ func (s *Syncer) learnResets(now time.Time, srcs []*snapshot) uint64 {
 // would be (an aggregate's: up to the aggregator's read interval): what
 // the shares assume the others have published and this one has read by a
 // time waits that much longer. late is how late the live peers publish
-// (lateness): what the shares assume the others have published waits
+// (sight): what the shares assume the others have published waits
 // that much longer too. A key counted by this instance alone is let off
 // its share (sole) after lag but not late: a dead peer counts as live,
 // and late, for up to liveWrites write intervals, and every key of one
