@@ -26,7 +26,9 @@ import (
 
 // concTables holds every zone's table of places across reloads, keyed by a
 // concKey. max_concurrent is not part of the key: a reload that changes it
-// keeps the table, and with it the places in use (App.Start sets it).
+// keeps the table, and with it the places in use (App.Start sets it). A
+// reload that changes the table's size makes a new one, which counts the
+// places still in use in the old one until they are given back (follow).
 var concTables = caddy.NewUsagePool()
 
 // A concKey identifies a table of places: a zone keeps it across a reload
@@ -43,12 +45,59 @@ type concKey struct {
 type concEntry struct {
 	c      *limiter.Concurrency
 	secret uint64
-	queue  *concQueue // the requests waiting for a place (action delay)
+	queue  *concQueue    // the requests waiting for a place (action delay)
+	gone   chan struct{} // closed by Destruct: ends unfollowLoop
 }
 
 // Destruct implements caddy.Destructor: a table is garbage once no config
-// holds it; the requests that still hold places in it release them there.
-func (concEntry) Destruct() error { return nil }
+// holds it; the requests that still hold places in it release them there
+// (and the table that replaced it counts them meanwhile: follow).
+func (e concEntry) Destruct() error {
+	close(e.gone)
+	return nil
+}
+
+// unfollowEvery is how often a table that replaced another looks whether
+// the places in use there are all given back (limiter.Concurrency.Unfollow
+// reads every line of it).
+const unfollowEvery = time.Second
+
+// resized returns the entry of the zone named zone's table of another
+// size than key's that a config loaded now holds (a reload that changed
+// the zone's memory), if there is one.
+func resized(zone string, key concKey) (concEntry, bool) {
+	var old concEntry
+	found := false
+	concTables.Range(func(k, v any) bool {
+		if ck := k.(concKey); ck.zone == zone && ck != key {
+			old, found = v.(concEntry), true
+			return false
+		}
+		return true
+	})
+	return old, found
+}
+
+// follow makes e, a new table of places, count for each key the places
+// still in use in old, the zone's table it replaces: the requests and
+// connections admitted there give their places back to it, and until they
+// have, a key must not get n in each. e has old's secret, so that a key
+// hashes alike in both. A goroutine stops following once no place is
+// left there, or when e goes.
+func (e concEntry) follow(old concEntry) {
+	e.c.Follow(old.c)
+	go func() {
+		t := time.NewTicker(unfollowEvery)
+		defer t.Stop()
+		for !e.c.Unfollow() {
+			select {
+			case <-t.C:
+			case <-e.gone:
+				return
+			}
+		}
+	}()
+}
 
 // provisionConcurrency acquires zc's table of places, if it has
 // max_concurrent, at its limit if the table is new.
@@ -57,21 +106,31 @@ func (z *zone) provisionConcurrency(zc *Zone) error {
 		return nil
 	}
 	z.ckey = concKey{zone: z.name, lines: zc.ConcurrencyLines()}
-	v, _, err := concTables.LoadOrNew(z.ckey, func() (caddy.Destructor, error) {
+	// Looked up first: a UsagePool's Range waits for the values being
+	// constructed.
+	old, isResized := resized(z.name, z.ckey)
+	v, loaded, err := concTables.LoadOrNew(z.ckey, func() (caddy.Destructor, error) {
 		c, err := limiter.NewConcurrency(zc.Concurrency())
 		if err != nil {
 			return nil, err
 		}
-		var b [8]byte
-		if _, err := cryptorand.Read(b[:]); err != nil {
-			return nil, fmt.Errorf("drawing the table's secret: %v", err)
+		secret := old.secret
+		if !isResized {
+			var b [8]byte
+			if _, err := cryptorand.Read(b[:]); err != nil {
+				return nil, fmt.Errorf("drawing the table's secret: %v", err)
+			}
+			secret = binary.LittleEndian.Uint64(b[:])
 		}
-		return concEntry{c: c, secret: binary.LittleEndian.Uint64(b[:]), queue: &concQueue{waiting: make(map[uint64][]chan struct{})}}, nil
+		return concEntry{c: c, secret: secret, queue: &concQueue{waiting: make(map[uint64][]chan struct{})}, gone: make(chan struct{})}, nil
 	})
 	if err != nil {
 		return fmt.Errorf("zone %q: %v", z.name, err)
 	}
 	e := v.(concEntry)
+	if !loaded && isResized {
+		e.follow(old)
+	}
 	z.conc, z.maxConcurrent, z.concSecret = e.c, zc.MaxConcurrent, e.secret
 	if z.action.holds() {
 		z.queue = e.queue

@@ -58,7 +58,8 @@ type table struct {
 	// secret is mixed into the salt of every key but the source address
 	// (zone.seal), so that nobody who does not hold it can choose a
 	// header value whose counters are a given client's: drawn once per
-	// table, it lasts as long as the table, across reloads.
+	// zone (a table of the zone that replaces another takes its secret,
+	// acquireTable), it lasts as long as the table, across reloads.
 	secret uint64
 
 	// The limit in force is the one of the config (App) that last started
@@ -160,14 +161,31 @@ func (t *table) sweepLoop() {
 // running or loading config holds one (newTable returns the zone's XDP side
 // too, if it has one). It never changes an existing table: limits are
 // applied by App.Start, when the config that asked for them goes live.
+//
+// A new table of a zone that a loaded config holds another table of (a
+// reload that resized it, or changed its kind) takes that table's secret:
+// a key hashes alike in both, so that the zone's quotas keep their counts
+// and its places in flight (follow) are found where they were taken.
 func acquireTable(key tableKey, newTable func() (limiter.Table, *xdpTable, error)) (*table, error) {
-	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
-		t := &table{stop: make(chan struct{}), limitChanged: make(chan struct{}, 1)}
-		var b [8]byte
-		if _, err := cryptorand.Read(b[:]); err != nil {
-			return nil, fmt.Errorf("drawing the table's secret: %v", err)
+	// Looked up first: a UsagePool's Range waits for the values being
+	// constructed.
+	var secret uint64
+	tables.Range(func(k, v any) bool {
+		if k.(tableKey).zone == key.zone && k != key {
+			secret = v.(*table).secret
+			return false
 		}
-		t.secret = binary.LittleEndian.Uint64(b[:])
+		return true
+	})
+	v, _, err := tables.LoadOrNew(key, func() (caddy.Destructor, error) {
+		t := &table{stop: make(chan struct{}), limitChanged: make(chan struct{}, 1), secret: secret}
+		if t.secret == 0 {
+			var b [8]byte
+			if _, err := cryptorand.Read(b[:]); err != nil {
+				return nil, fmt.Errorf("drawing the table's secret: %v", err)
+			}
+			t.secret = binary.LittleEndian.Uint64(b[:])
+		}
 		var err error
 		t.buckets, t.xdp, err = newTable()
 		if err != nil {

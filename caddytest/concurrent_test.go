@@ -579,3 +579,79 @@ func waitQueued(t *testing.T, zone string, n int) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A reload that resizes a zone's table of places (memory) makes a new
+// table, and the request admitted under the old config gives its place
+// back there: the new table counts it meanwhile, so the key does not get
+// max_concurrent in each, and its place is the key's again once it ends.
+// With max_concurrent alone and beside a rate (whose table is resized
+// too: the new one keeps the zone's secret, so the key hashes alike).
+func TestMaxConcurrentCountsAcrossAReloadThatResizes(t *testing.T) {
+	for _, rate := range []string{"", "events 100\n\t\t\t\twindow 1m"} {
+		t.Run(fmt.Sprintf("rate %q", rate), func(t *testing.T) {
+			tc := newTester(t)
+			u := newSlowUpstream(t)
+			resized := func(memory string) string {
+				return config("", fmt.Sprintf(`
+	route {
+		rate_limit {
+			zone conc_resize {
+				key {header.X-Key}
+				max_concurrent 1
+				memory %s
+				%s
+			}
+		}
+		reverse_proxy %s
+	}`, memory, rate, u.addr))
+			}
+			tc.InitServer(resized("64KiB"), "caddyfile")
+			ctx := context.Background()
+			old := inFlight(ctx, t, tc, "/slow", "a")
+			wait(t, u.arrived, "a's request under the first config")
+			tc.InitServer(resized("128KiB"), "caddyfile")
+			if code, _, _ := get(t, tc, "/fast", "X-Key: a"); code != http.StatusTooManyRequests {
+				t.Fatalf("a's second request after the reload that resized the table: %d, want 429 (the first config's request still holds its place)", code)
+			}
+			if code, _, _ := get(t, tc, "/fast", "X-Key: b"); code != http.StatusOK {
+				t.Fatalf("b's request: %d, want 200", code)
+			}
+			u.release <- struct{}{}
+			if c := <-old; c != 200 {
+				t.Fatalf("the request in flight across the reload: %d, want 200", c)
+			}
+			eventually(t, tc, "a")
+		})
+	}
+}
+
+// A reload that gives a zone a new rate table (a burst added: windows
+// become token buckets) keeps the zone's secret, so a header key's quota,
+// whose sketch the reload keeps, still counts what the key used: a quota
+// of 3, used up, is still used up after it (it was the key's afresh).
+func TestAReloadThatRemakesTheRateTableKeepsAKeysQuota(t *testing.T) {
+	tc := newTester(t)
+	zone := func(burst string) string {
+		return config("", fmt.Sprintf(`
+	rate_limit {
+		zone quota_remade {
+			key {header.X-Key}
+			events 100
+			window 1m
+			%s
+			quota 3 1h
+		}
+	}
+	respond "ok"`, burst))
+	}
+	tc.InitServer(zone(""), "caddyfile")
+	for i := range 3 {
+		if code, _, _ := get(t, tc, "/", "X-Key: q"); code != http.StatusOK {
+			t.Fatalf("request %d of a quota of 3: %d", i+1, code)
+		}
+	}
+	tc.InitServer(zone("burst 100"), "caddyfile")
+	if code, _, _ := get(t, tc, "/", "X-Key: q"); code != http.StatusTooManyRequests {
+		t.Fatalf("the 4th request of a quota of 3, after a reload that remade the rate table: %d, want 429", code)
+	}
+}

@@ -36,6 +36,9 @@ type Concurrency struct {
 	subs  []subset
 	lines []line
 	max   atomic.Int64 // n, the places a key may hold (SetMax)
+	// prev is the table this one replaces while places are still in use
+	// there (Follow), nil once it has none (Unfollow).
+	prev atomic.Pointer[Concurrency]
 }
 
 // MaxConcurrent is the largest limit of a Concurrency table: far beyond
@@ -132,11 +135,23 @@ func (p *Place) Release() bool {
 // denied request takes no place and its RetryAfter is 0, since no table
 // can say when a place will be released. p must not hold a place; one that
 // does is released first, so that no place is ever lost.
+//
+// While c follows a table it replaces (Follow), the key's places still in
+// use there count against Max too.
 func (c *Concurrency) AdmitHash(h uint64, p *Place) Decision {
 	p.Release()
 	n := c.max.Load()
-	ln, sub, _ := placeIn(c.lines, c.subs, h)
 	d := Decision{Limit: n}
+	if prev := c.prev.Load(); prev != nil {
+		// Its counts only fall (nothing is admitted there any more), so a
+		// count read before the admitting CAS can only be too high: the
+		// key may be denied a place being given back there, never let
+		// over n.
+		if n -= prev.InFlight(h); n <= 0 {
+			return d
+		}
+	}
+	ln, sub, _ := placeIn(c.lines, c.subs, h)
 	var vals [8]uint64
 	for {
 		least, fw, fl := c.least(ln, sub, &vals)
@@ -173,7 +188,37 @@ func (c *Concurrency) InFlight(h uint64) int64 {
 	ln, sub, _ := placeIn(c.lines, c.subs, h)
 	var vals [8]uint64
 	least, _, _ := c.least(ln, sub, &vals)
+	if prev := c.prev.Load(); prev != nil {
+		return int64(least) + prev.InFlight(h)
+	}
 	return int64(least)
+}
+
+// Follow makes c, a table that replaces old (a zone's table of another
+// size, after a reload), count each key's places still in use in old as
+// its own, until Unfollow finds none left there: the requests admitted
+// into old give their places back to it, and a key must not hold n in
+// each meanwhile. Nothing may be admitted into old any more, or a key
+// could get n between the two tables. A table never follows itself.
+func (c *Concurrency) Follow(old *Concurrency) {
+	if old != c {
+		c.prev.Store(old)
+	}
+}
+
+// Unfollow stops following the table c replaced once no place is in use
+// (InUse counts the tables it still follows too), and reports whether c
+// follows none. It reads every line of the tables followed (InUse), so it
+// is for a periodic check, never for a decision.
+func (c *Concurrency) Unfollow() bool {
+	prev := c.prev.Load()
+	if prev == nil {
+		return true
+	}
+	if prev.InUse() == 0 {
+		c.prev.CompareAndSwap(prev, nil)
+	}
+	return c.prev.Load() == nil
 }
 
 // PeekHash answers whether AdmitHash would admit a request of the key with
@@ -186,8 +231,9 @@ func (c *Concurrency) PeekHash(h uint64) Decision {
 
 // InUse is how many places are in use in the whole table: every place
 // counts once on each of its key's K counters, so the counters' sum is
-// exactly K times the places, whatever the collisions. It reads every line,
-// so it is for gauges and tests, never for a decision.
+// exactly K times the places, whatever the collisions; with the places
+// still in use in the tables c follows (Follow). It reads every line, so it
+// is for gauges and tests, never for a decision.
 func (c *Concurrency) InUse() int64 {
 	var sum uint64
 	for i := range c.lines {
@@ -196,7 +242,11 @@ func (c *Concurrency) InUse() int64 {
 			sum += uint64(uint32(w)) + w>>32
 		}
 	}
-	return int64(sum / uint64(c.k))
+	n := int64(sum / uint64(c.k))
+	if prev := c.prev.Load(); prev != nil {
+		n += prev.InUse()
+	}
+	return n
 }
 
 // least loads the key's words into vals and returns its smallest counter,

@@ -273,3 +273,97 @@ func TestConcurrencyMemoryIsFlat(t *testing.T) {
 	}
 	t.Logf("table %d bytes, heap %d -> %d", c.Bytes(), before.HeapAlloc, after.HeapAlloc)
 }
+
+// A table that replaces another (a reload that resized the zone) counts
+// the places still in use there as the key's: a key holding n there gets
+// none here until they are given back, one for each given back, and
+// Unfollow lets go of the old table only once it holds none.
+func TestAFollowingTableCountsThePlacesLeftInTheOld(t *testing.T) {
+	const h = 0x1234_5678_9abc_def0
+	old, c := newConcurrency(t, 2, 64, 2), newConcurrency(t, 2, 128, 2)
+	var before [2]Place
+	for i := range before {
+		if !old.AdmitHash(h, &before[i]).Allowed {
+			t.Fatalf("admission %d into the old table denied", i)
+		}
+	}
+	c.Follow(old)
+	c.Follow(c) // a table never follows itself
+	var p [2]Place
+	if d := c.AdmitHash(h, &p[0]); d.Allowed || c.InFlight(h) != 2 || c.InUse() != 2 {
+		t.Fatalf("the key holds 2 of 2 in the old table: %+v, in flight %d, in use %d; want denied, 2, 2", d, c.InFlight(h), c.InUse())
+	}
+	if c.Unfollow() {
+		t.Fatal("Unfollow let go of a table with 2 places in use")
+	}
+	before[0].Release()
+	if d := c.AdmitHash(h, &p[0]); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("one place given back to the old table: %+v, want admitted with 0 left", d)
+	}
+	if d := c.AdmitHash(h, &p[1]); d.Allowed {
+		t.Fatalf("one place held in each table: %+v, want denied", d)
+	}
+	before[1].Release()
+	if !c.Unfollow() {
+		t.Fatal("Unfollow kept a table with no place in use")
+	}
+	if d := c.AdmitHash(h, &p[1]); !d.Allowed || c.InUse() != 2 {
+		t.Fatalf("the old table let go: %+v, %d in use; want admitted, 2", d, c.InUse())
+	}
+}
+
+// A release in the table followed races admissions into the one that
+// follows it, in every order of their loads and CASes: never more than n
+// held between the two tables.
+func TestEveryFollowingInterleavingIsExact(t *testing.T) {
+	const h = 0x1234_5678_9abc_def0
+	for _, c := range []struct {
+		name                   string
+		n                      int64
+		k, held, admits, frees int
+	}{
+		{"a release in the old table races two admissions, k=1", 2, 1, 2, 2, 1},
+		{"a release in the old table races an admission, k=2", 1, 2, 1, 1, 1},
+		{"two releases in the old table race two admissions, k=1", 2, 1, 2, 2, 2},
+	} {
+		schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
+			old, nt := newConcurrency(t, c.n, 64, c.k), newConcurrency(t, c.n, 64, c.k)
+			before := make([]Place, c.held)
+			for i := range before {
+				if !old.AdmitHash(h, &before[i]).Allowed {
+					t.Fatalf("%s: setup admission %d denied", c.name, i)
+				}
+			}
+			nt.Follow(old)
+			places := make([]Place, c.admits)
+			var fs []func()
+			for i := range c.admits {
+				fs = append(fs, func() { nt.AdmitHash(h, &places[i]) })
+			}
+			for i := range c.frees {
+				fs = append(fs, func() { before[i].Release() })
+			}
+			return watchLines(&old.lines[0], &nt.lines[0]), fs, func(schedule string) {
+				got := 0
+				for i := range places {
+					if places[i].Held() {
+						got++
+					}
+				}
+				if left := c.held - c.frees; int64(left+got) > c.n {
+					t.Errorf("%s, schedule %s: %d admitted beside %d still held in the old table, over %d", c.name, schedule, got, left, c.n)
+				}
+				for i := range places {
+					places[i].Release()
+				}
+				for i := range before {
+					before[i].Release()
+				}
+				if u := nt.InUse(); u != 0 {
+					t.Errorf("%s, schedule %s: %d places in use once all are released", c.name, schedule, u)
+				}
+			}
+		})
+		t.Logf("%s: %d schedules", c.name, schedules)
+	}
+}
