@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -483,8 +484,9 @@ func synCharged(cx *layer4.Connection, charged func(local, remote netip.AddrPort
 }
 
 // socket unwraps c to the accepted socket: through caddy-l4's Connection,
-// PROXY protocol's Conn (Raw) and TLS (NetConn), a bounded number of
-// layers.
+// PROXY protocol's Conn (Raw), TLS (NetConn) and any wrapper that embeds
+// the net.Conn it wraps (Caddy's http_redirect listener wrapper, placed
+// before layer4 as Caddy's docs show it), a bounded number of layers.
 func socket(c net.Conn) net.Conn {
 	for range 8 {
 		switch w := c.(type) {
@@ -495,10 +497,36 @@ func socket(c net.Conn) net.Conn {
 		case interface{ NetConn() net.Conn }:
 			c = w.NetConn()
 		default:
-			return c
+			inner := embeddedConn(c)
+			if inner == nil {
+				return c
+			}
+			c = inner
 		}
 	}
 	return c
+}
+
+// embeddedConn is the net.Conn that c, a struct or a pointer to one,
+// embeds (its exported field Conn of type net.Conn), or nil. Closing such a
+// wrapper closes what it embeds, whose close the watch then sees.
+func embeddedConn(c net.Conn) net.Conn {
+	v := reflect.ValueOf(c)
+	if v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return nil
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct {
+		return nil
+	}
+	f, ok := v.Type().FieldByName("Conn")
+	if !ok || !f.Anonymous || len(f.Index) != 1 || f.Type != reflect.TypeFor[net.Conn]() {
+		return nil
+	}
+	inner, _ := v.Field(f.Index[0]).Interface().(net.Conn)
+	return inner
 }
 
 // addrPort is a TCP address's IP (unmapped, without zone) and port.

@@ -247,9 +247,19 @@ func TestPlacesOfAFloodAllComeBack(t *testing.T) {
 // place while net/http keeps it open, and gives it back when it closes: n
 // open TLS connections of a network, and the next is closed before its
 // handshake while another network's completes; once one of the n closes,
-// the network's next connection is served.
+// the network's next connection is served. Also behind Caddy's
+// http_redirect wrapper (the order Caddy's docs show), whose connections
+// the matcher sees through to the socket: it refused them all, unable to
+// watch their close.
 func TestListenerWrapperHoldsPlacesWhileHTTPKeepsConnectionsOpen(t *testing.T) {
-	startCaddy(t, httpsCaddyfile("", `layer4 {
+	for _, before := range []string{"", "http_redirect"} {
+		t.Run("after "+before, func(t *testing.T) { wrapperHoldsPlaces(t, before) })
+	}
+}
+
+func wrapperHoldsPlaces(t *testing.T, before string) {
+	startCaddy(t, httpsCaddyfile("", before+`
+			layer4 {
 				@flood rate_limit {
 					name open
 					max_concurrent 2
