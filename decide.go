@@ -181,7 +181,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return h.passLogged(w, &q, verdicts, main, next, now)
 	}
 	if !h.DisableHeaders {
-		new(responseHeaders).setRateLimit(w.Header(), verdicts, 0)
+		new(responseHeaders).setRateLimit(w.Header(), verdicts, 0, h.policyOf(verdicts))
 	}
 	// Static values: no allocation, and Caddy's replacer holds up to 8 of
 	// them before its map grows.
@@ -197,6 +197,16 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		q.repl.Set("http.rate_limit.key", "")
 	}
 	return h.serveCharged(w, r, verdicts, next)
+}
+
+// policyOf returns the RateLimit-Policy value of verdicts if it is made
+// already: the handler's, when every zone of the handler applied (verdicts
+// are in the order of h.zones, one at most per zone); else "".
+func (h *Handler) policyOf(verdicts []verdict) string {
+	if len(verdicts) == len(h.zones) {
+		return h.policy
+	}
+	return ""
 }
 
 // deciding picks the verdict that describes the request: the first denial
@@ -447,7 +457,7 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 		if enforcing {
 			told = wait
 		}
-		d.headers.setRateLimit(hdr, verdicts, told)
+		d.headers.setRateLimit(hdr, verdicts, told, h.policyOf(verdicts))
 	}
 	if h.LogKey {
 		d.key = v.z.keyText(q, v.c)

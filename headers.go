@@ -23,8 +23,11 @@ const (
 type responseHeaders struct {
 	policy, limit, retryAfter [1]string
 	// buf holds the text of the values made per request; a longer text
-	// spills to the heap.
-	buf [120]byte
+	// spills to the heap, in one allocation (keep). Its size makes the
+	// struct 256 bytes, one of Go's size classes: room for the RateLimit
+	// items of four zones with a quota each and short names (the policy of
+	// a handler's zones is made once, Handler.policies).
+	buf [200]byte
 	n   int
 }
 
@@ -54,36 +57,40 @@ type responseHeaders struct {
 // an item that denies is at least that, at most its w, so that jitter
 // (Handler.Jitter), which lengthens Retry-After, lengthens the t of the
 // items it speaks for alike, and the two agree.
-func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration) {
+//
+// policy is the RateLimit-Policy value if the caller has it made already
+// (Handler.policies), else empty, and it is made here.
+func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration, policy string) {
 	n := 0
 	for _, v := range verdicts {
 		if v.z.action.enforces() {
 			n++
 		}
 	}
-	switch n {
-	case 0:
+	// The values are made in scratch on the stack and then kept (keep):
+	// copied into buf, or if longer than its rest, into one array of
+	// their length.
+	if n == 0 {
 		return
-	case 1:
+	}
+	var scratch [512]byte
+	switch {
+	case policy != "":
+		h.policy[0] = policy
+	case n == 1:
 		for _, v := range verdicts {
 			if v.z.action.enforces() {
 				h.policy[0] = v.z.policy
 			}
 		}
 	default:
-		b := h.start()
+		b := scratch[:0]
 		for _, v := range verdicts {
-			if !v.z.action.enforces() {
-				continue
-			}
-			if len(b) > 0 {
-				b = append(b, ", "...)
-			}
-			b = append(b, v.z.policy...)
+			b = appendPolicy(b, v.z)
 		}
-		h.policy[0] = h.text(b)
+		h.policy[0] = h.keep(b)
 	}
-	b := h.start()
+	b := scratch[:0]
 	for _, v := range verdicts {
 		if !v.z.action.enforces() {
 			continue
@@ -121,7 +128,7 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 			b = strconv.AppendInt(b, max(v.conc.Remaining, 0), 10)
 		}
 	}
-	h.limit[0] = h.text(b)
+	h.limit[0] = h.keep(b)
 	hdr[policyField] = h.policy[:]
 	hdr[limitField] = h.limit[:]
 }
@@ -135,6 +142,24 @@ func (h *responseHeaders) setRetryAfter(hdr http.Header, secs int64) {
 // start returns where the next value is to be appended: the unused end of
 // buf, with no length.
 func (h *responseHeaders) start() []byte { return h.buf[h.n:h.n] }
+
+// keep returns b's text as a string that stays: copied into the rest of
+// buf if it fits there, else into an array of its own (the one spill).
+func (h *responseHeaders) keep(b []byte) string {
+	if len(b) > len(h.buf)-h.n {
+		return string(b)
+	}
+	return h.text(append(h.start(), b...))
+}
+
+// appendPolicy appends z's RateLimit-Policy items to b, after a
+// separator if b has items, if z enforces (a dry run has none).
+func appendPolicy(b []byte, z *zone) []byte {
+	if !z.action.enforces() {
+		return b
+	}
+	return append(appendSeparator(b), z.policy...)
+}
 
 // text returns b, a value appended to start(), as a string without copying
 // it. The bytes are never written again: later values are appended after
