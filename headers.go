@@ -23,10 +23,10 @@ const (
 type responseHeaders struct {
 	policy, limit, retryAfter [1]string
 	// buf holds the text of the values made per request; a longer text
-	// spills to the heap, in one allocation (keep). Its size makes the
-	// struct 256 bytes, one of Go's size classes: room for the RateLimit
-	// items of four zones with a quota each and short names (the policy of
-	// a handler's zones is made once, Handler.policies).
+	// spills to the heap. Its size makes the struct 256 bytes, one of Go's
+	// size classes: room for the RateLimit items of four zones with a
+	// quota each and short names (the policy of a handler's zones is made
+	// once, Handler.policyOf).
 	buf [200]byte
 	n   int
 }
@@ -59,7 +59,7 @@ type responseHeaders struct {
 // items it speaks for alike, and the two agree.
 //
 // policy is the RateLimit-Policy value if the caller has it made already
-// (Handler.policies), else empty, and it is made here.
+// (Handler.policyOf), else empty, and it is made here.
 func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration, policy string) {
 	n := 0
 	for _, v := range verdicts {
@@ -67,13 +67,9 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 			n++
 		}
 	}
-	// The values are made in scratch on the stack and then kept (keep):
-	// copied into buf, or if longer than its rest, into one array of
-	// their length.
 	if n == 0 {
 		return
 	}
-	var scratch [512]byte
 	switch {
 	case policy != "":
 		h.policy[0] = policy
@@ -84,13 +80,13 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 			}
 		}
 	default:
-		b := scratch[:0]
+		b := h.start()
 		for _, v := range verdicts {
 			b = appendPolicy(b, v.z)
 		}
-		h.policy[0] = h.keep(b)
+		h.policy[0] = h.text(b)
 	}
-	b := scratch[:0]
+	b := h.start()
 	for _, v := range verdicts {
 		if !v.z.action.enforces() {
 			continue
@@ -128,7 +124,7 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 			b = strconv.AppendInt(b, max(v.conc.Remaining, 0), 10)
 		}
 	}
-	h.limit[0] = h.keep(b)
+	h.limit[0] = h.text(b)
 	hdr[policyField] = h.policy[:]
 	hdr[limitField] = h.limit[:]
 }
@@ -142,15 +138,6 @@ func (h *responseHeaders) setRetryAfter(hdr http.Header, secs int64) {
 // start returns where the next value is to be appended: the unused end of
 // buf, with no length.
 func (h *responseHeaders) start() []byte { return h.buf[h.n:h.n] }
-
-// keep returns b's text as a string that stays: copied into the rest of
-// buf if it fits there, else into an array of its own (the one spill).
-func (h *responseHeaders) keep(b []byte) string {
-	if len(b) > len(h.buf)-h.n {
-		return string(b)
-	}
-	return h.text(append(h.start(), b...))
-}
 
 // appendPolicy appends z's RateLimit-Policy items to b, after a
 // separator if b has items, if z enforces (a dry run has none).
