@@ -22,7 +22,6 @@ DURATION=${DURATION:-5s}
 CONNS=${CONNS:-32}
 . bench/caddies.sh
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 zone() { # name
 	cat <<ZONE
 		zone $1 {
@@ -33,7 +32,7 @@ zone() { # name
 		}
 ZONE
 }
-config() { # name port admin-port
+body() { # server name: what it serves
 	local body='	respond "ok"'
 	if [ "$1" != caddy-plain ]; then
 		body="	handle /one {
@@ -52,19 +51,7 @@ $(zone d)
 		respond \"ok\"
 	}"
 	fi
-	cat >"$OUT/$1.zones.Caddyfile" <<CADDY
-{
-	admin 127.0.0.1:$3
-	auto_https off
-	persist_config off
-	log default {
-		output discard
-	}
-}
-http://127.0.0.1:$2 {
-$body
-}
-CADDY
+	echo "$body"
 }
 cat >"$OUT/keys.lua" <<'LUA'
 local threads = 0
@@ -80,21 +67,13 @@ request = function()
 end
 LUA
 
-declare -A PORT PID
 servers=(caddy-plain caddy-floodgate)
 if [ -n "${BEFORE:-}" ]; then
 	cp "$BEFORE" "$OUT/caddy-before"
 	servers+=(caddy-before)
 fi
-cleanup() { for s in "${servers[@]}"; do [ -n "${PID[$s]:-}" ] && kill "${PID[$s]}" 2>/dev/null || true; done; }
-trap cleanup EXIT
-for s in "${servers[@]}"; do
-	PORT[$s]=$(free_port)
-	config "$s" "${PORT[$s]}" "$(free_port)"
-	XDG_DATA_HOME="$OUT/$s.data" XDG_CONFIG_HOME="$OUT/$s.config" \
-		"$OUT/$s" run --config "$OUT/$s.zones.Caddyfile" --adapter caddyfile >"$OUT/$s.zones.log" 2>&1 &
-	PID[$s]=$!
-done
+trap stop_servers EXIT
+for s in "${servers[@]}"; do serve "$s" zones "$(body "$s")"; done
 targets=("caddy-plain /")
 for s in "${servers[@]:1}"; do targets+=("$s /one" "$s /four"); done
 for s in "${servers[@]}"; do
