@@ -79,7 +79,7 @@ for s in "${servers[@]:1}"; do targets+=("$s /one" "$s /four"); done
 for s in "${servers[@]}"; do
 	path=/one
 	[ "$s" = caddy-plain ] && path=/
-	for _ in $(seq 100); do curl -fs "http://127.0.0.1:${PORT[$s]}$path" >/dev/null && break; sleep 0.1; done
+	for _ in $(seq 300); do curl -fs "http://127.0.0.1:${PORT[$s]}$path" >/dev/null && break; sleep 0.1; done
 done
 # The zones must really be in the path: their headers show them.
 for s in "${servers[@]:1}"; do
