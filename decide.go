@@ -69,10 +69,12 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 	// request is denied.
 	var ps *places
 	defer func() { ps.release() }()
+	var keys [maxInlineVerdicts]charge
+	read := h.touchAll(&q, &keys)
 	// A request that fails in a zone (a matcher's error, a weight it
 	// refuses) is not served: the zones before it give back what they
 	// took, as when a zone denies.
-	for _, z := range h.zones {
+	for i, z := range h.zones {
 		if len(z.matchers) > 0 {
 			ok, err := z.matchers.AnyMatchWithError(r)
 			if err != nil {
@@ -88,7 +90,12 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 				continue
 			}
 		}
-		v := verdict{z: z, c: z.key(&q)}
+		v := verdict{z: z}
+		if read&(1<<i) != 0 {
+			v.c = keys[i]
+		} else {
+			v.c = z.key(&q)
+		}
 		wt, err := z.weightOf(r, q.repl, h.Weight)
 		if err != nil {
 			h.logRefusedWeight(&q, z, v.c, err, now)
@@ -181,7 +188,7 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		return h.passLogged(w, &q, verdicts, main, next, now)
 	}
 	if !h.DisableHeaders {
-		new(responseHeaders).setRateLimit(w.Header(), verdicts, 0)
+		new(responseHeaders).setRateLimit(w.Header(), verdicts, 0, h.policyOf(verdicts))
 	}
 	// Static values: no allocation, and Caddy's replacer holds up to 8 of
 	// them before its map grows.
@@ -197,6 +204,43 @@ func (h *Handler) serveAt(w http.ResponseWriter, r *http.Request, next caddyhttp
 		q.repl.Set("http.rate_limit.key", "")
 	}
 	return h.serveCharged(w, r, verdicts, next)
+}
+
+// touchAll reads the keys of the zones that apply to every request and
+// touch nothing but the request to read them, into keys, and touches the
+// memory each zone's policies will read for them (limiter.Touch), before
+// any zone decides: so the cache misses of several zones overlap rather
+// than add up. It returns which zones it read a key of, bit i for zone i;
+// none if the handler has one zone (nothing to overlap) or more than keys
+// holds. A zone with matchers, or with a key that expands placeholders
+// (which may read the body), has its key read in its turn, after the
+// matchers of the zones before it.
+func (h *Handler) touchAll(q *request, keys *[maxInlineVerdicts]charge) (read uint16) {
+	if len(h.zones) < 2 || len(h.zones) > len(keys) {
+		return 0
+	}
+	for i, z := range h.zones {
+		if len(z.matchers) > 0 || !z.action.enforces() || !z.keysReadRequestOnly() {
+			continue
+		}
+		keys[i] = z.key(q)
+		limiter.Touch(z.buckets, keys[i].hash)
+		for _, s := range z.quotas {
+			limiter.Touch(s, keys[i].hash)
+		}
+		read |= 1 << i
+	}
+	return read
+}
+
+// policyOf returns the RateLimit-Policy value of verdicts if it is made
+// already: the handler's, when every zone of the handler applied (verdicts
+// are in the order of h.zones, one at most per zone); else "".
+func (h *Handler) policyOf(verdicts []verdict) string {
+	if len(verdicts) == len(h.zones) {
+		return h.policy
+	}
+	return ""
 }
 
 // deciding picks the verdict that describes the request: the first denial
@@ -447,7 +491,7 @@ func (h *Handler) overLimit(w http.ResponseWriter, q *request, verdicts []verdic
 		if enforcing {
 			told = wait
 		}
-		d.headers.setRateLimit(hdr, verdicts, told)
+		d.headers.setRateLimit(hdr, verdicts, told, h.policyOf(verdicts))
 	}
 	if h.LogKey {
 		d.key = v.z.keyText(q, v.c)

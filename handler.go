@@ -91,7 +91,10 @@ type Handler struct {
 	// a zone can grant fails at load.
 	Weight weight.Value `json:"weight,omitzero"`
 
-	zones  []*zone // inline zones by name, then referenced global zones
+	zones []*zone // inline zones by name, then referenced global zones
+	// policy is the RateLimit-Policy value of a request every zone
+	// applied to (policyOf), made once (setZones).
+	policy string
 	owned  []*zone // inline zones, released at Cleanup
 	ctx    caddy.Context
 	logger *zap.Logger
@@ -227,8 +230,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
+	h.setZones(h.zones)
 	h.sleep, h.now, h.meter = sleep, time.Now, sharedMeter
 	return nil
+}
+
+// setZones makes zones the handler's, in the order requests meet them,
+// and makes the RateLimit-Policy value of a request they all apply to.
+func (h *Handler) setZones(zones []*zone) {
+	h.zones = zones
+	var b []byte
+	for _, z := range zones {
+		b = appendPolicy(b, z)
+	}
+	h.policy = string(b)
 }
 
 // jitterProblem says why j cannot be a jitter, or "". Jitter is a fraction of

@@ -23,8 +23,11 @@ const (
 type responseHeaders struct {
 	policy, limit, retryAfter [1]string
 	// buf holds the text of the values made per request; a longer text
-	// spills to the heap.
-	buf [120]byte
+	// spills to the heap. Its size makes the struct 256 bytes, one of Go's
+	// size classes: room for the RateLimit items of four zones with a
+	// quota each and short names (the policy of a handler's zones is made
+	// once, Handler.policyOf).
+	buf [200]byte
 	n   int
 }
 
@@ -54,17 +57,23 @@ type responseHeaders struct {
 // an item that denies is at least that, at most its w, so that jitter
 // (Handler.Jitter), which lengthens Retry-After, lengthens the t of the
 // items it speaks for alike, and the two agree.
-func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration) {
+//
+// policy is the RateLimit-Policy value if the caller has it made already
+// (Handler.policyOf), else empty, and it is made here.
+func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration, policy string) {
 	n := 0
 	for _, v := range verdicts {
 		if v.z.action.enforces() {
 			n++
 		}
 	}
-	switch n {
-	case 0:
+	if n == 0 {
 		return
-	case 1:
+	}
+	switch {
+	case policy != "":
+		h.policy[0] = policy
+	case n == 1:
 		for _, v := range verdicts {
 			if v.z.action.enforces() {
 				h.policy[0] = v.z.policy
@@ -73,13 +82,7 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 	default:
 		b := h.start()
 		for _, v := range verdicts {
-			if !v.z.action.enforces() {
-				continue
-			}
-			if len(b) > 0 {
-				b = append(b, ", "...)
-			}
-			b = append(b, v.z.policy...)
+			b = appendPolicy(b, v.z)
 		}
 		h.policy[0] = h.text(b)
 	}
@@ -135,6 +138,15 @@ func (h *responseHeaders) setRetryAfter(hdr http.Header, secs int64) {
 // start returns where the next value is to be appended: the unused end of
 // buf, with no length.
 func (h *responseHeaders) start() []byte { return h.buf[h.n:h.n] }
+
+// appendPolicy appends z's RateLimit-Policy items to b, after a
+// separator if b has items, if z enforces (a dry run has none).
+func appendPolicy(b []byte, z *zone) []byte {
+	if !z.action.enforces() {
+		return b
+	}
+	return append(appendSeparator(b), z.policy...)
+}
 
 // text returns b, a value appended to start(), as a string without copying
 // it. The bytes are never written again: later values are appended after

@@ -314,6 +314,20 @@ func (z *zone) key(q *request) charge {
 	return charge{hash: limiter.Hash(nil), key: -1}
 }
 
+// keysReadRequestOnly reports whether reading z's keys reads nothing but
+// the request's header fields and addresses: no placeholder, which might
+// read the body or have another effect.
+func (z *zone) keysReadRequestOnly() bool {
+	for i := range z.keys {
+		switch z.keys[i].kind {
+		case keyHeader, keyClientIP, keyRemoteIP:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // textCharge is what a key that expanded to s, the zone's key number i,
 // charges: the network of an address, else the hash of s (cut at
 // maxKeyHashed bytes). The admin API uses it for a key given as text.

@@ -16,7 +16,6 @@ DURATION=${DURATION:-5s}
 CONNS=${CONNS:-32}
 . bench/caddies.sh
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 zone() { # name, extra setting
 	cat <<ZONE
 	rate_limit {
@@ -30,7 +29,7 @@ zone() { # name, extra setting
 	}
 ZONE
 }
-config() { # name port admin-port
+body() { # server name: what it serves
 	local body='	respond "ok"'
 	if [ "$1" = caddy-floodgate ]; then
 		body="	handle /none {
@@ -49,32 +48,12 @@ $(zone timed "weight response_time")
 		respond \"ok\"
 	}"
 	fi
-	cat >"$OUT/$1.weights.Caddyfile" <<CADDY
-{
-	admin 127.0.0.1:$3
-	auto_https off
-	persist_config off
-	log default {
-		output discard
-	}
-}
-http://127.0.0.1:$2 {
-$body
-}
-CADDY
+	echo "$body"
 }
 
-declare -A PORT PID
 servers=(caddy-plain caddy-floodgate)
-cleanup() { for s in "${servers[@]}"; do [ -n "${PID[$s]:-}" ] && kill "${PID[$s]}" 2>/dev/null || true; done; }
-trap cleanup EXIT
-for s in "${servers[@]}"; do
-	PORT[$s]=$(free_port)
-	config "$s" "${PORT[$s]}" "$(free_port)"
-	XDG_DATA_HOME="$OUT/$s.data" XDG_CONFIG_HOME="$OUT/$s.config" \
-		"$OUT/$s" run --config "$OUT/$s.weights.Caddyfile" --adapter caddyfile >"$OUT/$s.weights.log" 2>&1 &
-	PID[$s]=$!
-done
+trap stop_servers EXIT
+for s in "${servers[@]}"; do serve "$s" weights "$(body "$s")"; done
 targets=("caddy-plain /" "caddy-floodgate /none" "caddy-floodgate /zone" "caddy-floodgate /status" "caddy-floodgate /time")
 for s in "${servers[@]}"; do
 	for _ in $(seq 100); do curl -fs "http://127.0.0.1:${PORT[$s]}/none" >/dev/null && break; sleep 0.1; done

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -29,6 +30,26 @@ type Policy interface {
 	// Buckets.RefundAt).
 	Refund(Reservation)
 }
+
+// Touch loads the memory a decision of p for the key with hash h reads,
+// deciding and changing nothing. A request checked against several
+// policies touches them all before any decides, so that their cache misses
+// overlap: a decision's compare-and-swaps wait for every load before them,
+// so misses met one decision after another add up. A policy of another
+// kind than Buckets, Windows and Sketch is not touched.
+func Touch(p Policy, h uint64) {
+	switch p := p.(type) {
+	case *Buckets:
+		touchLine(placeIn(p.params().lines, p.subs, h))
+	case *Windows:
+		touchLine(placeIn(p.params().lines, p.subs, h))
+	case *Sketch:
+		p.touch(h)
+	}
+}
+
+// touchLine loads the first word of ln: the whole line comes into cache.
+func touchLine(ln *line, _ subset, _ uint64) { atomic.LoadUint64(&ln[0]) }
 
 // MaxInlinePolicies is how many charges a Txn holds without allocating.
 const MaxInlinePolicies = 8

@@ -120,3 +120,39 @@ func TestTxnCheckChargesNothingAndDeniesWhenSpent(t *testing.T) {
 		t.Fatalf("other policy holds %d after the denial, want 2 (its charge given back)", got)
 	}
 }
+
+// Touch decides and changes nothing: every policy answers as it would have
+// without it, for a key it has charged and one it has not, and a policy of
+// an unknown kind is left alone.
+func TestTouchChangesNothing(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	lim := Limit{Events: 3, Window: time.Minute}
+	b, err := newBuckets(BucketsConfig{Limit: Limit{Events: 3, Window: time.Minute, Burst: 3}, Bytes: 1 << 12}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newWindows(BucketsConfig{Limit: lim, Bytes: 1 << 12}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSketch(SketchConfig{Quota: 3, Window: time.Minute, Width: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []Policy{b, w, s, nil} {
+		if p == nil {
+			Touch(nil, 1) // no kind it knows: nothing happens
+			continue
+		}
+		for _, h := range []uint64{0x1234_5678_9abc_def0, 42} {
+			if h == 42 {
+				p.TakeHash(h, 2, now)
+			}
+			before := p.PeekHash(h, 1, now)
+			Touch(p, h)
+			if after := p.PeekHash(h, 1, now); after != before {
+				t.Errorf("%T, key %x: %+v after Touch, %+v before", p, h, after, before)
+			}
+		}
+	}
+}

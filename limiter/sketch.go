@@ -378,6 +378,17 @@ func (s *Sketch) sub(cols *sketchCols, e int64, n uint64) {
 	}
 }
 
+// touch loads the key's cells and their marks (Touch): a cell's two
+// counters share a line, and so do 64 cells' marks.
+func (s *Sketch) touch(h uint64) {
+	var cols sketchCols
+	s.columns(h, &cols)
+	for i := 0; i < s.rows; i++ {
+		s.slots[cols[i]].Load()
+		s.live.marked[cols[i]/2/64].Load()
+	}
+}
+
 // read loads the key's counters for windows e−1 and e into v.
 func (s *Sketch) read(cols *sketchCols, e, t int64, v *sketchView) {
 	cp, pp := uint64(e&1), uint64((e-1)&1)
