@@ -213,7 +213,15 @@ func lateBurst(t *testing.T, size, stalled int, skew time.Duration) int {
 			granted += n.take("burst", 10, at)
 		}
 	}
-	for range 3 {
+	return granted + takeAfterSyncs(nodes, clock, at, 3)
+}
+
+// takeAfterSyncs has every node sync at each of rounds read intervals
+// after at, each on its own clock, and take 10 of key "burst" after each
+// sync, and returns how many were granted.
+func takeAfterSyncs(nodes []*node, clock func(*node, time.Time) time.Time, at time.Time, rounds int) int {
+	granted := 0
+	for range rounds {
 		at = at.Add(testIntervals.Read)
 		syncAt(nodes, nodes, clock, at)
 		for _, n := range nodes {
@@ -221,6 +229,20 @@ func lateBurst(t *testing.T, size, stalled int, skew time.Duration) int {
 		}
 	}
 	return granted
+}
+
+// burstOnEvery has key "burst" hit with 10 requests on every node at once
+// at at, and again after each of three syncs, and returns how many were
+// granted and how many instances each node then counts live.
+func burstOnEvery(nodes []*node, clock func(*node, time.Time) time.Time, at time.Time) (granted int, live []int64) {
+	for _, n := range nodes {
+		granted += n.take("burst", 10, clock(n, at))
+	}
+	granted += takeAfterSyncs(nodes, clock, at, 3)
+	for _, n := range nodes {
+		live = append(live, n.c.live.Load())
+	}
+	return granted, live
 }
 
 // skewedNodes returns size nodes of a fresh storage, bursts split, the
@@ -383,21 +405,7 @@ func TestAPeerBehindCountsAsLiveOnceSeenPublishing(t *testing.T) {
 	for _, size := range []int{3, AggregateFrom} {
 		t.Run(fmt.Sprint(size, " instances"), func(t *testing.T) {
 			nodes, clock, at := skewedNodes(t, size, -15*time.Second, t0.Add(10*time.Second), 10)
-			granted := 0
-			for _, n := range nodes {
-				granted += n.take("burst", 10, clock(n, at))
-			}
-			for range 3 {
-				at = at.Add(testIntervals.Read)
-				syncAt(nodes, nodes, clock, at)
-				for _, n := range nodes {
-					granted += n.take("burst", 10, clock(n, at))
-				}
-			}
-			var live []int64
-			for _, n := range nodes {
-				live = append(live, n.c.live.Load())
-			}
+			granted, live := burstOnEvery(nodes, clock, at)
 			t.Logf("%d instances, the last one's clock 15 s behind: %d granted of a limit of 10; live as each sees it: %v", size, granted, live)
 			if granted != 10 {
 				t.Fatalf("granted %d of a limit of 10 to a key hit on every instance at once, want 10 (live as each sees it: %v)", granted, live)
@@ -437,21 +445,7 @@ func TestAPeerWhoseClockIsSetBackStaysLive(t *testing.T) {
 				at = at.Add(testIntervals.Read)
 				syncAt(nodes, nodes, clock, at)
 			}
-			granted := 0
-			for _, n := range nodes {
-				granted += n.take("burst", 10, at)
-			}
-			for range 3 {
-				at = at.Add(testIntervals.Read)
-				syncAt(nodes, nodes, clock, at)
-				for _, n := range nodes {
-					granted += n.take("burst", 10, at)
-				}
-			}
-			var live []int64
-			for _, n := range nodes {
-				live = append(live, n.c.live.Load())
-			}
+			granted, live := burstOnEvery(nodes, clock, at)
 			t.Logf("%d instances, the last one's clock set back 30 s: %d granted of a limit of 10; live as each sees it: %v", size, granted, live)
 			if granted != 10 {
 				t.Fatalf("granted %d of a limit of 10 after a peer's clock was set back, want 10 (live as each sees it: %v)", granted, live)
