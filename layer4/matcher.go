@@ -490,6 +490,8 @@ func synCharged(cx *layer4.Connection, charged func(local, remote netip.AddrPort
 func socket(c net.Conn) net.Conn {
 	for range 8 {
 		switch w := c.(type) {
+		case *net.TCPConn:
+			return c // the common case, without embeddedConn's reflection
 		case *layer4.Connection:
 			c = w.Conn
 		case interface{ Raw() net.Conn }:
