@@ -158,7 +158,7 @@ type Zone struct {
 	// Places, if not nil, is the zone's table of places (max_concurrent):
 	// a connection it admits holds a place of its source network until it
 	// closes (see closeWatch); a connection it has no place for is over
-	// the limit, and so is one whose close the matcher cannot see.
+	// the limit, and one whose close the matcher cannot see is refused.
 	Places *limiter.Concurrency
 	// PlaceDenied, if not nil, is told of every connection matched for
 	// want of a place (not a dry run's), for the zone's metrics.
@@ -370,27 +370,42 @@ func (m *Matcher) Match(cx *layer4.Connection) (bool, error) {
 // zone that enforces it. A connection over any of the zone's limits takes
 // nothing from the others: a place is taken first and given back at once
 // if the rate refuses the connection.
+//
+// A connection whose close the matcher cannot see (see place) is matched
+// too, in a zone with max_concurrent, but its network is not over a limit:
+// it is counted as denied and not logged as a denial, nor noted among the
+// zone's top sources or its place denials (place warns once instead).
 func (m *Matcher) decide(cx *layer4.Connection, ip netip.Addr, synPaid bool, now time.Time) bool {
 	z := &m.zone
 	key := limiter.NetworkKey(ip, z.IPv4Prefix, z.IPv6Prefix)
 	o := Allowed
 	held, placed := m.place(cx, key)
-	if !placed || !synPaid && !z.Buckets.Allow(key.Bytes(), 1, now).Allowed {
+	ex := excessNone
+	switch {
+	case placed == placeFull:
+		ex = excessPlaces
+	case placed == placeUnseen:
+	case !synPaid && !z.Buckets.Allow(key.Bytes(), 1, now).Allowed:
+		ex = excessRate
 		if held != nil {
 			held.place.Release()
 		}
+	}
+	if ex != excessNone || placed == placeUnseen {
 		o = Denied
 		if z.DryRun {
 			o = Logged
-		} else {
+		} else if ex != excessNone {
 			if z.Denied != nil {
 				z.Denied(ip, now)
 			}
-			if !placed && z.PlaceDenied != nil {
+			if ex == excessPlaces && z.PlaceDenied != nil {
 				z.PlaceDenied()
 			}
 		}
-		z.log(m.logger, ip, key, o, now)
+		if ex != excessNone {
+			z.log(m.logger, ip, key, o, ex, now)
+		}
 	} else if held != nil {
 		m.watch.hold(held)
 	}
@@ -400,20 +415,40 @@ func (m *Matcher) decide(cx *layer4.Connection, ip netip.Addr, synPaid bool, now
 	return o == Denied
 }
 
+// A placing is what place did for a connection.
+type placing uint8
+
+const (
+	placeTaken  placing = iota // a place taken, or none needed
+	placeFull                  // the network holds max_concurrent connections
+	placeUnseen                // the connection's close cannot be seen: refused
+)
+
+// An excess is which of a zone's limits a connection is over: its log
+// line's limit field.
+type excess uint8
+
+const (
+	excessNone   excess = iota
+	excessRate          // the rate: limit "rate"
+	excessPlaces        // max_concurrent: limit "max_concurrent"
+)
+
 // place takes a place for a connection from the network key in a zone with
-// max_concurrent, and reports false if there is none for it: the network
-// holds max_concurrent connections, or the matcher cannot see when the
-// connection closes (see watchable), so that a place it took would never
-// be given back. In a zone without max_concurrent it takes nothing and
-// reports true. A connection refused a place costs no allocation.
-func (m *Matcher) place(cx *layer4.Connection, key limiter.NetKey) (*heldPlace, bool) {
+// max_concurrent. It takes none, and reports placeFull, if the network
+// holds max_concurrent connections, or placeUnseen if the matcher cannot
+// see when the connection closes (see watchable) or it has closed already,
+// so that a place it took would never be given back. In a zone without
+// max_concurrent it takes nothing and reports placeTaken. A connection
+// refused a place costs no allocation.
+func (m *Matcher) place(cx *layer4.Connection, key limiter.NetKey) (*heldPlace, placing) {
 	z := &m.zone
 	if z.Places == nil {
-		return nil, true
+		return nil, placeTaken
 	}
 	h := limiter.Hash(key.Bytes())
 	if !z.Places.PeekHash(h).Allowed {
-		return nil, false
+		return nil, placeFull
 	}
 	sc, ok := socket(cx.Conn).(syscall.Conn)
 	if !ok {
@@ -421,11 +456,11 @@ func (m *Matcher) place(cx *layer4.Connection, key limiter.NetKey) (*heldPlace, 
 			m.logger.Warn("a connection whose close the matcher cannot see (a UDP flow, or a connection wrapped in a type it does not know): a zone with max_concurrent counts TCP connections only, and refuses this one rather than hold a place it could never give back",
 				zap.String("zone", z.Name), zap.Stringer("remote", cx.RemoteAddr()), zap.String("type", fmt.Sprintf("%T", socket(cx.Conn))))
 		}
-		return nil, false
+		return nil, placeUnseen
 	}
 	held := new(heldPlace)
 	if !z.Places.AdmitHash(h, &held.place).Allowed {
-		return nil, false
+		return nil, placeFull
 	}
 	rc, err := sc.SyscallConn()
 	if err == nil {
@@ -434,17 +469,17 @@ func (m *Matcher) place(cx *layer4.Connection, key limiter.NetKey) (*heldPlace, 
 	if err != nil || held.closed() {
 		// Closed already: no sweep would see it close.
 		held.place.Release()
-		return nil, false
+		return nil, placeUnseen
 	}
-	return held, true
+	return held, placeTaken
 }
 
 // log logs a connection from ip over the zone's limit (outcome o, Denied or
-// Logged), as the HTTP handler logs a denial: at INFO for the first of its
+// Logged; the limit it is over, ex), as the HTTP handler logs a denial: at INFO for the first of its
 // network's in each interval of the zone's denial log (Note), with the
 // number not logged at INFO since; at DEBUG otherwise. A dry run's message
 // differs, so that filters of denials (fail2ban, CrowdSec) never ban for it.
-func (z *Zone) log(logger *zap.Logger, ip netip.Addr, key limiter.NetKey, o Outcome, now time.Time) {
+func (z *Zone) log(logger *zap.Logger, ip netip.Addr, key limiter.NetKey, o Outcome, ex excess, now time.Time) {
 	if !logger.Core().Enabled(zap.InfoLevel) {
 		return
 	}
@@ -460,7 +495,8 @@ func (z *Zone) log(logger *zap.Logger, ip netip.Addr, key limiter.NetKey, o Outc
 	}
 	if ce := logger.Check(level, msg); ce != nil {
 		fields := []zap.Field{zap.String("zone", z.Name), zap.String("client_ip", ip.String()),
-			zap.Stringer("source", key.Prefix(z.IPv4Prefix, z.IPv6Prefix)), zap.Stringer("outcome", o)}
+			zap.Stringer("source", key.Prefix(z.IPv4Prefix, z.IPv6Prefix)), zap.Stringer("outcome", o),
+			zap.String("limit", [...]string{excessRate: "rate", excessPlaces: "max_concurrent"}[ex])}
 		if info {
 			fields = append(fields, zap.Int64("suppressed", suppressed))
 		}

@@ -1,7 +1,10 @@
 package layer4
 
 import (
+	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -211,9 +214,16 @@ func TestDryRunCountsPlacesAndMatchesNothing(t *testing.T) {
 // A connection whose close the matcher cannot see (no socket under it: a
 // UDP flow, an unknown wrapper) is refused, once warned about, and takes
 // no place: a place it took could never be given back.
+//
+// Its network is over no limit: the connection is counted as denied, but
+// not logged as a denial, nor noted among the zone's top sources or its
+// place denials, where it would blame a client for the matcher's blind spot.
 func TestUnwatchableConnectionIsRefusedAPlace(t *testing.T) {
-	m, c := placesZone(t, 5, 0, make(map[Outcome]int))
-	core, logs := observer.New(zap.WarnLevel)
+	counts := make(map[Outcome]int)
+	m, c := placesZone(t, 5, 0, counts)
+	var noted []netip.Addr
+	m.zone.Denied = func(ip netip.Addr, _ time.Time) { noted = append(noted, ip) }
+	core, logs := observer.New(zap.DebugLevel)
 	m.logger = zap.New(core)
 	for i := 0; i < 2; i++ {
 		if !match(t, m, tcpConn("10.0.0.1")) {
@@ -225,6 +235,45 @@ func TestUnwatchableConnectionIsRefusedAPlace(t *testing.T) {
 	}
 	if n := logs.FilterMessageSnippet("cannot see").Len(); n != 1 {
 		t.Fatalf("%d warnings, want 1", n)
+	}
+	if n := logs.FilterMessageSnippet("exceeded").Len(); n != 0 {
+		t.Fatalf("%d denials logged for connections over no limit: %v", n, logs.FilterMessageSnippet("exceeded").All()[0].ContextMap())
+	}
+	if counts[Denied] != 2 || counts[placeDenied] != 0 || len(noted) != 0 {
+		t.Fatalf("counted %v, noted %v among the top sources; want 2 denied, none for want of a place, none noted", counts, noted)
+	}
+}
+
+// A connection's denial says which of its zone's limits it is over: the
+// rate, or max_concurrent.
+func TestADenialNamesItsLimit(t *testing.T) {
+	m, _ := placesZone(t, 1, 2, make(map[Outcome]int)) // 1 open, 2 an hour
+	core, logs := observer.New(zap.DebugLevel)
+	m.logger = zap.New(core)
+	lb := newLoopback(t)
+	if _, _, cx := lb.accept("127.0.0.1"); match(t, m, cx) {
+		t.Fatal("the first connection was refused")
+	}
+	if _, _, cx := lb.accept("127.0.0.1"); !match(t, m, cx) {
+		t.Fatal("a second connection open at once was admitted with max_concurrent 1")
+	}
+	for i := 1; i <= 2; i++ { // one at a time: a place each, and a token
+		_, server, cx := lb.accept("127.0.1.1")
+		if match(t, m, cx) {
+			t.Fatalf("connection %d of 127.0.1.1, alone, was refused", i)
+		}
+		server.Close()
+		m.watch.sweep()
+	}
+	if _, _, cx := lb.accept("127.0.1.1"); !match(t, m, cx) {
+		t.Fatal("a third connection in an hour was admitted with a rate of 2")
+	}
+	var limits []string
+	for _, e := range logs.FilterMessage("connection rate exceeded").All() {
+		limits = append(limits, fmt.Sprint(e.ContextMap()["limit"]))
+	}
+	if !slices.Equal(limits, []string{"max_concurrent", "rate"}) {
+		t.Fatalf("denials logged with limits %q, want max_concurrent, then rate", limits)
 	}
 }
 
