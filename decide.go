@@ -297,46 +297,31 @@ func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
 	v.combine()
 }
 
-// take charges the key with hash h in the zone's token bucket and, if the
-// zone is distributed, in its cluster estimate, as part of txn: the request
-// passes when both allow it. The decision is the bucket's, with the
-// cluster's denial, wait and remaining count where they are stricter. A
-// zone that charges once the response is known (zone.deferred) charges
-// nothing here: it checks the key has room for the weight.
-func (z *zone) take(txn *limiter.Txn, h uint64, weight int64, now time.Time) limiter.Decision {
-	d := z.ask(txn, z.buckets, h, weight, now)
-	if z.dist == nil {
-		return d
+// dryRun decides the zones with action log, each on its own, after the
+// zones that enforce: a request they would deny passes, and is charged
+// nothing in them, so that their state is what enforcing would have left.
+// A request the enforcing zones denied is charged nothing anywhere; the log
+// zones are then only asked what they hold. It reports whether a log zone
+// would have denied the request, and marks its verdict logged.
+func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
+	logged := false
+	var txn limiter.Txn
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.z.action.enforces() {
+			continue
+		}
+		if denied {
+			v.z.peekAll(v, true, now)
+		} else {
+			txn = limiter.Txn{} // keeps the previous zone's charges
+			v.z.takeAll(&txn, v, now)
+		}
+		if !v.d.Allowed {
+			v.logged, logged = true, true
+		}
 	}
-	return stricter(d, z.ask(txn, z.dist.cluster, h, weight, now))
-}
-
-// ask takes weight from p in txn, or, in a zone that charges once the
-// response is known, checks p has room for it (limiter.Txn.Check).
-func (z *zone) ask(txn *limiter.Txn, p limiter.Policy, h uint64, weight int64, now time.Time) limiter.Decision {
-	if z.deferred() {
-		return txn.Check(p, h, weight, now)
-	}
-	return txn.Take(p, h, weight, now)
-}
-
-// peek answers what take would, charging nothing.
-func (z *zone) peek(h uint64, weight int64, now time.Time) limiter.Decision {
-	d := z.buckets.PeekHash(h, weight, now)
-	if z.dist == nil {
-		return d
-	}
-	return stricter(d, z.dist.cluster.PeekHash(h, weight, now))
-}
-
-// stricter combines the bucket's decision d with the cluster's c. The limit
-// stays the bucket's (the burst the headers advertise).
-func stricter(d, c limiter.Decision) limiter.Decision {
-	d.Allowed = d.Allowed && c.Allowed
-	d.Remaining = min(d.Remaining, c.Remaining)
-	d.RetryAfter = max(d.RetryAfter, c.RetryAfter)
-	d.Reset = max(d.Reset, c.Reset)
-	return d
+	return logged
 }
 
 // retryAfter is when v's zone lets the request through, as told to a
@@ -457,6 +442,16 @@ func (d *denial) placeholder(name string) (any, bool) {
 func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time) error {
 	h.overLimit(w, q, verdicts, main, now, true)
 	return verdicts[main].z.exceeded
+}
+
+// passLogged lets through a request that a zone with action log would have
+// denied, with what a denial would have set for operators to see what
+// enforcing would do (the placeholders, a log line, the counts), but nothing
+// a client sees: no Retry-After, and the RateLimit headers of the enforcing
+// zones only, as without the dry run.
+func (h *Handler) passLogged(w http.ResponseWriter, q *request, verdicts []verdict, main int, next caddyhttp.Handler, now time.Time) error {
+	h.overLimit(w, q, verdicts, main, now, false)
+	return h.serveCharged(w, q.r, verdicts, next)
 }
 
 // overLimit answers a request over a limit, which enforcing zones deny, or

@@ -439,6 +439,48 @@ func (z *zone) reset(d limiter.Decision) time.Duration {
 	return d.Reset
 }
 
+// take charges the key with hash h in the zone's token bucket and, if the
+// zone is distributed, in its cluster estimate, as part of txn: the request
+// passes when both allow it. The decision is the bucket's, with the
+// cluster's denial, wait and remaining count where they are stricter. A
+// zone that charges once the response is known (zone.deferred) charges
+// nothing here: it checks the key has room for the weight.
+func (z *zone) take(txn *limiter.Txn, h uint64, weight int64, now time.Time) limiter.Decision {
+	d := z.ask(txn, z.buckets, h, weight, now)
+	if z.dist == nil {
+		return d
+	}
+	return stricter(d, z.ask(txn, z.dist.cluster, h, weight, now))
+}
+
+// ask takes weight from p in txn, or, in a zone that charges once the
+// response is known, checks p has room for it (limiter.Txn.Check).
+func (z *zone) ask(txn *limiter.Txn, p limiter.Policy, h uint64, weight int64, now time.Time) limiter.Decision {
+	if z.deferred() {
+		return txn.Check(p, h, weight, now)
+	}
+	return txn.Take(p, h, weight, now)
+}
+
+// peek answers what take would, charging nothing.
+func (z *zone) peek(h uint64, weight int64, now time.Time) limiter.Decision {
+	d := z.buckets.PeekHash(h, weight, now)
+	if z.dist == nil {
+		return d
+	}
+	return stricter(d, z.dist.cluster.PeekHash(h, weight, now))
+}
+
+// stricter combines the bucket's decision d with the cluster's c. The limit
+// stays the bucket's (the burst the headers advertise).
+func stricter(d, c limiter.Decision) limiter.Decision {
+	d.Allowed = d.Allowed && c.Allowed
+	d.Remaining = min(d.Remaining, c.Remaining)
+	d.RetryAfter = max(d.RetryAfter, c.RetryAfter)
+	d.Reset = max(d.Reset, c.Reset)
+	return d
+}
+
 // reserve charges a held request's cost ahead of time and says how long
 // the request must wait: a token bucket charges it as a debt that the wait
 // repays. A window zone charges it now, as a place in the window that
