@@ -1,9 +1,11 @@
 // Actions: what a zone does with a request it would deny. deny answers 429
-// (decide.go); log lets it pass and only shows what enforcing would do
-// (dryRun, passLogged); delay holds it until its tokens return (delay,
-// hold). An action is a constant, its Caddyfile and JSON forms
-// (unmarshalAction, validateAction, parseAction) and its methods (enforces,
-// holds), which are all the decision path asks of it.
+// and log lets it pass, showing only what enforcing would do (both in
+// decide.go: deny, dryRun, passLogged); delay holds it until its tokens
+// return (delay, hold, here). An action is a constant, its Caddyfile and
+// JSON forms (unmarshalAction, validateAction, parseAction) and its methods
+// (enforces, holds), which are all the decision path asks of it. The calls
+// run one way: decide.go calls delay, which charges through the zone's
+// methods (zone.go) and never calls back up.
 
 package floodgate
 

@@ -2,11 +2,17 @@
 // weighs the request in every zone that applies to it and takes its tokens
 // from every policy of each (the zone's rate, in its cluster too if it is
 // distributed, and its quotas) in one transaction, so that a request denied
-// by one policy is charged in none. A denial is then offered to the zones'
-// actions (action.go: delay holds, log only watches), and the verdict is
-// answered: passed on, with response-reported weights charged after it
-// (weights.go), or denied with a 429, its headers, placeholders, log line
-// and event.
+// by one policy is charged in none. A denial is then offered to the zones
+// that hold (action.go: delay), the zones with action log are decided on
+// their own (dryRun), and the verdict is answered: passed on, with
+// response-reported weights charged after it (weights.go), or denied with a
+// 429, its headers (headers.go), placeholders, log line (denylog.go) and
+// event.
+//
+// The calls run one way along that path: this file calls action.go,
+// weights.go and headers.go, those call the zone's charging methods
+// (zone.go: take, ask, peek), and the zone calls the limiter; nothing below
+// calls back into this file.
 
 package floodgate
 
