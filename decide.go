@@ -11,8 +11,9 @@
 //
 // The calls run one way along that path: this file calls action.go,
 // weights.go and headers.go, those call the zone's charging methods
-// (zone.go: take, ask, peek), and the zone calls the limiter; nothing below
-// calls back into this file.
+// (zone.go: take, ask, peek), and the zone calls the limiter; none of them
+// calls back into a step above it (they only read the verdicts this file
+// defines, verdict.quotas).
 
 package floodgate
 
