@@ -170,8 +170,12 @@ func validZoneName(name string) error {
 }
 
 // zone is a Zone provisioned for one config: its matchers, its parsed keys and
-// the table it shares with every other config that holds the same zone.
+// the table it shares with every other config that holds the same zone. Its
+// fields are grouped by the file that owns them: that file's code sets them
+// (at provisioning) and reads them on the request path.
 type zone struct {
+	// The zone itself (this file): its name, its rate and the errors and
+	// values a request it answers gets.
 	name string
 	// nameValue is name as an interface value, boxed once rather than on
 	// every request that sets the zone placeholder.
@@ -181,16 +185,9 @@ type zone struct {
 	limit      limiter.Limit
 	// window is the window of a window zone (0 for a token bucket); rateW
 	// the longest wait of its rate it tells a client (see told).
-	window time.Duration
-	rateW  time.Duration
-	keys   []keySpec
-	// secret is what the keys' values are hashed under (seal, salted).
-	secret   atomic.Uint64
-	v4, v6   int
+	window   time.Duration
+	rateW    time.Duration
 	matchers caddyhttp.MatcherSets
-	tkey     tableKey
-	table    *table
-	buckets  limiter.Table // table.buckets: token buckets, or windows without burst
 	// policy is the zone's RateLimit-Policy items (see policyItem): its
 	// rate's, then one for each quota.
 	policy string
@@ -198,24 +195,37 @@ type zone struct {
 	// caddyhttp.HandlerError made once, because Caddy only reads it (see
 	// denialError).
 	exceeded error
+	// conf is the zone's configuration, as the admin API shows it.
+	conf *Zone
+
+	// Its table (tables.go): shared by every config that holds a zone of
+	// this name and shape, found by tkey.
+	tkey    tableKey
+	table   *table
+	buckets limiter.Table // table.buckets: token buckets, or windows without burst
+	// counts are what the zone has done, shared by every config that has
+	// a zone of this name (metrics.go: zoneCounts).
+	counts *zoneCounts
+
+	// Its keys (key.go): what identifies a client.
+	keys []keySpec
+	// secret is what the keys' values are hashed under (seal, salted).
+	secret atomic.Uint64
+	v4, v6 int
+	// keyNames are the zone's keys as configured, for the key_name
+	// placeholder and the log; keyNameValues the same, boxed once.
+	keyNames      []string
+	keyNameValues []any
+
+	// Its denial logs (denylog.go).
 	// denials decides which denials are logged at INFO; made at the
 	// zone's first denial.
 	denials atomic.Pointer[denialLog]
 	// refusals decides likewise which requests refused for their weight
 	// are logged at INFO (Handler.logRefusedWeight).
 	refusals atomic.Pointer[denialLog]
-	// conf is the zone's configuration, as the admin API shows it.
-	conf *Zone
-	// counts are what the zone has done, shared by every config that has
-	// a zone of this name (see zoneCounts).
-	counts *zoneCounts
-	// dist is set when the zone is distributed (cluster.go).
-	dist *distributedZone
-	// keyNames are the zone's keys as configured, for the key_name
-	// placeholder and the log; keyNameValues the same, boxed once.
-	keyNames      []string
-	keyNameValues []any
 
+	// Its weights (weights.go).
 	// weights are the zone's weight rules; grantable is the largest
 	// weight the zone can ever grant.
 	weights   weight.Rules
@@ -230,6 +240,7 @@ type zone struct {
 	// not requests.
 	unit string
 
+	// Its quotas (quota.go).
 	// quotas are the zone's rolling quotas (their RateLimit-Policy items
 	// follow the rate's in policy), skeys their pool keys and quotaNames
 	// their names in the RateLimit headers.
@@ -240,9 +251,11 @@ type zone struct {
 	// client (quotaTold).
 	quotaW []time.Duration
 
+	// Its action (action.go).
 	action   action
 	maxDelay time.Duration
 
+	// Its places in flight (concurrency.go, concqueue.go).
 	// conc is the zone's table of places in flight (max_concurrent), nil
 	// without one; ckey its pool key, maxConcurrent the limit this config
 	// puts in force (App.Start) and concPolicy its RateLimit-Policy item.
@@ -253,6 +266,9 @@ type zone struct {
 	concSecret    uint64
 	// queue holds the requests waiting for a place, with action delay.
 	queue *concQueue
+
+	// Its cluster (cluster.go): set when the zone is distributed.
+	dist *distributedZone
 }
 
 // provisionZone validates zc and acquires its table. The caller must
