@@ -60,7 +60,7 @@ type responseHeaders struct {
 //
 // policy is the RateLimit-Policy value if the caller has it made already
 // (Handler.policyOf), else empty, and it is made here.
-func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration, policy string) {
+func (rh *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration, policy string) {
 	n := 0
 	for _, v := range verdicts {
 		if v.z.action.enforces() {
@@ -72,21 +72,21 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 	}
 	switch {
 	case policy != "":
-		h.policy[0] = policy
+		rh.policy[0] = policy
 	case n == 1:
 		for _, v := range verdicts {
 			if v.z.action.enforces() {
-				h.policy[0] = v.z.policy
+				rh.policy[0] = v.z.policy
 			}
 		}
 	default:
-		b := h.start()
+		b := rh.start()
 		for _, v := range verdicts {
 			b = appendPolicy(b, v.z)
 		}
-		h.policy[0] = h.text(b)
+		rh.policy[0] = rh.text(b)
 	}
-	b := h.start()
+	b := rh.start()
 	for _, v := range verdicts {
 		if !v.z.action.enforces() {
 			continue
@@ -124,20 +124,20 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 			b = strconv.AppendInt(b, max(v.conc.Remaining, 0), 10)
 		}
 	}
-	h.limit[0] = h.text(b)
-	hdr[policyField] = h.policy[:]
-	hdr[limitField] = h.limit[:]
+	rh.limit[0] = rh.text(b)
+	hdr[policyField] = rh.policy[:]
+	hdr[limitField] = rh.limit[:]
 }
 
 // setRetryAfter writes the Retry-After field: secs, a number of seconds.
-func (h *responseHeaders) setRetryAfter(hdr http.Header, secs int64) {
-	h.retryAfter[0] = h.text(strconv.AppendInt(h.start(), secs, 10))
-	hdr[retryAfterField] = h.retryAfter[:]
+func (rh *responseHeaders) setRetryAfter(hdr http.Header, secs int64) {
+	rh.retryAfter[0] = rh.text(strconv.AppendInt(rh.start(), secs, 10))
+	hdr[retryAfterField] = rh.retryAfter[:]
 }
 
 // start returns where the next value is to be appended: the unused end of
 // buf, with no length.
-func (h *responseHeaders) start() []byte { return h.buf[h.n:h.n] }
+func (rh *responseHeaders) start() []byte { return rh.buf[rh.n:rh.n] }
 
 // appendPolicy appends z's RateLimit-Policy items to b, after a
 // separator if b has items, if z enforces (a dry run has none).
@@ -151,12 +151,12 @@ func appendPolicy(b []byte, z *zone) []byte {
 // text returns b, a value appended to start(), as a string without copying
 // it. The bytes are never written again: later values are appended after
 // them, and a value that outgrows buf moves to a new array.
-func (h *responseHeaders) text(b []byte) string {
+func (rh *responseHeaders) text(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
-	if h.n < len(h.buf) && unsafe.SliceData(b) == &h.buf[h.n] {
-		h.n += len(b) // it stayed in buf
+	if rh.n < len(rh.buf) && unsafe.SliceData(b) == &rh.buf[rh.n] {
+		rh.n += len(b) // it stayed in buf
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }

@@ -196,7 +196,7 @@ func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string, seen zonec
 const everyRequest = "weight <n> without a matcher block"
 
 // unmarshalWeight reads the handler's `weight <n|placeholder>`.
-func (rl *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
+func (h *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
 	if !d.NextArg() {
 		return d.ArgErr()
 	}
@@ -207,7 +207,7 @@ func (rl *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	rl.Weight = v
+	h.Weight = v
 	return nil
 }
 

@@ -116,27 +116,27 @@ const (
 
 // Validate reports the first setting of z that cannot work, naming the zone,
 // the field and the value.
-func (z *Zone) Validate(name string) error {
+func (zc *Zone) Validate(name string) error {
 	if err := validZoneName(name); err != nil {
 		return err
 	}
 	where := fmt.Sprintf("zone %q: ", name)
-	if err := z.Limit.Validate(where); err != nil {
+	if err := zc.Limit.Validate(where); err != nil {
 		return err
 	}
-	if err := z.validateQuotas(where); err != nil {
+	if err := zc.validateQuotas(where); err != nil {
 		return err
 	}
-	if err := z.validateWeights(where); err != nil {
+	if err := zc.validateWeights(where); err != nil {
 		return err
 	}
-	if z.XDP != nil && (len(z.WeightResponseStatus) > 0 || z.WeightResponseTime) {
+	if zc.XDP != nil && (len(zc.WeightResponseStatus) > 0 || zc.WeightResponseTime) {
 		// As a layer4 matcher (Layer4Zone), the program charges each SYN
 		// a token: a unit a zone counting failed responses or milliseconds
 		// does not count in, and successful logins would spend its budget.
 		return fmt.Errorf("%sxdp charges each connection, but the zone charges only what an HTTP response says it cost (weight response_status or response_time): give xdp a zone of its own", where)
 	}
-	return z.validateAction(where)
+	return zc.validateAction(where)
 }
 
 // grantable is the largest weight the zone can ever grant: its effective
