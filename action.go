@@ -130,13 +130,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 // (clusterWait).
 //
 // The request's tokens are reserved at once: in the zones that delay, by a
-// charge that drives the key into debt (limiter.Buckets.Charge) or takes
-// its place in the window (zone.reserve), so every later request waits
-// behind this one and held requests never pass faster than the rate; in
-// every other zone and quota, by a normal take. It then waits until its
-// debt is repaid and the clusters of the zones that hold it let it
-// through, and is counted in those clusters and windows when it goes (see
-// hold).
+// charge that drives the key into debt (limiter.Buckets.Charge) or takes its
+// place in the window (zone.reserve), so every later request waits behind
+// this one and held requests never pass faster than the rate; in every other
+// zone and quota, by a normal take. It then waits until its debt is repaid
+// and the clusters of the zones that hold it let it through, and is counted
+// in those clusters and windows when it goes (see hold).
+//
 // It returns (false, 0, nil) if the request must be denied after all, having
 // charged nothing; true and the time it waited once the request may go on,
 // charged everywhere; and an error if the client went away meanwhile, every

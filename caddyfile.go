@@ -65,11 +65,11 @@ func init() {
 //	    headers on|off                     # RateLimit headers; default on
 //	}
 //
-// Each setting may appear once in a zone, and once in the directive's
-// block; a weight rule after one without a matcher block would never apply
-// and is an error too. A zone name defined the same way in
-// several directives (an imported snippet) is one zone; defined differently,
-// an error naming both places.
+// Each setting may appear once in a zone, and once in the directive's block;
+// a weight rule after one without a matcher block would never apply and is an
+// error too. A zone name defined the same way in several directives (an
+// imported snippet) is one zone; defined differently, an error naming both
+// places.
 func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	var global *App
 	if opt, ok := h.Option("rate_limit").(httpcaddyfile.App); ok {

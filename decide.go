@@ -275,9 +275,9 @@ func deciding(verdicts []verdict) int {
 }
 
 // takeAll asks every policy of z (its rate, then its quotas) for v's weight
-// in txn, and sets v's decisions.
-// A zone that charges once the response is known (zone.deferred) only
-// checks that every policy has room for the weight.
+// in txn, and sets v's decisions. A zone that charges once the response is
+// known (zone.deferred) only checks that every policy has room for the
+// weight.
 func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
 	v.rate = z.take(txn, v.c.hash, v.weight, now)
 	for i, s := range z.quotas {

@@ -44,10 +44,10 @@ type responseHeaders struct {
 // t is the seconds until its grants no longer count, and for a request it
 // denies, until a request of that weight would pass (its Retry-After).
 // Each quota of a zone is an item of its own, named after the zone and its
-// window (quotaName), with q its count and w its window. Every item's t is
-// at most its w (zone.told, zone.quotaTold), as is a Retry-After it
-// causes. Zone names are restricted
-// (validZoneName) so that they need no escaping in a quoted string.
+// window (quotaName), with q its count and w its window. Every item's t is at
+// most its w (zone.told, zone.quotaTold), as is a Retry-After it causes. Zone
+// names are restricted (validZoneName) so that they need no escaping in a
+// quoted string.
 //
 // A zone with action log (a dry run) has no item: a dry run must not change
 // what clients see, so a response is what it would be without that zone. If
@@ -91,10 +91,10 @@ func (rh *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, tol
 		if !v.z.action.enforces() {
 			continue
 		}
-		// The rate, each quota and max_concurrent have an item each
-		// (a zone with max_concurrent alone has no rate).
-		// d is the zone's answer; with quotas or max_concurrent, that
-		// combines the rate's and theirs.
+		// The rate, each quota and max_concurrent have an item each (a
+		// zone with max_concurrent alone has no rate). d is the zone's
+		// answer; with quotas or max_concurrent, that combines the
+		// rate's and theirs.
 		rate := v.d
 		if len(v.z.quotas) > 0 || v.z.conc != nil {
 			rate = v.rate

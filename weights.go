@@ -76,8 +76,8 @@ func (z *zone) provisionWeights(ctx caddy.Context, zc *Zone) error {
 
 // checkHandlerWeight reports an error if w, the weight of a handler that
 // charges z, is a number z could never grant. A zone with a rule for every
-// request never uses the handler's weight.
-// A zone that charges the response's time ignores the handler's weight.
+// request never uses the handler's weight. A zone that charges the response's
+// time ignores the handler's weight.
 func (z *zone) checkHandlerWeight(w weight.Value) error {
 	if z.afterTime {
 		return nil

@@ -24,12 +24,12 @@ import (
 // may use.
 //
 // Without `burst`, a zone means what it means in caddy-ratelimit: at most
-// `max_events` in any span of `window`, and Retry-After until a request
-// would pass (limiter.Windows). With `burst`, it is
-// a token bucket per key: `max_events` per `window` sustained, and up to
-// `burst` at once, a key starting with a full bucket (limiter.Buckets; the
-// meaning of nginx and Envoy). Requests that match no key (every key
-// placeholder empty) share the state of the empty key.
+// `max_events` in any span of `window`, and Retry-After until a request would
+// pass (limiter.Windows). With `burst`, it is a token bucket per key:
+// `max_events` per `window` sustained, and up to `burst` at once, a key
+// starting with a full bucket (limiter.Buckets; the meaning of nginx and
+// Envoy). Requests that match no key (every key placeholder empty) share the
+// state of the empty key.
 type Zone struct {
 	// Matchers that select the requests this zone applies to. Each set is
 	// ANDed inside, the sets are ORed. Default: every request.
@@ -176,6 +176,7 @@ func validZoneName(name string) error {
 type zone struct {
 	// The zone itself (this file): its name, its rate and the errors and
 	// values a request it answers gets.
+
 	name string
 	// nameValue is name as an interface value, boxed once rather than on
 	// every request that sets the zone placeholder.
@@ -200,6 +201,7 @@ type zone struct {
 
 	// Its table (tables.go): shared by every config that holds a zone of
 	// this name and shape, found by tkey.
+
 	tkey    tableKey
 	table   *table
 	buckets limiter.Table // table.buckets: token buckets, or windows without burst
@@ -208,6 +210,7 @@ type zone struct {
 	counts *zoneCounts
 
 	// Its keys (key.go): what identifies a client.
+
 	keys []keySpec
 	// secret is what the keys' values are hashed under (seal, salted).
 	secret atomic.Uint64
@@ -218,6 +221,7 @@ type zone struct {
 	keyNameValues []any
 
 	// Its denial logs (denylog.go).
+
 	// denials decides which denials are logged at INFO; made at the
 	// zone's first denial.
 	denials atomic.Pointer[denialLog]
@@ -226,6 +230,7 @@ type zone struct {
 	refusals atomic.Pointer[denialLog]
 
 	// Its weights (weights.go).
+
 	// weights are the zone's weight rules; grantable is the largest
 	// weight the zone can ever grant.
 	weights   weight.Rules
@@ -241,6 +246,7 @@ type zone struct {
 	unit string
 
 	// Its quotas (quota.go).
+
 	// quotas are the zone's rolling quotas (their RateLimit-Policy items
 	// follow the rate's in policy), skeys their pool keys and quotaNames
 	// their names in the RateLimit headers.
@@ -252,10 +258,12 @@ type zone struct {
 	quotaW []time.Duration
 
 	// Its action (action.go).
+
 	action   action
 	maxDelay time.Duration
 
 	// Its places in flight (concurrency.go, concqueue.go).
+
 	// conc is the zone's table of places in flight (max_concurrent), nil
 	// without one; ckey its pool key, maxConcurrent the limit this config
 	// puts in force (App.Start) and concPolicy its RateLimit-Policy item.
@@ -267,7 +275,9 @@ type zone struct {
 	// queue holds the requests waiting for a place, with action delay.
 	queue *concQueue
 
-	// Its cluster (cluster.go): set when the zone is distributed.
+	// Its cluster (cluster.go).
+
+	// dist is set when the zone is distributed.
 	dist *distributedZone
 }
 
@@ -387,17 +397,17 @@ func (z *zone) release() {
 // policyItem formats a zone's RateLimit-Policy list item
 // (draft-ietf-httpapi-ratelimit-headers-10): `"name";q=<quota>;w=<seconds>`.
 //
-// The draft's policy is a quota per time window. A zone without burst is
-// one: q is max_events and w the window's seconds, rounded up (a window
-// under a second says w=1 and q its events per second), and RateLimit's t
-// counts down until the key's grants no longer count, at most w (see
-// told). A token bucket has no fixed
-// window, so q and w say what a client can rely on: q is the burst (what a
-// full bucket allows at once, and the most r can say) and w the seconds an
-// emptied bucket takes to be full again, burst × window / events, rounded up.
-// q/w is then the sustained rate or just under it, whatever the burst. A
-// bucket that refills in under a second says w=1 and q the events of one
-// second, rounded down: the rate, since no whole second describes the burst.
+// The draft's policy is a quota per time window. A zone without burst is one:
+// q is max_events and w the window's seconds, rounded up (a window under a
+// second says w=1 and q its events per second), and RateLimit's t counts down
+// until the key's grants no longer count, at most w (see told). A token
+// bucket has no fixed window, so q and w say what a client can rely on: q is
+// the burst (what a full bucket allows at once, and the most r can say) and w
+// the seconds an emptied bucket takes to be full again, burst × window /
+// events, rounded up. q/w is then the sustained rate or just under it,
+// whatever the burst. A bucket that refills in under a second says w=1 and q
+// the events of one second, rounded down: the rate, since no whole second
+// describes the burst.
 func policyItem(name string, l limiter.Limit) string {
 	q, w := policyQuota(l)
 	return `"` + name + `";q=` + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
