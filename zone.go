@@ -434,12 +434,12 @@ func policyQuota(l limiter.Limit) (q, w int64) {
 }
 
 // delayDebt is the debt a bucket zone that holds requests up to maxDelay
-// needs (limiter.Limit.Debt): the tokens that return within maxDelay, so
-// that every request whose tokens are free by then can reserve them, however
-// many arrive at once; at least the default (a burst), at most
-// limiter.MaxBurst. Without it, a key could owe only a burst, and with burst
-// 1 a second request arriving at once was refused although a token would be
-// free long before max_delay.
+// needs (limiter.Limit.Debt): the tokens that return within maxDelay, so that
+// every request whose tokens are free by then can reserve them, however many
+// arrive at once; at least the default (a burst), at most limiter.MaxBurst. A
+// key that could owe only a burst would refuse, with burst 1, a second
+// request arriving at once although a token is free long before max_delay
+// (docs/design.md, "The root package").
 func delayDebt(l limiter.Limit, maxDelay time.Duration) int64 {
 	// ⌈maxDelay × events / window⌉, in 128 bits: an hour's delay times a
 	// million events overflows 64.
