@@ -274,36 +274,6 @@ func deciding(verdicts []verdict) int {
 	return best
 }
 
-// takeAll asks every policy of z (its rate, then its quotas) for v's weight
-// in txn, and sets v's decisions. A zone that charges once the response is
-// known (zone.deferred) only checks that every policy has room for the
-// weight.
-func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
-	v.rate = z.take(txn, v.c.hash, v.weight, now)
-	for i, s := range z.quotas {
-		v.q[i] = z.ask(txn, s, v.c.hash, v.weight, now)
-	}
-	v.combine()
-}
-
-// peekAll replaces v's decisions by what z's policies hold now, charging
-// nothing: all of them, or only those that granted (and were refunded
-// since, because another policy denied the request).
-func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
-	if z.conc != nil && (all || v.conc.Allowed) {
-		v.conc = z.peekConc(v.c.hash)
-	}
-	if all || v.rate.Allowed {
-		v.rate = z.peek(v.c.hash, v.weight, now)
-	}
-	for i, s := range z.quotas {
-		if all || v.q[i].Allowed {
-			v.q[i] = s.PeekHash(v.c.hash, v.weight, now)
-		}
-	}
-	v.combine()
-}
-
 // dryRun decides the zones with action log, each on its own, after the
 // zones that enforce: a request they would deny passes, and is charged
 // nothing in them, so that their state is what enforcing would have left.
@@ -351,38 +321,6 @@ func (v *verdict) retryAfter() (wait, most time.Duration) {
 		wait, most = max(wait, v.conc.RetryAfter), max(most, v.conc.RetryAfter)
 	}
 	return wait, most
-}
-
-// quotas are the decisions of the quotas of v's zone.
-func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
-
-// combine sets v.d, the zone's answer, from its policies' (the rate's, the
-// quotas', max_concurrent's): allowed if all allow, the fewest left, the
-// longest wait of those that deny, the latest reset.
-func (v *verdict) combine() {
-	v.d = v.rate
-	for _, q := range v.quotas() {
-		combineInto(&v.d, q)
-	}
-	if v.z.conc != nil {
-		combineInto(&v.d, v.conc) // a place has no reset
-	}
-}
-
-// combineInto combines another policy's decision p into d, as combine
-// does.
-func combineInto(d *limiter.Decision, p limiter.Decision) {
-	if !p.Allowed {
-		if d.Allowed {
-			d.Allowed, d.RetryAfter = false, p.RetryAfter
-		} else {
-			d.RetryAfter = max(d.RetryAfter, p.RetryAfter)
-		}
-	}
-	if p.Remaining < d.Remaining {
-		d.Remaining, d.Limit = p.Remaining, p.Limit
-	}
-	d.Reset = max(d.Reset, p.Reset)
 }
 
 // count adds the request to each zone's counts: allowed where it was
