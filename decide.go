@@ -10,10 +10,9 @@
 // event.
 //
 // The calls run one way along that path: this file calls action.go,
-// weights.go and headers.go, those call the zone's charging methods
-// (zone.go: take, ask, peek), and the zone calls the limiter; none of them
-// calls back into a step above it (they only read the verdicts this file
-// defines, verdict.quotas).
+// weights.go and headers.go, those call the zone's charging methods (zone.go:
+// takeAll, peekAll, take, ask, peek, which fill a verdict), and the zone
+// calls the limiter; none of them calls back into a step above it.
 
 package floodgate
 

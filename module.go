@@ -33,9 +33,9 @@
 // Where things are:
 //
 //   - zone.go: Zone (a zone's configuration), its validation and
-//     provisioning, and the charging of its rate (take, ask, peek) that the
-//     decision path and action.go call; key.go: how a zone reads a key from a
-//     request; quota.go: quotas; weights.go: a zone's weights, checked
+//     provisioning, and the charging of its policies (takeAll, peekAll,
+//     take, ask, peek) that the decision path and action.go call; key.go: how
+//     a zone reads a key from a request; quota.go: quotas; weights.go: a zone's weights, checked
 //     against what it can grant, their Caddyfile forms and the charging of
 //     what a response reports (the rules, their matchers and the response
 //     writer are package weight); action.go: what a zone does with a request
