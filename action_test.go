@@ -147,17 +147,17 @@ func TestDelayDebtReservesWhatReturnsWithinMaxDelay(t *testing.T) {
 	}
 }
 
-// A review found (window zone hold, high), now fixed: held requests' reservations push the
-// real grants of the window out of its counters, and then give themselves
-// back, so a window zone admits without bound in one window. zone.reserve
-// charges a window zone with Windows.Charge, which keeps at most 2·events
-// per counter by dropping the OLDEST counts: the grants that fill the
-// window. Twenty requests held on a full window of 10 (10 + 20 > 20) drop
-// all ten grants; when their clients leave, each Refund takes back only its
-// own place, so the window is empty again and ten newcomers are admitted at
-// once. A client that holds and cancels twenty requests (its own: leaving
-// is free) gets ten more each round: here 40 in 100 ms under `events 10
-// window 1s`.
+// Held requests' reservations never push the real grants of a window out of
+// its counters. A window's counters keep at most 2·events each, and a charge
+// beyond that (Windows.Charge) drops the OLDEST counts: the grants that fill
+// the window. Were a held request's place charged so, twenty requests held on
+// a full window of 10 (10 + 20 > 20) would drop all ten grants; when their
+// clients left, each Refund taking back only its own place, the window would
+// be empty again and admit ten newcomers at once, and a client that holds and
+// cancels twenty requests (its own: leaving is free) would get ten more each
+// round: 40 in 100 ms under `events 10 window 1s`. zone.reserve reserves a
+// place only within the counters' room (Windows.Reserve), and denies the
+// request beyond it.
 func TestHeldReservationsNeverEraseTheWindowsGrants(t *testing.T) {
 	h, held := delayHandler(t, "review_window_overflow", 0, 2*time.Second)
 	held.block = true

@@ -189,16 +189,15 @@ func TestTimeMeterTicksOnItsOwn(t *testing.T) {
 	}
 }
 
-// A review found (response_time meter, high), now fixed: a request whose handler panics is
-// never taken off the meter. serveCharged ends its timed runs after
-// next.ServeHTTP returns, not in a defer, and Caddy's own handlers panic
+// A request whose handler panics is taken off the meter all the same
+// (serveCharged ends its timed runs in a defer). Caddy's own handlers panic
 // with http.ErrAbortHandler as a matter of course: the `abort` directive
 // (StaticResponse.Abort) and reverse_proxy when a streamed response breaks
 // (reverseproxy.go: "aborting with incomplete response"). net/http recovers
-// the panic and the server goes on, but the run stays in its shard for the
-// life of the process: every tick charges the key the time since the
-// aborted request started, so the key is locked out for ever (and the
-// meter's memory grows by one run per abort).
+// the panic and the server goes on; a run left in its shard would stay for
+// the life of the process, every tick charging the key the time since the
+// aborted request started, so the key would be locked out for ever (and the
+// meter's memory would grow by one run per abort).
 func TestAPanickingHandlerLeavesNoRunOnTheMeter(t *testing.T) {
 	h, _, advance := timeZone(t, "review_abort_time")
 	abort := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {

@@ -435,13 +435,13 @@ func TestAHoldElsewhereChargesNoQuotaOfAStatusZone(t *testing.T) {
 	}
 }
 
-// A review found (response_status, medium), now fixed: a connection upgraded to a WebSocket
-// (reverse_proxy writes 101 Switching Protocols, hijacks the connection and
-// returns nil when the socket closes) is charged as a 200. WriteHeader
-// treats 101 as not final, so no status is seen, and Done(nil) then reports
-// 200: `weight response_status 2xx` (or 200) charges every WebSocket
-// session, although Caddy's access log records it as 101 and the docs say
-// the status charged is the one the access log records.
+// A connection upgraded to a WebSocket (reverse_proxy writes 101 Switching
+// Protocols, hijacks the connection and returns nil when the socket closes)
+// is charged as a 101, not as a 200. Were 101 taken for an interim status, as
+// the other 1xx are, no status would be seen and Done(nil) would report 200:
+// `weight response_status 2xx` (or 200) would charge every WebSocket session,
+// although Caddy's access log records it as 101 and the docs say the status
+// charged is the one the access log records.
 func TestAnUpgradedConnectionIsNotChargedAsA200(t *testing.T) {
 	h, _ := keyedHandler(t, "review_upgrade_status", zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour), Burst: 1}, func(z *Zone) {
 		z.WeightResponseStatus = []string{"2xx"}
