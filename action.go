@@ -1,9 +1,11 @@
 // Actions: what a zone does with a request it would deny. deny answers 429
-// (decide.go); log lets it pass and only shows what enforcing would do
-// (dryRun, passLogged); delay holds it until its tokens return (delay,
-// hold). An action is a constant, its Caddyfile and JSON forms
-// (unmarshalAction, validateAction, parseAction) and its methods (enforces,
-// holds), which are all the decision path asks of it.
+// and log lets it pass, showing only what enforcing would do (both in
+// decide.go: deny, dryRun, passLogged); delay holds it until its tokens
+// return (delay, hold, here). An action is a constant, its Caddyfile and
+// JSON forms (unmarshalAction, validateAction, parseAction) and its methods
+// (enforces, holds), which are all the decision path asks of it. The calls
+// run one way: decide.go calls delay, which charges through the zone's
+// methods (zone.go) and never calls back up.
 
 package floodgate
 
@@ -128,13 +130,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 // (clusterWait).
 //
 // The request's tokens are reserved at once: in the zones that delay, by a
-// charge that drives the key into debt (limiter.Buckets.Charge) or takes
-// its place in the window (zone.reserve), so every later request waits
-// behind this one and held requests never pass faster than the rate; in
-// every other zone and quota, by a normal take. It then waits until its
-// debt is repaid and the clusters of the zones that hold it let it
-// through, and is counted in those clusters and windows when it goes (see
-// hold).
+// charge that drives the key into debt (limiter.Buckets.Charge) or takes its
+// place in the window (zone.reserve), so every later request waits behind
+// this one and held requests never pass faster than the rate; in every other
+// zone and quota, by a normal take. It then waits until its debt is repaid
+// and the clusters of the zones that hold it let it through, and is counted
+// in those clusters and windows when it goes (see hold).
+//
 // It returns (false, 0, nil) if the request must be denied after all, having
 // charged nothing; true and the time it waited once the request may go on,
 // charged everywhere; and an error if the client went away meanwhile, every
@@ -321,41 +323,4 @@ func (v *verdict) quotasAllowed() bool {
 		}
 	}
 	return true
-}
-
-// dryRun decides the zones with action log, each on its own, after the
-// zones that enforce: a request they would deny passes, and is charged
-// nothing in them, so that their state is what enforcing would have left.
-// A request the enforcing zones denied is charged nothing anywhere; the log
-// zones are then only asked what they hold. It reports whether a log zone
-// would have denied the request, and marks its verdict logged.
-func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
-	logged := false
-	var txn limiter.Txn
-	for i := range verdicts {
-		v := &verdicts[i]
-		if v.z.action.enforces() {
-			continue
-		}
-		if denied {
-			v.z.peekAll(v, true, now)
-		} else {
-			txn = limiter.Txn{} // keeps the previous zone's charges
-			v.z.takeAll(&txn, v, now)
-		}
-		if !v.d.Allowed {
-			v.logged, logged = true, true
-		}
-	}
-	return logged
-}
-
-// passLogged lets through a request that a zone with action log would have
-// denied, with what a denial would have set for operators to see what
-// enforcing would do (the placeholders, a log line, the counts), but nothing
-// a client sees: no Retry-After, and the RateLimit headers of the enforcing
-// zones only, as without the dry run.
-func (h *Handler) passLogged(w http.ResponseWriter, q *request, verdicts []verdict, main int, next caddyhttp.Handler, now time.Time) error {
-	h.overLimit(w, q, verdicts, main, now, false)
-	return h.serveCharged(w, q.r, verdicts, next)
 }

@@ -146,3 +146,56 @@ func TestDelayDebtReservesWhatReturnsWithinMaxDelay(t *testing.T) {
 		}
 	}
 }
+
+// Held requests' reservations never push the real grants of a window out of
+// its counters. A window's counters keep at most 2·events each, and a charge
+// beyond that (Windows.Charge) drops the OLDEST counts: the grants that fill
+// the window. Were a held request's place charged so, twenty requests held on
+// a full window of 10 (10 + 20 > 20) would drop all ten grants; when their
+// clients left, each Refund taking back only its own place, the window would
+// be empty again and admit ten newcomers at once, and a client that holds and
+// cancels twenty requests (its own: leaving is free) would get ten more each
+// round: 40 in 100 ms under `events 10 window 1s`. zone.reserve reserves a
+// place only within the counters' room (Windows.Reserve), and denies the
+// request beyond it.
+func TestHeldReservationsNeverEraseTheWindowsGrants(t *testing.T) {
+	h, held := delayHandler(t, "review_window_overflow", 0, 2*time.Second)
+	held.block = true
+	z := h.zones[0]
+	key := keyOf(z, "192.0.2.1:1", "", nil)
+	granted := 0
+	for i := range 10 {
+		if _, err := serve(h, weightedRequest("/")); err != nil {
+			t.Fatalf("request %d: %v", i+1, err)
+		}
+		granted++
+	}
+	held.clock.Advance(100 * time.Millisecond)
+	// The counters hold 2·events: ten held requests fit beside the ten
+	// grants; an eleventh is denied, not held.
+	const rounds, n = 3, 10
+	for range rounds {
+		cancel, errs := heldRequests(t, h, held, n)
+		if err := serveOrGiveUp(h); status(err) != http.StatusTooManyRequests {
+			t.Errorf("a request beyond the places a full window can reserve: %v, want 429", err)
+		}
+		cancel() // their clients leave
+		for range n {
+			if err := <-errs; err == nil {
+				t.Fatal("a held request whose client left was served")
+			}
+		}
+		if c := z.counts.held.Load(); c != 0 {
+			t.Fatalf("%d still held", c)
+		}
+		// Still 100 ms after the first 10 grants: the window is full.
+		for range 10 {
+			if d, _ := z.buckets.TakeHash(key, 1, held.clock.Now()); d.Allowed {
+				granted++
+			}
+		}
+	}
+	if granted > 10 {
+		t.Errorf("%d requests granted within 100 ms under events 10 window 1s, after %d rounds of %d held requests whose clients left: the window's bound is broken", granted, rounds, n)
+	}
+}

@@ -65,11 +65,11 @@ func init() {
 //	    headers on|off                     # RateLimit headers; default on
 //	}
 //
-// Each setting may appear once in a zone, and once in the directive's
-// block; a weight rule after one without a matcher block would never apply
-// and is an error too. A zone name defined the same way in
-// several directives (an imported snippet) is one zone; defined differently,
-// an error naming both places.
+// Each setting may appear once in a zone, and once in the directive's block;
+// a weight rule after one without a matcher block would never apply and is an
+// error too. A zone name defined the same way in several directives (an
+// imported snippet) is one zone; defined differently, an error naming both
+// places.
 func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	var global *App
 	if opt, ok := h.Option("rate_limit").(httpcaddyfile.App); ok {
@@ -115,16 +115,16 @@ func place(d *caddyfile.Dispenser) string {
 // zones it does not define. defs holds the zones defined in the directives
 // read before this one: a zone defined again the same way is the same zone,
 // shared; defined differently, it is an error naming both places.
-func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs map[string]inlineDef) error {
+func (h *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs map[string]inlineDef) error {
 	d.Next() // directive name
 	useGlobal := func(name string) error {
 		if global == nil || global.Zones[name] == nil {
 			return d.Errf("zone %q is not defined in the rate_limit global option", name)
 		}
-		if slices.Contains(rl.Zones, name) {
+		if slices.Contains(h.Zones, name) {
 			return d.Errf("zone %q is listed twice", name)
 		}
-		rl.Zones = append(rl.Zones, name)
+		h.Zones = append(h.Zones, name)
 		return nil
 	}
 	for d.NextArg() {
@@ -163,7 +163,7 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 			if err != nil {
 				return err
 			}
-			if err := rl.addInline(name, zc, at, global, defs); err != nil {
+			if err := h.addInline(name, zc, at, global, defs); err != nil {
 				return err
 			}
 		case "distributed":
@@ -171,13 +171,13 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 			if err != nil {
 				return err
 			}
-			rl.Distributed = dist
+			h.Distributed = dist
 		case "storage":
 			raw, err := parseStorage(d)
 			if err != nil {
 				return err
 			}
-			rl.StorageRaw = raw
+			h.StorageRaw = raw
 		case "jitter":
 			v, err := zoneconf.OneArg(d)
 			if err != nil {
@@ -190,25 +190,25 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 			if why := jitterProblem(j); why != "" {
 				return d.Errf("jitter %q: %s", v, why)
 			}
-			rl.Jitter = j
+			h.Jitter = j
 		case "log_key":
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			rl.LogKey = true
+			h.LogKey = true
 		case "weight":
-			if err := rl.unmarshalWeight(d); err != nil {
+			if err := h.unmarshalWeight(d); err != nil {
 				return err
 			}
 		case "sweep_interval":
-			if err := parseDuration(d, &rl.SweepInterval); err != nil {
+			if err := parseDuration(d, &h.SweepInterval); err != nil {
 				return err
 			}
 		case "disable_metrics":
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			rl.DisableMetrics = true
+			h.DisableMetrics = true
 		case "headers":
 			v, err := zoneconf.OneArg(d)
 			if err != nil {
@@ -216,9 +216,9 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 			}
 			switch v {
 			case "on":
-				rl.DisableHeaders = false
+				h.DisableHeaders = false
 			case "off":
-				rl.DisableHeaders = true
+				h.DisableHeaders = true
 			default:
 				return d.Errf("headers %q: must be on or off", v)
 			}
@@ -230,7 +230,7 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 			return zoneconf.Unknown(d, "", "rate_limit subdirective", word, handlerFields)
 		}
 	}
-	if err := rl.Validate(); err != nil {
+	if err := h.Validate(); err != nil {
 		return d.Err(err.Error())
 	}
 	return nil
@@ -240,20 +240,20 @@ func (rl *Handler) unmarshalCaddyfile(d *caddyfile.Dispenser, global *App, defs 
 // definition the same as the global option's, or as another directive's, is
 // that zone: the zone is shared as if defined once. A different definition of
 // a name fails, naming both places.
-func (rl *Handler) addInline(name string, zc *Zone, at string, global *App, defs map[string]inlineDef) error {
+func (h *Handler) addInline(name string, zc *Zone, at string, global *App, defs map[string]inlineDef) error {
 	js := string(caddyconfig.JSON(zc, nil))
 	useOnce := fmt.Sprintf("a zone name is one limit: to share it, define it once in the rate_limit global option (rate_limit { zone %s { … } }) and use it by name (rate_limit %s); for two limits, give each definition its own name (in a snippet imported with different values, put an argument in the name: zone %s_{args[0]})", name, name, name)
 	if g := global.zoneConfig(name); g != nil {
 		if string(caddyconfig.JSON(g, nil)) != js {
 			return fmt.Errorf("zone %q at %s is defined differently in the rate_limit global option; %s", name, at, useOnce)
 		}
-		if slices.Contains(rl.Zones, name) {
+		if slices.Contains(h.Zones, name) {
 			return fmt.Errorf("zone %q at %s is listed twice", name, at)
 		}
-		rl.Zones = append(rl.Zones, name)
+		h.Zones = append(h.Zones, name)
 		return nil
 	}
-	if rl.RateLimits[name] != nil {
+	if h.RateLimits[name] != nil {
 		return fmt.Errorf("zone %q at %s is defined twice in one rate_limit directive", name, at)
 	}
 	if prev, ok := defs[name]; ok && prev.json != js {
@@ -261,10 +261,10 @@ func (rl *Handler) addInline(name string, zc *Zone, at string, global *App, defs
 	} else if !ok {
 		defs[name] = inlineDef{json: js, place: at}
 	}
-	if rl.RateLimits == nil {
-		rl.RateLimits = make(map[string]*Zone)
+	if h.RateLimits == nil {
+		h.RateLimits = make(map[string]*Zone)
 	}
-	rl.RateLimits[name] = zc
+	h.RateLimits[name] = zc
 	return nil
 }
 

@@ -2,11 +2,17 @@
 // weighs the request in every zone that applies to it and takes its tokens
 // from every policy of each (the zone's rate, in its cluster too if it is
 // distributed, and its quotas) in one transaction, so that a request denied
-// by one policy is charged in none. A denial is then offered to the zones'
-// actions (action.go: delay holds, log only watches), and the verdict is
-// answered: passed on, with response-reported weights charged after it
-// (weights.go), or denied with a 429, its headers, placeholders, log line
-// and event.
+// by one policy is charged in none. A denial is then offered to the zones
+// that hold (action.go: delay), the zones with action log are decided on
+// their own (dryRun), and the verdict is answered: passed on, with
+// response-reported weights charged after it (weights.go), or denied with a
+// 429, its headers (headers.go), placeholders, log line (denylog.go) and
+// event.
+//
+// The calls run one way along that path: this file calls action.go,
+// weights.go and headers.go, those call the zone's charging methods (zone.go:
+// takeAll, peekAll, take, ask, peek, which fill a verdict), and the zone
+// calls the limiter; none of them calls back into a step above it.
 
 package floodgate
 
@@ -267,76 +273,31 @@ func deciding(verdicts []verdict) int {
 	return best
 }
 
-// takeAll asks every policy of z (its rate, then its quotas) for v's weight
-// in txn, and sets v's decisions.
-// A zone that charges once the response is known (zone.deferred) only
-// checks that every policy has room for the weight.
-func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
-	v.rate = z.take(txn, v.c.hash, v.weight, now)
-	for i, s := range z.quotas {
-		v.q[i] = z.ask(txn, s, v.c.hash, v.weight, now)
-	}
-	v.combine()
-}
-
-// peekAll replaces v's decisions by what z's policies hold now, charging
-// nothing: all of them, or only those that granted (and were refunded
-// since, because another policy denied the request).
-func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
-	if z.conc != nil && (all || v.conc.Allowed) {
-		v.conc = z.peekConc(v.c.hash)
-	}
-	if all || v.rate.Allowed {
-		v.rate = z.peek(v.c.hash, v.weight, now)
-	}
-	for i, s := range z.quotas {
-		if all || v.q[i].Allowed {
-			v.q[i] = s.PeekHash(v.c.hash, v.weight, now)
+// dryRun decides the zones with action log, each on its own, after the
+// zones that enforce: a request they would deny passes, and is charged
+// nothing in them, so that their state is what enforcing would have left.
+// A request the enforcing zones denied is charged nothing anywhere; the log
+// zones are then only asked what they hold. It reports whether a log zone
+// would have denied the request, and marks its verdict logged.
+func (h *Handler) dryRun(verdicts []verdict, denied bool, now time.Time) bool {
+	logged := false
+	var txn limiter.Txn
+	for i := range verdicts {
+		v := &verdicts[i]
+		if v.z.action.enforces() {
+			continue
+		}
+		if denied {
+			v.z.peekAll(v, true, now)
+		} else {
+			txn = limiter.Txn{} // keeps the previous zone's charges
+			v.z.takeAll(&txn, v, now)
+		}
+		if !v.d.Allowed {
+			v.logged, logged = true, true
 		}
 	}
-	v.combine()
-}
-
-// take charges the key with hash h in the zone's token bucket and, if the
-// zone is distributed, in its cluster estimate, as part of txn: the request
-// passes when both allow it. The decision is the bucket's, with the
-// cluster's denial, wait and remaining count where they are stricter. A
-// zone that charges once the response is known (zone.deferred) charges
-// nothing here: it checks the key has room for the weight.
-func (z *zone) take(txn *limiter.Txn, h uint64, weight int64, now time.Time) limiter.Decision {
-	d := z.ask(txn, z.buckets, h, weight, now)
-	if z.dist == nil {
-		return d
-	}
-	return stricter(d, z.ask(txn, z.dist.cluster, h, weight, now))
-}
-
-// ask takes weight from p in txn, or, in a zone that charges once the
-// response is known, checks p has room for it (limiter.Txn.Check).
-func (z *zone) ask(txn *limiter.Txn, p limiter.Policy, h uint64, weight int64, now time.Time) limiter.Decision {
-	if z.deferred() {
-		return txn.Check(p, h, weight, now)
-	}
-	return txn.Take(p, h, weight, now)
-}
-
-// peek answers what take would, charging nothing.
-func (z *zone) peek(h uint64, weight int64, now time.Time) limiter.Decision {
-	d := z.buckets.PeekHash(h, weight, now)
-	if z.dist == nil {
-		return d
-	}
-	return stricter(d, z.dist.cluster.PeekHash(h, weight, now))
-}
-
-// stricter combines the bucket's decision d with the cluster's c. The limit
-// stays the bucket's (the burst the headers advertise).
-func stricter(d, c limiter.Decision) limiter.Decision {
-	d.Allowed = d.Allowed && c.Allowed
-	d.Remaining = min(d.Remaining, c.Remaining)
-	d.RetryAfter = max(d.RetryAfter, c.RetryAfter)
-	d.Reset = max(d.Reset, c.Reset)
-	return d
+	return logged
 }
 
 // retryAfter is when v's zone lets the request through, as told to a
@@ -359,38 +320,6 @@ func (v *verdict) retryAfter() (wait, most time.Duration) {
 		wait, most = max(wait, v.conc.RetryAfter), max(most, v.conc.RetryAfter)
 	}
 	return wait, most
-}
-
-// quotas are the decisions of the quotas of v's zone.
-func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
-
-// combine sets v.d, the zone's answer, from its policies' (the rate's, the
-// quotas', max_concurrent's): allowed if all allow, the fewest left, the
-// longest wait of those that deny, the latest reset.
-func (v *verdict) combine() {
-	v.d = v.rate
-	for _, q := range v.quotas() {
-		combineInto(&v.d, q)
-	}
-	if v.z.conc != nil {
-		combineInto(&v.d, v.conc) // a place has no reset
-	}
-}
-
-// combineInto combines another policy's decision p into d, as combine
-// does.
-func combineInto(d *limiter.Decision, p limiter.Decision) {
-	if !p.Allowed {
-		if d.Allowed {
-			d.Allowed, d.RetryAfter = false, p.RetryAfter
-		} else {
-			d.RetryAfter = max(d.RetryAfter, p.RetryAfter)
-		}
-	}
-	if p.Remaining < d.Remaining {
-		d.Remaining, d.Limit = p.Remaining, p.Limit
-	}
-	d.Reset = max(d.Reset, p.Reset)
 }
 
 // count adds the request to each zone's counts: allowed where it was
@@ -457,6 +386,16 @@ func (d *denial) placeholder(name string) (any, bool) {
 func (h *Handler) deny(w http.ResponseWriter, q *request, verdicts []verdict, main int, now time.Time) error {
 	h.overLimit(w, q, verdicts, main, now, true)
 	return verdicts[main].z.exceeded
+}
+
+// passLogged lets through a request that a zone with action log would have
+// denied, with what a denial would have set for operators to see what
+// enforcing would do (the placeholders, a log line, the counts), but nothing
+// a client sees: no Retry-After, and the RateLimit headers of the enforcing
+// zones only, as without the dry run.
+func (h *Handler) passLogged(w http.ResponseWriter, q *request, verdicts []verdict, main int, next caddyhttp.Handler, now time.Time) error {
+	h.overLimit(w, q, verdicts, main, now, false)
+	return h.serveCharged(w, q.r, verdicts, next)
 }
 
 // overLimit answers a request over a limit, which enforcing zones deny, or

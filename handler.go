@@ -130,16 +130,16 @@ type Distributed struct {
 	// deleted (that instance is gone). Default: the longest of 1m, two
 	// windows and two write intervals; at least two write intervals.
 	PurgeAge caddy.Duration `json:"purge_age,omitempty"`
-	// How a key's burst is shared between instances: "split" (default)
-	// or "free". With split, each instance grants a key at most its share
-	// of what the cluster has left for it, re-balanced at every read
-	// (what it left the others stays theirs until they are seen to use
-	// it, or for two write and two read intervals), so a key hit on every
-	// instance at once gets about its limit; a key that only reaches one
-	// instance gets its share at first and the rest once two syncs show
-	// no other instance counts it. With free, each instance grants whatever the
-	// cluster's counts leave, so a key hit on N instances at once can get
-	// up to N times its limit before the syncs catch up.
+	// How a key's burst is shared between instances: "split" (default) or
+	// "free". With split, each instance grants a key at most its share of
+	// what the cluster has left for it, re-balanced at every read (what it
+	// left the others stays theirs until they are seen to use it, or for
+	// two write and two read intervals), so a key hit on every instance at
+	// once gets about its limit; a key that only reaches one instance gets
+	// its share at first and the rest once two syncs show no other instance
+	// counts it. With free, each instance grants whatever the cluster's
+	// counts leave, so a key hit on N instances at once can get up to N
+	// times its limit before the syncs catch up.
 	Bursts string `json:"bursts,omitempty"`
 }
 
@@ -247,8 +247,9 @@ func (h *Handler) setZones(zones []*zone) {
 }
 
 // jitterProblem says why j cannot be a jitter, or "". Jitter is a fraction of
-// the wait (DESIGN.md §4), so above 1 it is most likely a percentage (20 for
-// 20%), which would tell clients to wait 21 times as long as they must.
+// the wait (Handler.Jitter; docs/directives.md, "jitter"), so above 1 it is
+// most likely a percentage (20 for 20%), which would tell clients to wait 21
+// times as long as they must.
 func jitterProblem(j float64) string {
 	if !(j >= 0 && j <= 1) {
 		return fmt.Sprintf("must be a fraction of the wait from 0 to 1 (0.2 adds up to 20%%); %v would make Retry-After up to %v times the wait", j, 1+j)

@@ -44,10 +44,10 @@ type responseHeaders struct {
 // t is the seconds until its grants no longer count, and for a request it
 // denies, until a request of that weight would pass (its Retry-After).
 // Each quota of a zone is an item of its own, named after the zone and its
-// window (quotaName), with q its count and w its window. Every item's t is
-// at most its w (zone.told, zone.quotaTold), as is a Retry-After it
-// causes. Zone names are restricted
-// (validZoneName) so that they need no escaping in a quoted string.
+// window (quotaName), with q its count and w its window. Every item's t is at
+// most its w (zone.told, zone.quotaTold), as is a Retry-After it causes. Zone
+// names are restricted (validZoneName) so that they need no escaping in a
+// quoted string.
 //
 // A zone with action log (a dry run) has no item: a dry run must not change
 // what clients see, so a response is what it would be without that zone. If
@@ -60,7 +60,7 @@ type responseHeaders struct {
 //
 // policy is the RateLimit-Policy value if the caller has it made already
 // (Handler.policyOf), else empty, and it is made here.
-func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration, policy string) {
+func (rh *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told time.Duration, policy string) {
 	n := 0
 	for _, v := range verdicts {
 		if v.z.action.enforces() {
@@ -72,29 +72,29 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 	}
 	switch {
 	case policy != "":
-		h.policy[0] = policy
+		rh.policy[0] = policy
 	case n == 1:
 		for _, v := range verdicts {
 			if v.z.action.enforces() {
-				h.policy[0] = v.z.policy
+				rh.policy[0] = v.z.policy
 			}
 		}
 	default:
-		b := h.start()
+		b := rh.start()
 		for _, v := range verdicts {
 			b = appendPolicy(b, v.z)
 		}
-		h.policy[0] = h.text(b)
+		rh.policy[0] = rh.text(b)
 	}
-	b := h.start()
+	b := rh.start()
 	for _, v := range verdicts {
 		if !v.z.action.enforces() {
 			continue
 		}
-		// The rate, each quota and max_concurrent have an item each
-		// (a zone with max_concurrent alone has no rate).
-		// d is the zone's answer; with quotas or max_concurrent, that
-		// combines the rate's and theirs.
+		// The rate, each quota and max_concurrent have an item each (a
+		// zone with max_concurrent alone has no rate). d is the zone's
+		// answer; with quotas or max_concurrent, that combines the
+		// rate's and theirs.
 		rate := v.d
 		if len(v.z.quotas) > 0 || v.z.conc != nil {
 			rate = v.rate
@@ -124,20 +124,20 @@ func (h *responseHeaders) setRateLimit(hdr http.Header, verdicts []verdict, told
 			b = strconv.AppendInt(b, max(v.conc.Remaining, 0), 10)
 		}
 	}
-	h.limit[0] = h.text(b)
-	hdr[policyField] = h.policy[:]
-	hdr[limitField] = h.limit[:]
+	rh.limit[0] = rh.text(b)
+	hdr[policyField] = rh.policy[:]
+	hdr[limitField] = rh.limit[:]
 }
 
 // setRetryAfter writes the Retry-After field: secs, a number of seconds.
-func (h *responseHeaders) setRetryAfter(hdr http.Header, secs int64) {
-	h.retryAfter[0] = h.text(strconv.AppendInt(h.start(), secs, 10))
-	hdr[retryAfterField] = h.retryAfter[:]
+func (rh *responseHeaders) setRetryAfter(hdr http.Header, secs int64) {
+	rh.retryAfter[0] = rh.text(strconv.AppendInt(rh.start(), secs, 10))
+	hdr[retryAfterField] = rh.retryAfter[:]
 }
 
 // start returns where the next value is to be appended: the unused end of
 // buf, with no length.
-func (h *responseHeaders) start() []byte { return h.buf[h.n:h.n] }
+func (rh *responseHeaders) start() []byte { return rh.buf[rh.n:rh.n] }
 
 // appendPolicy appends z's RateLimit-Policy items to b, after a
 // separator if b has items, if z enforces (a dry run has none).
@@ -151,12 +151,12 @@ func appendPolicy(b []byte, z *zone) []byte {
 // text returns b, a value appended to start(), as a string without copying
 // it. The bytes are never written again: later values are appended after
 // them, and a value that outgrows buf moves to a new array.
-func (h *responseHeaders) text(b []byte) string {
+func (rh *responseHeaders) text(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
-	if h.n < len(h.buf) && unsafe.SliceData(b) == &h.buf[h.n] {
-		h.n += len(b) // it stayed in buf
+	if rh.n < len(rh.buf) && unsafe.SliceData(b) == &rh.buf[rh.n] {
+		rh.n += len(b) // it stayed in buf
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }

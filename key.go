@@ -408,18 +408,18 @@ type keyHasher struct {
 	head [maxIPText]byte
 }
 
-func (h *keyHasher) init() { h.d.Reset() }
+func (kh *keyHasher) init() { kh.d.Reset() }
 
-func (h *keyHasher) write(s string) {
-	s = s[:min(len(s), maxKeyHashed-h.n)]
-	if h.n < len(h.head) {
-		copy(h.head[h.n:], s)
+func (kh *keyHasher) write(s string) {
+	s = s[:min(len(s), maxKeyHashed-kh.n)]
+	if kh.n < len(kh.head) {
+		copy(kh.head[kh.n:], s)
 	}
-	_, _ = h.d.WriteString(s)
-	h.n += len(s)
+	_, _ = kh.d.WriteString(s)
+	kh.n += len(s)
 }
 
-func (h *keyHasher) sum() uint64 { return h.d.Sum64() }
+func (kh *keyHasher) sum() uint64 { return kh.d.Sum64() }
 
 // source names what a charge drew on, for logs, events, /top and the admin
 // API's keys: the masked network of the source address (`203.0.113.0/24`);

@@ -227,11 +227,13 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 
 // activeKeys estimates how many keys hold state in a table measured as s:
 // keys whose counters are not back to full. No key is stored, so it is
-// counted as a Bloom filter's linear counting does: each key busies K of
-// the m counters of a line picked by its hash (16 in a token-bucket table,
-// 8 in a window table), so with n keys over L lines (Poisson, n/L a line)
-// a counter is still idle with probability e^(−(n/L)·K/m), and
-// n = −(m·L/K)·ln(1 − busy).
+// counted as a Bloom filter's linear counting does: each key busies K of the
+// m counters of a line picked by its hash (16 in a token-bucket table, 8 in a
+// window table), so with n keys over L lines (Poisson, n/L a line) a counter
+// is still idle with probability e^(−(n/L)·K/m), and
+//
+//	n = −(m·L/K)·ln(1 − busy).
+//
 // Keys whose counters collide count once; a table with every counter busy
 // reports what one idle counter in the sample would give.
 func activeKeys(s limiter.BucketStats) float64 {

@@ -11,8 +11,7 @@ import (
 
 // caddy_rate_limit_keys_total estimates the keys a table holds state for:
 // within 5% from a few keys to ten keys a line (ten times what a table sized
-// for its sources holds when they all flood), for
-// both kinds of table.
+// for its sources holds when they all flood), for both kinds of table.
 func TestActiveKeysEstimatesKeysWithState(t *testing.T) {
 	now := time.Now()
 	for _, windowed := range []bool{false, true} {

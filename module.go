@@ -33,17 +33,19 @@
 // Where things are:
 //
 //   - zone.go: Zone (a zone's configuration), its validation and
-//     provisioning; key.go: how a zone reads a key from a request;
-//     quota.go: quotas; weights.go: a zone's weights, checked against what
-//     it can grant, their Caddyfile forms and the charging of what a
-//     response reports (the rules, their matchers and the response writer
-//     are package weight);
-//     action.go: what a zone does with a request it would deny (deny, log,
-//     delay), as methods the decision path asks;
-//   - handler.go: the HTTP handler's configuration and lifecycle;
-//     decide.go: the way of a request, from taking every zone to the
-//     verdict; headers.go: the RateLimit and Retry-After headers;
-//     denylog.go: the denial log and the record of denied sources;
+//     provisioning, and the charging of its policies (takeAll, peekAll,
+//     take, ask, peek) that the decision path and action.go call; key.go: how
+//     a zone reads a key from a request; quota.go: quotas; weights.go: a zone's weights, checked
+//     against what it can grant, their Caddyfile forms and the charging of
+//     what a response reports (the rules, their matchers and the response
+//     writer are package weight); action.go: what a zone does with a request
+//     it would deny (deny, log, delay), as methods the decision path asks,
+//     and the holding of a delayed request;
+//   - handler.go: the HTTP handler's configuration and lifecycle; decide.go:
+//     the way of a request, from taking every zone to the verdict, whose
+//     calls run one way (decide.go → action.go, weights.go, headers.go →
+//     zone.go → package limiter); headers.go: the RateLimit and Retry-After
+//     headers; denylog.go: the denial log and the record of denied sources;
 //   - app.go: the rate_limit app and the registry of the running config;
 //     tables.go: the state that outlives a config; cluster.go: distributed
 //     zones (their rate's and quotas' cluster state) and their storage;

@@ -155,11 +155,11 @@ func (z *zone) join(s *hashSecret, log *zap.Logger) func(context.Context, certma
 }
 
 // adopt has z hash with the cluster's secret v, learned by one of its
-// syncers, and reports whether that changed its hashes. If z counted under another (a provisional one, or one the
-// storage lost), its cluster states forget what this instance counted
-// (storage.Cluster.HashedUnder). Its table's counts of keys with salts
-// start over; they are this instance's alone, and the cells they were in
-// empty within a window.
+// syncers, and reports whether that changed its hashes. If z counted under
+// another (a provisional one, or one the storage lost), its cluster states
+// forget what this instance counted (storage.Cluster.HashedUnder). Its
+// table's counts of keys with salts start over; they are this instance's
+// alone, and the cells they were in empty within a window.
 func (z *zone) adopt(v uint64) (changed bool) {
 	z.dist.mu.Lock()
 	defer z.dist.mu.Unlock()

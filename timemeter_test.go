@@ -188,3 +188,43 @@ func TestTimeMeterTicksOnItsOwn(t *testing.T) {
 		t.Errorf("a second charged by the ticker, then the run ended: %d left, want 59000 (charged once)", got)
 	}
 }
+
+// A request whose handler panics is taken off the meter all the same
+// (serveCharged ends its timed runs in a defer). Caddy's own handlers panic
+// with http.ErrAbortHandler as a matter of course: the `abort` directive
+// (StaticResponse.Abort) and reverse_proxy when a streamed response breaks
+// (reverseproxy.go: "aborting with incomplete response"). net/http recovers
+// the panic and the server goes on; a run left in its shard would stay for
+// the life of the process, every tick charging the key the time since the
+// aborted request started, so the key would be locked out for ever (and the
+// meter's memory would grow by one run per abort).
+func TestAPanickingHandlerLeavesNoRunOnTheMeter(t *testing.T) {
+	h, _, advance := timeZone(t, "review_abort_time")
+	abort := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		panic(http.ErrAbortHandler) // what `abort` and a broken proxied stream do
+	})
+	func() {
+		defer func() {
+			if r := recover(); r != http.ErrAbortHandler {
+				t.Fatalf("recovered %v, want http.ErrAbortHandler", r)
+			}
+		}()
+		_, _ = serveThrough(h, weightedRequest("/", "X-Key: a"), abort)
+	}()
+	// The aborted request took no time. A minute later the key is whole,
+	// and no request is in flight.
+	for range 4 {
+		advance(15 * time.Second)
+		h.meter.tickAt(h.now())
+	}
+	if n := h.meter.live.Load(); n != 0 {
+		t.Errorf("%d runs still on the meter a minute after the only request was aborted, want 0", n)
+	}
+	if got := left(h, "a"); got < 1000 {
+		t.Errorf("a minute after an aborted request that took 0 ms, the key has %d ms left, want all 1000", got)
+	}
+	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+	if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), ok); err != nil {
+		t.Errorf("the key's next request a minute later: %v, want it served", err)
+	}
+}

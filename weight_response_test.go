@@ -434,3 +434,28 @@ func TestAHoldElsewhereChargesNoQuotaOfAStatusZone(t *testing.T) {
 		t.Errorf("after 3 successful logins, 2 of them held by another zone, the quota of 5 failed logins has %d left, want all 5", d.Remaining)
 	}
 }
+
+// A connection upgraded to a WebSocket (reverse_proxy writes 101 Switching
+// Protocols, hijacks the connection and returns nil when the socket closes)
+// is charged as a 101, not as a 200. Were 101 taken for an interim status, as
+// the other 1xx are, no status would be seen and Done(nil) would report 200:
+// `weight response_status 2xx` (or 200) would charge every WebSocket session,
+// although Caddy's access log records it as 101 and the docs say the status
+// charged is the one the access log records.
+func TestAnUpgradedConnectionIsNotChargedAsA200(t *testing.T) {
+	h, _ := keyedHandler(t, "review_upgrade_status", zoneconf.Limit{MaxEvents: 1, Window: caddy.Duration(time.Hour), Burst: 1}, func(z *Zone) {
+		z.WeightResponseStatus = []string{"2xx"}
+	})
+	upgrade := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(http.StatusSwitchingProtocols) // then hijacked; the handler returns when the socket closes
+		return nil
+	})
+	for i := range 3 {
+		if _, err := serveThrough(h, weightedRequest("/", "X-Key: a"), upgrade); err != nil {
+			t.Fatalf("WebSocket %d under weight response_status 2xx (budget 1): %v, want it served: its status is 101", i+1, err)
+		}
+	}
+	if got := left(h, "a"); got != 1 {
+		t.Errorf("after 3 upgrades the key holds %d, want 1: a 101 is not a 2xx", got)
+	}
+}

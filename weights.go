@@ -76,8 +76,8 @@ func (z *zone) provisionWeights(ctx caddy.Context, zc *Zone) error {
 
 // checkHandlerWeight reports an error if w, the weight of a handler that
 // charges z, is a number z could never grant. A zone with a rule for every
-// request never uses the handler's weight.
-// A zone that charges the response's time ignores the handler's weight.
+// request never uses the handler's weight. A zone that charges the response's
+// time ignores the handler's weight.
 func (z *zone) checkHandlerWeight(w weight.Value) error {
 	if z.afterTime {
 		return nil
@@ -196,7 +196,7 @@ func (zc *Zone) unmarshalWeight(d *caddyfile.Dispenser, where string, seen zonec
 const everyRequest = "weight <n> without a matcher block"
 
 // unmarshalWeight reads the handler's `weight <n|placeholder>`.
-func (rl *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
+func (h *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
 	if !d.NextArg() {
 		return d.ArgErr()
 	}
@@ -207,7 +207,7 @@ func (rl *Handler) unmarshalWeight(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	rl.Weight = v
+	h.Weight = v
 	return nil
 }
 

@@ -119,9 +119,9 @@ func TestWindowZoneTellsWhenARequestWouldPass(t *testing.T) {
 }
 
 // A held request's place in a window zone is reserved when it arrives
-// (DESIGN.md §4): a newcomer that comes at the very moment the held
-// request goes, before it takes its place, finds the window full and is
-// denied, and the held request passes after the one wait it was told.
+// (zone.reserve): a newcomer that comes at the very moment the held request
+// goes, before it takes its place, finds the window full and is denied, and
+// the held request passes after the one wait it was told.
 // events 10 in 1s: one grant at 0, nine at 0.5 s, and a request at 0.5 s
 // held until the grant of 0 stops counting. Taken only when it went, the
 // held request lost its place to the newcomer and waited again, for the

@@ -24,12 +24,12 @@ import (
 // may use.
 //
 // Without `burst`, a zone means what it means in caddy-ratelimit: at most
-// `max_events` in any span of `window`, and Retry-After until a request
-// would pass (limiter.Windows). With `burst`, it is
-// a token bucket per key: `max_events` per `window` sustained, and up to
-// `burst` at once, a key starting with a full bucket (limiter.Buckets; the
-// meaning of nginx and Envoy). Requests that match no key (every key
-// placeholder empty) share the state of the empty key.
+// `max_events` in any span of `window`, and Retry-After until a request would
+// pass (limiter.Windows). With `burst`, it is a token bucket per key:
+// `max_events` per `window` sustained, and up to `burst` at once, a key
+// starting with a full bucket (limiter.Buckets; the meaning of nginx and
+// Envoy). Requests that match no key (every key placeholder empty) share the
+// state of the empty key.
 type Zone struct {
 	// Matchers that select the requests this zone applies to. Each set is
 	// ANDed inside, the sets are ORed. Default: every request.
@@ -116,27 +116,27 @@ const (
 
 // Validate reports the first setting of z that cannot work, naming the zone,
 // the field and the value.
-func (z *Zone) Validate(name string) error {
+func (zc *Zone) Validate(name string) error {
 	if err := validZoneName(name); err != nil {
 		return err
 	}
 	where := fmt.Sprintf("zone %q: ", name)
-	if err := z.Limit.Validate(where); err != nil {
+	if err := zc.Limit.Validate(where); err != nil {
 		return err
 	}
-	if err := z.validateQuotas(where); err != nil {
+	if err := zc.validateQuotas(where); err != nil {
 		return err
 	}
-	if err := z.validateWeights(where); err != nil {
+	if err := zc.validateWeights(where); err != nil {
 		return err
 	}
-	if z.XDP != nil && (len(z.WeightResponseStatus) > 0 || z.WeightResponseTime) {
+	if zc.XDP != nil && (len(zc.WeightResponseStatus) > 0 || zc.WeightResponseTime) {
 		// As a layer4 matcher (Layer4Zone), the program charges each SYN
 		// a token: a unit a zone counting failed responses or milliseconds
 		// does not count in, and successful logins would spend its budget.
 		return fmt.Errorf("%sxdp charges each connection, but the zone charges only what an HTTP response says it cost (weight response_status or response_time): give xdp a zone of its own", where)
 	}
-	return z.validateAction(where)
+	return zc.validateAction(where)
 }
 
 // grantable is the largest weight the zone can ever grant: its effective
@@ -170,8 +170,13 @@ func validZoneName(name string) error {
 }
 
 // zone is a Zone provisioned for one config: its matchers, its parsed keys and
-// the table it shares with every other config that holds the same zone.
+// the table it shares with every other config that holds the same zone. Its
+// fields are grouped by the file that owns them: that file's code sets them
+// (at provisioning) and reads them on the request path.
 type zone struct {
+	// The zone itself (this file): its name, its rate and the errors and
+	// values a request it answers gets.
+
 	name string
 	// nameValue is name as an interface value, boxed once rather than on
 	// every request that sets the zone placeholder.
@@ -181,16 +186,9 @@ type zone struct {
 	limit      limiter.Limit
 	// window is the window of a window zone (0 for a token bucket); rateW
 	// the longest wait of its rate it tells a client (see told).
-	window time.Duration
-	rateW  time.Duration
-	keys   []keySpec
-	// secret is what the keys' values are hashed under (seal, salted).
-	secret   atomic.Uint64
-	v4, v6   int
+	window   time.Duration
+	rateW    time.Duration
 	matchers caddyhttp.MatcherSets
-	tkey     tableKey
-	table    *table
-	buckets  limiter.Table // table.buckets: token buckets, or windows without burst
 	// policy is the zone's RateLimit-Policy items (see policyItem): its
 	// rate's, then one for each quota.
 	policy string
@@ -198,23 +196,40 @@ type zone struct {
 	// caddyhttp.HandlerError made once, because Caddy only reads it (see
 	// denialError).
 	exceeded error
+	// conf is the zone's configuration, as the admin API shows it.
+	conf *Zone
+
+	// Its table (tables.go): shared by every config that holds a zone of
+	// this name and shape, found by tkey.
+
+	tkey    tableKey
+	table   *table
+	buckets limiter.Table // table.buckets: token buckets, or windows without burst
+	// counts are what the zone has done, shared by every config that has
+	// a zone of this name (metrics.go: zoneCounts).
+	counts *zoneCounts
+
+	// Its keys (key.go): what identifies a client.
+
+	keys []keySpec
+	// secret is what the keys' values are hashed under (seal, salted).
+	secret atomic.Uint64
+	v4, v6 int
+	// keyNames are the zone's keys as configured, for the key_name
+	// placeholder and the log; keyNameValues the same, boxed once.
+	keyNames      []string
+	keyNameValues []any
+
+	// Its denial logs (denylog.go).
+
 	// denials decides which denials are logged at INFO; made at the
 	// zone's first denial.
 	denials atomic.Pointer[denialLog]
 	// refusals decides likewise which requests refused for their weight
 	// are logged at INFO (Handler.logRefusedWeight).
 	refusals atomic.Pointer[denialLog]
-	// conf is the zone's configuration, as the admin API shows it.
-	conf *Zone
-	// counts are what the zone has done, shared by every config that has
-	// a zone of this name (see zoneCounts).
-	counts *zoneCounts
-	// dist is set when the zone is distributed (cluster.go).
-	dist *distributedZone
-	// keyNames are the zone's keys as configured, for the key_name
-	// placeholder and the log; keyNameValues the same, boxed once.
-	keyNames      []string
-	keyNameValues []any
+
+	// Its weights (weights.go).
 
 	// weights are the zone's weight rules; grantable is the largest
 	// weight the zone can ever grant.
@@ -230,6 +245,8 @@ type zone struct {
 	// not requests.
 	unit string
 
+	// Its quotas (quota.go).
+
 	// quotas are the zone's rolling quotas (their RateLimit-Policy items
 	// follow the rate's in policy), skeys their pool keys and quotaNames
 	// their names in the RateLimit headers.
@@ -240,8 +257,12 @@ type zone struct {
 	// client (quotaTold).
 	quotaW []time.Duration
 
+	// Its action (action.go).
+
 	action   action
 	maxDelay time.Duration
+
+	// Its places in flight (concurrency.go, concqueue.go).
 
 	// conc is the zone's table of places in flight (max_concurrent), nil
 	// without one; ckey its pool key, maxConcurrent the limit this config
@@ -253,6 +274,11 @@ type zone struct {
 	concSecret    uint64
 	// queue holds the requests waiting for a place, with action delay.
 	queue *concQueue
+
+	// Its cluster (cluster.go).
+
+	// dist is set when the zone is distributed.
+	dist *distributedZone
 }
 
 // provisionZone validates zc and acquires its table. The caller must
@@ -371,17 +397,17 @@ func (z *zone) release() {
 // policyItem formats a zone's RateLimit-Policy list item
 // (draft-ietf-httpapi-ratelimit-headers-10): `"name";q=<quota>;w=<seconds>`.
 //
-// The draft's policy is a quota per time window. A zone without burst is
-// one: q is max_events and w the window's seconds, rounded up (a window
-// under a second says w=1 and q its events per second), and RateLimit's t
-// counts down until the key's grants no longer count, at most w (see
-// told). A token bucket has no fixed
-// window, so q and w say what a client can rely on: q is the burst (what a
-// full bucket allows at once, and the most r can say) and w the seconds an
-// emptied bucket takes to be full again, burst × window / events, rounded up.
-// q/w is then the sustained rate or just under it, whatever the burst. A
-// bucket that refills in under a second says w=1 and q the events of one
-// second, rounded down: the rate, since no whole second describes the burst.
+// The draft's policy is a quota per time window. A zone without burst is one:
+// q is max_events and w the window's seconds, rounded up (a window under a
+// second says w=1 and q its events per second), and RateLimit's t counts down
+// until the key's grants no longer count, at most w (see told). A token
+// bucket has no fixed window, so q and w say what a client can rely on: q is
+// the burst (what a full bucket allows at once, and the most r can say) and w
+// the seconds an emptied bucket takes to be full again, burst × window /
+// events, rounded up. q/w is then the sustained rate or just under it,
+// whatever the burst. A bucket that refills in under a second says w=1 and q
+// the events of one second, rounded down: the rate, since no whole second
+// describes the burst.
 func policyItem(name string, l limiter.Limit) string {
 	q, w := policyQuota(l)
 	return `"` + name + `";q=` + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(w, 10)
@@ -408,12 +434,12 @@ func policyQuota(l limiter.Limit) (q, w int64) {
 }
 
 // delayDebt is the debt a bucket zone that holds requests up to maxDelay
-// needs (limiter.Limit.Debt): the tokens that return within maxDelay, so
-// that every request whose tokens are free by then can reserve them, however
-// many arrive at once; at least the default (a burst), at most
-// limiter.MaxBurst. Without it, a key could owe only a burst, and with burst
-// 1 a second request arriving at once was refused although a token would be
-// free long before max_delay.
+// needs (limiter.Limit.Debt): the tokens that return within maxDelay, so that
+// every request whose tokens are free by then can reserve them, however many
+// arrive at once; at least the default (a burst), at most limiter.MaxBurst. A
+// key that could owe only a burst would refuse, with burst 1, a second
+// request arriving at once although a token is free long before max_delay
+// (docs/design.md, "The root package").
 func delayDebt(l limiter.Limit, maxDelay time.Duration) int64 {
 	// ⌈maxDelay × events / window⌉, in 128 bits: an hour's delay times a
 	// million events overflows 64.
@@ -437,6 +463,110 @@ func (z *zone) reset(d limiter.Decision) time.Duration {
 		return d.RetryAfter
 	}
 	return d.Reset
+}
+
+// takeAll asks every policy of z (its rate, then its quotas) for v's weight
+// in txn, and sets v's decisions. A zone that charges once the response is
+// known (zone.deferred) only checks that every policy has room for the
+// weight.
+func (z *zone) takeAll(txn *limiter.Txn, v *verdict, now time.Time) {
+	v.rate = z.take(txn, v.c.hash, v.weight, now)
+	for i, s := range z.quotas {
+		v.q[i] = z.ask(txn, s, v.c.hash, v.weight, now)
+	}
+	v.combine()
+}
+
+// peekAll replaces v's decisions by what z's policies hold now, charging
+// nothing: all of them, or only those that granted (and were refunded
+// since, because another policy denied the request).
+func (z *zone) peekAll(v *verdict, all bool, now time.Time) {
+	if z.conc != nil && (all || v.conc.Allowed) {
+		v.conc = z.peekConc(v.c.hash)
+	}
+	if all || v.rate.Allowed {
+		v.rate = z.peek(v.c.hash, v.weight, now)
+	}
+	for i, s := range z.quotas {
+		if all || v.q[i].Allowed {
+			v.q[i] = s.PeekHash(v.c.hash, v.weight, now)
+		}
+	}
+	v.combine()
+}
+
+// take charges the key with hash h in the zone's token bucket and, if the
+// zone is distributed, in its cluster estimate, as part of txn: the request
+// passes when both allow it. The decision is the bucket's, with the
+// cluster's denial, wait and remaining count where they are stricter. A
+// zone that charges once the response is known (zone.deferred) charges
+// nothing here: it checks the key has room for the weight.
+func (z *zone) take(txn *limiter.Txn, h uint64, weight int64, now time.Time) limiter.Decision {
+	d := z.ask(txn, z.buckets, h, weight, now)
+	if z.dist == nil {
+		return d
+	}
+	return stricter(d, z.ask(txn, z.dist.cluster, h, weight, now))
+}
+
+// ask takes weight from p in txn, or, in a zone that charges once the
+// response is known, checks p has room for it (limiter.Txn.Check).
+func (z *zone) ask(txn *limiter.Txn, p limiter.Policy, h uint64, weight int64, now time.Time) limiter.Decision {
+	if z.deferred() {
+		return txn.Check(p, h, weight, now)
+	}
+	return txn.Take(p, h, weight, now)
+}
+
+// peek answers what take would, charging nothing.
+func (z *zone) peek(h uint64, weight int64, now time.Time) limiter.Decision {
+	d := z.buckets.PeekHash(h, weight, now)
+	if z.dist == nil {
+		return d
+	}
+	return stricter(d, z.dist.cluster.PeekHash(h, weight, now))
+}
+
+// stricter combines the bucket's decision d with the cluster's c. The limit
+// stays the bucket's (the burst the headers advertise).
+func stricter(d, c limiter.Decision) limiter.Decision {
+	d.Allowed = d.Allowed && c.Allowed
+	d.Remaining = min(d.Remaining, c.Remaining)
+	d.RetryAfter = max(d.RetryAfter, c.RetryAfter)
+	d.Reset = max(d.Reset, c.Reset)
+	return d
+}
+
+// quotas are the decisions of the quotas of v's zone.
+func (v *verdict) quotas() []limiter.Decision { return v.q[:len(v.z.quotas)] }
+
+// combine sets v.d, the zone's answer, from its policies' (the rate's, the
+// quotas', max_concurrent's): allowed if all allow, the fewest left, the
+// longest wait of those that deny, the latest reset.
+func (v *verdict) combine() {
+	v.d = v.rate
+	for _, q := range v.quotas() {
+		combineInto(&v.d, q)
+	}
+	if v.z.conc != nil {
+		combineInto(&v.d, v.conc) // a place has no reset
+	}
+}
+
+// combineInto combines another policy's decision p into d, as combine
+// does.
+func combineInto(d *limiter.Decision, p limiter.Decision) {
+	if !p.Allowed {
+		if d.Allowed {
+			d.Allowed, d.RetryAfter = false, p.RetryAfter
+		} else {
+			d.RetryAfter = max(d.RetryAfter, p.RetryAfter)
+		}
+	}
+	if p.Remaining < d.Remaining {
+		d.Remaining, d.Limit = p.Remaining, p.Limit
+	}
+	d.Reset = max(d.Reset, p.Reset)
 }
 
 // reserve charges a held request's cost ahead of time and says how long

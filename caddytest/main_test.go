@@ -1,4 +1,4 @@
-// Package integration tests floodgate inside a real, in-process Caddy
+// Package caddytest tests floodgate inside a real, in-process Caddy
 // (github.com/caddyserver/caddy/v2/caddytest) on loopback.
 //
 // Ports: the admin endpoint, HTTP and HTTPS listen on ports picked free when
@@ -18,7 +18,7 @@
 // connection: every client of this process opens a connection per request
 // (TestMain), and every load waits until the old config's sockets are closed
 // (testcaddy.Settle).
-package integration
+package caddytest
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package integration
+package caddytest
 
 import (
 	"fmt"
