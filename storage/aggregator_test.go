@@ -16,7 +16,7 @@ import (
 func aggregators(nodes []*node) []string {
 	var names []string
 	for _, n := range nodes {
-		if n.s.aggregating {
+		if n.s.agg.aggregating {
 			names = append(names, n.s.instance)
 		}
 	}
@@ -39,7 +39,7 @@ func TestAggregatorDeathIsAbsorbed(t *testing.T) {
 	}
 	now = now.Add(testIntervals.Read)
 	syncAll(now, nodes...)
-	if !a.s.aggregating {
+	if !a.s.agg.aggregating {
 		t.Fatal("a is not the aggregator")
 	}
 	// a dies: it writes and reads no more, and holds its lock until the
@@ -102,7 +102,7 @@ func TestAggregateGoesWithTheFleetOrTheAggregator(t *testing.T) {
 	now := t0.Add(time.Second)
 	syncAll(now, nodes...)
 	a := nodes[0]
-	if !a.s.aggregating {
+	if !a.s.agg.aggregating {
 		t.Fatal("a is not the aggregator")
 	}
 	// a stops: b, next to read, takes over at once. (Stop without the
@@ -157,7 +157,7 @@ func TestTwoAggregatorsAreDownToOne(t *testing.T) {
 			if got := aggregators(nodes); len(got) != 1 || got[0] != nodes[tc.first].s.instance {
 				t.Fatalf("aggregators %v, want [%s]", got, nodes[tc.first].s.instance)
 			}
-			nodes[tc.second].s.aggregating = true // its Lock succeeded too
+			nodes[tc.second].s.agg.aggregating = true // its Lock succeeded too
 			order := slices.Clone(nodes)
 			if tc.backwards {
 				slices.Reverse(order)
@@ -242,7 +242,7 @@ func TestTwoAggregatorsWithSkewedClocksAreDownToOne(t *testing.T) {
 	if got := aggregators(nodes); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("aggregators %v, want [a]", got)
 	}
-	nodes[3].s.aggregating = true // d took the lock too
+	nodes[3].s.agg.aggregating = true // d took the lock too
 	for range 3 {
 		now = now.Add(testIntervals.Read)
 		round(now)
@@ -263,7 +263,7 @@ func TestASecondAggregatorStoppingLeavesTheFirstOnesAggregate(t *testing.T) {
 		t.Fatalf("aggregators %v, want [a]", got)
 	}
 	d := nodes[3]
-	d.s.aggregating = true // it took the lock too, and stops at once
+	d.s.agg.aggregating = true // it took the lock too, and stops at once
 	d.s.stop, d.s.done, d.s.cancel = make(chan struct{}), make(chan struct{}), func() {}
 	close(d.s.done)
 	d.s.Stop()
@@ -351,19 +351,19 @@ func TestAClaimChangedAfterALongGapIsJudgedByItsDate(t *testing.T) {
 	st := newMemStorage()
 	b := newNode(t, st, "b")
 	st.data[ClaimKey("z/1")] = appendClaim(nil, "a", t0)
-	if got := b.s.otherClaim(bg, t0); got != "a" {
+	if got := b.s.agg.otherClaim(bg, t0); got != "a" {
 		t.Fatalf("a fresh claim by a: %q", got)
 	}
 	later := t0.Add(time.Hour)
 	st.data[ClaimKey("z/1")] = appendClaim(nil, "0", later.Add(-time.Minute))
-	if got := b.s.otherClaim(bg, later); got != "" {
+	if got := b.s.agg.otherClaim(bg, later); got != "" {
 		t.Fatalf("a claim dated a minute back, changed since a look an hour ago, taken for fresh: %q", got)
 	}
 	// Between two looks one read interval apart, a change is fresh
 	// whatever its date (the claimant's clock may run behind).
 	next := later.Add(testIntervals.Read)
 	st.data[ClaimKey("z/1")] = appendClaim(nil, "0", later.Add(-time.Minute+time.Nanosecond))
-	if got := b.s.otherClaim(bg, next); got != "0" {
+	if got := b.s.agg.otherClaim(bg, next); got != "0" {
 		t.Fatalf("a claim changed since a look one read interval ago: %q", got)
 	}
 }
@@ -421,11 +421,11 @@ func TestALockNobodyUsesIsAggregatedWithout(t *testing.T) {
 			// (late writes on a loaded machine): it tells nothing of
 			// the lock, and the wait goes on.
 			for _, n := range nodes {
-				n.s.aggregateFrom = len(nodes) + 1
+				n.s.agg.from = len(nodes) + 1
 			}
 			syncAll(at, nodes...)
 			for _, n := range nodes {
-				n.s.aggregateFrom = AggregateFrom
+				n.s.agg.from = AggregateFrom
 			}
 		}
 		syncAll(at, nodes...)
@@ -446,7 +446,7 @@ func TestALockNobodyUsesIsAggregatedWithout(t *testing.T) {
 		}
 		// Giving the role up, a leaves the lock it never took to its
 		// holder (file_system's Unlock would remove the holder's file).
-		nodes[0].s.dropAggregate(bg, "stopping", 0)
+		nodes[0].s.agg.drop(bg, "stopping", 0)
 		if err := st.Lock(bg, AggregateKey("z/1")); err == nil {
 			t.Fatal("the instance that aggregated without the lock freed it when it gave the role up")
 		}

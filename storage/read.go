@@ -19,9 +19,10 @@ import (
 // the snapshots themselves. Reading those, snapshots older than the purge
 // age are deleted, and entries that are not well-formed snapshots are
 // skipped and counted; the aggregator then publishes their aggregate, and
-// an instance that found none fresh tries to become the aggregator. If
-// listing fails the previous sum is kept: its counts age out with their
-// windows, so a storage outage degrades to local limiting.
+// an instance that found none fresh tries to become the aggregator
+// (aggregator.elect). If listing fails the previous sum is kept: its
+// counts age out with their windows, so a storage outage degrades to
+// local limiting.
 //
 // Key resets that a snapshot lists and this instance does not know yet are
 // applied to its own counts, and the sum is built of each snapshot less
@@ -38,11 +39,10 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	s.lifted = s.lifted[:0]
 	found := aggregateNone
 	defer func() { s.lastRead = found }()
-	if !s.aggregating {
+	if !s.agg.aggregating {
 		found = s.readAggregate(ctx, now)
 		if found != aggregateNone {
-			// A fresh aggregate: somebody aggregates.
-			s.lockHeldSince = time.Time{}
+			s.agg.seen() // a fresh aggregate: somebody aggregates
 		}
 		if found == aggregateUsed {
 			s.ok(OpRead, now)
@@ -79,35 +79,8 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 	}
 	late := s.endSight(now)
-	switch {
-	case live >= s.aggregateFrom && len(added) < MaxAggregateMembers && (s.aggregating || found == aggregateNone):
-		// An instance that another's fresh claim names the aggregator
-		// leaves the lock alone (a yield may have freed it while that
-		// one still aggregates); an aggregator yields to it if its id
-		// sorts first (aggregate.go).
-		other := s.otherClaim(ctx, now)
-		if other != "" {
-			s.lockHeldSince = time.Time{} // somebody claims the role
-		}
-		switch {
-		case s.aggregating && other != "" && other < own:
-			// Its aggregate and claim stay; this instance reads them
-			// from now on.
-			s.releaseAggregator(ctx)
-			s.gaveUp("another instance aggregates", live, zap.String("aggregator", other))
-		case s.aggregating || other == "" && s.tryAggregator(ctx, now):
-			s.storeClaim(ctx, now)
-			s.publishAggregate(ctx, now, sum, added, mine)
-		}
-	case s.aggregating:
-		// Too few instances (or too many) for an aggregate: it goes, so
-		// that nobody loads a stale one at every read, and so does the
-		// lock, for whoever finds the fleet large enough again.
-		why := "too few live instances"
-		if live >= s.aggregateFrom {
-			why = "too many instances for one aggregate"
-		}
-		s.dropAggregate(ctx, why, live)
+	if s.agg.elect(ctx, now, live, len(added), found) {
+		s.publishAggregate(ctx, now, sum, added, mine)
 	}
 	s.replaceView(now, sum, live, rank, seq, added, 0, late)
 	s.ok(OpRead, now)

@@ -95,25 +95,9 @@ type Syncer struct {
 	// skewLogged is when the purge of a snapshot from a clock too far ahead
 	// was last logged: at most once per purge_age.
 	skewLogged time.Time
-	// aggregating is set while this instance aggregates the zone, and
-	// locked while it holds the zone's aggregator lock, which it may not
-	// (orphanLockAge; aggregate.go); aggregateFrom is the least number of
-	// live instances for an aggregate (AggregateFrom; tests change it).
-	aggregating, locked bool
-	aggregateFrom       int
-	// claimSeen is the aggregator's claim as this instance last read or
-	// stored it, at claimSeenAt, and claimMoved when (by its clock) it
-	// last saw the claim change (aggregate.go).
-	claimSeen               claim
-	claimSeenAt, claimMoved time.Time
-	// claimStored is the last claim this instance stored.
-	claimStored claim
-	// lockHeldSince is when this instance's lock attempts began to fail,
-	// with no aggregate and no claim by another to be seen since: a read
-	// that finds either, or takes the lock, ends the wait; one that shows
-	// nothing either way (too few instances live for an aggregate, a
-	// failed storage) leaves it (see orphanLockAge).
-	lockHeldSince time.Time
+	// agg is this instance's part in the election of the zone's
+	// aggregator (aggregator.go).
+	agg aggregator
 	// aggLatest maps a key hash to its latest reset an aggregate lists.
 	aggLatest map[uint64]int64
 	// lastRead is what the last Read did with the aggregate.
@@ -152,14 +136,15 @@ const (
 )
 
 func newSyncer(c *Cluster, instance string, iv Intervals, log *zap.Logger) *Syncer {
-	return &Syncer{
+	s := &Syncer{
 		c: c, instance: instance, proc: thisProcess, iv: iv, log: log,
-		failing:       make(map[Op]time.Time, int(numOps)),
-		latest:        make(map[uint64]int64),
-		listed:        make(map[uint64]int64),
-		aggLatest:     make(map[uint64]int64),
-		aggregateFrom: AggregateFrom,
+		failing:   make(map[Op]time.Time, int(numOps)),
+		latest:    make(map[uint64]int64),
+		listed:    make(map[uint64]int64),
+		aggLatest: make(map[uint64]int64),
 	}
+	s.agg = aggregator{s: s, from: AggregateFrom}
+	return s
 }
 
 // Joining makes the Syncer call join with its storage once it has one,
@@ -194,8 +179,8 @@ func (s *Syncer) Stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), min(s.iv.Write, 5*time.Second))
 	defer cancel()
 	s.Write(ctx, time.Now())
-	if s.aggregating {
-		s.dropAggregate(ctx, "stopping", 0)
+	if s.agg.aggregating {
+		s.agg.drop(ctx, "stopping", 0)
 	}
 }
 
