@@ -14,21 +14,27 @@
 //
 // A Syncer (sync.go) does all the I/O in one background goroutine: every
 // write interval it publishes the own sketch, blocks and the key resets it
-// applied as one snapshot (this file) under rate_limit/<zone>/<instance>;
-// every read interval it reads every other snapshot under rate_limit/<zone>/
-// and replaces the sum with a new one built from them, so a snapshot is
-// never counted twice and a dead instance's counts age out with its
-// windows. From AggregateFrom live instances on, one of them, elected
-// through the storage's lock (and kept the only one by its claim),
-// publishes the sum of every snapshot as one
-// aggregate, and the others read that instead and take their own
-// snapshot back out of it (aggregate.go), so that what an instance reads
-// per interval does not grow with the fleet. A key reset (Cluster.Reset, resets.go) spreads through the
-// snapshots' lists of resets. A peer is trusted no further than a valid
-// peer could go (trust.go): entries are size-checked before they are
-// loaded, snapshots dated too far ahead are purged, and a peer's blocks are
-// capped at a window and go with its snapshot; an aggregate is held to the
-// same. Two processes with one
-// instance id notice each other and stop overwriting each other's
-// snapshot (identity.go).
+// applied as one snapshot (publish.go; its stored form in snapshot.go) under
+// rate_limit/<zone>/<instance>; every read interval it reads every other
+// snapshot under rate_limit/<zone>/ and replaces the sum with a new one built
+// from them (read.go), so a snapshot is never counted twice and a dead
+// instance's counts age out with its windows. From AggregateFrom live
+// instances on, one of them, elected through the storage's lock and kept the
+// only one by its claim (aggregator.go), publishes the sum of every snapshot
+// as one aggregate, and the others read that instead and take their own
+// snapshot back out of it (aggregate.go), so that what an instance reads per
+// interval does not grow with the fleet. With bursts split (SplitBursts),
+// each instance grants a key at most its share of what the cluster has left
+// for it, over the instances live (share.go). A key reset (Cluster.Reset,
+// resets.go) spreads through the snapshots' lists of resets. A peer is
+// trusted no further than a valid peer could go (trust.go): entries are
+// size-checked before they are loaded (backend.go), snapshots dated too far
+// ahead are purged, and a peer's blocks are capped at a window and go with
+// its snapshot; an aggregate is held to the same. Two processes with one
+// instance id notice each other and stop overwriting each other's snapshot
+// (identity.go).
+//
+// Start reading at Cluster.TakeHash (a decision) and Syncer.Read (what a
+// decision is made against). docs/cluster.md is the operator's account of
+// the same.
 package storage
