@@ -184,8 +184,8 @@ func (a *aggregator) gaveUp(why string, live int, fields ...zap.Field) {
 }
 
 // The aggregator's claim. The storage's lock elects one aggregator, but
-// not always only one: certmagic's FileStorage removes a lock file it finds
-// stale and creates it again, so two instances that find the dead
+// not always only one: certmagic's FileStorage removes a lock file it
+// finds stale and creates it again, so two instances that find the dead
 // aggregator's lock stale at once can both end up holding it (and its
 // Unlock removes the lock file whoever created it); any storage's lock is
 // lost during a long enough stall. Two aggregators each publish a true
@@ -197,13 +197,13 @@ func (a *aggregator) gaveUp(why string, live int, fields ...zap.Field) {
 // own clock between two looks within that age: so instances whose clocks
 // disagree by more than the age still see each other's claims. An
 // aggregator that finds a fresh claim naming another instance whose id
-// sorts before its own gives the role up,
-// leaving that one's aggregate and claim; an instance that finds no fresh
-// aggregate but a fresh claim by another does not try the lock, which a
-// yield may have freed while the claimant aggregates on. So two
-// aggregators are down to one within about two read intervals of both
-// publishing. An aggregator that stops or finds the fleet too small
-// deletes the aggregate and the claim only if the claim is its own.
+// sorts before its own gives the role up, leaving that one's aggregate and
+// claim; an instance that finds no fresh aggregate but a fresh claim by
+// another does not try the lock, which a yield may have freed while the
+// claimant aggregates on. So two aggregators are down to one within about
+// two read intervals of both publishing. An aggregator that stops or finds
+// the fleet too small deletes the aggregate and the claim only if the
+// claim is its own.
 //
 // A claim is an input from a peer like any: size-checked and checksummed.
 // Forged claims can make every aggregator give up, which costs each

@@ -216,9 +216,9 @@ func (s *Syncer) teaches(now time.Time, snap *snapshot) bool {
 
 // learnResets applies to this instance's counts the resets that the
 // sources list and it does not know yet, adding their keys to s.lifted
-// (which Read empties when it starts),
-// fills s.latest with every key's latest known reset, and returns the
-// reset table's sequence number then. The caller holds c.mu.
+// (which Read empties when it starts), fills s.latest with every key's
+// latest known reset, and returns the reset table's sequence number then.
+// The caller holds c.mu.
 func (s *Syncer) learnResets(now time.Time, srcs []*snapshot) uint64 {
 	c := s.c
 	n := now.UnixNano()
@@ -307,9 +307,9 @@ func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank i
 // readFailed counts and logs a failed read, and drops this instance's
 // shares (see SplitBursts): without a view of the others they cannot be
 // re-balanced, and the instance limits with its own counts and the peers'
-// last ones, as it would without shares.
-// The shares go before the warning is logged, so that whoever reads the
-// warning finds the instance on its local limit.
+// last ones, as it would without shares. The shares go before the warning
+// is logged, so that whoever reads the warning finds the instance on its
+// local limit.
 func (s *Syncer) readFailed(now time.Time, err error) {
 	s.c.rmu.Lock()
 	s.c.shared.Store(s.c.peers.Load())

@@ -96,22 +96,21 @@ type sighting struct {
 // that long.
 const liveWrites = 10
 
-// sole returns the bitmap of the cells that this instance counted at
-// least a write and a read interval (and lag, see replaceView) ago and
-// that sum, the peers' as read now, does not count: any other instance's
-// counts of them from then on have been published and read since, so
-// they are this instance's alone.
-// A key all of whose cells are is let off its share (Cluster.TakeHash).
-// It is nil while no bitmap of the own counts is that old yet. A new one
-// is taken once the newest is that old, so a key that only reaches this
-// instance is known as such within two such ages and a read interval
-// after each (reads come on their own ticks): 2 × (write + 2 × read +
-// lag). Only reads that fall exactly on the ages, as a test's clock makes
-// them, save the read intervals. A peer that publishes late (sight) is
-// not waited for, unlike in the shares' hold: a key it counts unseen may
-// be let off its share here meanwhile, where waiting would hold every key
-// of one instance for up to liveWrites write intervals after any peer
-// died (replaceView).
+// sole returns the bitmap of the cells that this instance counted at least
+// a write and a read interval (and lag, see replaceView) ago and that sum,
+// the peers' as read now, does not count: any other instance's counts of
+// them from then on have been published and read since, so they are this
+// instance's alone. A key all of whose cells are is let off its share
+// (Cluster.TakeHash). It is nil while no bitmap of the own counts is that
+// old yet. A new one is taken once the newest is that old, so a key that
+// only reaches this instance is known as such within two such ages and a
+// read interval after each (reads come on their own ticks):
+// 2 × (write + 2 × read + lag). Only reads that fall exactly on the ages,
+// as a test's clock makes them, save the read intervals. A peer that
+// publishes late (sight) is not waited for, unlike in the shares' hold: a
+// key it counts unseen may be let off its share here meanwhile, where
+// waiting would hold every key of one instance for up to liveWrites write
+// intervals after any peer died (replaceView).
 func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) []uint64 {
 	age := s.iv.Write + s.iv.Read + lag
 	newest, other := &s.counted[0], &s.counted[1]

@@ -66,9 +66,8 @@ type Syncer struct {
 	after func(time.Duration) <-chan time.Time
 	// join, if set (Joining), is called with the storage before anything
 	// is read or published, until it succeeds, and after every write
-	// (rejoin); joined is set once it has succeeded.
-	// Only the goroutine sets joined; Stop reads it after the goroutine is
-	// done.
+	// (rejoin); joined is set once it has succeeded. Only the goroutine
+	// sets joined; Stop reads it after the goroutine is done.
 	join   func(context.Context, certmagic.Storage) error
 	joined bool
 
