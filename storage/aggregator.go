@@ -127,20 +127,15 @@ func (a *aggregator) take(ctx context.Context, now time.Time) bool {
 // finding no aggregate and no claim by another instance at any read
 // meanwhile (a read with too few instances live for an aggregate, or a
 // failed one, tells nothing either way), before it aggregates without the
-// lock. The lock is only the first step
-// of the election (the claim settles it, see below), and a storage's lock
-// can outlive every holder: in our tests on certmagic's FileStorage, after
-// the last aggregator had given the lock up, every instance found its lock
-// file fresh for 40 s on end, none holding it (the goroutine that keeps a
-// lock file fresh outlives Unlock and freshens whatever file is at that
-// path when it wakes), and no instance would have aggregated again. The
-// age is twice the longest a lock of a dead holder lasts in the storages
-// we know (FileStorage: 10 s; caddy-storage-redis: 5 s), so a dead
-// aggregator's lock is taken over through the storage first; an
-// aggregator that holds the lock and publishes, every instance reading at
-// the zone's one read_interval, keeps it from being reached (its aggregate
-// or its claim is fresh at each read). An instance that aggregates
-// without the lock never unlocks it (release).
+// lock. A storage's lock can outlive every holder (docs/design.md, "A lock
+// nobody holds"), and the lock is only the first step of the election: the
+// claim settles it. The age is twice the longest a lock of a dead holder
+// lasts in the storages we know (FileStorage: 10 s; caddy-storage-redis:
+// 5 s), so a dead aggregator's lock is taken over through the storage
+// first; an aggregator that holds the lock and publishes, every instance
+// reading at the zone's one read_interval, keeps it from being reached
+// (its aggregate or its claim is fresh at each read). An instance that
+// aggregates without the lock never unlocks it (release).
 func orphanLockAge(iv Intervals) time.Duration { return max(20*time.Second, 4*iv.Read) }
 
 // release gives up the role, and the aggregator lock if this instance

@@ -36,5 +36,6 @@
 //
 // Start reading at Cluster.TakeHash (a decision) and Syncer.Read (what a
 // decision is made against). docs/cluster.md is the operator's account of
-// the same.
+// the same; docs/design.md ("Cluster sync: package storage") keeps the
+// observations behind some of the constants.
 package storage
