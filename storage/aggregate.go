@@ -30,21 +30,8 @@ import (
 // sketch per interval, bounded by the sketch's size, whatever N; the
 // aggregator alone reads every snapshot, as every instance did before.
 //
-// The aggregator is elected through the storage's own lock
-// (certmagic.Locker, on AggregateKey): an instance that finds no fresh
-// aggregate reads every snapshot, as without one, and tries the lock
-// without waiting for it; it holds the lock while it runs and releases it
-// at Stop (or when it yields to another aggregator, below, which then
-// runs without the lock while its claim keeps the others from it). The
-// storage expires the lock of a dead holder (FileStorage after 10 s
-// without its refresh, caddy-storage-redis after 5 s), so when the
-// aggregator dies its aggregate goes stale (aggregateMaxAge), every
-// instance falls back to reading every snapshot, limiting as before, and
-// the first to try the lock once it has expired takes over; a lock that
-// nobody is seen to use for orphanLockAge is done without. Two
-// aggregators at once (a FileStorage lock taken twice, a lock lost during
-// a stall, one that went without the lock) each publish a true sum, and
-// are soon down to one through the aggregator's claim (below).
+// The aggregator is elected through the storage's own lock and kept the
+// only one by its claim (aggregator.go).
 //
 // The view an aggregate gives is older than a direct read by up to the
 // aggregator's read interval: the over-admission bound grows by that

@@ -60,7 +60,7 @@ func appendSnapshot(dst []byte, instance string, written time.Time, sketch []byt
 }
 
 // appendSnapshotBody appends what follows the version in a snapshot, up to
-// the checksum; an aggregate holds the same (aggregate.go).
+// the checksum; an aggregate holds the same (aggregate_form.go).
 func appendSnapshotBody(dst []byte, instance string, written time.Time, sketch []byte, blocks []block, resets []reset) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(instance)))
 	dst = append(dst, instance...)
