@@ -110,10 +110,9 @@ func (a *aggregator) seen() { a.lockHeldSince = time.Time{} }
 const aggregateLockTry = 100 * time.Millisecond
 
 // take tries to take the zone's aggregator lock without waiting for it,
-// and reports whether this instance is the aggregator. Once its
-// attempts have failed for orphanLockAge (lockHeldSince), with no
-// aggregate and no claim by another seen meanwhile, it aggregates without
-// the lock.
+// and reports whether this instance is the aggregator. Once its attempts
+// have failed for orphanLockAge (lockHeldSince), with no aggregate and no
+// claim by another seen meanwhile, it aggregates without the lock.
 func (a *aggregator) take(ctx context.Context, now time.Time) bool {
 	s := a.s
 	lctx, cancel := context.WithTimeout(ctx, aggregateLockTry)
@@ -169,12 +168,12 @@ func (a *aggregator) release(ctx context.Context) {
 	}
 }
 
-// drop deletes the aggregate this instance publishes and its
-// claim (unless another instance's claim is there), and gives up the
-// lock: at Stop, so that another instance takes over at its next read
-// rather than once the aggregate is stale, and when the fleet is too small
-// (or too large) for one. It says so, and why, in the log, where the
-// aggregator's hand-overs can be followed.
+// drop deletes the aggregate this instance publishes and its claim (unless
+// another instance's claim is there), and gives up the lock: at Stop, so
+// that another instance takes over at its next read rather than once the
+// aggregate is stale, and when the fleet is too small (or too large) for
+// one. It says so, and why, in the log, where the aggregator's hand-overs
+// can be followed.
 func (a *aggregator) drop(ctx context.Context, why string, live int) {
 	s := a.s
 	if cl, ok := a.loadClaim(ctx); !ok || a.ownClaim(cl) {
