@@ -300,7 +300,7 @@ func benchSyncCPU(b *testing.B, inst, keys int) {
 	if inst >= AggregateFrom {
 		aggregating := 0
 		for _, s := range syncers {
-			if s.aggregating {
+			if s.agg.aggregating {
 				aggregating++
 			}
 		}

@@ -162,7 +162,7 @@ func (f *fleet) round() {
 	wg.Wait()
 	var last []*Syncer
 	for _, s := range f.nodes {
-		if s.aggregating {
+		if s.agg.aggregating {
 			last = append(last, s)
 			continue
 		}
@@ -203,7 +203,7 @@ func (f *fleet) aggregated() bool {
 	aggs := 0
 	for _, s := range f.nodes {
 		switch {
-		case s.aggregating:
+		case s.agg.aggregating:
 			aggs++
 		case s.lastRead != aggregateUsed:
 			return false
@@ -368,7 +368,7 @@ func benchFleet(b *testing.B, f *fleet) {
 	aggReads := 0
 	f.probe = func(s *Syncer, read bool, took time.Duration, alloc uint64) {
 		maxAlloc = max(maxAlloc, alloc)
-		if read && s.aggregating {
+		if read && s.agg.aggregating {
 			aggTook += took
 			aggReads++
 		}
@@ -393,7 +393,7 @@ func benchFleet(b *testing.B, f *fleet) {
 	}
 	b.ReportMetric(0, "ns/op")
 	for _, s := range f.nodes {
-		s.releaseAggregator(context.Background())
+		s.agg.release(context.Background())
 	}
 }
 
@@ -424,7 +424,7 @@ func (f *fleet) killAggregator() (secs float64, granted int, ok bool) {
 	}
 	alive := f.nodes[:0:0]
 	for _, s := range f.nodes {
-		if !s.aggregating {
+		if !s.agg.aggregating {
 			alive = append(alive, s)
 		}
 	}

@@ -32,7 +32,7 @@ import (
 // as, is its own past state and is not counted again; any other under the
 // id, in a listing or an aggregate, is another process's, a peer's. So is
 // an aggregator's claim under the id, unless it is the last this process
-// stored or tried to (Syncer.ownClaim).
+// stored or tried to (aggregator.ownClaim).
 
 // A process is what this process knows of its own publishing: a test
 // makes several to play several processes.

@@ -148,17 +148,17 @@ func TestAnAliasedProcessYieldsToTheOtherProcessesClaim(t *testing.T) {
 	if aliased.s.proc.name("x") == "x" || keeper.s.proc.name("x") != "x" {
 		t.Fatalf("names %q and %q, want the second process aliased", aliased.s.proc.name("x"), keeper.s.proc.name("x"))
 	}
-	if !keeper.s.aggregating || aliased.s.aggregating {
-		t.Fatalf("aggregating: keeper %v, aliased %v; want the keeper alone", keeper.s.aggregating, aliased.s.aggregating)
+	if !keeper.s.agg.aggregating || aliased.s.agg.aggregating {
+		t.Fatalf("aggregating: keeper %v, aliased %v; want the keeper alone", keeper.s.agg.aggregating, aliased.s.agg.aggregating)
 	}
-	aliased.s.aggregating = true // its Lock succeeded too
+	aliased.s.agg.aggregating = true // its Lock succeeded too
 	for range 2 {
 		now = now.Add(testIntervals.Read)
 		syncAll(now, nodes...)
 	}
-	if !keeper.s.aggregating || aliased.s.aggregating {
+	if !keeper.s.agg.aggregating || aliased.s.agg.aggregating {
 		t.Fatalf("aggregating two syncs after the aliased process took the lock too: keeper %v, aliased %v; want the keeper alone",
-			keeper.s.aggregating, aliased.s.aggregating)
+			keeper.s.agg.aggregating, aliased.s.agg.aggregating)
 	}
 	if cl, err := decodeClaim(st.data[ClaimKey("z/1")]); err != nil || cl.name != "x" {
 		t.Fatalf("the claim names %q (%v), want x, the keeper", cl.name, err)
@@ -183,11 +183,11 @@ func TestAnAggregatorThatTookAnAliasStillDropsItsOwnClaim(t *testing.T) {
 			nodes := append([]*node{p}, newNodes(t, st, 4)...)
 			now := t0.Add(time.Second)
 			syncAll(now, nodes...)
-			if !p.s.aggregating {
+			if !p.s.agg.aggregating {
 				t.Fatalf("aggregators %v, want x, which read first", aggregators(nodes))
 			}
 			p.s.proc.alias()
-			p.s.dropAggregate(bg, "stopping", 0)
+			p.s.agg.drop(bg, "stopping", 0)
 			st.mu.Lock()
 			defer st.mu.Unlock()
 			if _, ok := st.data[ClaimKey("z/1")]; ok {

@@ -381,8 +381,8 @@ func TestAnAggregateOnTimeIsNotLate(t *testing.T) {
 		a.s.Read(bg, at.Add(900*time.Millisecond))
 	}
 	d := nodes[3]
-	if !a.s.aggregating || d.s.lastRead != aggregateUsed {
-		t.Fatalf("a aggregating %v, d's last read %v: want the aggregate read", a.s.aggregating, d.s.lastRead)
+	if !a.s.agg.aggregating || d.s.lastRead != aggregateUsed {
+		t.Fatalf("a aggregating %v, d's last read %v: want the aggregate read", a.s.agg.aggregating, d.s.lastRead)
 	}
 	for name, p := range d.s.sighted {
 		late := time.Duration(at.Add(800*time.Millisecond).UnixNano()-p.at) - (testIntervals.Write + 2*testIntervals.Read)

@@ -1,36 +1,3 @@
-// Package storage makes rate-limit zones cluster-wide: instances that share a
-// Caddy storage (certmagic.Storage: the file system, Redis, ...) count what
-// each of them granted and decide on the sum.
-//
-// Each distributed zone has a Cluster (cluster.go) for its rate, and one for
-// each of its quotas, which the root package names apart: a sliding-window
-// count-min sketch of the weight this instance granted per key (previous and
-// current window, package limiter), the sum of the other instances' latest
-// snapshots, and a mitigation cache of keys over their cluster limit
-// (mitigation.go). A request passes the Cluster when it is not blocked and
-// the key's estimate in the own sketch plus the peers' sum, evaluated at the
-// request's time, plus its weight stays within the zone's events per window.
-// Decisions take no lock and never touch storage.
-//
-// A Syncer (sync.go) does all the I/O in one background goroutine: every
-// write interval it publishes the own sketch, blocks and the key resets it
-// applied as one snapshot (this file) under rate_limit/<zone>/<instance>;
-// every read interval it reads every other snapshot under rate_limit/<zone>/
-// and replaces the sum with a new one built from them, so a snapshot is
-// never counted twice and a dead instance's counts age out with its
-// windows. From AggregateFrom live instances on, one of them, elected
-// through the storage's lock (and kept the only one by its claim),
-// publishes the sum of every snapshot as one
-// aggregate, and the others read that instead and take their own
-// snapshot back out of it (aggregate.go), so that what an instance reads
-// per interval does not grow with the fleet. A key reset (Cluster.Reset, resets.go) spreads through the
-// snapshots' lists of resets. A peer is trusted no further than a valid
-// peer could go (trust.go): entries are size-checked before they are
-// loaded, snapshots dated too far ahead are purged, and a peer's blocks are
-// capped at a window and go with its snapshot; an aggregate is held to the
-// same. Two processes with one
-// instance id notice each other and stop overwriting each other's
-// snapshot (identity.go).
 package storage
 
 import (
@@ -93,7 +60,7 @@ func appendSnapshot(dst []byte, instance string, written time.Time, sketch []byt
 }
 
 // appendSnapshotBody appends what follows the version in a snapshot, up to
-// the checksum; an aggregate holds the same (aggregate.go).
+// the checksum; an aggregate holds the same (aggregate_form.go).
 func appendSnapshotBody(dst []byte, instance string, written time.Time, sketch []byte, blocks []block, resets []reset) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(instance)))
 	dst = append(dst, instance...)

@@ -13,7 +13,7 @@ import (
 
 // aggregatingLog and notAggregatingLog are what an instance logs when it
 // becomes its zone's aggregator and when it gives that up
-// (storage/aggregate.go).
+// (storage/aggregator.go).
 const (
 	aggregatingLog    = "this instance aggregates the zone's cluster state"
 	notAggregatingLog = "this instance no longer aggregates the zone's cluster state"
@@ -208,7 +208,7 @@ func firstOther(nodes []*node, n *node) int {
 }
 
 // orphanLog is what an instance logs when it aggregates without the lock
-// (storage/aggregate.go).
+// (storage/aggregator.go).
 const orphanLog = "the aggregator lock is held, but nobody has aggregated or claimed the role since"
 
 // The aggregator dies and its lock file stays fresh with nobody holding it,

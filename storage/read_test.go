@@ -2,8 +2,11 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -12,6 +15,7 @@ import (
 	"weak"
 
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap/zapcore"
 )
 
 // orderedStorage lists a directory in sorted order, or reversed, and
@@ -146,5 +150,85 @@ func TestReadHoldsOnePeerSnapshotAtATime(t *testing.T) {
 		if got := r.take(fmt.Sprint("k", i), 8, now); got != 7 {
 			t.Errorf("k%d: %d of 8 granted, want the 7 the peer's 3 leave", i, got)
 		}
+	}
+}
+
+// A dead instance's counts age out with its windows; its file goes after
+// purge_age.
+func TestDeadInstanceAgesOutAndIsPurged(t *testing.T) {
+	a, b, _, dir := newPair(t)
+	now := t0.Add(30 * time.Second)
+	a.take("k", 10, now)
+	a.s.Write(bg, now) // then a dies
+	b.s.Read(bg, now)
+	if b.take("k", 1, now) != 0 {
+		t.Fatal("b granted k that a exhausted")
+	}
+	// Half a window later about half of a's count is left: 10·(1−0.5)=5.
+	later := t0.Add(testWindow + 30*time.Second)
+	b.s.Read(bg, later)
+	if got := b.take("k", 10, later); got != 5 {
+		t.Fatalf("half a window on, b granted %d, want 5", got)
+	}
+	gone := t0.Add(2*testWindow + time.Second)
+	b.s.Read(bg, gone)
+	if got := b.take("j", 10, gone); got != 10 {
+		t.Fatalf("two windows on, b granted %d of another key, want 10", got)
+	}
+	file := filepath.Join(dir, "rate_limit", "z%2F1", "a")
+	if _, err := os.Stat(file); err != nil {
+		t.Fatalf("a's file went before purge_age: %v", err)
+	}
+	b.s.Read(bg, now.Add(testIntervals.PurgeAge+time.Second))
+	if _, err := os.Stat(file); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a's file after purge_age: %v", err)
+	}
+}
+
+// Whatever else lies under the zone's directory is skipped and counted,
+// and the real snapshots still count.
+func TestJunkIsSkipped(t *testing.T) {
+	a, b, _, dir := newPair(t)
+	now := t0.Add(time.Second)
+	a.take("k", 10, now)
+	a.s.Write(bg, now)
+	good, err := os.ReadFile(filepath.Join(dir, "rate_limit", "z%2F1", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zdir := filepath.Join(dir, "rate_limit", "z%2F1")
+	junk := map[string][]byte{
+		"1234567890":   good, // a certmagic temporary file: a's bytes under another name
+		"truncated":    good[:len(good)/2],
+		"empty":        nil,
+		"random":       []byte("\x00\xffnot a snapshot at all"),
+		"version3":     append([]byte("FGCL\x03"), good[5:]...),
+		"badsum":       append(good[:len(good)-1:len(good)-1], good[len(good)-1]^1),
+		"sub/inner":    good,
+		"other.shape":  appendSnapshot(nil, "other.shape", now, []byte("FGSK\x01\x01\x01\x80\xb0\xe3\x8d\xdf\x01\x00\x00\x00"), nil, nil),
+		"bad-sketch-x": appendSnapshot(nil, "bad-sketch-x", now, []byte("junk"), nil, nil),
+	}
+	for name, data := range junk {
+		p := filepath.Join(zdir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Junk outside the zone's directory is never looked at.
+	if err := os.WriteFile(filepath.Join(dir, "rate_limit", "stray"), good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.s.Read(bg, now)
+	if got := b.take("k", 1, now); got != 0 {
+		t.Fatal("with junk beside it, a's snapshot no longer counts")
+	}
+	if got, want := b.c.Skipped(), uint64(len(junk)); got != want {
+		t.Fatalf("skipped %d entries, want %d", got, want)
+	}
+	if n := b.logs.FilterLevelExact(zapcore.WarnLevel).Len() + b.logs.FilterLevelExact(zapcore.ErrorLevel).Len(); n != 0 {
+		t.Fatalf("junk logged %d warnings or errors, want none (debug only)", n)
 	}
 }

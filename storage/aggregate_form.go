@@ -1,0 +1,114 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// The stored form of an aggregate is
+//
+//	"FGAG" version=1
+//	the body of a snapshot (snapshot.go): the aggregator's name, the time
+//	    of the aggregate, the sum of the snapshots in the binary form of a
+//	    sketch snapshot of that time's window, the union of their blocks,
+//	    and the resets (each key's latest) applied to the sum
+//	uvarint n, then n × (uvarint len(name), name, varint written,
+//	    4-byte little-endian checksum of the snapshot summed)
+//	4-byte little-endian CRC-32C of everything before it
+const (
+	aggregateMagic   = "FGAG"
+	aggregateVersion = 1
+)
+
+// An aggregate is the sum of a zone's live snapshots, as published by its
+// aggregator; the embedded snapshot's sketch is the sum.
+type aggregate struct {
+	snapshot
+	members []member
+}
+
+// A member is an instance whose snapshot an aggregate summed, and which.
+type member struct {
+	name string
+	w    written
+}
+
+func appendAggregate(dst []byte, a *aggregate) []byte {
+	start := len(dst)
+	dst = append(dst, aggregateMagic...)
+	dst = append(dst, aggregateVersion)
+	dst = appendSnapshotBody(dst, a.instance, a.written, a.sketch, a.blocks, a.resets)
+	dst = binary.AppendUvarint(dst, uint64(len(a.members)))
+	for _, m := range a.members {
+		dst = binary.AppendUvarint(dst, uint64(len(m.name)))
+		dst = append(dst, m.name...)
+		dst = binary.AppendVarint(dst, m.w.at)
+		dst = binary.LittleEndian.AppendUint32(dst, m.w.sum)
+	}
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// decodeAggregate decodes the stored form of an aggregate. data is
+// untrusted: as decodeSnapshot, it never panics and rejects anything
+// appendAggregate would not have written, including more than
+// MitigationSlots blocks, MaxResets resets or MaxAggregateMembers members.
+func decodeAggregate(data []byte) (*aggregate, error) {
+	if len(data) < len(aggregateMagic)+1+4 || string(data[:len(aggregateMagic)]) != aggregateMagic {
+		return nil, fmt.Errorf("not a floodgate cluster aggregate")
+	}
+	if v := data[len(aggregateMagic)]; v != aggregateVersion {
+		return nil, fmt.Errorf("aggregate version %d, want %d", v, aggregateVersion)
+	}
+	body := data[:len(data)-4]
+	if sum := binary.LittleEndian.Uint32(data[len(body):]); sum != crc32.Checksum(body, castagnoli) {
+		return nil, fmt.Errorf("aggregate checksum mismatch (truncated or corrupt, %d bytes)", len(data))
+	}
+	r := reader{data: body, off: len(aggregateMagic) + 1}
+	s, err := r.snapshotBody(true, MitigationSlots, MaxResets)
+	if err != nil {
+		return nil, err
+	}
+	a := &aggregate{snapshot: *s}
+	n, err := r.uvarint("member count")
+	if err != nil {
+		return nil, err
+	}
+	if n > MaxAggregateMembers {
+		return nil, fmt.Errorf("aggregate lists %d instances, at most %d", n, MaxAggregateMembers)
+	}
+	a.members = make([]member, 0, n)
+	for range n {
+		l, err := r.uvarint("member name length")
+		if err != nil {
+			return nil, err
+		}
+		if l == 0 || l > maxInstanceLen {
+			return nil, fmt.Errorf("aggregate member name length %d: must be between 1 and %d", l, maxInstanceLen)
+		}
+		name, err := r.bytes(l, "member name")
+		if err != nil {
+			return nil, err
+		}
+		at, err := r.varint("member written")
+		if err != nil {
+			return nil, err
+		}
+		sum, err := r.bytes(4, "member checksum")
+		if err != nil {
+			return nil, err
+		}
+		a.members = append(a.members, member{name: string(name), w: written{at: at, sum: binary.LittleEndian.Uint32(sum)}})
+	}
+	if r.off != len(body) {
+		return nil, fmt.Errorf("aggregate has %d trailing bytes", len(body)-r.off)
+	}
+	return a, nil
+}
+
+// maxAggregateSize is the size of the largest aggregate of a zone of shape
+// s: a snapshot's largest, and the longest list of members.
+func maxAggregateSize(s Shape) int64 {
+	const v = binary.MaxVarintLen64
+	return maxSnapshotSize(s) + v + MaxAggregateMembers*(v+maxInstanceLen+v+4)
+}

@@ -1,0 +1,146 @@
+package storage
+
+import (
+	mathbits "math/bits"
+	"time"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// shareHold is how long a share this instance left the others, and has
+// not seen them use, stays theirs (limiter.SketchSum.WithShares): long
+// enough for an instance that granted it to publish that and for this one
+// to read it, twice over for a write or read that runs late.
+func shareHold(iv Intervals) time.Duration { return 2 * (iv.Write + iv.Read) }
+
+// sight notes the snapshot of peer name, written at written (on the
+// peer's clock), that a read found at now, and returns whether the peer is
+// live. every is the longest a peer on time takes between two snapshots
+// this instance finds: a write interval and one or two read intervals
+// (endSight).
+//
+// A peer is live while another snapshot of it (newer, or written after
+// its clock was set back), found within the last liveWrites write
+// intervals (on this instance's clock), shows it publishing; one found for
+// the first time and not replaced since is judged by its age (on the
+// peer's clock): at most liveWrites write intervals. So once a peer has
+// been seen to publish, its clock, ahead or behind within MaxClockSkew,
+// neither keeps it live when it stops nor makes it dead while it
+// publishes; before (this instance's first reads, a peer that joins), a
+// peer's clock behind may make it look dead, and one ahead, live.
+//
+// The caller holds c.mu, and ends the read with endSight.
+func (s *Syncer) sight(now time.Time, name string, written int64, every time.Duration) bool {
+	p, ok := s.sighted[name]
+	switch {
+	case !ok:
+		p = sighting{written: written, at: now.UnixNano()}
+	case written != p.written:
+		// Another snapshot: a newer one, or one written after the
+		// peer's clock was set back.
+		p = sighting{written: written, at: now.UnixNano(), replaced: true}
+	}
+	p.found, p.every = now.UnixNano(), every
+	if s.sighted == nil {
+		s.sighted = make(map[string]sighting)
+	}
+	s.sighted[name] = p
+	return p.live(now.UnixNano(), liveWrites*s.iv.Write)
+}
+
+// live is whether the peer of p is live at now (sight), most being
+// liveWrites write intervals.
+func (p sighting) live(now int64, most time.Duration) bool {
+	if p.replaced {
+		return time.Duration(now-p.at) <= most
+	}
+	return time.Duration(now-p.written) <= most
+}
+
+// endSight ends a read: it forgets the peers no read has found for
+// liveWrites write intervals (gone), and returns how late the live peers
+// publish, seen from here: the most that this instance found a live
+// peer's latest snapshot longer ago than every, at most liveWrites write
+// intervals. A peer a read missed (a load that failed, an aggregate
+// without it) is remembered, late as it was, so that its old snapshot does
+// not look new at the next read. The lateness is added, twice, to the
+// shares' hold: a grant of a peer that publishes late becomes visible
+// late, and a share released before it does would be granted twice. A
+// cluster that publishes on time keeps the configured hold.
+func (s *Syncer) endSight(now time.Time) time.Duration {
+	most := liveWrites * s.iv.Write
+	n := now.UnixNano()
+	var late time.Duration
+	for name, p := range s.sighted {
+		if time.Duration(n-p.found) > most {
+			delete(s.sighted, name)
+			continue
+		}
+		if p.live(n, most) {
+			late = max(late, min(time.Duration(n-p.at)-p.every, most))
+		}
+	}
+	return late
+}
+
+type sighting struct {
+	written, at, found int64
+	every              time.Duration
+	replaced           bool
+}
+
+// liveWrites is how many write intervals may pass without a new snapshot
+// of an instance for it to count as live in the shares (SplitBursts, see
+// sight): a loaded instance may publish late, and one counted live while
+// dead only makes the others' shares smaller, and their holds longer, for
+// that long.
+const liveWrites = 10
+
+// sole returns the bitmap of the cells that this instance counted at least
+// a write and a read interval (and lag, see replaceView) ago and that sum,
+// the peers' as read now, does not count: any other instance's counts of
+// them from then on have been published and read since, so they are this
+// instance's alone. A key all of whose cells are is let off its share
+// (Cluster.TakeHash). It is nil while no bitmap of the own counts is that
+// old yet. A new one is taken once the newest is that old, so a key that
+// only reaches this instance is known as such within two such ages and a
+// read interval after each (reads come on their own ticks):
+// 2 × (write + 2 × read + lag). Only reads that fall exactly on the ages,
+// as a test's clock makes them, save the read intervals. A peer that
+// publishes late (sight) is not waited for, unlike in the shares' hold: a
+// key it counts unseen may be let off its share here meanwhile, where
+// waiting would hold every key of one instance for up to liveWrites write
+// intervals after any peer died (replaceView).
+func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) []uint64 {
+	age := s.iv.Write + s.iv.Read + lag
+	newest, other := &s.counted[0], &s.counted[1]
+	if other.at.After(newest.at) {
+		newest, other = other, newest
+	}
+	var bits []uint64
+	switch {
+	case newest.bits != nil && now.Sub(newest.at) >= age:
+		bits = newest.bits
+	case other.bits != nil && now.Sub(other.at) >= age:
+		bits = other.bits
+	}
+	var sole []uint64
+	if bits != nil {
+		sole = make([]uint64, len(bits))
+		for w, b := range bits {
+			for b != 0 {
+				i := w*64 + mathbits.TrailingZeros64(b)
+				b &= b - 1
+				if sum.CellZero(i) {
+					sole[w] |= 1 << (i % 64)
+				}
+			}
+		}
+	}
+	if newest.bits == nil || now.Sub(newest.at) >= age {
+		// The other bitmap, older still, is not the one read above.
+		other.bits, other.at = s.c.sketch.AppendCounted(other.bits, now), now
+	}
+	s.c.counted.Store(int64(8 * (len(s.counted[0].bits) + len(s.counted[1].bits))))
+	return sole
+}
