@@ -159,8 +159,9 @@ func killOf(nodes []*node, dead *node) (rest []*node, killed time.Time) {
 // does, while the aggregator lives: it removes the lock file, the
 // aggregate and the aggregator's claim (as if all three were a dead
 // aggregator's, gone stale) until another instance finds none of them and
-// takes the lock. The
-// two are down to one through the aggregator's claim within seconds, and
+// takes the lock. The two are down to one through the aggregator's claim
+// within seconds (the first may yield to the other's claim before the test
+// looks again: that is the two down to one, not a give-up of its own), and
 // the cluster holds its limit.
 func TestTwoAggregatorsOnTheFileSystemAreDownToOne(t *testing.T) {
 	dir := t.TempDir()
@@ -186,7 +187,7 @@ func TestTwoAggregatorsOnTheFileSystemAreDownToOne(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if len(aggregators([]*node{first})) != 1 {
+	if len(aggregators([]*node{first})) != 1 && !yieldedToAnother(first) {
 		t.Fatalf("the first aggregator gave the role up on its own:\n%s", first.logs())
 	}
 	two := time.Now()
@@ -194,6 +195,20 @@ func TestTwoAggregatorsOnTheFileSystemAreDownToOne(t *testing.T) {
 	t.Logf("node %d aggregated beside node %d; within %v, node %d alone aggregates", firstOther(nodes, first), first.i,
 		time.Since(two).Round(10*time.Millisecond), one.i)
 	checkShared(t, nodes, "after", "file_system, after two aggregators")
+}
+
+// yieldedToAnother reports whether n's last word on aggregating is that it
+// gave the role up to another instance's claim: how two aggregators are
+// down to one, which a loaded machine may let happen before the test's
+// next look.
+func yieldedToAnother(n *node) bool {
+	logs := n.logs()
+	i := strings.LastIndex(logs, notAggregatingLog)
+	if i < 0 || i < strings.LastIndex(logs, aggregatingLog) {
+		return false
+	}
+	line, _, _ := strings.Cut(logs[i:], "\n")
+	return strings.Contains(line, `"why":"another instance aggregates"`)
 }
 
 // firstOther is the first of nodes other than n that has become an
