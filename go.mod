@@ -185,4 +185,7 @@ require (
 	howett.net/plist v1.0.1 // indirect
 )
 
-tool github.com/caddyserver/xcaddy/cmd/xcaddy
+tool (
+	github.com/caddyserver/xcaddy/cmd/xcaddy
+	github.com/cilium/ebpf/cmd/bpf2go
+)
