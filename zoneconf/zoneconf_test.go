@@ -204,7 +204,7 @@ func TestRequireNamesTheMissingField(t *testing.T) {
 	}
 }
 
-// TestXDPSetting: `xdp <interface> [ports…] [optional]` reads into Limit.XDP,
+// TestXDPSetting: `xdp <interface> [ports…] [quic <ports…>] [optional]` reads into Limit.XDP,
 // and a missing interface or a bad port is an error naming it.
 func TestXDPSetting(t *testing.T) {
 	for _, tc := range []struct {
