@@ -79,13 +79,13 @@ func floodInitials(t *testing.T, v *netnstest.VethPair, first byte, networks, pe
 }
 
 // h3Get makes requests HTTP/3 requests over one new QUIC connection from
-// the client namespace (its UDP socket is opened there), and returns how
-// many were served with 200 and the protocol they were served over.
-func h3Get(v *netnstest.VethPair, requests int, timeout time.Duration) (served int, proto string, err error) {
+// src in the client namespace (its UDP socket is opened there), and returns
+// how many were served with 200 and the protocol they were served over.
+func h3Get(v *netnstest.VethPair, src netip.Addr, requests int, timeout time.Duration) (served int, proto string, err error) {
 	var pc net.PacketConn
 	if err := netnstest.In(v.Client, func() error {
 		var err error
-		pc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ClientIP.AsSlice()})
+		pc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: src.AsSlice()})
 		return err
 	}); err != nil {
 		return 0, "", err
@@ -174,7 +174,7 @@ func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
 	if err := httpsOverTCP(v, 10*time.Second); err != nil {
 		t.Fatalf("no HTTPS answer before the flood: %v", err)
 	}
-	if n, proto, err := h3Get(v, 1, 5*time.Second); n != 1 || err != nil {
+	if n, proto, err := h3Get(v, v.ClientIP, 1, 5*time.Second); n != 1 || err != nil {
 		t.Fatalf("no HTTP/3 answer before the flood: %d, %v", n, err)
 	} else {
 		t.Logf("warm-up: %s", proto)
@@ -187,7 +187,7 @@ func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
 	floodInitials(t, v, 0, networks, perNet)
 	served := 0
 	for range fairConns {
-		n, proto, err := h3Get(v, perConn, 5*time.Second)
+		n, proto, err := h3Get(v, v.ClientIP, perConn, 5*time.Second)
 		served += n
 		if err != nil {
 			t.Errorf("fair client: %v", err)
