@@ -680,8 +680,8 @@ static __always_inline int quic_initial(const struct udphdr *udp, const void *en
 	if ((const void *)(tl + 8) > end) // it is, within QUIC_HEAD; the verifier is told here
 		return 0;
 	// Both loops are branch-free (before(i, n) is all ones if i < n): a
-	// branch per byte on a length read from the packet made the verifier
-	// walk every length through the rest of the program.
+	// branch per byte on a length read from the packet would multiply the
+	// paths the verifier walks by the lengths.
 	__s64 n = 1 << (tl[0] >> 6);
 	__u64 token = tl[0] & 0x3f;
 #pragma clang loop unroll(full)
