@@ -169,7 +169,7 @@ var (
 type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, synsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc, inFlightDesc, concDeniedDesc,
+	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, synsDesc, initialsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc, inFlightDesc, concDeniedDesc,
 		declinedDesc, configDesc, keysDesc, clusterSkippedDesc, clusterErrorsDesc, clusterConflictsDesc, clusterLastSuccessDesc} {
 		ch <- d
 	}
