@@ -155,7 +155,7 @@ func httpsOverTCP(v *netnstest.VethPair, limit time.Duration) error {
 // attached; a flood of spoofed QUIC Initials from 100 /24 networks is
 // charged per network (each passes its burst, the rest is dropped), while
 // a fair client's HTTP/3 requests, over connections of its own, are
-// served; the admin API counts the Initials, and the fair client's
+// served; the admin API and /metrics count the Initials, and the fair client's
 // connections cost one token each however many Initials their handshakes
 // take.
 func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
@@ -212,6 +212,12 @@ func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
 	if x.InitialsPassed != wantPassed || x.InitialsDropped != wantDropped {
 		t.Fatalf("XDP counted %d Initials passed, %d dropped; want %d (each network's burst, and one per fair connection), %d",
 			x.InitialsPassed, x.InitialsDropped, wantPassed, wantDropped)
+	}
+	metrics := admin(t, v, "/metrics")
+	for outcome, n := range map[string]uint64{"passed": wantPassed, "dropped": wantDropped} {
+		if want := fmt.Sprintf(`caddy_rate_limit_xdp_quic_initials_total{outcome=%q,zone=%q} %d`, outcome, zoneName, n); !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 	if x.Passed != 0 || x.Dropped != 0 {
 		t.Errorf("SYNs counted (%d passed, %d dropped): no TCP connection was made", x.Passed, x.Dropped)
