@@ -47,7 +47,7 @@ func init() {
 //	        memory      <size>             # e.g. 16MiB; or:
 //	        sources     <n>                # default 100000
 //	        false_deny  <probability>      # default 0.005
-//	        xdp <interface> [ports…] [optional] # also drop SYNs in XDP (docs/xdp.md)
+//	        xdp <interface> [ports…] [quic <ports…>] [optional] # also drop SYNs and QUIC Initials in XDP (docs/xdp.md)
 //	    }
 //	    zone <name>                        # a zone from the rate_limit global option
 //	    distributed {                      # these inline zones cluster-wide

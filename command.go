@@ -141,7 +141,8 @@ func printZones(out io.Writer, zs []ZoneInfo) {
 			fmt.Fprintf(out, "zone %s: layer4 connections: %d allowed, %d denied, %d logged\n", z.Name, c.Allowed, c.Denied, c.Logged)
 		}
 		if x := z.XDP; x != nil {
-			fmt.Fprintf(out, "zone %s: XDP on %s (%s mode): %d SYNs passed, %d dropped\n", z.Name, x.Interface, x.Mode, x.Passed, x.Dropped)
+			fmt.Fprintf(out, "zone %s: XDP on %s (%s mode): %d SYNs passed, %d dropped; %d QUIC Initials passed, %d dropped\n",
+				z.Name, x.Interface, x.Mode, x.Passed, x.Dropped, x.InitialsPassed, x.InitialsDropped)
 		}
 		if c := z.Concurrent; c != nil {
 			fmt.Fprintf(out, "zone %s: max_concurrent %d: %d in flight, %d denied for want of a place (%s)\n",

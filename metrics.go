@@ -117,6 +117,9 @@ var (
 	synsDesc = prometheus.NewDesc("caddy_rate_limit_xdp_syns_total",
 		"TCP SYNs decided by a zone's XDP program, by zone and outcome (passed, dropped), since its table was made.",
 		[]string{"zone", "outcome"}, nil)
+	initialsDesc = prometheus.NewDesc("caddy_rate_limit_xdp_quic_initials_total",
+		"QUIC Initials that open a connection, on the UDP ports a zone's XDP program limits, by zone and outcome (passed, dropped), since its table was made.",
+		[]string{"zone", "outcome"}, nil)
 	inFlightDesc = prometheus.NewDesc("caddy_rate_limit_in_flight_requests",
 		"Places in use in a rate_limit zone with max_concurrent: its requests (or layer4 connections) in flight.",
 		[]string{"zone"}, nil)
@@ -166,7 +169,7 @@ var (
 type collector struct{}
 
 func (collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, synsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc, inFlightDesc, concDeniedDesc,
+	for _, d := range []*prometheus.Desc{requestsDesc, weightDesc, connectionsDesc, synsDesc, initialsDesc, heldDesc, memoryDesc, occupancyDesc, falseDenyDesc, inFlightDesc, concDeniedDesc,
 		declinedDesc, configDesc, keysDesc, clusterSkippedDesc, clusterErrorsDesc, clusterConflictsDesc, clusterLastSuccessDesc} {
 		ch <- d
 	}
@@ -188,6 +191,8 @@ func (collector) Collect(ch chan<- prometheus.Metric) {
 		if x := z.table.xdp.info(); x != nil {
 			ch <- prometheus.MustNewConstMetric(synsDesc, prometheus.CounterValue, float64(x.Passed), z.name, "passed")
 			ch <- prometheus.MustNewConstMetric(synsDesc, prometheus.CounterValue, float64(x.Dropped), z.name, "dropped")
+			ch <- prometheus.MustNewConstMetric(initialsDesc, prometheus.CounterValue, float64(x.InitialsPassed), z.name, "passed")
+			ch <- prometheus.MustNewConstMetric(initialsDesc, prometheus.CounterValue, float64(x.InitialsDropped), z.name, "dropped")
 		}
 		if z.conc != nil {
 			ch <- prometheus.MustNewConstMetric(inFlightDesc, prometheus.GaugeValue, float64(z.conc.InUse()), z.name)

@@ -32,13 +32,19 @@ func (x *xdpSpec) key() string {
 }
 
 // XDPInfo is a zone's XDP side as GET /rate_limit/zones reports it: where
-// the program runs and the SYNs it decided, since its table was made (a
-// reload that changes the zone's prefixes or xdp setting makes a new one;
-// one that changes its limit keeps it).
+// the program runs and the SYNs and QUIC Initials it decided, since its
+// table was made (a reload that changes the zone's prefixes or xdp setting
+// makes a new one; one that changes its limit keeps it).
 type XDPInfo struct {
 	Interface string `json:"interface"`
 	// Mode is native (in the driver) or generic.
 	Mode    string `json:"mode"`
 	Passed  uint64 `json:"syns_passed"`
 	Dropped uint64 `json:"syns_dropped"`
+	// InitialsPassed and InitialsDropped count the QUIC Initials that
+	// open a connection, on the ports named for QUIC, that took a token
+	// and that found none; an Initial of a connection charged already is
+	// in neither. Zero without quic ports.
+	InitialsPassed  uint64 `json:"quic_initials_passed"`
+	InitialsDropped uint64 `json:"quic_initials_dropped"`
 }

@@ -67,7 +67,7 @@ func (x *xdpTable) attach() error {
 	err := checkInterface(x.x)
 	var att *xdp.Attachment
 	if err == nil {
-		att, err = x.t.Attach(x.x.Interface, x.x.Ports)
+		att, err = x.t.Attach(x.x.Interface, xdp.Ports{TCP: x.x.Ports, QUIC: x.x.QUICPorts})
 	}
 	if err != nil {
 		if !x.x.Optional {
@@ -79,7 +79,7 @@ func (x *xdpTable) attach() error {
 	}
 	caddy.Log().Named("rate_limit").Info(fmt.Sprintf("zone %q: SYNs limited by XDP on %s (%s mode)", x.zone, att.Interface, att.Mode),
 		zap.String("zone", x.zone), zap.String("interface", att.Interface), zap.String("mode", att.Mode),
-		zap.Uint16s("ports", x.x.Ports))
+		zap.Uint16s("ports", x.x.Ports), zap.Uint16s("quic_ports", x.x.QUICPorts))
 	x.att = att
 	return nil
 }
@@ -152,5 +152,6 @@ func (x *xdpTable) info() *XDPInfo {
 	if err != nil {
 		return nil
 	}
-	return &XDPInfo{Interface: att.Interface, Mode: att.Mode, Passed: c.Passed, Dropped: c.Dropped}
+	return &XDPInfo{Interface: att.Interface, Mode: att.Mode, Passed: c.Passed, Dropped: c.Dropped,
+		InitialsPassed: c.InitialsPassed, InitialsDropped: c.InitialsDropped}
 }

@@ -12,14 +12,14 @@ import (
 )
 
 // TestPrintZonesShowsXDP: `caddy rate-limit zones` prints a zone's XDP
-// program and its SYN counts, and nothing about XDP for a zone without one.
+// program and its SYN and QUIC Initial counts, and nothing about XDP for a zone without one.
 func TestPrintZonesShowsXDP(t *testing.T) {
 	var out bytes.Buffer
 	printZones(&out, []ZoneInfo{
-		{Name: "syn", XDP: &XDPInfo{Interface: "eth0", Mode: "native", Passed: 91, Dropped: 150}},
+		{Name: "syn", XDP: &XDPInfo{Interface: "eth0", Mode: "native", Passed: 91, Dropped: 150, InitialsPassed: 7, InitialsDropped: 20}},
 		{Name: "plain"},
 	})
-	if want := "zone syn: XDP on eth0 (native mode): 91 SYNs passed, 150 dropped\n"; !strings.Contains(out.String(), want) {
+	if want := "zone syn: XDP on eth0 (native mode): 91 SYNs passed, 150 dropped; 7 QUIC Initials passed, 20 dropped\n"; !strings.Contains(out.String(), want) {
 		t.Fatalf("output lacks %q:\n%s", want, out.String())
 	}
 	if strings.Count(out.String(), "XDP") != 1 {
@@ -42,9 +42,10 @@ func TestXDPSettingIsPartOfTheTable(t *testing.T) {
 	}
 	base := key(eth0, 3, 24)
 	for name, other := range map[string]string{
-		"prefix":    key(eth0, 3, 16),
-		"interface": key(&zoneconf.XDP{Interface: "eth1", Ports: []uint16{443}}, 3, 24),
-		"ports":     key(&zoneconf.XDP{Interface: "eth0"}, 3, 24),
+		"prefix":     key(eth0, 3, 16),
+		"interface":  key(&zoneconf.XDP{Interface: "eth1", Ports: []uint16{443}}, 3, 24),
+		"ports":      key(&zoneconf.XDP{Interface: "eth0"}, 3, 24),
+		"quic ports": key(&zoneconf.XDP{Interface: "eth0", Ports: []uint16{443}, QUICPorts: []uint16{443}}, 3, 24),
 	} {
 		if other == base {
 			t.Errorf("a changed %s keeps the table key %q", name, base)

@@ -21,7 +21,7 @@ import (
 //	    memory      <size>      # e.g. 16MiB; or:
 //	    sources     <n>         # default 100000
 //	    false_deny  <p>         # default 0.005
-//	    xdp <interface> [ports…] [optional]  # also drop SYNs in XDP (docs/xdp.md)
+//	    xdp <interface> [ports…] [quic <ports…>] [optional]  # also drop SYNs and QUIC Initials in XDP (docs/xdp.md)
 //	}
 //	route @flood {
 //	    close

@@ -46,13 +46,22 @@ var (
 	links   = map[string]*ifaceLink{}
 )
 
-// Attach starts enforcing the table on TCP SYNs to ports (every port if
-// there are none) arriving on the named interface, in this process's
-// network namespace: natively if the driver supports XDP, generically
-// otherwise. The ports are the table's, whichever interface it is attached
-// to. An interface that runs another zone's table refuses it. It needs
-// CAP_NET_ADMIN (and CAP_BPF).
-func (t *Table) Attach(ifname string, ports []uint16) (*Attachment, error) {
+// Ports are the destination ports a table's program limits.
+type Ports struct {
+	// TCP are the ports whose SYNs are limited; none means every port.
+	TCP []uint16
+	// QUIC are the UDP ports whose QUIC Initials are limited; none means
+	// no UDP port.
+	QUIC []uint16
+}
+
+// Attach starts enforcing the table on TCP SYNs and QUIC Initials to ports
+// arriving on the named interface, in this process's network namespace:
+// natively if the driver supports XDP, generically otherwise. The ports
+// are the table's, whichever interface it is attached to. An interface
+// that runs another zone's table refuses it. It needs CAP_NET_ADMIN (and
+// CAP_BPF).
+func (t *Table) Attach(ifname string, ports Ports) (*Attachment, error) {
 	ifc, err := net.InterfaceByName(ifname)
 	if err != nil {
 		return nil, fmt.Errorf("xdp: interface %q: %w", ifname, err)
@@ -94,21 +103,19 @@ func attachLink(t *Table, ifc *net.Interface) (link.Link, string, error) {
 }
 
 // enable sets the limited ports and turns the program on.
-func (t *Table) enable(ports []uint16) error {
+func (t *Table) enable(ports Ports) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
 		return errors.New("xdp: the table is closed")
 	}
-	clear(t.params.Ports[:])
-	for _, p := range ports {
-		t.params.Ports[p>>6] |= 1 << (p & 63)
-	}
-	if len(ports) == 0 {
+	portSet(&t.params.Ports, ports.TCP)
+	if len(ports.TCP) == 0 {
 		for i := range t.params.Ports {
 			t.params.Ports[i] = ^uint64(0)
 		}
 	}
+	portSet(&t.params.QuicPorts, ports.QUIC)
 	t.params.Enabled = 1
 	return t.writeParams()
 }
@@ -162,4 +169,12 @@ func runningOn(t *Table) *ifaceLink {
 		}
 	}
 	return nil
+}
+
+// portSet makes set the bit set of ports (bit p of word p/64 for port p).
+func portSet(set *[1024]uint64, ports []uint16) {
+	clear(set[:])
+	for _, p := range ports {
+		set[p>>6] |= 1 << (p & 63)
+	}
 }

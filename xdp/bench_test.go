@@ -13,7 +13,10 @@ import (
 // BenchmarkProgram measures the program in the kernel, on one core, with
 // BPF_PROG_TEST_RUN repeating it on one frame: a SYN from a drained network
 // (the flood: dropped), from a network with tokens (a grant per run), a
-// packet that is not a SYN, and, as the baseline in the same run, the Go
+// packet that is not a SYN, a QUIC Initial of a new connection from a
+// drained network (the Initial flood: dropped, after a miss in the map of
+// connections charged), a QUIC Initial of a connection charged already
+// (passed on a hit there), and, as the baseline in the same run, the Go
 // side's decision for the same key (Buckets.Allow).
 //
 // The program grants several million SYNs a second, faster than any limit
@@ -35,7 +38,7 @@ func BenchmarkProgram(b *testing.B) {
 	}
 	defer fast.Close()
 	for _, t := range []*Table{tb, fast} {
-		if err := t.enable([]uint16{443}); err != nil {
+		if err := t.enable(Ports{TCP: []uint16{443}, QUIC: []uint16{443}}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -74,6 +77,23 @@ func BenchmarkProgram(b *testing.B) {
 		run(b, fast, syn, xdpPass, limiter.MaxBurst/2, func() { clear(fast.mem) })
 	})
 	b.Run("not_syn", func(b *testing.B) { run(b, tb, packet(src, 443, flagACK), xdpPass, b.N, nil) })
+	b.Run("quic_initial_dropped", func(b *testing.B) {
+		// The network is drained by the SYNs above or here; a dropped
+		// Initial is not remembered, so each run is a new connection's.
+		initial := v1Initial(dcid(8, 1)...).frame(src, shape{})
+		if ret, _, err := tb.objs.Synlimit.Benchmark(initial, 2, nil); err != nil || ret != xdpDrop {
+			b.Fatalf("draining: %d %v", ret, err)
+		}
+		run(b, tb, initial, xdpDrop, b.N, nil)
+	})
+	b.Run("quic_initial_charged_already", func(b *testing.B) {
+		other := netip.MustParseAddr("192.0.2.99")
+		initial := v1Initial(dcid(8, 1)...).frame(other, shape{})
+		if ret, _, err := tb.objs.Synlimit.Benchmark(initial, 1, nil); err != nil || ret != xdpPass {
+			b.Fatalf("charging: %d %v", ret, err)
+		}
+		run(b, tb, initial, xdpPass, b.N, nil)
+	})
 	b.Run("go_allow_denied", func(b *testing.B) {
 		key := limiter.NetworkKey(src, 24, 48)
 		now := time.Now()

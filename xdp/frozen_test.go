@@ -59,7 +59,7 @@ func TestProgramNeverStoresTheFrozenMarker(t *testing.T) {
 		cfg.Buckets.Bytes = 64
 		cfg.Buckets.K = 8
 		tb := newTestTable(t, cfg)
-		if err := tb.enable([]uint16{443}); err != nil {
+		if err := tb.enable(Ports{TCP: []uint16{443}}); err != nil {
 			t.Fatal(err)
 		}
 		g := tb.Buckets.Geometry()

@@ -35,7 +35,7 @@ func TestSpoofedFloodDroppedAtXDP(t *testing.T) {
 	var att *Attachment
 	if err := netnstest.In(v.Server, func() error {
 		var err error
-		att, err = tb.Attach(v.ServerIf, []uint16{port})
+		att, err = tb.Attach(v.ServerIf, Ports{TCP: []uint16{port}})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -160,7 +160,7 @@ func TestReloadReplacesTheProgramOnTheInterface(t *testing.T) {
 		var a *Attachment
 		if err := netnstest.In(v.Server, func() error {
 			var err error
-			a, err = tb.Attach(v.ServerIf, []uint16{port})
+			a, err = tb.Attach(v.ServerIf, Ports{TCP: []uint16{port}})
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -208,7 +208,7 @@ func TestReloadReplacesTheProgramOnTheInterface(t *testing.T) {
 	waitFor(old, Counts{Passed: 1, Dropped: 2})
 
 	if err := netnstest.In(v.Server, func() error {
-		_, err := other.Attach(v.ServerIf, []uint16{port})
+		_, err := other.Attach(v.ServerIf, Ports{TCP: []uint16{port}})
 		return err
 	}); err == nil || !strings.Contains(err.Error(), `already limits SYNs for zone "syn"`) {
 		t.Fatalf("another zone's table attached over zone syn's: %v", err)
@@ -246,7 +246,7 @@ func TestAFailedProgramSwapDetachesRatherThanDropEverySYN(t *testing.T) {
 	v := netnstest.NewVethPair(t)
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
 	if err := netnstest.In(v.Server, func() error {
-		_, err := tb.Attach(v.ServerIf, []uint16{8443})
+		_, err := tb.Attach(v.ServerIf, Ports{TCP: []uint16{8443}})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -293,7 +293,7 @@ func TestShapedSYNsChargedOnTheInterface(t *testing.T) {
 	var att *Attachment
 	if err := netnstest.In(v.Server, func() error {
 		var err error
-		att, err = tb.Attach(v.ServerIf, []uint16{443})
+		att, err = tb.Attach(v.ServerIf, Ports{TCP: []uint16{443}})
 		return err
 	}); err != nil {
 		t.Fatal(err)

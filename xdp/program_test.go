@@ -110,29 +110,35 @@ func (s shape) v4() bool {
 // otherwise (an IPv4-mapped src too). An IPv4 shape needs an IPv4 src, an
 // IPv6 shape an IPv6 one; a shape of neither kind takes src's family.
 func shaped(src netip.Addr, dport uint16, flags byte, s shape) []byte {
+	tcp := make([]byte, 20)
+	binary.BigEndian.PutUint16(tcp[0:], 40000)
+	binary.BigEndian.PutUint16(tcp[2:], dport)
+	tcp[12] = 5 << 4
+	tcp[13] = flags
+	return framed(src, 6, tcp, s)
+}
+
+// framed is an Ethernet frame in shape s holding the transport segment l4
+// of protocol proto (6 TCP, 17 UDP) from src.
+func framed(src netip.Addr, proto byte, l4 []byte, s shape) []byte {
 	var b bytes.Buffer
 	b.Write(make([]byte, 12)) // MACs
 	for _, tpid := range s.vlans {
 		b.Write(binary.BigEndian.AppendUint16(nil, tpid))
 		b.Write([]byte{0x00, 0x64}) // the tag: VLAN 100
 	}
-	tcp := make([]byte, 20)
-	binary.BigEndian.PutUint16(tcp[0:], 40000)
-	binary.BigEndian.PutUint16(tcp[2:], dport)
-	tcp[12] = 5 << 4
-	tcp[13] = flags
 	if src.Is4() {
 		b.Write([]byte{0x08, 0x00})
 		ip := make([]byte, 20+4*s.ipv4Opts)
 		ip[0] = 0x40 | byte(5+s.ipv4Opts)
-		binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+20))
+		binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+len(l4)))
 		frag := s.fragOffset
 		if s.moreFragments {
 			frag |= 0x2000
 		}
 		binary.BigEndian.PutUint16(ip[6:], frag)
 		ip[8] = 64
-		ip[9] = 6
+		ip[9] = proto
 		s4 := src.As4()
 		copy(ip[12:], s4[:])
 		copy(ip[16:], []byte{10, 0, 0, 1})
@@ -144,7 +150,7 @@ func shaped(src netip.Addr, dport uint16, flags byte, s shape) []byte {
 		b.Write([]byte{0x86, 0xdd})
 		var ext []byte
 		for i, h := range s.ext {
-			next := byte(6)
+			next := proto
 			if i+1 < len(s.ext) {
 				next = s.ext[i+1]
 			}
@@ -164,8 +170,8 @@ func shaped(src netip.Addr, dport uint16, flags byte, s shape) []byte {
 		}
 		ip := make([]byte, 40)
 		ip[0] = 0x60
-		binary.BigEndian.PutUint16(ip[4:], uint16(len(ext)+20))
-		ip[6] = 6
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(ext)+len(l4)))
+		ip[6] = proto
 		if len(s.ext) > 0 {
 			ip[6] = s.ext[0]
 		}
@@ -176,7 +182,7 @@ func shaped(src netip.Addr, dport uint16, flags byte, s shape) []byte {
 		b.Write(ip)
 		b.Write(ext)
 	}
-	b.Write(tcp)
+	b.Write(l4)
 	return b.Bytes()
 }
 
@@ -197,7 +203,7 @@ func flowOf(src netip.Addr) (local, remote netip.AddrPort) {
 // passes, charges nothing and marks nothing, so the matcher charges it.
 func TestProgramChargesEverySYNItParses(t *testing.T) {
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
-	if err := tb.enable([]uint16{443}); err != nil {
+	if err := tb.enable(Ports{TCP: []uint16{443}}); err != nil {
 		t.Fatal(err)
 	}
 	// Each shape's SYNs come from a network of their own (/24, /48).
@@ -372,7 +378,9 @@ func alignedLines(n int) []byte {
 // after each. Requests alternate between the program and the shared
 // table's own Go side, so each side also decides on the other's charges.
 // Each SYN comes in one of the shapes the program parses, picked at
-// random for its family (VLAN tags, IPv4 options, IPv6 extension headers).
+// random for its family (VLAN tags, IPv4 options, IPv6 extension headers),
+// and half the program's attempts are QUIC Initials of new connections
+// instead (v1 or v2, in the same shapes), which charge as SYNs do.
 func TestProgramChargesAsLimiter(t *testing.T) {
 	for _, tc := range []struct {
 		l limiter.Limit
@@ -387,7 +395,7 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 		cfg.Buckets.Bytes = 64 * 16 // few lines: keys share them
 		cfg.Buckets.K = tc.k
 		tb := newTestTable(t, cfg)
-		if err := tb.enable([]uint16{443}); err != nil {
+		if err := tb.enable(Ports{TCP: []uint16{443}, QUIC: []uint16{443}}); err != nil {
 			t.Fatal(err)
 		}
 		refMem := alignedLines(16)
@@ -415,7 +423,15 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 			if i%3 == 2 {
 				got = tb.Buckets.Allow(key.Bytes(), 1, tb.Buckets.Base().Add(time.Duration(ns))).Allowed
 			} else {
-				v := runAt(t, tb, shaped(src, 443, flagSYN, randomShape(r, src)), ns)
+				frame := shaped(src, 443, flagSYN, randomShape(r, src))
+				if r.IntN(2) == 0 {
+					q := v1Initial(binary.BigEndian.AppendUint64(nil, uint64(i))...) // a new connection
+					if r.IntN(2) == 0 {
+						q.version, q.typ = quicV2, 1
+					}
+					frame = q.frame(src, randomShape(r, src))
+				}
+				v := runAt(t, tb, frame, ns)
 				if v != xdpPass && v != xdpDrop {
 					t.Fatalf("verdict %d", v)
 				}
@@ -471,7 +487,7 @@ func slicesEqual(a, b []uint64) bool {
 // TestProgramPassesOtherPackets: only a SYN to a limited port is charged.
 func TestProgramPassesOtherPackets(t *testing.T) {
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
-	if err := tb.enable([]uint16{443, 8443}); err != nil {
+	if err := tb.enable(Ports{TCP: []uint16{443, 8443}}); err != nil {
 		t.Fatal(err)
 	}
 	src := netip.MustParseAddr("192.0.2.7")
@@ -517,7 +533,7 @@ func TestBothSidesTogetherGrantExactlyTheBurst(t *testing.T) {
 	cfg := testConfig(limiter.Limit{Events: burst, Window: 1000 * time.Hour})
 	cfg.Buckets.Bytes = 64
 	tb := newTestTable(t, cfg)
-	if err := tb.enable([]uint16{443}); err != nil {
+	if err := tb.enable(Ports{TCP: []uint16{443}}); err != nil {
 		t.Fatal(err)
 	}
 	src := netip.MustParseAddr("203.0.113.9")
@@ -637,7 +653,7 @@ func interrupt(tids []int) (stop func() int) {
 // counters, the SYN counts go on, and so do the marks of the SYNs charged.
 func TestSetLimitKeepsWhatKeysUsed(t *testing.T) {
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
-	if err := tb.enable([]uint16{443}); err != nil {
+	if err := tb.enable(Ports{TCP: []uint16{443}}); err != nil {
 		t.Fatal(err)
 	}
 	src := netip.MustParseAddr("198.51.100.7")
@@ -690,7 +706,7 @@ func TestSetLimitKeepsWhatKeysUsed(t *testing.T) {
 // there would be lost from the conversion; a write would unfreeze it).
 func TestProgramNeitherGrantsFromNorWritesAFrozenWord(t *testing.T) {
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
-	if err := tb.enable([]uint16{443}); err != nil {
+	if err := tb.enable(Ports{TCP: []uint16{443}}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range tb.mem {

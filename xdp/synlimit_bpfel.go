@@ -21,27 +21,37 @@ type synlimitFlow struct {
 	Dport [2]uint8
 }
 
+type synlimitInitialId struct {
+	_       structs.HostLayout
+	Saddr   [16]uint8
+	Sport   [2]uint8
+	DcidLen uint8
+	Dcid    [20]uint8
+	Pad     uint8
+}
+
 type synlimitLine struct {
 	_    structs.HostLayout
 	Word [8]uint64
 }
 
 type synlimitParams struct {
-	_       structs.HostLayout
-	Epoch   uint64
-	Mult    uint64
-	Pe      uint64
-	W       uint64
-	Cost    uint32
-	Cap     uint32
-	Ceil    uint32
-	Lines   uint32
-	Nsubs   uint32
-	Enabled uint32
-	Mask4   [4]uint8
-	Mask6   [16]uint8
-	_       [4]byte
-	Ports   [1024]uint64
+	_         structs.HostLayout
+	Epoch     uint64
+	Mult      uint64
+	Pe        uint64
+	W         uint64
+	Cost      uint32
+	Cap       uint32
+	Ceil      uint32
+	Lines     uint32
+	Nsubs     uint32
+	Enabled   uint32
+	Mask4     [4]uint8
+	Mask6     [16]uint8
+	_         [4]byte
+	Ports     [1024]uint64
+	QuicPorts [1024]uint64
 }
 
 type synlimitProbe struct {
@@ -106,12 +116,13 @@ type synlimitProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type synlimitMapSpecs struct {
-	Charged *ebpf.MapSpec `ebpf:"charged"`
-	Config  *ebpf.MapSpec `ebpf:"config"`
-	Probes  *ebpf.MapSpec `ebpf:"probes"`
-	Stats   *ebpf.MapSpec `ebpf:"stats"`
-	Subsets *ebpf.MapSpec `ebpf:"subsets"`
-	Table   *ebpf.MapSpec `ebpf:"table"`
+	Charged  *ebpf.MapSpec `ebpf:"charged"`
+	Config   *ebpf.MapSpec `ebpf:"config"`
+	Initials *ebpf.MapSpec `ebpf:"initials"`
+	Probes   *ebpf.MapSpec `ebpf:"probes"`
+	Stats    *ebpf.MapSpec `ebpf:"stats"`
+	Subsets  *ebpf.MapSpec `ebpf:"subsets"`
+	Table    *ebpf.MapSpec `ebpf:"table"`
 }
 
 // synlimitVariableSpecs contains global variables before they are loaded into the kernel.
@@ -140,18 +151,20 @@ func (o *synlimitObjects) Close() error {
 //
 // It can be passed to loadSynlimitObjects or ebpf.CollectionSpec.LoadAndAssign.
 type synlimitMaps struct {
-	Charged *ebpf.Map `ebpf:"charged"`
-	Config  *ebpf.Map `ebpf:"config"`
-	Probes  *ebpf.Map `ebpf:"probes"`
-	Stats   *ebpf.Map `ebpf:"stats"`
-	Subsets *ebpf.Map `ebpf:"subsets"`
-	Table   *ebpf.Map `ebpf:"table"`
+	Charged  *ebpf.Map `ebpf:"charged"`
+	Config   *ebpf.Map `ebpf:"config"`
+	Initials *ebpf.Map `ebpf:"initials"`
+	Probes   *ebpf.Map `ebpf:"probes"`
+	Stats    *ebpf.Map `ebpf:"stats"`
+	Subsets  *ebpf.Map `ebpf:"subsets"`
+	Table    *ebpf.Map `ebpf:"table"`
 }
 
 func (m *synlimitMaps) Close() error {
 	return _SynlimitClose(
 		m.Charged,
 		m.Config,
+		m.Initials,
 		m.Probes,
 		m.Stats,
 		m.Subsets,

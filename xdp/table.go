@@ -1,8 +1,9 @@
 //go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
 
-// Package xdp enforces a layer4 zone's token-bucket table on TCP SYNs, in an
-// XDP program at the network driver: a SYN from a source network that has
-// no token left is dropped before the kernel allocates anything for it.
+// Package xdp enforces a layer4 zone's token-bucket table on TCP SYNs and
+// QUIC Initials, in an XDP program at the network driver: a SYN, or an
+// Initial that opens a QUIC connection, from a source network that has no
+// token left is dropped before the kernel allocates anything for it.
 //
 // The program (bpf/synlimit.c, compiled into synlimit_bpfel.o by bpf2go and
 // committed) decides on the zone's own table: a BPF array map created
@@ -37,6 +38,14 @@
 // by its flow; the layer4 matcher asks Table.Charged for each connection it
 // accepts and charges the ones not marked, so a SYN the program passes
 // unparsed is charged by the matcher, and no connection by both.
+//
+// On the UDP ports named for QUIC (Ports.QUIC) the program charges one
+// token for each QUIC connection a client opens: an Initial that can open
+// one (version 1 or 2, DCID and size as the server requires) is charged
+// unless the program charged its connection already, which it remembers by
+// the client's address, port and DCID in a fixed-size LRU map. Nothing in
+// Go sees those packets (Caddy's HTTP/3 does not go through the layer4
+// matcher), so the program alone charges them.
 //
 // Start reading at NewTable, then Attach.
 package xdp
@@ -98,6 +107,10 @@ type Table struct {
 	// so that a mark made before a limit change is found after it.
 	marksMu sync.RWMutex // Close takes it to close marks; Charged, to read
 	marks   *ebpf.Map
+	// initials is the programs' map of the QUIC connections they charged,
+	// kept across SetLimit as marks is: a handshake under way when the
+	// limit changes is not charged again.
+	initials *ebpf.Map
 }
 
 // NewTable creates the table's maps and loads the program (not yet
@@ -112,7 +125,7 @@ func NewTable(cfg Config) (*Table, error) {
 	if err := cfg.Buckets.Limit.Validate(); err != nil {
 		return nil, err
 	}
-	objs, mem, err := loadObjects(lines, nil)
+	objs, mem, err := loadObjects(lines, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +135,14 @@ func NewTable(cfg Config) (*Table, error) {
 		objs.Close()
 		return nil, fmt.Errorf("xdp: the map of charged SYNs: %w", err)
 	}
-	t := &Table{zone: cfg.Zone, objs: objs, mem: mem, marks: marks}
+	initials, err := objs.Initials.Clone()
+	if err != nil {
+		unix.Munmap(mem)
+		objs.Close()
+		marks.Close()
+		return nil, fmt.Errorf("xdp: the map of charged QUIC connections: %w", err)
+	}
+	t := &Table{zone: cfg.Zone, objs: objs, mem: mem, marks: marks, initials: initials}
 	base := time.Now()
 	epoch, slack := monoEpoch(base)
 	t.Slack = slack
@@ -131,6 +151,7 @@ func NewTable(cfg Config) (*Table, error) {
 		unix.Munmap(t.mem)
 		t.objs.Close()
 		t.marks.Close()
+		t.initials.Close()
 		return nil, err
 	}
 	// The mapping lives as long as the Buckets over it (and keeps the map
@@ -153,9 +174,10 @@ func NewTable(cfg Config) (*Table, error) {
 }
 
 // loadObjects loads the program with a table of lines lines, and maps the
-// table into this process. The program marks the SYNs it grants in marks,
-// or in a map of its own if marks is nil.
-func loadObjects(lines int, marks *ebpf.Map) (synlimitObjects, []byte, error) {
+// table into this process. The program marks the SYNs it grants in marks
+// and the QUIC connections it charges in initials, or in maps of its own
+// if they are nil.
+func loadObjects(lines int, marks, initials *ebpf.Map) (synlimitObjects, []byte, error) {
 	var objs synlimitObjects
 	spec, err := loadSynlimit()
 	if err != nil {
@@ -164,7 +186,7 @@ func loadObjects(lines int, marks *ebpf.Map) (synlimitObjects, []byte, error) {
 	spec.Maps["table"].MaxEntries = uint32(lines)
 	opts := &ebpf.CollectionOptions{}
 	if marks != nil {
-		opts.MapReplacements = map[string]*ebpf.Map{"charged": marks}
+		opts.MapReplacements = map[string]*ebpf.Map{"charged": marks, "initials": initials}
 	}
 	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		return objs, nil, explain("loading the XDP program", err)
@@ -215,7 +237,7 @@ func (t *Table) SetLimit(l limiter.Limit, now time.Time) error {
 	if closed {
 		return errors.New("xdp: the table is closed")
 	}
-	objs, mem, err := loadObjects(len(oldMem)/64, t.marks)
+	objs, mem, err := loadObjects(len(oldMem)/64, t.marks, t.initials)
 	if err != nil {
 		return err
 	}
@@ -256,12 +278,12 @@ func (t *Table) SetLimit(l limiter.Limit, now time.Time) error {
 
 // A ProgramNotReplacedError is SetLimit's error when the limit is in force
 // on the table but the new program could not replace the old one on its
-// interface: the program is detached, so SYNs reach the kernel unchecked
+// interface: the program is detached, so SYNs and Initials reach the kernel unchecked
 // until the table is attached again (the next config that starts).
 type ProgramNotReplacedError struct{ Err error }
 
 func (e *ProgramNotReplacedError) Error() string {
-	return e.Err.Error() + "; the program is detached: SYNs reach the kernel unlimited until the next reload"
+	return e.Err.Error() + "; the program is detached: SYNs and QUIC Initials reach the kernel unlimited until the next reload"
 }
 
 func (e *ProgramNotReplacedError) Unwrap() error { return e.Err }
@@ -294,11 +316,15 @@ func (t *Table) writeParams() error {
 type Counts struct {
 	// Passed is how many SYNs to a limited port took a token.
 	Passed uint64
-	// Dropped is how many found none (including Contended).
+	// Dropped is how many found none (including their Contended).
 	Dropped uint64
-	// Contended is how many of the dropped were given up after losing
-	// sixteen compare-and-swaps in a row to other CPUs.
+	// Contended is how many of the dropped SYNs and Initials were given
+	// up after losing sixteen compare-and-swaps in a row to other CPUs.
 	Contended uint64
+	// InitialsPassed is how many QUIC Initials that open a connection, to
+	// a limited UDP port, took a token; InitialsDropped, how many found
+	// none. An Initial of a connection charged already is in neither.
+	InitialsPassed, InitialsDropped uint64
 }
 
 // Counts reads the program's counters.
@@ -306,7 +332,8 @@ func (t *Table) Counts() (Counts, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	c := t.counted
-	for i, dst := range []*uint64{&c.Passed, &c.Dropped, &c.Contended} {
+	// In the order of the program's enum stat.
+	for i, dst := range []*uint64{&c.Passed, &c.Dropped, &c.Contended, &c.InitialsPassed, &c.InitialsDropped} {
 		var per []uint64
 		if err := t.objs.Stats.Lookup(uint32(i), &per); err != nil {
 			return Counts{}, fmt.Errorf("xdp: reading counters: %w", err)
@@ -353,5 +380,6 @@ func (t *Table) Close() error {
 	t.marks.Close()
 	t.marks = nil
 	t.marksMu.Unlock()
+	t.initials.Close()
 	return t.objs.Close()
 }

@@ -70,8 +70,8 @@ type Limit struct {
 	// when memory is not set. Above 0, below 1. Default: 0.005.
 	FalseDeny float64 `json:"false_deny,omitempty"`
 
-	// XDP also enforces the table on TCP SYNs at a network interface
-	// (see XDP). Default: off.
+	// XDP also enforces the table on TCP SYNs, and QUIC Initials on the
+	// UDP ports it names, at a network interface (see XDP). Default: off.
 	XDP *XDP `json:"xdp,omitempty"`
 
 	// MaxConcurrent is how many of a key's requests may be in flight at
@@ -254,6 +254,11 @@ func (l *Limit) Validate(where string) error {
 func (l *Limit) validateTable(where string, bad func(field string, value any, why string) error) error {
 	if l.XDP != nil && !l.HasRate() {
 		return bad("xdp", l.XDP.Interface, "needs a rate (events, window and burst): the XDP program enforces token buckets, not max_concurrent")
+	}
+	if l.XDP != nil {
+		if err := l.XDP.validate(); err != nil {
+			return fmt.Errorf("%s%v", where, err)
+		}
 	}
 	if p := l.IPv4Prefix; p != nil && (*p < 0 || *p > 32) {
 		return bad("ipv4_prefix", *p, "must be between 0 and 32")

@@ -204,7 +204,7 @@ func TestRequireNamesTheMissingField(t *testing.T) {
 	}
 }
 
-// TestXDPSetting: `xdp <interface> [ports…] [optional]` reads into Limit.XDP,
+// TestXDPSetting: `xdp <interface> [ports…] [quic <ports…>] [optional]` reads into Limit.XDP,
 // and a missing interface or a bad port is an error naming it.
 func TestXDPSetting(t *testing.T) {
 	for _, tc := range []struct {
@@ -219,6 +219,15 @@ func TestXDPSetting(t *testing.T) {
 		{in: "xdp eth0 0", err: `xdp port "0"`},
 		{in: "xdp eth0 65536", err: `xdp port "65536"`},
 		{in: "xdp eth0 https", err: `xdp port "https"`},
+		{in: "xdp eth0 443 quic 443", want: &XDP{Interface: "eth0", Ports: []uint16{443}, QUICPorts: []uint16{443}}},
+		{in: "xdp eth0 quic 443 8443 optional", want: &XDP{Interface: "eth0", QUICPorts: []uint16{443, 8443}, Optional: true}},
+		{in: "xdp eth0 443 quic", err: "quic needs the UDP ports"},
+		{in: "xdp eth0 443 quic optional", err: "quic needs the UDP ports"},
+		{in: "xdp eth0 quic 443 quic 8443", err: "quic is written twice"},
+		{in: "xdp eth0 quic 0", err: `xdp port "0": must be a UDP port`},
+		{in: "xdp eth0 quic 70000", err: `xdp port "70000": must be a UDP port`},
+		{in: "xdp eth0 443 443", err: "TCP port 443 is listed twice"},
+		{in: "xdp eth0 443 quic 443 443", err: "QUIC (UDP) port 443 is listed twice"},
 	} {
 		d := caddyfile.NewTestDispenser("zone {\n" + tc.in + "\n}")
 		d.Next()
@@ -230,6 +239,9 @@ func TestXDPSetting(t *testing.T) {
 			if !ok {
 				t.Fatalf("%q: not recognised", tc.in)
 			}
+			if err != nil { // the rest of the line is not read
+				break
+			}
 		}
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
@@ -239,12 +251,36 @@ func TestXDPSetting(t *testing.T) {
 		}
 		if err != nil || !reflect.DeepEqual(l.XDP, tc.want) {
 			t.Errorf("%q: %+v, %v; want %+v", tc.in, l.XDP, err, tc.want)
+			continue
 		}
 		if l.IsZero() {
 			t.Errorf("%q: a Limit with xdp reads as zero", tc.in)
 		}
 		if got := l.XDP.String(); got != tc.in {
 			t.Errorf("String() = %q, want %q", got, tc.in)
+		}
+	}
+}
+
+// TestXDPValidate: the JSON form gets the Caddyfile's checks at load: an
+// interface, ports from 1 to 65535, none listed twice in a list (a port
+// in both lists is two ports, TCP and UDP).
+func TestXDPValidate(t *testing.T) {
+	for _, tc := range []struct {
+		x   XDP
+		err string
+	}{
+		{XDP{Interface: "eth0", Ports: []uint16{443}}, ""},
+		{XDP{Ports: []uint16{443}}, "xdp needs an interface"},
+		{XDP{Interface: "eth0", Ports: []uint16{0}}, "xdp TCP port: 0 is no port"},
+		{XDP{Interface: "eth0", QUICPorts: []uint16{443, 0}}, "xdp QUIC (UDP) port: 0 is no port"},
+		{XDP{Interface: "eth0", Ports: []uint16{80, 443, 80}}, "xdp TCP port 80 is listed twice"},
+		{XDP{Interface: "eth0", QUICPorts: []uint16{443, 443}}, "xdp QUIC (UDP) port 443 is listed twice"},
+	} {
+		l := Limit{MaxEvents: 5, Window: caddy.Duration(time.Second), Burst: 5, XDP: &tc.x}
+		err := l.Validate("test: ")
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%+v: %v, want an error containing %q", tc.x, err, tc.err)
 		}
 	}
 }

@@ -408,3 +408,109 @@ func matcherDrops(t *testing.T, v *netnstest.VethPair) {
 	fmt.Printf("  go matcher, %d real connections from one drained network (%d workers): %d closed by the matcher, %d failed, in %.2fs: %.0f/s; CPU %.2fs (process %.2fs + softirq %.2fs): %.0f per CPU-second\n",
 		conns, workers, denied, failed, wall.Seconds(), float64(denied)/wall.Seconds(), cpu, rus1-rus0, cpu1[6]-cpu0[6], float64(denied)/cpu)
 }
+
+// TestFiguresQUIC measures one spoofed QUIC Initial flood (2,000 /24
+// networks, 40 Initials each, every one a new connection's, from two raw
+// sockets, against a limit of 2 connections per network per hour) against
+// Caddy's HTTP/3 without the program (quic-go's own server-wide limiter
+// alone) and with `xdp … quic`; 20 fair sources, each of its own /24,
+// making 5 HTTP/3 requests over one connection during the flood. It
+// prints the Initials sent and dropped, the CPU the machine spent (softirq,
+// system) and this process's (Caddy, and the test's senders and clients),
+// and the fair requests served (the figures of docs/xdp.md), and asserts
+// only that XDP let no network through beyond its burst. Set
+// FLOODGATE_XDP_FIGURES=1 to run it.
+func TestFiguresQUIC(t *testing.T) {
+	if os.Getenv("FLOODGATE_XDP_FIGURES") == "" {
+		t.Skip("set FLOODGATE_XDP_FIGURES=1 to measure")
+	}
+	const networks, perNet, fair, perConn, senders = 2_000, 40, 20, 5, 2
+	v := netnstest.NewVethPair(t)
+	for i := range fair {
+		ip := fmt.Sprintf("10.100.%d.2/32", i)
+		if out, err := exec.Command("ip", "-n", v.Client, "addr", "add", ip, "dev", v.ClientIf).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+	}
+	if out, err := exec.Command("ip", "-n", v.Client, "route", "add", "default", "dev", v.ClientIf).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	storage := t.TempDir()
+	fmt.Printf("%-5s %9s %9s %22s %9s %8s %9s %7s\n", "setup", "Initials", "sent/s", "dropped", "softirq", "system", "process", "fair")
+	for _, setup := range []string{"go", "xdp"} {
+		cfg := h3Config(v, 2, storage)
+		if setup == "go" {
+			cfg = strings.Replace(cfg, fmt.Sprintf("xdp %s %d quic %d", v.ServerIf, port, h3Port), "", 1)
+		}
+		cfg = strings.Replace(cfg, "name "+zoneName, "name "+zoneName+"-quic-"+setup, 1)
+		if err := load(v, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := httpsOverTCP(v, 10*time.Second); err != nil {
+			t.Fatalf("no HTTPS answer before the flood: %v", err)
+		}
+		cpu0, rus0 := procStat(t), rusage(t)
+		results := make(chan int, fair)
+		var errs sync.Map
+		go func() {
+			time.Sleep(100 * time.Millisecond)
+			for i := range fair {
+				time.Sleep(20 * time.Millisecond)
+				go func() {
+					n, _, err := h3Get(v, netip.MustParseAddr(fmt.Sprintf("10.100.%d.2", i)), perConn, 5*time.Second)
+					if err != nil {
+						errs.Store(i, err)
+					}
+					results <- n
+				}()
+			}
+		}()
+		start := time.Now()
+		sendErr := make(chan error, senders)
+		for g := range senders {
+			go func() {
+				s, err := netnstest.NewSynSender(v.Client)
+				if err != nil {
+					sendErr <- err
+					return
+				}
+				defer s.Close()
+				for i := range perNet {
+					for n := g; n < networks; n += senders {
+						src := netip.AddrFrom4([4]byte{byte(20 + n>>16), byte(n >> 8), byte(n), byte(1 + i)})
+						if err := s.SendUDP(src, v.ServerAddr, uint16(30000+i), h3Port, quicInitial(uint64(n*perNet+i))); err != nil {
+							sendErr <- err
+							return
+						}
+					}
+				}
+				sendErr <- nil
+			}()
+		}
+		for range senders {
+			if err := <-sendErr; err != nil {
+				t.Fatal(err)
+			}
+		}
+		sendTime := time.Since(start)
+		served := 0
+		for range fair {
+			served += <-results
+		}
+		time.Sleep(500 * time.Millisecond) // let the last Initials be processed
+		cpu1, rus1 := procStat(t), rusage(t)
+		z := zoneNamed(t, v, zoneName+"-quic-"+setup)
+		dropped := "-"
+		if setup == "xdp" {
+			dropped = fmt.Sprintf("%d (passed %d)", z.XDP.InitialsDropped, z.XDP.InitialsPassed)
+			if z.XDP.InitialsPassed > uint64(networks*2+fair) {
+				t.Errorf("xdp passed %d Initials, more than %d networks × a burst of 2 and %d fair connections", z.XDP.InitialsPassed, networks, fair)
+			}
+		}
+		sent := networks * perNet
+		fmt.Printf("%-5s %9d %9.0f %22s %8.2fs %7.2fs %8.2fs %4d/%d\n", setup, sent, float64(sent)/sendTime.Seconds(), dropped,
+			cpu1[6]-cpu0[6], cpu1[2]-cpu0[2], rus1-rus0, served, fair*perConn)
+		errs.Range(func(k, v any) bool { fmt.Printf("  fair %v: %v\n", k, v); return true })
+	}
+}

@@ -1,8 +1,8 @@
 //go:build linux
 
 // Package netnstest builds what the XDP tests run in: two network namespaces
-// joined by a veth pair, a raw socket that sends TCP SYNs from any source
-// address, and a packet socket that counts the SYNs that reach the stack.
+// joined by a veth pair, a raw socket that sends TCP SYNs (and UDP
+// datagrams) from any source address, and a packet socket that counts the SYNs that reach the stack.
 package netnstest
 
 import (
@@ -142,6 +142,26 @@ func (s *SynSender) Send(src, dst netip.Addr, sport, dport uint16) error {
 	pseudo := uint32(binary.BigEndian.Uint16(s4[:2])) + uint32(binary.BigEndian.Uint16(s4[2:])) +
 		uint32(binary.BigEndian.Uint16(d4[:2])) + uint32(binary.BigEndian.Uint16(d4[2:])) + unix.IPPROTO_TCP + 20
 	binary.BigEndian.PutUint16(tcp[16:], checksum(tcp, pseudo))
+	return unix.Sendto(s.fd, pkt, 0, &unix.SockaddrInet4{Addr: d4})
+}
+
+// SendUDP sends one UDP datagram of payload from src:sport to dst:dport,
+// without a UDP checksum (IPv4 allows none), through the same raw socket.
+func (s *SynSender) SendUDP(src, dst netip.Addr, sport, dport uint16, payload []byte) error {
+	pkt := make([]byte, 28+len(payload))
+	ip, udp := pkt[:20], pkt[20:]
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(len(pkt)))
+	ip[8] = 64
+	ip[9] = unix.IPPROTO_UDP
+	s4, d4 := src.As4(), dst.As4()
+	copy(ip[12:], s4[:])
+	copy(ip[16:], d4[:])
+	binary.BigEndian.PutUint16(ip[10:], checksum(ip, 0))
+	binary.BigEndian.PutUint16(udp[0:], sport)
+	binary.BigEndian.PutUint16(udp[2:], dport)
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
+	copy(udp[8:], payload)
 	return unix.Sendto(s.fd, pkt, 0, &unix.SockaddrInet4{Addr: d4})
 }
 

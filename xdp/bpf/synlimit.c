@@ -15,6 +15,11 @@
 // layer4 matcher to find (and delete) when the connection is accepted: a
 // connection is charged by the program if and only if it is marked, so one
 // whose SYN the program could not parse is charged by the matcher.
+//
+// On the UDP ports named for QUIC it charges the same counters, one token,
+// for a QUIC Initial that can open a connection (quic_initial, below), and
+// remembers the connection in initials so that the client's next Initials
+// of it (a ClientHello split over two, a retransmission) pass uncharged.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -22,6 +27,7 @@
 #include <linux/ip.h>
 #include <linux/ipv6.h>
 #include <linux/tcp.h>
+#include <linux/udp.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
@@ -43,6 +49,7 @@ struct params {
 	__u8 mask4[4]; // the zone's IPv4 prefix as a byte mask
 	__u8 mask6[16];
 	__u64 ports[1024]; // bit p set: SYNs to TCP port p are limited
+	__u64 quic_ports[1024]; // bit p set: QUIC Initials to UDP port p are limited
 };
 
 // A line is eight 64-bit words of two 32-bit counters each, as in
@@ -101,9 +108,39 @@ struct {
 enum stat {
 	STAT_PASSED,    // SYNs to a limited port that took a token
 	STAT_DROPPED,   // SYNs to a limited port that found none
-	STAT_CONTENDED, // of the dropped: given up after losing MAX_CAS races
+	STAT_CONTENDED, // of the dropped SYNs and Initials: given up after losing MAX_DECIDE races
+	STAT_QUIC_PASSED,  // QUIC Initials of a new connection that took a token
+	STAT_QUIC_DROPPED, // QUIC Initials of a new connection that found none
 	STAT_MAX,
 };
+
+// initials remembers the QUIC connections the program charged, by the
+// client's address and port and its Initials' destination connection ID
+// (DCID), so that the connection's next Initials pass uncharged: a
+// ClientHello split over two Initials, a retransmission, the client's
+// acknowledgement of the server's Initial. A connection is also remembered
+// by its address and port alone (dcid_len 0), which lets pass the Initials
+// that follow with a DCID shorter than 8 bytes (the server's connection ID
+// after its first Initial, or a Retry's, under a token): see quic_initial.
+// It is a fixed-size LRU map: an entry evicted by INITIAL_IDS newer ones
+// lets its connection's next Initial be charged again (towards limiting,
+// never a free pass).
+struct initial_id {
+	__u8 saddr[16]; // an IPv4 address as ::ffff:a.b.c.d
+	__u8 sport[2];  // network order
+	__u8 dcid_len;  // 0: the address and port alone
+	__u8 dcid[20];
+	__u8 pad;
+};
+
+#define INITIAL_IDS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct initial_id);
+	__type(value, __u8);
+	__uint(max_entries, INITIAL_IDS);
+} initials SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -521,23 +558,37 @@ static __always_inline void mark(const struct flow *f)
 	bpf_map_update_elem(&charged, f, &one, BPF_ANY);
 }
 
-// limit decides a SYN from the source key (len 5 or 17 bytes).
-static __always_inline int limit(const struct params *p, __u8 *key, int len, const struct flow *f, int at_probe)
+// remember records that the QUIC connection of id was charged here, by its
+// DCID and by its address and port alone (see initials).
+static __always_inline void remember(struct initial_id *id)
 {
-	__u64 h = len == 5 ? xxh64_key5(key) : xxh64_key17(key);
+	__u8 one = 1;
+	bpf_map_update_elem(&initials, id, &one, BPF_ANY);
+	if (!id->dcid_len)
+		return;
+	id->dcid_len = 0;
+	__builtin_memset(id->dcid, 0, sizeof(id->dcid));
+	bpf_map_update_elem(&initials, id, &one, BPF_ANY);
+}
+
+// limit decides a connection attempt from its source key's hash: GRANT,
+// DENY, or UNDECIDED for one to pass unlimited (the maps failed, which they
+// do not).
+static __always_inline int limit(const struct params *p, __u64 h, int at_probe)
+{
 	__u32 idx = (__u32)(((__u64)(__u32)(h >> 32) * p->lines) >> 32);
 	__u32 s = (__u32)(((__u64)(__u32)h * p->nsubs) >> 32);
 	struct line *ln = bpf_map_lookup_elem(&table, &idx);
 	__u32 *sub = bpf_map_lookup_elem(&subsets, &s);
 	if (!ln || !sub)
-		return XDP_PASS;
+		return UNDECIDED;
 	__u32 counters = *sub & 0xffff;
 	__u64 ns;
 	if (at_probe) {
 		__u32 zero = 0;
 		struct probe *pr = bpf_map_lookup_elem(&probes, &zero);
 		if (!pr)
-			return XDP_ABORTED;
+			return UNDECIDED;
 		ns = pr->ns;
 	} else {
 		ns = bpf_ktime_get_coarse_ns() + COARSE_LAG;
@@ -545,10 +596,8 @@ static __always_inline int limit(const struct params *p, __u8 *key, int len, con
 	}
 	// The flood's fast path: denied at a time no earlier than now, denied
 	// now (a counter only gains room as time goes on).
-	if (denied_at(ln, counters, p, (__u32)(ticks_hi(p, ns) + 1))) {
-		count(STAT_DROPPED);
-		return XDP_DROP;
-	}
+	if (denied_at(ln, counters, p, (__u32)(ticks_hi(p, ns) + 1)))
+		return DENY;
 	if (!at_probe) {
 		ns = bpf_ktime_get_ns();
 		ns = ns > p->epoch ? ns - p->epoch : 0;
@@ -556,34 +605,143 @@ static __always_inline int limit(const struct params *p, __u8 *key, int len, con
 	__u32 now = (__u32)ticks(p, ns);
 	switch (take(ln, counters, p, now)) {
 	case GRANT:
-		mark(f);
-		count(STAT_PASSED);
-		return XDP_PASS;
+		return GRANT;
 	case CONTENDED:
 		count(STAT_CONTENDED);
 		/* fallthrough */
 	default:
-		count(STAT_DROPPED);
-		return XDP_DROP;
+		return DENY;
 	}
+}
+
+static __always_inline int port_in(const __u64 *set, __be16 port)
+{
+	__u16 pt = bpf_ntohs(port);
+	return set[(pt >> 6) & 1023] >> (pt & 63) & 1;
 }
 
 static __always_inline int limited_syn(const struct params *p, const struct tcphdr *tcp)
 {
-	if (!tcp->syn || tcp->ack)
-		return 0;
-	__u16 port = bpf_ntohs(tcp->dest);
-	return p->ports[(port >> 6) & 1023] >> (port & 63) & 1;
+	return tcp->syn && !tcp->ack && port_in(p->ports, tcp->dest);
 }
 
-// What the program walks through to a SYN's TCP header: at most MAX_VLANS
-// VLAN tags (802.1Q or 802.1ad: a double tag is QinQ) and MAX_EXT IPv6
-// extension headers (hop-by-hop, routing, destination options, and a
-// fragment header of a first fragment). A longer chain, another header
-// (ESP, AH, an unknown one), or a fragment that is not the first passes
-// unparsed and uncharged: the matcher charges its connection, if it makes
-// one. The bounds keep the walk a fixed number of steps, as the verifier
-// requires, and are beyond what a real handshake carries.
+// QUIC (RFC 9000, 9369). An Initial is a long-header packet (the first
+// bit set) of version 1 with type 0, or of version 2 with type 1; the
+// fixed bit is not checked (RFC 9287 lets a client clear it). What opens a
+// connection at the server (quic-go's server.go, as the RFC says) is an
+// Initial in a UDP datagram of 1200 bytes or more (RFC 9000 §14.1: a
+// client pads every datagram that carries one) whose DCID is 8 to 20 bytes
+// (§7.2: a client's first DCID is at least 8), or of any length under a
+// token (the answer to a Retry, or a NEW_TOKEN's; quic-go makes a
+// connection even when it cannot decode the token). Every other packet —
+// a short header, Handshake, 0-RTT, Retry, version negotiation (version
+// 0), an unknown version, a smaller datagram, a DCID or SCID longer than
+// 20 bytes — passes untouched: the server drops or routes it without a
+// handshake.
+#define QUIC_V1 0x00000001
+#define QUIC_V2 0x6b3343cf
+#define MIN_INITIAL_DATAGRAM 1200
+#define MIN_NEW_DCID 8
+#define MAX_CID 20
+#define QUIC_HEAD (1 + 4 + 1 + MAX_CID + 1 + MAX_CID + 8)
+
+// before is all ones if i < n, else 0, without a branch.
+static __always_inline __u64 before(__s64 i, __s64 n) { return (__u64)((i - n) >> 63); }
+
+// quic_initial reports whether the UDP datagram at udp holds a QUIC
+// Initial that can open a connection, and writes its DCID into id (none,
+// for a DCID shorter than MIN_NEW_DCID under a token: such Initials follow
+// a connection's first, and are known by the client's address and port).
+static __always_inline int quic_initial(const struct udphdr *udp, const void *end, struct initial_id *id)
+{
+	const __u8 *q = (const void *)(udp + 1);
+	// QUIC_HEAD bytes hold every field read here, at their longest: the
+	// first byte, version, both connection IDs with their lengths, and an
+	// 8-byte token length. The kernel delivers no datagram shorter than
+	// udp->len says, so one of 1200 bytes that holds fewer is not one.
+	if (bpf_ntohs(udp->len) < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
+		return 0;
+	__u32 version = (__u32)q[1] << 24 | (__u32)q[2] << 16 | (__u32)q[3] << 8 | q[4];
+	__u8 type = q[0] >> 4 & 3;
+	if (!(q[0] & 0x80) || !((version == QUIC_V1 && type == 0) || (version == QUIC_V2 && type == 1)))
+		return 0;
+	__u32 dlen = q[5];
+	if (dlen > MAX_CID)
+		return 0;
+	const __u8 *sl = q + 6 + dlen;
+	if ((const void *)(sl + 1) > end)
+		return 0;
+	__u32 slen = sl[0];
+	if (slen > MAX_CID)
+		return 0;
+	// The token's length, a variable-length integer of 1, 2, 4 or 8
+	// bytes: only whether it is zero matters.
+	const __u8 *tl = sl + 1 + slen;
+	if ((const void *)(tl + 8) > end) // it is, within QUIC_HEAD; the verifier is told here
+		return 0;
+	// Both loops are branch-free (before(i, n) is all ones if i < n): a
+	// branch per byte on a length read from the packet would multiply the
+	// paths the verifier walks by the lengths.
+	__s64 n = 1 << (tl[0] >> 6);
+	__u64 token = tl[0] & 0x3f;
+#pragma clang loop unroll(full)
+	for (int i = 1; i < 8; i++)
+		token |= tl[i] & before(i, n);
+	if (dlen < MIN_NEW_DCID)
+		return token != 0;
+	id->dcid_len = dlen;
+	const __u8 *d = q + 6;
+#pragma clang loop unroll(full)
+	for (int i = 0; i < MAX_CID; i++)
+		id->dcid[i] = d[i] & before(i, dlen); // within QUIC_HEAD
+	return 1;
+}
+
+enum attempt { NONE, SYN, INITIAL };
+
+// attempt_id is a SYN's flow or an Initial's id: one or the other, in
+// the same bytes (the program's stack, with the table's decision below it,
+// holds no more), both starting with the source address.
+union attempt_id {
+	__u8 saddr[16];
+	struct flow f;
+	struct initial_id id;
+};
+
+// attempt looks at the transport header at l4 (protocol proto): a limited
+// SYN fills a's flow's ports and a QUIC Initial that opens a connection
+// fills a's id's port and DCID; it returns which, or NONE for any other
+// packet.
+static __always_inline int attempt(const struct params *p, __u8 proto, const void *l4, const void *end, union attempt_id *a)
+{
+	struct flow *f = &a->f;
+	struct initial_id *id = &a->id;
+	if (proto == IPPROTO_TCP) {
+		const struct tcphdr *tcp = l4;
+		if ((const void *)(tcp + 1) > end || !limited_syn(p, tcp))
+			return NONE;
+		__builtin_memcpy(f->sport, &tcp->source, 2);
+		__builtin_memcpy(f->dport, &tcp->dest, 2);
+		return SYN;
+	}
+	if (proto != IPPROTO_UDP)
+		return NONE;
+	const struct udphdr *udp = l4;
+	if ((const void *)(udp + 1) > end || !port_in(p->quic_ports, udp->dest) || !quic_initial(udp, end, id))
+		return NONE;
+	__builtin_memcpy(id->sport, &udp->source, 2);
+	return INITIAL;
+}
+
+// What the program walks through to a SYN's TCP header or an Initial's UDP
+// header: at most MAX_VLANS VLAN tags (802.1Q or 802.1ad: a double tag is
+// QinQ) and MAX_EXT IPv6 extension headers (hop-by-hop, routing,
+// destination options, and a fragment header of a first fragment). A
+// longer chain, another header (ESP, AH, an unknown one), or a fragment
+// that is not the first passes unparsed and uncharged: the matcher charges
+// its connection, if it makes one. The bounds keep the walk a fixed number
+// of steps, as the verifier requires, and are beyond what a real handshake
+// carries.
 #define MAX_VLANS 2
 #define MAX_EXT 6
 
@@ -592,17 +750,19 @@ struct vlan_hdr {
 	__be16 proto;
 };
 
-// ipv6_tcp walks the IPv6 extension headers from nh, the fixed header's
-// next header, at cur, and returns the TCP header, or NULL.
-static __always_inline const struct tcphdr *ipv6_tcp(__u8 nh, const void *cur, const void *end)
+// ipv6_upper walks the IPv6 extension headers from *nh, the fixed header's
+// next header, at cur, and returns the TCP or UDP header with its protocol
+// in *nh, or NULL.
+static __always_inline const void *ipv6_upper(__u8 *nh, const void *cur, const void *end)
 {
+	__u8 next = *nh;
 	for (int i = 0; i < MAX_EXT; i++) {
-		if (nh == IPPROTO_TCP)
+		if (next == IPPROTO_TCP || next == IPPROTO_UDP)
 			break;
 		const __u8 *h = cur;
 		if ((const void *)(h + 8) > end) // every extension header is 8 bytes or more
 			return 0;
-		switch (nh) {
+		switch (next) {
 		case IPPROTO_HOPOPTS:
 		case IPPROTO_ROUTING:
 		case IPPROTO_DSTOPTS:
@@ -616,18 +776,20 @@ static __always_inline const struct tcphdr *ipv6_tcp(__u8 nh, const void *cur, c
 		default:
 			return 0;
 		}
-		nh = h[0];
+		next = h[0];
 	}
-	if (nh != IPPROTO_TCP)
+	if (next != IPPROTO_TCP && next != IPPROTO_UDP)
 		return 0;
+	*nh = next;
 	return cur;
 }
 
-// source_key writes the key of a limited SYN's source network into key and
-// its flow into f, and returns the key's length (5 or 17), or 0 for any
-// other packet. Both are copied out of the packet, so that the paths
-// through the headers meet again here for the verifier.
-static __always_inline int source_key(struct xdp_md *ctx, const struct params *p, __u8 *key, struct flow *f)
+// source_key writes the key of a connection attempt's source network into
+// key, and the attempt into a (a SYN's flow, or an Initial's source and
+// DCID); it returns the key's length (5 or 17) and the attempt's kind in
+// *kind, or 0 for any other packet. Both are copied out of the packet, so
+// that the paths through the headers meet again here for the verifier.
+static __always_inline int source_key(struct xdp_md *ctx, const struct params *p, __u8 *key, union attempt_id *a, int *kind)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -647,19 +809,21 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 	}
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = cur;
-		if ((void *)(ip + 1) > end || ip->protocol != IPPROTO_TCP)
+		if ((void *)(ip + 1) > end || ip->ihl < 5)
 			return 0;
 		if (ip->frag_off & bpf_htons(0x1fff)) // not the first fragment
 			return 0;
-		struct tcphdr *tcp = (void *)ip + ip->ihl * 4; // past any options
-		if (ip->ihl < 5 || (void *)(tcp + 1) > end || !limited_syn(p, tcp))
+		// The transport header is past any options.
+		*kind = attempt(p, ip->protocol, (void *)ip + ip->ihl * 4, end, a);
+		if (*kind == NONE)
 			return 0;
 		__u8 *src = (__u8 *)&ip->saddr;
-		f->saddr[10] = f->saddr[11] = f->daddr[10] = f->daddr[11] = 0xff;
-		__builtin_memcpy(f->saddr + 12, &ip->saddr, 4);
-		__builtin_memcpy(f->daddr + 12, &ip->daddr, 4);
-		__builtin_memcpy(f->sport, &tcp->source, 2);
-		__builtin_memcpy(f->dport, &tcp->dest, 2);
+		a->saddr[10] = a->saddr[11] = 0xff;
+		__builtin_memcpy(a->saddr + 12, &ip->saddr, 4);
+		if (*kind == SYN) {
+			a->f.daddr[10] = a->f.daddr[11] = 0xff;
+			__builtin_memcpy(a->f.daddr + 12, &ip->daddr, 4);
+		}
 		key[0] = 4;
 #pragma clang loop unroll(full)
 		for (int i = 0; i < 4; i++)
@@ -671,14 +835,17 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 	struct ipv6hdr *ip6 = cur;
 	if ((void *)(ip6 + 1) > end)
 		return 0;
-	const struct tcphdr *tcp = ipv6_tcp(ip6->nexthdr, ip6 + 1, end);
-	if (!tcp || (void *)(tcp + 1) > end || !limited_syn(p, tcp))
+	__u8 nh = ip6->nexthdr;
+	const void *l4 = ipv6_upper(&nh, ip6 + 1, end);
+	if (!l4)
+		return 0;
+	*kind = attempt(p, nh, l4, end, a);
+	if (*kind == NONE)
 		return 0;
 	__u8 *src = ip6->saddr.in6_u.u6_addr8;
-	__builtin_memcpy(f->saddr, src, 16);
-	__builtin_memcpy(f->daddr, ip6->daddr.in6_u.u6_addr8, 16);
-	__builtin_memcpy(f->sport, &tcp->source, 2);
-	__builtin_memcpy(f->dport, &tcp->dest, 2);
+	__builtin_memcpy(a->saddr, src, 16);
+	if (*kind == SYN)
+		__builtin_memcpy(a->f.daddr, ip6->daddr.in6_u.u6_addr8, 16);
 	// ::ffff:a.b.c.d counts as IPv4, as NetworkKey unmaps it.
 	int mapped = src[10] == 0xff && src[11] == 0xff;
 #pragma clang loop unroll(full)
@@ -698,6 +865,37 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 	return 17;
 }
 
+// A parsed packet: the attempt it makes, if any, and the hash of its
+// source network's key.
+struct parsed {
+	union attempt_id a;
+	__u64 hash;
+	__u32 kind; // enum attempt
+	__u32 pad;
+};
+
+// parse fills pd from the packet: kind NONE for a packet that is no
+// connection attempt to limit. It is a global function, which the
+// verifier checks once on its own: inlined (or static), the decision after
+// it was checked again for every path through the headers (each kind of
+// packet, family, shape), over a million instructions once QUIC was
+// parsed; a global function's caller goes on from one state.
+__noinline int parse(struct xdp_md *ctx, struct parsed *pd)
+{
+	__u32 zero = 0;
+	const struct params *p = bpf_map_lookup_elem(&config, &zero);
+	if (!pd || !p || !p->enabled)
+		return 0;
+	__u8 key[17] = {};
+	int kind = NONE;
+	int len = source_key(ctx, p, key, &pd->a, &kind);
+	if (!len)
+		return 0;
+	pd->kind = kind;
+	pd->hash = len == 5 ? xxh64_key5(key) : xxh64_key17(key);
+	return 0;
+}
+
 // decide_syn is the program: at_probe (a constant) takes the time from
 // probes instead of the clock, for the tests' synlimit_at.
 static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
@@ -706,12 +904,26 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 	const struct params *p = bpf_map_lookup_elem(&config, &zero);
 	if (!p || !p->enabled)
 		return XDP_PASS;
-	__u8 key[17] = {};
-	struct flow f = {};
-	int len = source_key(ctx, p, key, &f);
-	if (!len)
+	struct parsed pd = {};
+	parse(ctx, &pd);
+	if (pd.kind == NONE)
 		return XDP_PASS;
-	return limit(p, key, len, &f, at_probe);
+	// An Initial of a connection charged already passes.
+	if (pd.kind == INITIAL && bpf_map_lookup_elem(&initials, &pd.a.id))
+		return XDP_PASS;
+	int v = limit(p, pd.hash, at_probe);
+	if (v == UNDECIDED)
+		return XDP_PASS;
+	if (pd.kind == SYN) {
+		if (v == GRANT)
+			mark(&pd.a.f);
+		count(v == GRANT ? STAT_PASSED : STAT_DROPPED);
+	} else {
+		if (v == GRANT)
+			remember(&pd.a.id);
+		count(v == GRANT ? STAT_QUIC_PASSED : STAT_QUIC_DROPPED);
+	}
+	return v == GRANT ? XDP_PASS : XDP_DROP;
 }
 
 SEC("xdp")

@@ -1,0 +1,225 @@
+//go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
+
+package xdp
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
+
+	"github.com/floodgate-rl/floodgate/internal/netnstest"
+)
+
+// h3Port is where Caddy serves HTTPS and HTTP/3, in the server namespace.
+const h3Port = 8444
+
+// h3Config is config's layer4 zone limiting QUIC Initials to h3Port too,
+// beside a site serving HTTP/3 there with a certificate of Caddy's own CA,
+// kept in storage (a directory of the test's) and never installed in the
+// system's trust store.
+func h3Config(v *netnstest.VethPair, burst int, storage string) string {
+	global := fmt.Sprintf("persist_config off\n\tskip_install_trust\n\tstorage file_system %s", storage)
+	c := strings.Replace(config(v, burst, fmt.Sprintf("xdp %s %d quic %d", v.ServerIf, port, h3Port)), "persist_config off", global, 1)
+	return c + fmt.Sprintf(`
+https://%s:%d {
+	tls internal
+	respond "served over {http.request.proto}"
+}
+`, v.ServerAddr, h3Port)
+}
+
+// quicInitial is a QUIC version 1 Initial as a client's first packet
+// looks on the wire (long header, type 0, an 8-byte DCID, no token,
+// padded to 1200 bytes); the rest is not encrypted, as a spoofer's need
+// not be: the program reads the header only.
+func quicInitial(dcid uint64) []byte {
+	p := []byte{0xc3, 0, 0, 0, 1, 8}
+	p = binary.BigEndian.AppendUint64(p, dcid)
+	p = append(p, 0, 0, 0x44, 0x9e) // no SCID, no token, Length 1182
+	for len(p) < 1200 {
+		p = append(p, 0xa5)
+	}
+	return p
+}
+
+// floodInitials sends perNet spoofed Initials, each of a new connection,
+// from each of networks /24s 172.(16+first).x.0, pausing a millisecond
+// every 64 so that the veth pair's ring (256 frames) does not overflow.
+func floodInitials(t *testing.T, v *netnstest.VethPair, first byte, networks, perNet int) {
+	t.Helper()
+	s, err := netnstest.NewSynSender(v.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sent := 0
+	for i := range perNet {
+		for n := range networks {
+			src := netip.AddrFrom4([4]byte{172, 16 + first, byte(n), byte(1 + i)})
+			if err := s.SendUDP(src, v.ServerAddr, uint16(30000+i), h3Port, quicInitial(uint64(sent))); err != nil {
+				t.Fatal(err)
+			}
+			if sent++; sent%64 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+}
+
+// h3Get makes requests HTTP/3 requests over one new QUIC connection from
+// src in the client namespace (its UDP socket is opened there), and returns
+// how many were served with 200 and the protocol they were served over.
+func h3Get(v *netnstest.VethPair, src netip.Addr, requests int, timeout time.Duration) (served int, proto string, err error) {
+	var pc net.PacketConn
+	if err := netnstest.In(v.Client, func() error {
+		var err error
+		pc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: src.AsSlice()})
+		return err
+	}); err != nil {
+		return 0, "", err
+	}
+	tr := &quic.Transport{Conn: pc}
+	defer tr.Close()
+	rt := &http3.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // Caddy's own CA, untrusted here
+		Dial: func(ctx context.Context, addr string, tlsCfg *tls.Config, cfg *quic.Config) (*quic.Conn, error) {
+			ua, err := net.ResolveUDPAddr("udp4", addr)
+			if err != nil {
+				return nil, err
+			}
+			return tr.DialEarly(ctx, ua, tlsCfg, cfg)
+		},
+	}
+	defer rt.Close()
+	client := &http.Client{Transport: rt, Timeout: timeout}
+	url := fmt.Sprintf("https://%s:%d/", v.ServerAddr, h3Port)
+	for range requests {
+		resp, err := client.Get(url)
+		if err != nil {
+			return served, proto, err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			served++
+			proto = string(b)
+		}
+	}
+	return served, proto, nil
+}
+
+// httpsOverTCP GETs the site over TCP from the client namespace until it
+// answers 200, for at most limit.
+func httpsOverTCP(v *netnstest.VethPair, limit time.Duration) error {
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := netnstest.In(v.Client, func() error {
+				var err error
+				c, err = net.DialTimeout(network, addr, 2*time.Second)
+				return err
+			})
+			return c, err
+		},
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 2 * time.Second}
+	var err error
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var resp *http.Response
+		if resp, err = client.Get(fmt.Sprintf("https://%s:%d/", v.ServerAddr, h3Port)); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("status %s", resp.Status)
+		}
+	}
+	return err
+}
+
+// TestXDPLimitsQUICInitialsInCaddy: Caddy serves HTTP/3 with the program
+// attached; a flood of spoofed QUIC Initials from 100 /24 networks is
+// charged per network (each passes its burst, the rest is dropped), while
+// a fair client's HTTP/3 requests, over connections of its own, are
+// served; the admin API and /metrics count the Initials, and the fair client's
+// connections cost one token each however many Initials their handshakes
+// take.
+func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
+	const burst, networks, perNet, fairConns, perConn = 5, 100, 8, 3, 34
+	v := netnstest.NewVethPair(t)
+	if err := load(v, h3Config(v, burst, t.TempDir())); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if !attached(t, v) {
+		t.Fatal("loading the config attached no XDP program")
+	}
+	// Caddy's CA issues the site's certificate in the background: wait
+	// for it over TCP (whose SYNs to h3Port the program does not limit),
+	// so that every QUIC connection of the fair client's is served.
+	if err := httpsOverTCP(v, 10*time.Second); err != nil {
+		t.Fatalf("no HTTPS answer before the flood: %v", err)
+	}
+	if n, proto, err := h3Get(v, v.ClientIP, 1, 5*time.Second); n != 1 || err != nil {
+		t.Fatalf("no HTTP/3 answer before the flood: %d, %v", n, err)
+	} else {
+		t.Logf("warm-up: %s", proto)
+	}
+	if x := zone(t, v).XDP; x.InitialsPassed != 1 || x.InitialsDropped != 0 {
+		t.Fatalf("the warm-up connection counted %d Initials passed, %d dropped; want 1, 0 (one token per connection)",
+			x.InitialsPassed, x.InitialsDropped)
+	}
+
+	floodInitials(t, v, 0, networks, perNet)
+	served := 0
+	for range fairConns {
+		n, proto, err := h3Get(v, v.ClientIP, perConn, 5*time.Second)
+		served += n
+		if err != nil {
+			t.Errorf("fair client: %v", err)
+		}
+		if proto != "served over HTTP/3.0" {
+			t.Errorf("served %q, want HTTP/3", proto)
+		}
+	}
+	if want := fairConns * perConn; served*100 < want*99 {
+		t.Fatalf("the fair client was served %d of %d requests during the flood, want 99%%", served, want)
+	}
+
+	// Every network passes its burst and no more; the rest is dropped.
+	wantPassed := uint64(networks*burst + 1 + fairConns)
+	wantDropped := uint64(networks * (perNet - burst))
+	var x = zone(t, v).XDP
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && (x.InitialsPassed != wantPassed || x.InitialsDropped != wantDropped); time.Sleep(20 * time.Millisecond) {
+		x = zone(t, v).XDP
+	}
+	t.Logf("%d spoofed Initials from %d networks; program: %d Initials passed, %d dropped; fair client served %d of %d",
+		networks*perNet, networks, x.InitialsPassed, x.InitialsDropped, served, fairConns*perConn)
+	if x.InitialsPassed != wantPassed || x.InitialsDropped != wantDropped {
+		t.Fatalf("XDP counted %d Initials passed, %d dropped; want %d (each network's burst, and one per fair connection), %d",
+			x.InitialsPassed, x.InitialsDropped, wantPassed, wantDropped)
+	}
+	metrics := admin(t, v, "/metrics")
+	for outcome, n := range map[string]uint64{"passed": wantPassed, "dropped": wantDropped} {
+		if want := fmt.Sprintf(`caddy_rate_limit_xdp_quic_initials_total{outcome=%q,zone=%q} %d`, outcome, zoneName, n); !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if x.Passed != 0 || x.Dropped != 0 {
+		t.Errorf("SYNs counted (%d passed, %d dropped): no TCP connection was made", x.Passed, x.Dropped)
+	}
+}

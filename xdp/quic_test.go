@@ -1,0 +1,298 @@
+//go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
+
+package xdp
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// QUIC versions (RFC 9000, RFC 9369).
+const (
+	quicV1 = 0x00000001
+	quicV2 = 0x6b3343cf
+)
+
+// A quicPacket is the first QUIC packet of a UDP datagram, as a client
+// sends it: a long header unless short is set.
+type quicPacket struct {
+	short   bool
+	version uint32
+	typ     byte // the long header's type bits: Initial is 0 in v1, 1 in v2
+	dcid    []byte
+	scid    []byte
+	token   []byte
+	size    int    // the UDP payload's size; 0: 1200, as a client pads it
+	sport   uint16 // 0: 50000
+	dport   uint16 // 0: 443
+}
+
+// v1Initial is a version 1 Initial of connection dcid, as a client sends
+// its first (DCID of 8 bytes or more, no token, padded to 1200 bytes).
+func v1Initial(dcid ...byte) quicPacket {
+	return quicPacket{version: quicV1, dcid: dcid, scid: []byte{1, 2, 3, 4}}
+}
+
+// datagram is q's UDP datagram (header and payload).
+func (q quicPacket) datagram() []byte {
+	size, sport, dport := q.size, q.sport, q.dport
+	if size == 0 {
+		size = 1200
+	}
+	if sport == 0 {
+		sport = 50000
+	}
+	if dport == 0 {
+		dport = 443
+	}
+	var p []byte
+	if q.short {
+		p = append([]byte{0x40}, q.dcid...) // fixed bit, then the DCID
+	} else {
+		p = append(p, 0x80|0x40|q.typ<<4)
+		p = binary.BigEndian.AppendUint32(p, q.version)
+		p = append(p, byte(len(q.dcid)))
+		p = append(p, q.dcid...)
+		p = append(p, byte(len(q.scid)))
+		p = append(p, q.scid...)
+		p = append(p, 0x40|byte(len(q.token)>>8), byte(len(q.token))) // a two-byte varint
+		p = append(p, q.token...)
+		p = append(p, 0x44, 0xd0) // Length: 1232, beyond the datagram as garbage is
+	}
+	for len(p) < size {
+		p = append(p, 0xa5) // the encrypted rest, as far as the program sees
+	}
+	udp := make([]byte, 8, 8+len(p))
+	binary.BigEndian.PutUint16(udp[0:], sport)
+	binary.BigEndian.PutUint16(udp[2:], dport)
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(p)))
+	return append(udp, p[:size]...)
+}
+
+// frame is q's datagram from src in shape s.
+func (q quicPacket) frame(src netip.Addr, s shape) []byte {
+	return framed(src, 17, q.datagram(), s)
+}
+
+func dcid(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i)
+	}
+	return b
+}
+
+// quicTable is a table with a burst of two an hour, limiting SYNs to
+// TCP 443 and QUIC Initials to UDP 443 and 8443.
+func quicTable(t *testing.T) *Table {
+	t.Helper()
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 2, Window: time.Hour}))
+	if err := tb.enable(Ports{TCP: []uint16{443}, QUIC: []uint16{443, 8443}}); err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+func counts(t *testing.T, tb *Table) Counts {
+	t.Helper()
+	c, err := tb.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestProgramChargesQUICInitials: on a UDP port named for QUIC, an Initial
+// that can open a connection — version 1 with type 0 or version 2 with
+// type 1, in a datagram of 1200 bytes or more, with a DCID of 8 to 20 bytes
+// or a token — takes one token from its source network, in every shape the
+// program parses; every other packet passes and charges nothing.
+func TestProgramChargesQUICInitials(t *testing.T) {
+	v2 := v1Initial(dcid(8, 1)...)
+	v2.version, v2.typ = quicV2, 1
+	shortUnderToken := v1Initial(dcid(4, 1)...)
+	shortUnderToken.token = []byte("a retry's token")
+	charged := map[string]quicPacket{
+		"v1 Initial":                 v1Initial(dcid(8, 1)...),
+		"v1 Initial, 20-byte DCID":   v1Initial(dcid(20, 1)...),
+		"v2 Initial":                 v2,
+		"short DCID under a token":   shortUnderToken,
+		"larger datagram":            {version: quicV1, dcid: dcid(12, 1), size: 1452},
+		"v1 Initial on another port": {version: quicV1, dcid: dcid(9, 1), dport: 8443},
+		"fixed bit clear (RFC 9287)": {version: quicV1, dcid: dcid(8, 1), typ: 0},
+	}
+	v1Type1 := v1Initial(dcid(8, 1)...)
+	v1Type1.typ = 1 // 0-RTT in v1
+	v2Type0 := v2
+	v2Type0.typ = 0 // Retry in v2
+	small := v1Initial(dcid(8, 1)...)
+	small.size = 1199
+	long := v1Initial(dcid(21, 1)...)
+	longSCID := v1Initial(dcid(8, 1)...)
+	longSCID.scid = dcid(21, 1)
+	shortDCID := v1Initial(dcid(7, 1)...)
+	otherPort := v1Initial(dcid(8, 1)...)
+	otherPort.dport = 80
+	passed := map[string]quicPacket{
+		"v1 0-RTT":              v1Type1,
+		"v1 Handshake":          {version: quicV1, typ: 2, dcid: dcid(8, 1)},
+		"v1 Retry":              {version: quicV1, typ: 3, dcid: dcid(8, 1)},
+		"v2 Retry":              v2Type0,
+		"v2 Handshake":          {version: quicV2, typ: 3, dcid: dcid(8, 1)},
+		"version negotiation":   {version: 0, dcid: dcid(8, 1)},
+		"unknown version":       {version: 0xff00001d, dcid: dcid(8, 1)},
+		"short header":          {short: true, dcid: dcid(8, 1)},
+		"1199 bytes":            small,
+		"21-byte DCID":          long,
+		"21-byte SCID":          longSCID,
+		"7-byte DCID, no token": shortDCID,
+		"UDP port not named":    otherPort,
+		"truncated to 40 bytes": {version: quicV1, dcid: dcid(8, 1), size: 40},
+		"4-byte DCID, no token": {version: quicV1, dcid: dcid(4, 1)},
+	}
+	// The packet "fixed bit clear" is built with the bit set; clear it.
+	fixedClear := func(f []byte) []byte { f[len(f)-1200] &^= 0x40; return f }
+	// One table (loading the program takes a second), a network for each
+	// case: IPv6 behind extension headers, IPv4 otherwise.
+	tb := quicTable(t)
+	network := 0
+	for name, q := range charged {
+		for _, s := range parsedShapes {
+			network++
+			src := netip.AddrFrom4([4]byte{10, byte(network >> 8), byte(network), 7})
+			if len(s.ext) > 0 {
+				src = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, byte(network >> 8), byte(network), 15: 7})
+			}
+			t.Run(name+"/"+s.name, func(t *testing.T) {
+				before := counts(t, tb)
+				frame := func(q quicPacket) []byte {
+					f := q.frame(src, s)
+					if name == "fixed bit clear (RFC 9287)" {
+						f = fixedClear(f)
+					}
+					return f
+				}
+				other := q
+				other.dcid = dcid(len(q.dcid), 100) // another connection
+				if len(q.dcid) < 8 {
+					other.sport = 50001
+				}
+				third := q
+				third.dcid = dcid(len(q.dcid), 200)
+				third.sport = 50002
+				for i, want := range []uint32{xdpPass, xdpPass, xdpDrop} {
+					p := []quicPacket{q, other, third}[i]
+					if v := runAt(t, tb, frame(p), 1e9); v != want {
+						t.Fatalf("connection %d: verdict %d, want %d (a burst of two)", i+1, v, want)
+					}
+				}
+				if c := counts(t, tb); c != (Counts{InitialsPassed: before.InitialsPassed + 2, InitialsDropped: before.InitialsDropped + 1}) {
+					t.Fatalf("counts %+v after %+v, want 2 more Initials passed and 1 more dropped", c, before)
+				}
+			})
+		}
+	}
+	untouched := quicTable(t)
+	for name, q := range passed {
+		t.Run(name, func(t *testing.T) {
+			tb := untouched
+			for _, src := range []netip.Addr{netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("2001:db8:7::7")} {
+				for range 3 {
+					if v := runAt(t, tb, q.frame(src, shape{}), 1e9); v != xdpPass {
+						t.Fatalf("verdict %d, want pass", v)
+					}
+				}
+			}
+			if c := counts(t, tb); c != (Counts{}) || slices.ContainsFunc(words(tb.mem), func(w uint64) bool { return w != 0 }) {
+				t.Fatalf("a packet that opens no QUIC connection was counted (%+v) or charged the table", c)
+			}
+		})
+	}
+}
+
+// TestSplitClientHelloCostsOneToken: the Initials of one connection (its
+// source address and port, and DCID) cost one token however many the
+// client sends — a ClientHello split over two, a retransmission, the
+// Initials after the server's, under the server's shorter connection ID
+// and a token — while another connection from the same source address and
+// port costs another.
+func TestSplitClientHelloCostsOneToken(t *testing.T) {
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("198.51.100.7")
+	first := v1Initial(dcid(8, 1)...)
+	second := first                                                                                     // the ClientHello's second half: the same DCID
+	afterServer := quicPacket{version: quicV1, dcid: dcid(4, 50), token: []byte("a NEW_TOKEN's token")} // DCID: the server's
+	another := v1Initial(dcid(8, 9)...)                                                                 // a new connection from the same address and port
+	table := func() []uint64 { return slices.Clone(words(tb.mem)) }
+	steps := []struct {
+		name   string
+		q      quicPacket
+		charge bool
+	}{
+		{"first Initial", first, true},
+		{"second Initial of the ClientHello", second, false},
+		{"retransmitted first Initial", first, false},
+		{"Initial after the server's, under a token", afterServer, false},
+		{"another connection", another, true},
+		{"its retransmission", another, false},
+	}
+	passed := uint64(0)
+	for _, st := range steps {
+		before := table()
+		if v := runAt(t, tb, st.q.frame(src, shape{}), 1e9); v != xdpPass {
+			t.Fatalf("%s: verdict %d, want pass", st.name, v)
+		}
+		if changed := !slices.Equal(before, table()); changed != st.charge {
+			t.Fatalf("%s: table charged %v, want %v", st.name, changed, st.charge)
+		}
+		if st.charge {
+			passed++
+		}
+		if c := counts(t, tb); c != (Counts{InitialsPassed: passed}) {
+			t.Fatalf("%s: counts %+v, want %d Initials passed", st.name, c, passed)
+		}
+	}
+	// The network has one token left: a third connection takes it, a
+	// fourth is dropped, and the first's retransmission still passes.
+	for i, want := range []uint32{xdpPass, xdpDrop, xdpPass} {
+		q := []quicPacket{v1Initial(dcid(8, 30)...), v1Initial(dcid(8, 40)...), first}[i]
+		if v := runAt(t, tb, q.frame(src, shape{}), 1e9); v != want {
+			t.Fatalf("after two connections, packet %d: verdict %d, want %d", i, v, want)
+		}
+	}
+	if c := counts(t, tb); c != (Counts{InitialsPassed: 3, InitialsDropped: 1}) {
+		t.Fatalf("counts %+v, want 3 Initials passed, 1 dropped", c)
+	}
+}
+
+// TestQUICAndSYNsShareABudget: a network's SYNs and QUIC connections take
+// from the same counters: a burst of two is two connections, of either
+// kind.
+func TestQUICAndSYNsShareABudget(t *testing.T) {
+	tb := quicTable(t)
+	src := netip.MustParseAddr("203.0.113.5")
+	for i, tc := range []struct {
+		frame []byte
+		want  uint32
+	}{
+		{packet(src, 443, flagSYN), xdpPass},
+		{v1Initial(dcid(8, 1)...).frame(src, shape{}), xdpPass},
+		{v1Initial(dcid(8, 2)...).frame(src, shape{}), xdpDrop},
+		{packet(src, 443, flagSYN), xdpDrop},
+	} {
+		if v := runAt(t, tb, tc.frame, 1e9); v != tc.want {
+			t.Fatalf("attempt %d: verdict %d, want %d", i, v, tc.want)
+		}
+	}
+	if c := counts(t, tb); c != (Counts{Passed: 1, Dropped: 1, InitialsPassed: 1, InitialsDropped: 1}) {
+		t.Fatalf("counts %+v", c)
+	}
+}
