@@ -108,13 +108,18 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	}
 	st.cells = make([]shareCell, 0, used)
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
-	cp, pp := uint64(e&1), uint64((e-1)&1)
-	ct, pt := sketchTag(e), sketchTag(e-1)
+	r := int(s.ring)
 	j := 0 // p.cells[j] is the first of the previous copy's cells not passed yet
 	for i := range setCells(marks) {
-		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
-		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
-		peerPrev, peerCurr := uint64(t.counts[2*i]), uint64(t.curr(i))
+		// A sliding sketch's older sub-windows count in full: they are
+		// summed into ownPrev and peerPrev, and weighed whole (rest w).
+		var ownPrev, peerPrev uint64
+		for k := range r - 1 {
+			ownPrev += s.count(i, e-int64(r)+1+int64(k))
+			peerPrev += uint64(t.counts[r*i+k])
+		}
+		ownCurr := s.count(i, e)
+		peerCurr := uint64(t.curr(i))
 		// What the previous copy left the others here: listed, or
 		// its default.
 		var held uint64
@@ -134,6 +139,9 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		// takes it.
 		var est uint64
 		if ownPrev|ownCurr|peerPrev|peerCurr != 0 {
+			if r > 2 {
+				rest = w
+			}
 			hi, lo := sketchNum(ownPrev+peerPrev, ownCurr+peerCurr, w, rest)
 			est = sketchCeil(hi, lo, w)
 		}
@@ -146,8 +154,8 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			continue
 		}
 		st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})
-		c.counts[2*i] = uint32(peerPrev)
-		c.counts[2*i+1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota)) - c.def
+		copy(c.counts[r*i:r*i+r-1], t.counts[r*i:r*i+r-1])
+		c.counts[r*i+r-1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota)) - c.def
 	}
 	c.shares = st
 	return &c
@@ -230,12 +238,13 @@ func (s *Sketch) AppendCounted(dst []uint64, now time.Time) []uint64 {
 	cells := s.rows * int(s.width)
 	dst = append(dst[:0], make([]uint64, (cells+63)/64)...)
 	e, _ := s.clock(now)
-	cp, pp := uint64(e&1), uint64((e-1)&1)
-	ct, pt := sketchTag(e), sketchTag(e-1)
 	for _, c := range s.liveCells(now) {
 		i := int(c)
-		if sketchCount(s.slots[2*i+int(pp)].Load(), pt)+sketchCount(s.slots[2*i+int(cp)].Load(), ct) != 0 {
-			dst[i/64] |= 1 << (i % 64)
+		for w := e - int64(s.ring) + 1; w <= e; w++ {
+			if s.count(i, w) != 0 {
+				dst[i/64] |= 1 << (i % 64)
+				break
+			}
 		}
 	}
 	return dst
@@ -247,11 +256,18 @@ func (s *Sketch) KeyCells(h uint64, cells *[MaxSketchRows]int) int {
 	var cols sketchCols
 	s.columns(h, &cols)
 	for i := range s.rows {
-		cells[i] = int(cols[i] / 2)
+		cells[i] = int(cols[i] >> s.rbits)
 	}
 	return s.rows
 }
 
-// CellZero reports whether the sum counts nothing in cell i, in either
-// window.
-func (t *SketchSum) CellZero(i int) bool { return t.counts[2*i]|t.curr(i) == 0 }
+// CellZero reports whether the sum counts nothing in cell i, in any of its
+// windows.
+func (t *SketchSum) CellZero(i int) bool {
+	for k := range t.ring {
+		if t.at(i, k) != 0 {
+			return false
+		}
+	}
+	return true
+}

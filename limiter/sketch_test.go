@@ -642,7 +642,7 @@ func TestDecodeSketchSnapshotRejects(t *testing.T) {
 		{"empty", nil, 6, "bad magic"},
 		{"bad magic", []byte("FGSX\x01"), 6, "bad magic"},
 		{"no version", []byte("FGSK"), 6, "truncated before the version"},
-		{"version 2", []byte("FGSK\x02"), 6, "unsupported version 2"},
+		{"version 3", []byte("FGSK\x03"), 6, "unsupported version 3"},
 		{"maxCells 0", valid, 0, "maxCells must be at least 1, got 0"},
 		{"no rows", sketchEnc(), 6, "truncated reading rows at byte 5"},
 		{"rows 0", sketchEnc(0, 3, ms, 0, 0, 0), 6, "rows must be between 1 and 16, got 0"},
