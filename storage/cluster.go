@@ -21,6 +21,10 @@ type Shape struct {
 	Window time.Duration
 	// Width is the number of counters per sketch row.
 	Width int
+	// Sliding is set for a window zone's rate: its sketch counts every
+	// grant for a whole Window (limiter.SketchConfig.Sliding), where a
+	// token bucket zone's rate and a quota weigh the previous window.
+	Sliding bool
 }
 
 // A Cluster is one distributed zone's cluster-wide view: what this
@@ -102,7 +106,7 @@ type Cluster struct {
 }
 
 func newCluster(s Shape, quota int64) (*Cluster, error) {
-	sk, err := limiter.NewSketch(limiter.SketchConfig{Quota: quota, Window: s.Window, Rows: SketchRows, Width: s.Width})
+	sk, err := limiter.NewSketch(limiter.SketchConfig{Quota: quota, Window: s.Window, Rows: SketchRows, Width: s.Width, Sliding: s.Sliding})
 	if err != nil {
 		return nil, fmt.Errorf("cluster sketch: %v", err)
 	}
