@@ -479,12 +479,17 @@ func (s *Sketch) touch(h uint64) {
 func (s *Sketch) read(cols *sketchCols, e, t int64, v *sketchView) {
 	v.n, v.w, v.t = s.rows, uint64(s.window), uint64(t)
 	if v.sliding = s.ring > 2; v.sliding {
+		// Window e − 7 + k is in counter (e + 1 + k) mod 8, tagged
+		// with its own number / 8.
+		first := e - (1<<sketchSlidingBits - 1)
 		for i := 0; i < s.rows; i++ {
+			cell := s.slots[cols[i] : cols[i]+1<<sketchSlidingBits : cols[i]+1<<sketchSlidingBits]
+			sub := &v.sub[i]
 			var sum uint64
-			for k := range uint64(1 << sketchSlidingBits) {
-				w := e - int64(s.ring-1) + int64(k)
-				c := sketchCount(s.slots[cols[i]+s.slot(w)].Load(), s.tag(w))
-				v.sub[i][k] = c
+			for k := range sub {
+				w := first + int64(k)
+				c := sketchCount(cell[w&(1<<sketchSlidingBits-1)].Load(), uint32(w>>sketchSlidingBits))
+				sub[k] = c
 				sum += c
 			}
 			v.rows[i] = sketchRow{curr: sum}
@@ -515,21 +520,6 @@ type sketchView struct {
 	sliding bool
 	rows    [MaxSketchRows]sketchRow
 	sub     [MaxSketchRows][1 << sketchSlidingBits]uint64
-}
-
-// addSlot adds c to row i's count of window k of the view's ring
-// (oldest first: 0 is e−1 of a weighted view, e−7 of a sliding one).
-func (v *sketchView) addSlot(i, k int, c uint64) {
-	if v.sliding {
-		v.sub[i][k] += c
-		v.rows[i].curr += c
-		return
-	}
-	if k == 0 {
-		v.rows[i].prev += c
-	} else {
-		v.rows[i].curr += c
-	}
 }
 
 // num returns row i's estimate times W.

@@ -292,3 +292,86 @@ func TestSlidingSnapshotRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSketchClusterDecision is a cluster's decision on its own counts
+// plus two peers' snapshots, over 65,536 keys in a sketch of the default
+// shape: weighted (a bucket zone's rate, a quota) and sliding (a window
+// zone's rate), granted and denied (which computes the wait).
+func BenchmarkSketchClusterDecision(b *testing.B) {
+	for _, sliding := range []bool{false, true} {
+		for _, quota := range []int64{MaxSketchQuota, 1} {
+			what := "granted"
+			if quota == 1 {
+				what = "denied"
+			}
+			b.Run(fmt.Sprintf("sliding=%v/%s", sliding, what), func(b *testing.B) {
+				now := time.Unix(1_700_000_000, 0)
+				cfg := SketchConfig{Quota: quota, Window: time.Minute, Sliding: sliding}
+				keys := make([]uint64, 1<<16)
+				rng := rand.New(rand.NewPCG(1, 2))
+				for i := range keys {
+					keys[i] = rng.Uint64()
+				}
+				var sk []*Sketch
+				for range 3 {
+					s, err := NewSketch(cfg)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, h := range keys {
+						s.Add(h, 1, now.Add(-time.Duration(rng.Int64N(int64(time.Minute)))))
+					}
+					sk = append(sk, s)
+				}
+				sum := sk[0].NewSketchSum(now)
+				for _, s := range sk[1:] {
+					snap, _ := s.AppendSnapshot(nil, now)
+					if _, err := sum.AddBinary(snap); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					i = (i + 1) & (len(keys) - 1)
+					sk[0].TakeHashWith(keys[i], 1, now, sum)
+				}
+			})
+		}
+	}
+}
+
+// A sliding sum read in another window than its own (a later one, or an
+// earlier one: a peer's clock ahead) adds the counts of the windows both
+// hold, each to its own.
+func TestSlidingSumIsReadByWindowNumber(t *testing.T) {
+	cfg := SketchConfig{Quota: 1 << 20, Window: 7 * time.Second, Rows: 1, Width: 1, Sliding: true}
+	peer, err := NewSketch(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := NewSketch(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const E = 1_700_000_000
+	at := func(w int64) time.Time { return time.Unix(w, 500_000_000) } // sub-windows of 1 s
+	count := func(w int64) int64 { return w - E + 20 }
+	for w := int64(E - 10); w <= E; w++ {
+		peer.Add(1, count(w), at(w))
+	}
+	snap, _ := peer.AppendSnapshot(nil, at(E))
+	sum := own.NewSketchSum(at(E))
+	if _, err := sum.AddBinary(snap); err != nil {
+		t.Fatal(err)
+	}
+	for d := int64(-9); d <= 9; d++ {
+		var want int64
+		for w := max(E+d-7, E-7); w <= min(E+d, E); w++ {
+			want += count(w)
+		}
+		if got := own.EstimateWith(1, at(E+d), sum); got != want {
+			t.Errorf("the sum of window %d read in window %+d: %d, want %d", int64(E), d, got, want)
+		}
+	}
+}

@@ -233,15 +233,20 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 		if d <= -int64(t.ring) || d >= int64(t.ring) {
 			return
 		}
+		lo, hi := max(0, -int(d)), min(t.ring, t.ring-int(d)) // the view's windows the sum holds
 		for i := 0; i < v.n; i++ {
-			c := int(cols[i]) // ring × the cell's index
-			for k := max(0, -int(d)); k < t.ring && k+int(d) < t.ring; k++ {
-				n := t.counts[c+k+int(d)]
-				if k+int(d) == t.ring-1 {
-					n += t.def
-				}
-				v.addSlot(i, k, uint64(n))
+			c := t.counts[int(cols[i])+lo+int(d):][:hi-lo] // cols[i]: ring × the cell's index
+			sub := v.sub[i][lo:hi]
+			var sum uint64
+			for k, n := range c {
+				sub[k] += uint64(n)
+				sum += uint64(n)
 			}
+			if d >= 0 { // the sum's window epoch, which def adds to
+				sub[len(sub)-1] += uint64(t.def)
+				sum += uint64(t.def)
+			}
+			v.rows[i].curr += sum
 		}
 		return
 	}
