@@ -375,3 +375,29 @@ func TestSlidingSumIsReadByWindowNumber(t *testing.T) {
 		}
 	}
 }
+
+// A sliding sketch's share of a key it counted 2 of, decided on a copy
+// made by WithShares that leaves the other instance the rest: its share
+// of the 8 left, no more, whether the copy is read in its own sub-window
+// or the next. (The key's cells hold less than what every quiet cell is
+// left, which is kept as the copy's default: see SketchSum.def.)
+func TestSlidingSharesOfAKey(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	for _, later := range []time.Duration{0, 2 * time.Second} {
+		s, err := NewSketch(SketchConfig{Quota: 10, Window: 7 * time.Second, Rows: 4, Width: 64, Sliding: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Add(7, 2, now)
+		shared := s.NewSketchSum(now).WithShares(s, 2, 1, now, nil, time.Second)
+		granted := 0
+		for range 20 {
+			if d, _ := s.TakeHashWith(7, 1, now.Add(later), shared); d.Allowed {
+				granted++
+			}
+		}
+		if granted != 4 {
+			t.Errorf("read %v later: granted %d more of a quota of 10 shared by 2 with 2 counted, want 4", later, granted)
+		}
+	}
+}

@@ -239,12 +239,11 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 			sub := v.sub[i][lo:hi]
 			var sum uint64
 			for k, n := range c {
+				if k == len(c)-1 && d >= 0 {
+					n += t.def // the sum's window epoch: mod 2³², see def
+				}
 				sub[k] += uint64(n)
 				sum += uint64(n)
-			}
-			if d >= 0 { // the sum's window epoch, which def adds to
-				sub[len(sub)-1] += uint64(t.def)
-				sum += uint64(t.def)
 			}
 			v.rows[i].curr += sum
 		}

@@ -119,26 +119,7 @@ func TestWindowZoneBurstIsSplitAcrossSubWindows(t *testing.T) {
 		edge := time.Unix(0, (t0.UnixNano()/int64(sub)+3)*int64(sub))
 		now := edge.Add(-testIntervals.Read / 8)
 		nodes := newWindowNodes(t, 3, 10, same, now.Add(-testIntervals.Read))
-		granted := 0
-		for _, i := range order {
-			granted += nodes[i].take("burst", 10, now)
-		}
-		at := now
-		for round := range 3 {
-			for _, i := range order {
-				at = at.Add(testIntervals.Read / 4)
-				nodes[i].s.Read(bg, at)
-				granted += nodes[i].take("burst", 10, at)
-			}
-			nodes[order[round]].s.Write(bg, at)
-		}
-		for range 3 {
-			at = at.Add(testIntervals.Read)
-			syncAll(at, nodes...)
-			for _, n := range nodes {
-				granted += n.take("burst", 10, at)
-			}
-		}
+		granted := burstThroughEarlyReads(nodes, order, now)
 		t.Logf("order %v, a burst %v before a sub-window's end: %d granted of a limit of 10", order, edge.Sub(now), granted)
 		if granted < 10 || granted > 10*11/10+1 {
 			t.Errorf("order %v: granted %d to a key of limit 10 hit on 3 instances through reads that predate the others' grants, want 10 to %d", order, granted, 10*11/10+1)

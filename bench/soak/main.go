@@ -703,40 +703,27 @@ func run() (bool, error) {
 		cur.Load().heavyAll.Add(1)
 		tally(in, code, err, keptLimited, func(c *counters) *atomic.Int64 { return &c.heavyOK })
 	})
-	// The spread key: over its limit, round all three instances.
-	var spreadN atomic.Int64
-	var spreadLog sync.Mutex
-	var spreadTimes []time.Time // every grant, in order
-	spreadChecked := 0          // grants whose intervals have been measured
-	loop(20*time.Millisecond, func(rng *rand.Rand) {
-		in := ins[spreadN.Add(1)%3]
-		if in.i == 2 && killing.Load() == 1 {
-			return
-		}
-		code, err := get(client, in, "/spread", map[string]string{"X-Spread": "spread"})
-		if tally(in, code, err, keptLimited, func(c *counters) *atomic.Int64 { return &c.spreadOK }) {
-			spreadLog.Lock()
-			spreadTimes = append(spreadTimes, time.Now())
-			spreadLog.Unlock()
-		}
-	})
-	// The window zone's key: the same traffic, to a zone without burst.
-	var winN atomic.Int64
-	var winLog sync.Mutex
-	var winTimes []time.Time // every grant, in order
-	winChecked := 0          // grants whose spans have been measured
-	loop(20*time.Millisecond, func(rng *rand.Rand) {
-		in := ins[winN.Add(1)%3]
-		if in.i == 2 && killing.Load() == 1 {
-			return
-		}
-		code, err := get(client, in, "/spreadwin", map[string]string{"X-Spread": "spread"})
-		if tally(in, code, err, keptLimited, func(c *counters) *atomic.Int64 { return &c.spreadWinOK }) {
-			winLog.Lock()
-			winTimes = append(winTimes, time.Now())
-			winLog.Unlock()
-		}
-	})
+	// The spread keys: over their limits, round all three instances, one
+	// to a token-bucket zone, one to a window zone.
+	sendRound := func(path string, ok func(c *counters) *atomic.Int64) *grantLog {
+		g := new(grantLog)
+		var n atomic.Int64
+		loop(20*time.Millisecond, func(rng *rand.Rand) {
+			in := ins[n.Add(1)%3]
+			if in.i == 2 && killing.Load() == 1 {
+				return
+			}
+			code, err := get(client, in, path, map[string]string{"X-Spread": "spread"})
+			if tally(in, code, err, keptLimited, ok) {
+				g.mu.Lock()
+				g.times = append(g.times, time.Now())
+				g.mu.Unlock()
+			}
+		})
+		return g
+	}
+	spread := sendRound("/spread", func(c *counters) *atomic.Int64 { return &c.spreadOK })
+	win := sendRound("/spreadwin", func(c *counters) *atomic.Int64 { return &c.spreadWinOK })
 	// Reloads every 2–5 s, each instance in turn.
 	admin := &http.Client{Timeout: 20 * time.Second}
 	wg.Add(1)
@@ -812,21 +799,21 @@ sampling:
 		if n := c.fairAll.Load(); n > 0 {
 			r.fair = float64(c.fairOK.Load()) / float64(n)
 		}
-		spreadLog.Lock()
-		r.cluster, r.clusterN, r.clusterSpan = bucketExcess(spreadTimes, spreadChecked, spreadEvents, spreadEvents, spreadWindow)
-		spreadChecked = len(spreadTimes)
+		spread.mu.Lock()
+		r.cluster, r.clusterN, r.clusterSpan = bucketExcess(spread.times, spread.checked, spreadEvents, spreadEvents, spreadWindow)
+		spread.checked = len(spread.times)
 		// Allowed for the spread key in the trailing window ÷ its events.
 		cut := time.Now().Add(-spreadWindow)
-		k := len(spreadTimes)
-		for k > 0 && !spreadTimes[k-1].Before(cut) {
+		k := len(spread.times)
+		for k > 0 && !spread.times[k-1].Before(cut) {
 			k--
 		}
-		r.window = float64(len(spreadTimes)-k) / spreadEvents
-		spreadLog.Unlock()
-		winLog.Lock()
-		r.windowSpan = float64(mostInASpan(winTimes, winChecked, spreadWindow)) / spreadEvents
-		winChecked = len(winTimes)
-		winLog.Unlock()
+		r.window = float64(len(spread.times)-k) / spreadEvents
+		spread.mu.Unlock()
+		win.mu.Lock()
+		r.windowSpan = float64(mostInASpan(win.times, win.checked, spreadWindow)) / spreadEvents
+		win.checked = len(win.times)
+		win.mu.Unlock()
 		r.floodOK, r.floodAll = c.floodOK.Load(), c.floodAll.Load()
 		r.l4Conns, r.l4Closed = c.l4Conns.Load(), c.l4Closed.Load()
 		for _, in := range ins {
@@ -846,6 +833,14 @@ sampling:
 		}
 	}
 	return verdict(rows), nil
+}
+
+// A grantLog is every grant of a spread key, in order, and how many of
+// them have been measured.
+type grantLog struct {
+	mu      sync.Mutex
+	times   []time.Time
+	checked int
 }
 
 // mostInASpan is the most grants (their times, in order) within a span of
