@@ -15,7 +15,8 @@ import (
 const SketchRows = limiter.DefaultSketchRows
 
 // A Shape identifies a zone's cluster state: a zone keeps its state across
-// config reloads while its name, window and sketch width stay the same.
+// config reloads while its name, window, sketch width and kind (a window
+// zone's sliding count or a weighted one) stay the same.
 type Shape struct {
 	Zone   string
 	Window time.Duration
