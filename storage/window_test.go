@@ -38,14 +38,19 @@ func newWindowNodes(t *testing.T, n int, events int64, clock func(*node, time.Ti
 }
 
 // A window zone's key is hit on three instances that sync every read
-// interval, its clock a little off on one: late in one of the windows a
+// interval (and on five, which read an aggregate), its clock a little off
+// on one: late in one of the windows a
 // weighted sketch aligns to Unix time, then at five times its rate across
 // the edge and two windows beyond. No span of the window may hold more
 // than the split bursts' bound, 1.1 × events + 1, where the weighted
 // estimate let through up to twice events.
 func TestWindowZoneClusterHoldsItsLimitInEverySpan(t *testing.T) {
 	const events = 10
-	for _, skew := range []time.Duration{0, 300 * time.Millisecond, -700 * time.Millisecond} {
+	for _, c := range []struct {
+		size int
+		skew time.Duration
+	}{{3, 0}, {3, 300 * time.Millisecond}, {3, -700 * time.Millisecond}, {5, 0}, {5, -700 * time.Millisecond}} {
+		skew := c.skew
 		last := (*node)(nil)
 		clock := func(n *node, at time.Time) time.Time {
 			if n == last {
@@ -57,7 +62,7 @@ func TestWindowZoneClusterHoldsItsLimitInEverySpan(t *testing.T) {
 		// 5 s before it.
 		edge := time.Unix(0, (t0.UnixNano()/int64(testWindow)+2)*int64(testWindow))
 		start := edge.Add(-5 * time.Second)
-		nodes := newWindowNodes(t, 3, events, clock, start.Add(-testIntervals.Read))
+		nodes := newWindowNodes(t, c.size, events, clock, start.Add(-testIntervals.Read))
 		last = nodes[len(nodes)-1]
 		var log []time.Time // every grant, by the true time
 		h := limiter.HashString("login")
@@ -92,13 +97,13 @@ func TestWindowZoneClusterHoldsItsLimitInEverySpan(t *testing.T) {
 				most, end = in, g
 			}
 		}
-		t.Logf("skew %v: %d granted over %v, at most %d in a span of %v (ending %v after the edge)",
-			skew, len(log), edge.Add(2*testWindow).Sub(start), most, testWindow, end.Sub(edge))
+		t.Logf("%d instances, skew %v: %d granted over %v, at most %d in a span of %v (ending %v after the edge); aggregators %v",
+			c.size, skew, len(log), edge.Add(2*testWindow).Sub(start), most, testWindow, end.Sub(edge), aggregators(nodes))
 		if bound := events*11/10 + 1; most > bound {
-			t.Errorf("skew %v: a span of %v held %d grants, over 1.1 × %d + 1 = %d", skew, testWindow, most, events, bound)
+			t.Errorf("%d instances, skew %v: a span of %v held %d grants, over 1.1 × %d + 1 = %d", c.size, skew, testWindow, most, events, bound)
 		}
 		if len(log) < 2*events {
-			t.Errorf("skew %v: %d granted over two windows and more at five times the rate, want at least %d", skew, len(log), 2*events)
+			t.Errorf("%d instances, skew %v: %d granted over two windows and more at five times the rate, want at least %d", c.size, skew, len(log), 2*events)
 		}
 	}
 }
