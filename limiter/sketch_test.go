@@ -344,14 +344,18 @@ func TestSketchRetryAfterExactRandom(t *testing.T) {
 }
 
 // TestSketchConcurrentNeverOvergrants races many goroutines on one key at
-// a fixed time, many times over: a race that over-grants shows up only
-// when two takes interleave right at the quota.
+// a fixed time, many times over, on a weighted sketch and a sliding one: a
+// race that over-grants shows up only when two takes interleave right at
+// the quota.
 func TestSketchConcurrentNeverOvergrants(t *testing.T) {
 	const quota = 100
 	clk := testclock.New(sketchEpoch0.Add(1234 * time.Millisecond))
 	h := Hash([]byte("hot"))
 	for round := range 200 {
-		s := newTestSketch(t, quota, time.Second, clk)
+		s, err := NewSketch(SketchConfig{Quota: quota, Window: time.Second, Sliding: round%2 == 1})
+		if err != nil {
+			t.Fatal(err)
+		}
 		var granted, refunded atomic.Int64
 		var wg sync.WaitGroup
 		for g := range 16 {
