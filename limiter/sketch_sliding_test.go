@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -400,4 +401,54 @@ func TestSlidingSharesOfAKey(t *testing.T) {
 			t.Errorf("read %v later: granted %d more of a quota of 10 shared by 2 with 2 counted, want 4", later, granted)
 		}
 	}
+}
+
+// A sliding sketch's snapshot is untrusted input to the sum that loads it:
+// whatever the bytes, loading never panics, and what loads encodes back to
+// the same bytes (the form is canonical); nor does adding them to a sum,
+// which reads an older peer's weighted snapshot too.
+func FuzzSlidingSumOfBinary(f *testing.F) {
+	cfg := SketchConfig{Quota: 50, Window: 7 * time.Second, Rows: 2, Width: 64, Sliding: true}
+	s, err := NewSketch(cfg)
+	if err != nil {
+		f.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	for i := range 300 {
+		s.Add(uint64(i)*0x9E3779B97F4A7C15, int64(1+i%7), now.Add(time.Duration(i)*30*time.Millisecond))
+	}
+	snap, _ := s.AppendSnapshot(nil, now.Add(9*time.Second))
+	f.Add(snap)
+	older, err := NewSketch(SketchConfig{Quota: 50, Window: 7 * time.Second, Rows: 2, Width: 64})
+	if err != nil {
+		f.Fatal(err)
+	}
+	older.Add(5, 3, now)
+	weighted, _ := older.AppendSnapshot(nil, now.Add(9*time.Second))
+	f.Add(weighted)
+	f.Add([]byte("FGSK\x02\x02\x40"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		into := s.NewSketchSum(now.Add(9 * time.Second))
+		if _, err := into.AddBinaryForgetting(data, []Forget{{Hash: 5, At: now}}); err == nil {
+			if _, err := into.SubtractBinaryForgetting(data, []Forget{{Hash: 5, At: now}}); err != nil {
+				t.Fatalf("added, then not subtracted: %v", err)
+			}
+			for i, c := range into.counts {
+				if c != 0 && c != MaxSketchQuota { // a saturated count stays so
+					t.Fatalf("added and subtracted, count %d of %d left", i, c)
+				}
+			}
+		}
+		sum, err := s.SketchSumOfBinary(data)
+		if err != nil {
+			if sum != nil {
+				t.Fatalf("error %v with a sum", err)
+			}
+			return
+		}
+		if enc := sum.AppendBinary(nil); !bytes.Equal(enc, data) {
+			t.Fatalf("encoding is not canonical:\n in  %x\n out %x", data, enc)
+		}
+	})
 }
