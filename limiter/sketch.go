@@ -109,14 +109,17 @@ type SketchConfig struct {
 // once the grants it waits on are counted, and a Retry-After is exact for
 // the sketch but may be up to L − t beyond W when the key's current
 // sub-window alone holds its quota. The memory is 64 bytes per cell where
-// the weighted sketch has 16: the same cache line per row and decision.
-// Why 8: a cell is then one line, as a weighted one's pair shares one, and
+// the weighted sketch has 16: the same cache line per row and decision,
+// but 8 counts to add where there were 2, and a sketch four times larger
+// in the CPU's caches (docs/cluster.md quotes BenchmarkSketchClusterDecision).
+// Tags hold the sub-window number modulo 2^35 (the low 3 bits implied), and
+// the horizons above are 2^13 sub-windows. Why 8: a cell is then one line, as a weighted one's pair shares one, and
 // 1/7 of the window is a modest extra wait (86 s for a 10-minute login
 // window); 4 would halve the memory for an extra wait of W/3.
 //
 // A Sketch and its snapshots are aligned to Unix time, so the clock should
 // be the wall clock of a synchronised host. A clock that steps back by
-// less than 2^11 windows re-enters windows that counters may have moved
+// less than 2^11 windows (2^13 sub-windows) re-enters windows that counters may have moved
 // past: until it catches up, the keys of those counters are undercounted
 // (their counts read as zero and charges to them are dropped).
 //
