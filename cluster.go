@@ -339,7 +339,10 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage, sec
 	rctx, cancel := context.WithTimeout(ctx, restoreTimeout)
 	defer cancel()
 	joined := z.joinCluster(rctx, ctx.Logger(), secret, st.st)
-	counts := []syncedCount{{shape: storage.Shape{Zone: z.name, Window: z.limit.Window, Width: clusterWidth(z.tkey.lines)}, events: z.limit.Events}}
+	// A window zone's cluster count is sliding, as its own window is: no
+	// span of the window grants a key more than events (docs/cluster.md).
+	rate := storage.Shape{Zone: z.name, Window: z.limit.Window, Width: clusterWidth(z.tkey.lines), Sliding: z.window > 0}
+	counts := []syncedCount{{shape: rate, events: z.limit.Events}}
 	for i, k := range z.skeys {
 		counts = append(counts, syncedCount{shape: storage.Shape{Zone: quotaClusterName(z.quotaNames[i]), Window: k.window, Width: k.width}, events: k.quota})
 	}

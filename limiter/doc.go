@@ -232,6 +232,15 @@
 // width at several times the number of busy keys. The rule's known weakness
 // remains: a bursty key held up to 1.85× its quota within one sliding window.
 //
+// A sliding Sketch (SketchConfig.Sliding: a window zone's cluster count) has
+// no such weakness: its cells hold 8 sub-windows of W/7 in one 64-byte line,
+// a grant counts until its sub-window's end is W old, as in Windows, and the
+// estimate is their plain sum. No span of W grants a key more than the quota
+// (from the counts it decides on); a request the exact log would grant waits
+// at most 8⌈W/7⌉ − W longer (TestSlidingClusterNeverGrantsMoreThanItsQuotaInASpan,
+// against the exact log of several instances' grants). The Sketch's doc says
+// why 8 and what it costs.
+//
 // # Concurrency and time
 //
 // Decisions take no lock and allocate nothing. Time is a parameter, as in

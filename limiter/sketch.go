@@ -34,7 +34,15 @@ const (
 	// DefaultSketchWidth is the number of counters per row when
 	// SketchConfig.Width is 0: with the default rows, 1 MiB of counters.
 	DefaultSketchWidth = 1 << 14
+	// SketchSubWindows is how many sub-windows a sliding sketch
+	// (SketchConfig.Sliding) divides its window into: its cells hold
+	// SketchSubWindows + 1 of them, one 64-byte line.
+	SketchSubWindows = 7
 )
+
+// sketchSlidingBits is log2 of the counters of a sliding sketch's cell:
+// SketchSubWindows + 1 = 8.
+const sketchSlidingBits = 3
 
 // A SketchConfig describes a rolling quota enforced by a Sketch.
 type SketchConfig struct {
@@ -55,6 +63,11 @@ type SketchConfig struct {
 	// be a few times the number of keys active in two windows: a key's
 	// estimate is inflated by the keys it shares a counter with on every row.
 	Width int
+	// Sliding makes the sketch count every grant for a whole Window, in
+	// sub-windows (see Sketch): a window zone's "at most Quota in any span
+	// of Window". Without it the previous window is weighed by what is
+	// left of it: a quota's rolling estimate.
+	Sliding bool
 }
 
 // A Sketch enforces a rolling quota on any number of keys in fixed memory:
@@ -77,23 +90,57 @@ type SketchConfig struct {
 // of 1ms windows, 272 years of 1s ones): its old count may then be read
 // as current, or block charges, for up to 2^11 windows.
 //
+// # Sliding sketches
+//
+// The weighted estimate assumes the previous window's grants were spread
+// evenly over it: a key whose grants came late in one window may get up to
+// twice its quota in a span of W across the edge. A sliding sketch
+// (SketchConfig.Sliding, a window zone's cluster count) has no edge: its
+// cells hold SketchSubWindows + 1 = 8 counters, one 64-byte line, over
+// sub-windows of L = max(⌈W/7⌉, MinSketchWindow) aligned to Unix time
+// (counter e mod 8 of sub-window e, the tag holding e/8), and a key's
+// count in a row is the plain sum of its last 8 sub-windows, the current
+// one included: a grant is counted until its sub-window's end is 7L ≥ W
+// old, exactly as the local window table (Windows) counts it. So every
+// grant is checked against every earlier grant within W of it: the key
+// never gets more than Quota in any span of W from the grants one sketch
+// and the sums it decides with count. The price is time: a request an
+// exact sliding log would grant waits at most 8L − W longer (about W/7),
+// once the grants it waits on are counted, and a Retry-After is exact for
+// the sketch but may be up to L − t beyond W when the key's current
+// sub-window alone holds its quota. The memory is 64 bytes per cell where
+// the weighted sketch has 16: the same cache line per row and decision,
+// but 8 counts to add where there were 2, and a sketch four times larger
+// in the CPU's caches (docs/cluster.md quotes BenchmarkSketchClusterDecision).
+// Tags hold the sub-window number modulo 2^35 (the low 3 bits implied), and
+// the horizons above are 2^13 sub-windows. Why 8: a cell is then one line, as a weighted one's pair shares one, and
+// 1/7 of the window is a modest extra wait (86 s for a 10-minute login
+// window); 4 would halve the memory for an extra wait of W/3.
+//
 // A Sketch and its snapshots are aligned to Unix time, so the clock should
 // be the wall clock of a synchronised host. A clock that steps back by
-// less than 2^11 windows re-enters windows that counters may have moved
+// less than 2^11 windows (2^13 sub-windows) re-enters windows that counters may have moved
 // past: until it catches up, the keys of those counters are undercounted
 // (their counts read as zero and charges to them are dropped).
 //
 // A Sketch is safe for concurrent use. Decisions take no lock and do not
 // allocate.
 type Sketch struct {
-	quota  atomic.Int64
-	epoch  atomic.Int64 // the window number clock last computed
-	window int64        // nanoseconds
-	rows   int          // 1..MaxSketchRows
-	width  uint64       // 1..MaxSketchWidth
-	// slots holds, for row r and column c, the counter of even windows at
-	// 2(r·width+c) and that of odd windows right after it, so the two
-	// counters of a cell share a cache line.
+	quota atomic.Int64
+	epoch atomic.Int64 // the window number clock last computed
+	// window is the length of the windows the counters count, in
+	// nanoseconds: the Window, or a sliding sketch's sub-window (span is
+	// the Window then).
+	window int64
+	span   int64
+	rows   int    // 1..MaxSketchRows
+	width  uint64 // 1..MaxSketchWidth
+	// ring is the counters per cell (2, or 8 when sliding), rbits its
+	// log2: window e is counted in counter e mod ring, tagged e/ring.
+	ring  uint64
+	rbits uint8
+	// slots holds, for row r and column c, the ring counters of the cell
+	// at ring·(r·width+c) on, so a cell's counters share a cache line.
 	slots []atomic.Uint64
 	// live indexes the cells that may count something (sketch_live.go).
 	live sketchLive
@@ -124,13 +171,37 @@ func NewSketch(c SketchConfig) (*Sketch, error) {
 	}
 	s := &Sketch{
 		window: int64(c.Window),
+		span:   int64(c.Window),
 		rows:   c.Rows,
 		width:  uint64(c.Width),
-		slots:  make([]atomic.Uint64, 2*c.Rows*c.Width),
+		ring:   2,
+		rbits:  1,
 		live:   newSketchLive(c.Rows * c.Width),
 	}
+	if c.Sliding {
+		s.window = sketchSubWindow(c.Window)
+		s.ring, s.rbits = 1<<sketchSlidingBits, sketchSlidingBits
+	}
+	s.slots = make([]atomic.Uint64, int(s.ring)*c.Rows*c.Width)
 	s.quota.Store(c.Quota)
 	return s, nil
+}
+
+// sketchSubWindow is a sliding sketch's sub-window for a window w: at
+// least w/SketchSubWindows, so that SketchSubWindows of them cover w, and
+// at least MinSketchWindow.
+func sketchSubWindow(w time.Duration) int64 {
+	n := int64(w)
+	return max((n+SketchSubWindows-1)/SketchSubWindows, int64(MinSketchWindow))
+}
+
+// SketchSlots is how many windows a cell of a sketch counts, sliding or
+// not: what a snapshot lists.
+func SketchSlots(sliding bool) int {
+	if sliding {
+		return 1 << sketchSlidingBits
+	}
+	return 2
 }
 
 func validSketchQuota(q int64) error {
@@ -163,10 +234,18 @@ func (s *Sketch) SetQuota(q int64) error {
 }
 
 // Window returns the length of the rolling window.
-func (s *Sketch) Window() time.Duration { return time.Duration(s.window) }
+func (s *Sketch) Window() time.Duration { return time.Duration(s.span) }
+
+// Slot returns the length of the windows the sketch's counters count and
+// numbers (WindowNumber): the Window, or a sliding sketch's sub-window.
+func (s *Sketch) Slot() time.Duration { return time.Duration(s.window) }
+
+// Sliding reports whether the sketch counts every grant for a whole Window
+// (SketchConfig.Sliding).
+func (s *Sketch) Sliding() bool { return s.ring > 2 }
 
 // Memory returns the bytes held by the counters, which is what a sketch
-// grows with: 16 × Rows × Width. The index of the cells in use adds a
+// grows with: 16 × Rows × Width, or 64 × Rows × Width when sliding. The index of the cells in use adds a
 // sixty-fourth of that, and 4 bytes per cell in use.
 func (s *Sketch) Memory() int { return 8 * len(s.slots) }
 
@@ -245,7 +324,8 @@ func (s *Sketch) Add(h uint64, n int64, now time.Time) {
 }
 
 // Estimate returns the key's current count in the rolling window:
-// prev × (W − t)/W + curr, minimised over the rows. It is zero for a key
+// prev × (W − t)/W + curr (a sliding sketch: the sum of its sub-windows),
+// minimised over the rows. It is zero for a key
 // never seen, and at least the key's true count.
 func (s *Sketch) Estimate(h uint64, now time.Time) float64 {
 	e, t := s.clock(now)
@@ -285,38 +365,42 @@ func (s *Sketch) clock(now time.Time) (e, t int64) {
 	return e, t
 }
 
-// sketchCols holds, for each row, the index of the key's counter pair.
+// sketchCols holds, for each row, the index of the key's first counter:
+// ring × its cell's.
 type sketchCols [MaxSketchRows]uint64
 
 // columns derives the key's cell in each row from its one hash by double
 // hashing (h + i·h2), reducing each to [0, width) with a multiply-shift
 // rather than a modulo. h2 is h with its halves swapped, so that rows
 // depend on all 64 bits of h.
-func (s *Sketch) columns(h uint64, cols *sketchCols) { sketchColumns(h, s.rows, s.width, cols) }
+func (s *Sketch) columns(h uint64, cols *sketchCols) { sketchColumns(h, s.rows, s.width, s.ring, cols) }
 
 // sketchColumns is Sketch.columns for a sketch of the given shape.
-func sketchColumns(h uint64, rows int, width uint64, cols *sketchCols) {
+func sketchColumns(h uint64, rows int, width, ring uint64, cols *sketchCols) {
 	h2 := bits.RotateLeft64(h, 32) | 1
 	g := h
 	for i := 0; i < rows; i++ {
 		c, _ := bits.Mul64(g, width)
-		cols[i] = 2 * (uint64(i)*width + c)
+		cols[i] = ring * (uint64(i)*width + c)
 		g += h2
 	}
 }
 
 const sketchCountMask = 1<<32 - 1
 
-// sketchStaleHorizon is how far ahead, in units of two windows, a
+// sketchStaleHorizon is how far ahead, in units of ring windows, a
 // counter's tag may be for a charge to the window it no longer holds to
 // be dropped rather than to reset it. It must cover the longest a
 // goroutine may stall between reading the clock and charging; beyond it a
 // tag is taken as an old one that wrapped around.
 const sketchStaleHorizon = 1 << 10
 
-// sketchTag is what a counter of window e is tagged with. The low bit of e
-// is implied by which counter of the pair holds the window.
-func sketchTag(e int64) uint32 { return uint32(e >> 1) }
+// tag is what a counter of window e is tagged with. The low bits of e are
+// implied by which counter of the cell holds the window (slot).
+func (s *Sketch) tag(e int64) uint32 { return uint32(e >> s.rbits) }
+
+// slot is which counter of a cell holds window e.
+func (s *Sketch) slot(e int64) uint64 { return uint64(e) & (s.ring - 1) }
 
 // sketchCount returns the count a counter word holds for the window tagged
 // tag: zero if the word holds another window.
@@ -327,9 +411,9 @@ func sketchCount(word uint64, tag uint32) uint64 {
 	return word & sketchCountMask
 }
 
-// sketchAddSlot adds n to the count of window e in slot, saturating.
-func sketchAddSlot(slot *atomic.Uint64, e int64, n uint64) {
-	tag := sketchTag(e)
+// sketchAddSlot adds n to the count of the window tagged tag in slot,
+// saturating.
+func sketchAddSlot(slot *atomic.Uint64, tag uint32, n uint64) {
 	for {
 		old := slot.Load()
 		var c uint64
@@ -346,10 +430,9 @@ func sketchAddSlot(slot *atomic.Uint64, e int64, n uint64) {
 	}
 }
 
-// sketchSubSlot subtracts n from the count of window e in slot, stopping at zero,
-// if slot still holds window e.
-func sketchSubSlot(slot *atomic.Uint64, e int64, n uint64) {
-	tag := sketchTag(e)
+// sketchSubSlot subtracts n from the count of the window tagged tag in
+// slot, stopping at zero, if slot still holds that window.
+func sketchSubSlot(slot *atomic.Uint64, tag uint32, n uint64) {
 	for {
 		old := slot.Load()
 		if uint32(old>>32) != tag {
@@ -364,18 +447,23 @@ func sketchSubSlot(slot *atomic.Uint64, e int64, n uint64) {
 }
 
 func (s *Sketch) add(cols *sketchCols, e int64, n uint64) {
-	p := uint64(e & 1)
+	p, tag := s.slot(e), s.tag(e)
 	for i := 0; i < s.rows; i++ {
-		sketchAddSlot(&s.slots[cols[i]+p], e, n)
-		s.live.mark(cols[i] / 2)
+		sketchAddSlot(&s.slots[cols[i]+p], tag, n)
+		s.live.mark(cols[i] >> s.rbits)
 	}
 }
 
 func (s *Sketch) sub(cols *sketchCols, e int64, n uint64) {
-	p := uint64(e & 1)
+	p, tag := s.slot(e), s.tag(e)
 	for i := 0; i < s.rows; i++ {
-		sketchSubSlot(&s.slots[cols[i]+p], e, n)
+		sketchSubSlot(&s.slots[cols[i]+p], tag, n)
 	}
+}
+
+// count returns cell i's count of window e.
+func (s *Sketch) count(i int, e int64) uint64 {
+	return sketchCount(s.slots[uint64(i)<<s.rbits+s.slot(e)].Load(), s.tag(e))
 }
 
 // touch loads the key's cells and their marks (Touch): a cell's two
@@ -385,15 +473,34 @@ func (s *Sketch) touch(h uint64) {
 	s.columns(h, &cols)
 	for i := 0; i < s.rows; i++ {
 		s.slots[cols[i]].Load()
-		s.live.marked[cols[i]/2/64].Load()
+		s.live.marked[cols[i]>>s.rbits/64].Load()
 	}
 }
 
-// read loads the key's counters for windows e−1 and e into v.
+// read loads the key's counters for windows e−1 and e into v, or for a
+// sliding sketch those of windows e−7 to e.
 func (s *Sketch) read(cols *sketchCols, e, t int64, v *sketchView) {
-	cp, pp := uint64(e&1), uint64((e-1)&1)
-	ct, pt := sketchTag(e), sketchTag(e-1)
 	v.n, v.w, v.t = s.rows, uint64(s.window), uint64(t)
+	if v.sliding = s.ring > 2; v.sliding {
+		// Window e − 7 + k is in counter (e + 1 + k) mod 8, tagged
+		// with its own number / 8.
+		first := e - (1<<sketchSlidingBits - 1)
+		for i := 0; i < s.rows; i++ {
+			cell := s.slots[cols[i] : cols[i]+1<<sketchSlidingBits : cols[i]+1<<sketchSlidingBits]
+			sub := &v.sub[i]
+			var sum uint64
+			for k := range sub {
+				w := first + int64(k)
+				c := sketchCount(cell[w&(1<<sketchSlidingBits-1)].Load(), uint32(w>>sketchSlidingBits))
+				sub[k] = c
+				sum += c
+			}
+			v.rows[i] = sketchRow{curr: sum}
+		}
+		return
+	}
+	cp, pp := s.slot(e), s.slot(e-1)
+	ct, pt := s.tag(e), s.tag(e-1)
 	for i := 0; i < s.rows; i++ {
 		v.rows[i] = sketchRow{
 			prev: sketchCount(s.slots[cols[i]+pp].Load(), pt),
@@ -406,11 +513,16 @@ type sketchRow struct{ prev, curr uint64 }
 
 // A sketchView is one key's counters at one instant, from which a Decision
 // is computed in exact integer arithmetic: a row's estimate times W,
-// prev·(W−t) + curr·W, needs up to 96 bits, so it is held in 128.
+// prev·(W−t) + curr·W, needs up to 96 bits, so it is held in 128. A
+// sliding sketch's view holds in each row's curr the sum of its
+// sub-windows (prev is 0) and in sub each sub-window's count, oldest
+// first, the current one last; w and t are then the sub-window's.
 type sketchView struct {
-	n    int
-	w, t uint64 // window length and time into it, ns; t < w
-	rows [MaxSketchRows]sketchRow
+	n       int
+	w, t    uint64 // window length and time into it, ns; t < w
+	sliding bool
+	rows    [MaxSketchRows]sketchRow
+	sub     [MaxSketchRows][1 << sketchSlidingBits]uint64
 }
 
 // num returns row i's estimate times W.
@@ -471,6 +583,13 @@ func (v *sketchView) minRow() int {
 // remove takes w from the current window of every row, stopping at zero.
 func (v *sketchView) remove(w uint64) {
 	for i := 0; i < v.n; i++ {
+		if v.sliding {
+			last := &v.sub[i][len(v.sub[i])-1]
+			w := min(*last, w)
+			*last -= w
+			v.rows[i].curr -= w
+			continue
+		}
 		v.rows[i].curr -= min(v.rows[i].curr, w)
 	}
 }
@@ -487,6 +606,9 @@ func (v *sketchView) remaining(q uint64) int64 {
 // reset is the time until the estimate is zero: the earliest time any row
 // has neither a current nor a previous count.
 func (v *sketchView) reset() time.Duration {
+	if v.sliding {
+		return v.slidingWait(0)
+	}
 	best := 2*v.w - v.t
 	for i := 0; i < v.n && best > 0; i++ {
 		switch r := v.rows[i]; {
@@ -504,6 +626,9 @@ func (v *sketchView) reset() time.Duration {
 // least those of a row already solved cannot get there sooner, and
 // skipping it spares a 128-bit division; usually the rows are equal.
 func (v *sketchView) retry(need uint64) time.Duration {
+	if v.sliding {
+		return v.slidingWait(need)
+	}
 	best := uint64(math.MaxUint64)
 	var solved [MaxSketchRows]int
 	n := 0
@@ -542,6 +667,28 @@ func (v *sketchView) rowRetry(i int, need uint64) uint64 {
 	hi, lo := bits.Mul64(need-r.curr, v.w)
 	q, _ := bits.Div64(hi, lo, r.prev)
 	return v.w - q - v.t
+}
+
+// slidingWait is, for a sliding view, the time until some row counts at
+// most need, assuming no new traffic: sub-window k of the ring (oldest
+// first) stops counting at the end of the current sub-window plus k
+// sub-windows, so the first k with the rest at most need gives the wait.
+func (v *sketchView) slidingWait(need uint64) time.Duration {
+	best := uint64(math.MaxUint64)
+	for i := 0; i < v.n && best > 0; i++ {
+		left := v.rows[i].curr
+		if left <= need {
+			best = 0
+			break
+		}
+		for k, c := range v.sub[i] {
+			if left -= c; left <= need {
+				best = min(best, v.w-v.t+uint64(k)*v.w)
+				break
+			}
+		}
+	}
+	return time.Duration(best)
 }
 
 func (v *sketchView) denied(q, w uint64) Decision {

@@ -16,23 +16,45 @@ import (
 //	previous window: uvarint n, then n × (uvarint index delta, uvarint count)
 //	current window:  the same
 //
+// A sliding sketch's snapshot (SketchConfig.Sliding) is
+//
+//	"FGSK" version=2
+//	uvarint rows, uvarint width, uvarint window (ns, the Window, not the
+//	sub-window), uvarint sub-windows (SketchSubWindows), varint epoch
+//	(the current sub-window's number)
+//	then the lists of sub-windows epoch − 7 to epoch, oldest first
+//
+// A reader of version 1 only (an instance of an older version) refuses
+// version 2 as an unsupported version and skips that snapshot; a sliding
+// sum reads a version 1 snapshot of its Window safely (SketchSum.olderSlot).
+//
 // Only nonzero cells are listed, in increasing index order; each index is
 // the previous entry's plus its delta (the first entry's previous index
 // being −1), so every delta is at least 1. Varints are minimal. The form
 // is canonical: a snapshot has exactly one encoding, so decoding and
 // encoding again gives back the same bytes.
 const (
-	sketchMagic        = "FGSK"
-	sketchCodecVersion = 1
+	sketchMagic          = "FGSK"
+	sketchCodecVersion   = 1
+	sketchSlidingVersion = 2
 )
 
-func appendSketchHeader(dst []byte, rows, width int, window time.Duration, epoch int64) []byte {
+// appendSketchHeader appends the header of a snapshot of t's shape and
+// windows.
+func appendSketchHeader(dst []byte, t *SketchSum) []byte {
 	dst = append(dst, sketchMagic...)
-	dst = append(dst, sketchCodecVersion)
-	dst = binary.AppendUvarint(dst, uint64(rows))
-	dst = binary.AppendUvarint(dst, uint64(width))
-	dst = binary.AppendUvarint(dst, uint64(window))
-	return binary.AppendVarint(dst, epoch)
+	if t.ring > 2 {
+		dst = append(dst, sketchSlidingVersion)
+	} else {
+		dst = append(dst, sketchCodecVersion)
+	}
+	dst = binary.AppendUvarint(dst, uint64(t.rows))
+	dst = binary.AppendUvarint(dst, uint64(t.width))
+	dst = binary.AppendUvarint(dst, uint64(t.span))
+	if t.ring > 2 {
+		dst = binary.AppendUvarint(dst, SketchSubWindows)
+	}
+	return binary.AppendVarint(dst, t.epoch)
 }
 
 // appendSketchCells appends one window's list of nonzero cells, reading
@@ -95,20 +117,23 @@ func setCells(bm []uint64) iter.Seq[int] {
 	}
 }
 
-// sketchHeader is what the binary form says before its counts.
+// sketchHeader is what the binary form says before its counts: window is
+// the length of the windows its lists count (a sliding sketch's
+// sub-window), ring how many lists it has.
 type sketchHeader struct {
 	rows, width int
 	window      time.Duration
+	ring        int
 	epoch       int64
 }
 
 // walkSketchBinary decodes the binary form of a snapshot without storing
 // it: it calls begin with the header (an error from begin stops the walk
-// and is returned), then cell for each nonzero cell of the previous window
-// (curr false) and of the current one, in index order. It returns an error
+// and is returned), then cell for each nonzero cell of each window, oldest
+// first (k from 0 to ring − 1), in index order. It returns an error
 // for any input AppendSnapshot would not have written, possibly after some
 // calls of cell: to act only on valid input, walk it once with a nil cell.
-func walkSketchBinary(data []byte, maxCells int, begin func(sketchHeader) error, cell func(curr bool, i int, c uint32)) error {
+func walkSketchBinary(data []byte, maxCells int, begin func(sketchHeader) error, cell func(k int, i int, c uint32)) error {
 	if maxCells < 1 {
 		return fmt.Errorf("sketch snapshot: maxCells must be at least 1, got %d", maxCells)
 	}
@@ -119,8 +144,9 @@ func walkSketchBinary(data []byte, maxCells int, begin func(sketchHeader) error,
 	if d.off == len(data) {
 		return fmt.Errorf("sketch snapshot: truncated before the version")
 	}
-	if v := data[d.off]; v != sketchCodecVersion {
-		return fmt.Errorf("sketch snapshot: unsupported version %d, want %d", v, sketchCodecVersion)
+	v := data[d.off]
+	if v != sketchCodecVersion && v != sketchSlidingVersion {
+		return fmt.Errorf("sketch snapshot: unsupported version %d, want %d or %d", v, sketchCodecVersion, sketchSlidingVersion)
 	}
 	d.off++
 	rows, err := d.uvarint("rows")
@@ -148,19 +174,29 @@ func walkSketchBinary(data []byte, maxCells int, begin func(sketchHeader) error,
 	if window < uint64(MinSketchWindow) || window > uint64(MaxSketchWindow) {
 		return fmt.Errorf("sketch snapshot: window must be between %v and %v, got %d ns", MinSketchWindow, MaxSketchWindow, window)
 	}
+	h := sketchHeader{rows: int(rows), width: int(width), window: time.Duration(window), ring: 2}
+	if v == sketchSlidingVersion {
+		subs, err := d.uvarint("sub-windows")
+		if err != nil {
+			return err
+		}
+		if subs != SketchSubWindows {
+			return fmt.Errorf("sketch snapshot: %d sub-windows, want %d", subs, SketchSubWindows)
+		}
+		h.window, h.ring = time.Duration(sketchSubWindow(h.window)), SketchSlots(true)
+	}
 	epoch, err := d.uvarint("epoch")
 	if err != nil {
 		return err
 	}
-	h := sketchHeader{rows: int(rows), width: int(width), window: time.Duration(window), epoch: sketchUnzigzag(epoch)}
+	h.epoch = sketchUnzigzag(epoch)
 	if err := begin(h); err != nil {
 		return err
 	}
-	if err := d.cells(cells, false, cell); err != nil {
-		return err
-	}
-	if err := d.cells(cells, true, cell); err != nil {
-		return err
+	for k := range h.ring {
+		if err := d.cells(cells, k, h.ring, cell); err != nil {
+			return err
+		}
 	}
 	if d.off != len(data) {
 		return fmt.Errorf("sketch snapshot: %d trailing bytes at byte %d", len(data)-d.off, d.off)
@@ -198,31 +234,38 @@ func (d *sketchDecoder) uvarint(what string) (uint64, error) {
 	return v, nil
 }
 
-// cells reads one window's list of nonzero cells, of a shape of cells
-// cells, passing each to cell if it is not nil.
-func (d *sketchDecoder) cells(cells int, curr bool, cell func(curr bool, i int, c uint32)) error {
-	which := "previous"
-	if curr {
-		which = "current"
+// sketchWhich names window k of a snapshot of ring windows in errors.
+func sketchWhich(k, ring int) string {
+	switch {
+	case ring == 2 && k == 0:
+		return "previous window"
+	case k == ring-1:
+		return "current window"
 	}
+	return fmt.Sprintf("window %d of %d", k, ring)
+}
+
+// cells reads the list of nonzero cells of window k of ring, of a shape
+// of cells cells, passing each to cell if it is not nil.
+func (d *sketchDecoder) cells(cells, k, ring int, cell func(k int, i int, c uint32)) error {
 	n, err := d.uvarint("entry count")
 	if err != nil {
 		return err
 	}
 	if n > uint64(cells) {
-		return fmt.Errorf("sketch snapshot: %s window lists %d cells, the shape has only %d", which, n, cells)
+		return fmt.Errorf("sketch snapshot: %s lists %d cells, the shape has only %d", sketchWhich(k, ring), n, cells)
 	}
 	last := -1
-	for k := range int(n) {
+	for j := range int(n) {
 		delta, err := d.uvarint("index delta")
 		if err != nil {
 			return err
 		}
 		if delta == 0 {
-			return fmt.Errorf("sketch snapshot: %s window entry %d repeats index %d", which, k, last)
+			return fmt.Errorf("sketch snapshot: %s entry %d repeats index %d", sketchWhich(k, ring), j, last)
 		}
 		if delta > uint64(cells-1-last) {
-			return fmt.Errorf("sketch snapshot: %s window entry %d: index %d+%d is out of range for %d cells", which, k, last, delta, cells)
+			return fmt.Errorf("sketch snapshot: %s entry %d: index %d+%d is out of range for %d cells", sketchWhich(k, ring), j, last, delta, cells)
 		}
 		last += int(delta)
 		c, err := d.uvarint("count")
@@ -230,10 +273,10 @@ func (d *sketchDecoder) cells(cells int, curr bool, cell func(curr bool, i int, 
 			return err
 		}
 		if c == 0 || c > math.MaxUint32 {
-			return fmt.Errorf("sketch snapshot: %s window cell %d: count %d is not between 1 and %d", which, last, c, uint64(math.MaxUint32))
+			return fmt.Errorf("sketch snapshot: %s cell %d: count %d is not between 1 and %d", sketchWhich(k, ring), last, c, uint64(math.MaxUint32))
 		}
 		if cell != nil {
-			cell(curr, last, uint32(c))
+			cell(k, last, uint32(c))
 		}
 	}
 	return nil

@@ -50,7 +50,7 @@ func (l *sketchLive) mark(i uint64) {
 }
 
 // liveCells returns, in increasing order, every cell of s that counts
-// something in window e − 1 of now or later, and possibly a few that no
+// something in window e − 1 of now or later (a sliding sketch's e − 7), and possibly a few that no
 // longer do. The slice is the caller's to read; it is never changed.
 // Within a window it costs a pass over the marks (one bit per cell) and
 // a merge of the cells marked since the last walk; the first walk of a
@@ -96,15 +96,17 @@ func (s *Sketch) liveCells(now time.Time) []int32 {
 	return cells
 }
 
-// cellLive reports whether cell i counts something in window e − 1 or
-// later: one of its counter words holds such a window (its tag and the
-// counter's parity, modulo 2^33 as tags are: at or after e − 1, within the
-// horizon of a clock ahead, see sketchAddSlot) with a count.
+// cellLive reports whether cell i counts something in window e − ring + 1
+// (e − 1, or a sliding sketch's e − 7) or later: one of its counter words
+// holds such a window (its tag and the counter's place in the cell, modulo
+// 2^32·ring as tags are: at or after e − ring + 1, within the horizon of a
+// clock ahead, see sketchAddSlot) with a count.
 func (s *Sketch) cellLive(i int, e int64) bool {
-	for parity := range int64(2) {
-		word := s.slots[2*i+int(parity)].Load()
-		w := int64(word>>32)<<1 | parity
-		if word&sketchCountMask != 0 && uint64(w-(e-1))&(1<<33-1) < 2*sketchStaleHorizon {
+	mod := uint64(1)<<(32+s.rbits) - 1
+	for p := range s.ring {
+		word := s.slots[uint64(i)<<s.rbits+p].Load()
+		w := int64(word>>32)<<s.rbits | int64(p)
+		if word&sketchCountMask != 0 && uint64(w-(e-int64(s.ring)+1))&mod < s.ring*sketchStaleHorizon {
 			return true
 		}
 	}

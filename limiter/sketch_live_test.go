@@ -113,19 +113,19 @@ func TestLiveCellsChargeDuringAWalk(t *testing.T) {
 		run  func(s *Sketch, e int64) (listedNow bool)
 	}{
 		{"charge, then walk", func(s *Sketch, e int64) bool {
-			sketchAddSlot(&s.slots[2*cell+int(e&1)], e, 1)
+			sketchAddSlot(&s.slots[2*cell+int(e&1)], s.tag(e), 1)
 			s.live.mark(cell)
 			return slices.Contains(s.liveCells(now), cell)
 		}},
 		{"count, walk, mark", func(s *Sketch, e int64) bool {
-			sketchAddSlot(&s.slots[2*cell+int(e&1)], e, 1)
+			sketchAddSlot(&s.slots[2*cell+int(e&1)], s.tag(e), 1)
 			listed := slices.Contains(s.liveCells(now), cell)
 			s.live.mark(cell)
 			return listed
 		}},
 		{"walk, then charge", func(s *Sketch, e int64) bool {
 			listed := slices.Contains(s.liveCells(now), cell)
-			sketchAddSlot(&s.slots[2*cell+int(e&1)], e, 1)
+			sketchAddSlot(&s.slots[2*cell+int(e&1)], s.tag(e), 1)
 			s.live.mark(cell)
 			return listed
 		}},

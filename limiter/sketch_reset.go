@@ -32,8 +32,8 @@ func WindowNumber(t time.Time, window time.Duration) int64 {
 func (s *Sketch) Reset(h uint64, now time.Time) { s.ResetHash(h, now, now) }
 
 // ResetHash forgets the key with hash h in the windows that had begun by
-// at, the time of the reset: in each such window of the two the sketch
-// holds at now, it subtracts the key's estimate for that window from each
+// at, the time of the reset: in each such window of those the sketch
+// holds at now (two, or a sliding sketch's eight sub-windows), it subtracts the key's estimate for that window from each
 // of the key's cells, never below zero. Windows that began after at are
 // untouched. A charge made concurrently may be forgotten with the rest.
 func (s *Sketch) ResetHash(h uint64, at, now time.Time) {
@@ -41,18 +41,18 @@ func (s *Sketch) ResetHash(h uint64, at, now time.Time) {
 	e, _ := s.clock(now)
 	var cols sketchCols
 	s.columns(h, &cols)
-	for _, w := range [2]int64{e - 1, e} {
+	for w := e - int64(s.ring) + 1; w <= e; w++ {
 		if w > last {
 			continue
 		}
-		p, tag := uint64(w&1), sketchTag(w)
+		p, tag := s.slot(w), s.tag(w)
 		m := uint64(math.MaxUint64)
 		for i := 0; i < s.rows; i++ {
 			m = min(m, sketchCount(s.slots[cols[i]+p].Load(), tag))
 		}
 		if m > 0 {
 			for i := 0; i < s.rows; i++ {
-				sketchSubSlot(&s.slots[cols[i]+p], w, m)
+				sketchSubSlot(&s.slots[cols[i]+p], tag, m)
 			}
 		}
 	}
@@ -74,14 +74,17 @@ type Forget struct {
 func (t *SketchSum) ForgetHash(h uint64, at time.Time) {
 	last := WindowNumber(at, t.window)
 	var cols sketchCols
-	sketchColumns(h, t.rows, uint64(t.width), &cols)
-	for k := range 2 {
-		if t.epoch-1+int64(k) > last {
+	sketchColumns(h, t.rows, uint64(t.width), uint64(t.ring), &cols)
+	for k := range t.ring {
+		if t.epoch-int64(t.ring)+1+int64(k) > last {
 			continue
 		}
 		// A count of window epoch is held less def (curr), which
 		// subtracting m from keeps.
-		bias := t.def * uint32(k)
+		var bias uint32
+		if k == t.ring-1 {
+			bias = t.def
+		}
 		m := uint32(math.MaxUint32)
 		for i := 0; i < t.rows; i++ {
 			m = min(m, t.counts[cols[i]+uint64(k)]+bias)
@@ -130,40 +133,40 @@ func (t *SketchSum) SubtractBinaryForgetting(data []byte, forget []Forget) (epoc
 }
 
 // forgotten returns the cells of the keys in forget (sorted, without
-// repeats) and the snapshot's counts of them, well formed data of window
-// epoch, less what forgetting the keys in order takes (see
-// AddBinaryForgetting): vals[j] for the previous window, vals[len(idx)+j]
-// for the current one. Nothing to forget gives nil.
-func (t *SketchSum) forgotten(data []byte, epoch int64, forget []Forget) (idx []int, vals []uint32) {
+// repeats) and the snapshot's counts of them, well formed data with header
+// h, less what forgetting the keys in order takes (see
+// AddBinaryForgetting): vals[k·len(idx)+j] for its window k, oldest first.
+// Nothing to forget gives nil.
+func (t *SketchSum) forgotten(data []byte, h sketchHeader, forget []Forget) (idx []int, vals []uint32) {
 	if len(forget) == 0 {
 		return nil, nil
 	}
 	idx = make([]int, 0, len(forget)*t.rows)
 	var cols sketchCols
 	for _, f := range forget {
-		sketchColumns(f.Hash, t.rows, uint64(t.width), &cols)
+		sketchColumns(f.Hash, t.rows, uint64(t.width), 1, &cols)
 		for i := 0; i < t.rows; i++ {
-			idx = append(idx, int(cols[i]/2))
+			idx = append(idx, int(cols[i]))
 		}
 	}
 	slices.Sort(idx)
 	idx = slices.Compact(idx)
-	vals = make([]uint32, 2*len(idx))
+	vals = make([]uint32, h.ring*len(idx))
 	at := cellCursor{idx: idx}
-	_ = walkSketchBinary(data, t.rows*t.width, func(sketchHeader) error { return nil }, func(curr bool, i int, c uint32) {
-		if v := at.find(curr, i); v >= 0 {
+	_ = walkSketchBinary(data, t.rows*t.width, func(sketchHeader) error { return nil }, func(k int, i int, c uint32) {
+		if v := at.find(k, i); v >= 0 {
 			vals[v] = c
 		}
 	})
 	var pos [MaxSketchRows]int
 	for _, f := range forget {
-		last := WindowNumber(f.At, t.window)
-		sketchColumns(f.Hash, t.rows, uint64(t.width), &cols)
+		last := WindowNumber(f.At, h.window)
+		sketchColumns(f.Hash, t.rows, uint64(t.width), 1, &cols)
 		for i := 0; i < t.rows; i++ {
-			pos[i], _ = slices.BinarySearch(idx, int(cols[i]/2))
+			pos[i], _ = slices.BinarySearch(idx, int(cols[i]))
 		}
-		for k := range 2 {
-			if epoch-1+int64(k) > last {
+		for k := range h.ring {
+			if h.epoch-int64(h.ring)+1+int64(k) > last {
 				continue
 			}
 			v := vals[k*len(idx):]
@@ -191,11 +194,12 @@ func (s *Sketch) MergeBinaryForgetting(data []byte, now time.Time, forget []Forg
 	if _, err := sum.AddBinaryForgetting(data, forget); err != nil {
 		return err
 	}
-	for k, e := range [2]int64{sum.epoch - 1, sum.epoch} {
-		p := int(e & 1)
+	for k := range sum.ring {
+		e := sum.epoch - int64(sum.ring) + 1 + int64(k)
+		p, tag := s.slot(e), s.tag(e)
 		for i := range setCells(sum.used) {
-			if c := sum.counts[2*i+k]; c != 0 {
-				sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
+			if c := sum.counts[sum.ring*i+k]; c != 0 {
+				sketchAddSlot(&s.slots[uint64(i)<<s.rbits+p], tag, uint64(c))
 				s.live.mark(uint64(i))
 			}
 		}
@@ -204,28 +208,25 @@ func (s *Sketch) MergeBinaryForgetting(data []byte, now time.Time, forget []Forg
 }
 
 // A cellCursor finds the cells of a sorted list (idx) as a walk of a
-// snapshot passes them, in increasing order within each of its windows.
+// snapshot passes them, in increasing order within each
+// of its windows.
 type cellCursor struct {
 	idx  []int
-	j    int
-	curr bool
+	j, k int
 }
 
-// find returns where cell i of the window curr goes in a list of values
-// for idx's cells (the previous window's, then the current one's), or −1
-// if i is not in idx.
-func (k *cellCursor) find(curr bool, i int) int {
-	if curr != k.curr {
-		k.j, k.curr = 0, curr
+// find returns where cell i of the snapshot's window k goes in a list of
+// values for idx's cells (each window's in turn, oldest first), or −1 if
+// i is not in idx.
+func (c *cellCursor) find(k, i int) int {
+	if k != c.k {
+		c.j, c.k = 0, k
 	}
-	for k.j < len(k.idx) && k.idx[k.j] < i {
-		k.j++
+	for c.j < len(c.idx) && c.idx[c.j] < i {
+		c.j++
 	}
-	if k.j == len(k.idx) || k.idx[k.j] != i {
+	if c.j == len(c.idx) || c.idx[c.j] != i {
 		return -1
 	}
-	if curr {
-		return len(k.idx) + k.j
-	}
-	return k.j
+	return k*len(c.idx) + c.j
 }

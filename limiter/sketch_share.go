@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"math"
 	"math/bits"
 	"slices"
 	"time"
@@ -49,6 +50,14 @@ import (
 // its hold began no later than theirs (a later one runs from a grant here,
 // since refunded): taking theirs lengthens its hold, and the default's
 // begins afresh at least once a hold, so quiet cells join within a hold.
+// A sliding sketch moves to a new sub-window every W/7, often between two
+// reads: its copies carry the reservations across sub-windows (while the
+// sum still holds the previous copy's window), what the others used since
+// being their counts of that window and the ones after it, and times
+// being counted from the window the chain of carrying copies began in;
+// a sum of an earlier sub-window (an aggregate's) is shifted to now's. A
+// weighted sketch's copies carry within one window: its edge is W apart.
+//
 // A nil sum, or n < 2, gives the sum itself. t is a sum (NewSketchSum,
 // SketchSumOfBinary), not a copy made by WithShares: every cell it does
 // not count something in is taken to hold zero.
@@ -56,9 +65,14 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	if t == nil || n < 2 {
 		return t
 	}
+	e, el := s.clock(now)
+	if d := e - t.epoch; d > 0 && d < int64(t.ring)-1 && t.ring > 2 {
+		// A sliding sum of a sub-window or a few before (an
+		// aggregate's): the same counts, as of window e.
+		t = t.shifted(int(d))
+	}
 	c := *t
 	c.shares = nil
-	e, el := s.clock(now)
 	if e != t.epoch {
 		c.counts = slices.Clone(t.counts)
 		return &c // a sum of another window: nothing to share on
@@ -68,21 +82,30 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	// cell at zero); every other cell holds zero in t too. c.used stays
 	// t's: no sum is added to once read.
 	c.counts = make([]uint32, len(t.counts))
-	cells := s.rows * int(s.width)
 	var p *shareState
-	if prev != nil && prev.shares != nil && prev.epoch == e && len(prev.counts) == 2*cells {
+	if prev != nil && prev.shares != nil && len(prev.counts) == len(t.counts) && s.carries(prev.epoch, prev.shares.origin, e) {
 		p = prev.shares
 	}
-	unit := max(int64(time.Millisecond), s.window>>32) // so that any time in the window fits 32 bits
+	// Times are counted from the start of window origin: the current
+	// one, or for a sliding sketch the one the chain of copies that
+	// carried the reservations began in, in units such that any time
+	// until the chain ends fits 32 bits.
+	origin, unit := e, max(int64(time.Millisecond), s.window>>32)
+	if s.ring > 2 {
+		unit = max(int64(time.Millisecond), s.window>>16)
+		if p != nil {
+			origin = p.origin
+		}
+	}
 	b := shareBalance{
 		n: uint64(n), rank: uint64(rank), q: uint64(s.quota.Load()),
-		at: uint32(el / unit), hold: uint32(min(int64(hold)/unit, 1<<32-1)),
+		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min(int64(hold)/unit, 1<<32-1)),
 	}
 
 	// Every cell that counts nothing anywhere and held the previous
 	// default is in the same state: it is settled once, here, and the
 	// cells that are not are settled one by one below.
-	st := &shareState{}
+	st := &shareState{origin: origin}
 	if p != nil {
 		held, since := b.carry(p.def, p.defSince, 0, uint64(p.def), 0, 0)
 		st.def, st.defSince = b.settle(b.q, held, since)
@@ -108,13 +131,28 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	}
 	st.cells = make([]shareCell, 0, used)
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
-	cp, pp := uint64(e&1), uint64((e-1)&1)
-	ct, pt := sketchTag(e), sketchTag(e-1)
+	r := int(s.ring)
 	j := 0 // p.cells[j] is the first of the previous copy's cells not passed yet
 	for i := range setCells(marks) {
-		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
-		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
-		peerPrev, peerCurr := uint64(t.counts[2*i]), uint64(t.curr(i))
+		// A sliding sketch's older sub-windows count in full: they are
+		// summed into ownPrev and peerPrev, and weighed whole (rest w).
+		var ownPrev, peerPrev uint64
+		for k := range r - 1 {
+			ownPrev += s.count(i, e-int64(r)+1+int64(k))
+			peerPrev += uint64(t.counts[r*i+k])
+		}
+		ownCurr := s.count(i, e)
+		peerCurr := uint64(t.curr(i))
+		// What the own sketch and the peers counted from the window
+		// the previous copy was made in on: the current one, or for a
+		// sliding sketch maybe one or more before.
+		ownSince, peerSince := ownCurr, peerCurr
+		if p != nil {
+			for w := prev.epoch; w < e; w++ {
+				ownSince += s.count(i, w)
+				peerSince += uint64(t.counts[r*i+r-1-int(e-w)])
+			}
+		}
 		// What the previous copy left the others here: listed, or
 		// its default.
 		var held uint64
@@ -128,12 +166,15 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 				pc := &p.cells[j]
 				pk, ps, po = pc.keep, pc.since, pc.owned
 			}
-			held, since = b.carry(pk, ps, po, uint64(prev.curr(i)), peerCurr, ownCurr)
+			held, since = b.carry(pk, ps, po, uint64(prev.curr(i)), peerSince, ownSince)
 		}
 		// The cell's estimate, rounded up, as sketchView.remaining
 		// takes it.
 		var est uint64
 		if ownPrev|ownCurr|peerPrev|peerCurr != 0 {
+			if r > 2 {
+				rest = w
+			}
 			hi, lo := sketchNum(ownPrev+peerPrev, ownCurr+peerCurr, w, rest)
 			est = sketchCeil(hi, lo, w)
 		}
@@ -146,8 +187,8 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			continue
 		}
 		st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})
-		c.counts[2*i] = uint32(peerPrev)
-		c.counts[2*i+1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota)) - c.def
+		copy(c.counts[r*i:r*i+r-1], t.counts[r*i:r*i+r-1])
+		c.counts[r*i+r-1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota)) - c.def
 	}
 	c.shares = st
 	return &c
@@ -162,6 +203,38 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 type shareState struct {
 	def, defSince uint32
 	cells         []shareCell
+	// origin is the window the times are counted from (WithShares).
+	origin int64
+}
+
+// sketchShareChain is how many sub-windows a sliding sketch's copies made
+// by WithShares carry their reservations over, times being counted from
+// the first: then the next copy shares afresh.
+const sketchShareChain = 1 << 15
+
+// carries reports whether a copy made by WithShares in window e carries
+// the reservations of one made in window prev, whose chain began in
+// origin: in the same window, or for a sliding sketch a window the sum
+// still holds (its counts since are known), within the chain.
+func (s *Sketch) carries(prev, origin, e int64) bool {
+	if s.ring == 2 {
+		return prev == e
+	}
+	return prev <= e && e-prev < int64(s.ring)-1 && origin <= prev && e-origin < sketchShareChain &&
+		e-origin < math.MaxInt64/s.window-1
+}
+
+// shifted returns a copy of the sliding sum as of d windows later: its
+// counts of windows the new one holds, those of the d newest zero. It
+// reads only the cells the sum counts something in.
+func (t *SketchSum) shifted(d int) *SketchSum {
+	c := *t
+	c.epoch += int64(d)
+	c.counts = make([]uint32, len(t.counts))
+	for i := range setCells(t.used) {
+		copy(c.counts[t.ring*i:t.ring*i+t.ring-d], t.counts[t.ring*i+d:t.ring*i+t.ring])
+	}
+	return &c
 }
 
 type shareCell struct {
@@ -230,12 +303,13 @@ func (s *Sketch) AppendCounted(dst []uint64, now time.Time) []uint64 {
 	cells := s.rows * int(s.width)
 	dst = append(dst[:0], make([]uint64, (cells+63)/64)...)
 	e, _ := s.clock(now)
-	cp, pp := uint64(e&1), uint64((e-1)&1)
-	ct, pt := sketchTag(e), sketchTag(e-1)
 	for _, c := range s.liveCells(now) {
 		i := int(c)
-		if sketchCount(s.slots[2*i+int(pp)].Load(), pt)+sketchCount(s.slots[2*i+int(cp)].Load(), ct) != 0 {
-			dst[i/64] |= 1 << (i % 64)
+		for w := e - int64(s.ring) + 1; w <= e; w++ {
+			if s.count(i, w) != 0 {
+				dst[i/64] |= 1 << (i % 64)
+				break
+			}
 		}
 	}
 	return dst
@@ -247,11 +321,18 @@ func (s *Sketch) KeyCells(h uint64, cells *[MaxSketchRows]int) int {
 	var cols sketchCols
 	s.columns(h, &cols)
 	for i := range s.rows {
-		cells[i] = int(cols[i] / 2)
+		cells[i] = int(cols[i] >> s.rbits)
 	}
 	return s.rows
 }
 
-// CellZero reports whether the sum counts nothing in cell i, in either
-// window.
-func (t *SketchSum) CellZero(i int) bool { return t.counts[2*i]|t.curr(i) == 0 }
+// CellZero reports whether the sum counts nothing in cell i, in any of its
+// windows.
+func (t *SketchSum) CellZero(i int) bool {
+	for k := range t.ring {
+		if t.at(i, k) != 0 {
+			return false
+		}
+	}
+	return true
+}

@@ -35,7 +35,7 @@ func withSharesDense(t *SketchSum, s *Sketch, n, rank int, now time.Time, prev *
 	q := uint64(s.quota.Load())
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
 	cp, pp := uint64(e&1), uint64((e-1)&1)
-	ct, pt := sketchTag(e), sketchTag(e-1)
+	ct, pt := s.tag(e), s.tag(e-1)
 	d.keep, d.since, d.owned = make([]uint32, cells), make([]uint32, cells), make([]uint32, cells)
 	// settle is the rule for one cell, from its counts and what prev left
 	// in it.
@@ -200,7 +200,7 @@ func TestWithSharesMatchesTheReference(t *testing.T) {
 				if rng.IntN(6) == 0 { // a reset asked for while the sum was built (see storage's replaceView)
 					k := keys[rng.IntN(len(keys))]
 					shared.ForgetHash(k, now)
-					dense := &SketchSum{window: sum.window, rows: sum.rows, width: sum.width, epoch: sum.epoch, counts: ref.counts}
+					dense := &SketchSum{window: sum.window, rows: sum.rows, width: sum.width, ring: sum.ring, epoch: sum.epoch, counts: ref.counts}
 					dense.ForgetHash(k, now)
 					if !slices.Equal(shared.plainCounts(), ref.counts) {
 						t.Fatalf("step %d: the counts less a key differ from the reference's", step)

@@ -69,7 +69,7 @@ func (s *Sketch) Snapshot(now time.Time) *SketchSnapshot {
 		Curr:   counts[cells:],
 	}
 	cp, pp := int(e&1), int((e-1)&1)
-	ct, pt := sketchTag(e), sketchTag(e-1)
+	ct, pt := s.tag(e), s.tag(e-1)
 	for i := range cells {
 		o.Prev[i] = uint32(sketchCount(s.slots[2*i+pp].Load(), pt))
 		o.Curr[i] = uint32(sketchCount(s.slots[2*i+cp].Load(), ct))
@@ -116,7 +116,7 @@ func (s *Sketch) addCells(counts []uint32, e int64) {
 	p := int(e & 1)
 	for i, c := range counts {
 		if c != 0 {
-			sketchAddSlot(&s.slots[2*i+p], e, uint64(c))
+			sketchAddSlot(&s.slots[2*i+p], s.tag(e), uint64(c))
 			s.live.mark(uint64(i))
 		}
 	}
@@ -130,7 +130,7 @@ func (o *SketchSnapshot) AppendBinary(dst []byte) ([]byte, error) {
 	if err := o.validate(); err != nil {
 		return dst, err
 	}
-	dst = appendSketchHeader(dst, o.Rows, o.Width, o.Window, o.Epoch)
+	dst = appendSketchHeader(dst, &SketchSum{rows: o.Rows, width: o.Width, span: o.Window, ring: 2, epoch: o.Epoch})
 	dst = appendSketchCells(dst, everyCell(len(o.Prev)), func(i int) uint32 { return o.Prev[i] })
 	dst = appendSketchCells(dst, everyCell(len(o.Curr)), func(i int) uint32 { return o.Curr[i] })
 	return dst, nil
@@ -151,6 +151,9 @@ func (o *SketchSnapshot) AppendBinary(dst []byte) ([]byte, error) {
 func DecodeSketchSnapshot(data []byte, maxCells int) (*SketchSnapshot, error) {
 	var o *SketchSnapshot
 	err := walkSketchBinary(data, maxCells, func(h sketchHeader) error {
+		if h.ring != 2 {
+			return fmt.Errorf("sketch snapshot: a sliding sketch's snapshot has no SketchSnapshot form")
+		}
 		cells := h.rows * h.width
 		counts := make([]uint32, 2*cells)
 		o = &SketchSnapshot{
@@ -162,8 +165,8 @@ func DecodeSketchSnapshot(data []byte, maxCells int) (*SketchSnapshot, error) {
 			Curr:   counts[cells:],
 		}
 		return nil
-	}, func(curr bool, i int, c uint32) {
-		if curr {
+	}, func(k int, i int, c uint32) {
+		if k == 1 {
 			o.Curr[i] = c
 		} else {
 			o.Prev[i] = c

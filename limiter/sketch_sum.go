@@ -22,14 +22,20 @@ import (
 // When the sum is read later, in window Epoch + 1, its current window is
 // the previous one; beyond that it adds nothing.
 //
+// A sum for a sliding sketch holds its eight sub-windows, Epoch − 7 to
+// Epoch, in the same way: each window of a snapshot or of a later view
+// meets the sum's window of the same number, if the sum holds it.
+//
 // Counts saturate at MaxSketchQuota. Add is not safe for concurrent use; a
 // sum that is no longer added to may be read by any number of goroutines.
 type SketchSum struct {
-	window      time.Duration
+	window      time.Duration // the sketch's Slot
+	span        time.Duration // its Window
 	rows, width int
+	ring        int // windows per cell: 2, or 8 for a sliding sketch
 	epoch       int64
-	// counts holds cell c's count of window epoch − 1 at 2c and of window
-	// epoch at 2c + 1, so that a decision finds both in one cache line.
+	// counts holds cell c's count of window epoch − ring + 1 + k at
+	// ring·c + k, so that a decision finds them in one cache line.
 	counts []uint32
 	// used has a bit per cell (bit i%64 of word i/64), set for every cell
 	// that an added snapshot counted (subtracting may leave some at zero),
@@ -48,8 +54,8 @@ type SketchSum struct {
 	def uint32
 }
 
-// Bytes returns what the sum holds: 8 bytes per cell for its two windows'
-// counts and, unless copied reports that it shares its sum's (copies made
+// Bytes returns what the sum holds: 4 bytes per cell and window (two, or
+// eight for a sliding sketch) for its counts and, unless copied reports that it shares its sum's (copies made
 // by WithShares and WithoutHash do), a bitmap of the cells in use, 1 bit
 // per cell. A copy made by WithShares adds 16 bytes per cell it lists, as
 // allocated. A nil sum holds nothing.
@@ -68,20 +74,42 @@ func (t *SketchSum) Bytes(copied bool) int {
 }
 
 // curr returns cell i's count of window epoch.
-func (t *SketchSum) curr(i int) uint32 { return t.counts[2*i+1] + t.def }
+func (t *SketchSum) curr(i int) uint32 { return t.counts[t.ring*i+t.ring-1] + t.def }
 
-// NewSketchSum returns an empty sum for snapshots of s, of the window of
-// now. It allocates 8 bytes and a bit per cell of s.
-func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
-	e, _ := s.clock(now)
+// at returns cell i's count of window epoch − ring + 1 + k.
+func (t *SketchSum) at(i, k int) uint32 {
+	if k == t.ring-1 {
+		return t.curr(i)
+	}
+	return t.counts[t.ring*i+k]
+}
+
+// sumOf returns an empty sum of s's shape, of window epoch, without its
+// counts allocated.
+func (s *Sketch) sumOf(epoch int64) *SketchSum {
 	return &SketchSum{
 		window: time.Duration(s.window),
+		span:   time.Duration(s.span),
 		rows:   s.rows,
 		width:  int(s.width),
-		epoch:  e,
-		counts: make([]uint32, 2*s.rows*int(s.width)),
-		used:   make([]uint64, (s.rows*int(s.width)+63)/64),
+		ring:   int(s.ring),
+		epoch:  epoch,
 	}
+}
+
+// alloc allocates the sum's counts and bitmap, zeroed.
+func (t *SketchSum) alloc() *SketchSum {
+	cells := t.rows * t.width
+	t.counts, t.used = make([]uint32, t.ring*cells), make([]uint64, (cells+63)/64)
+	return t
+}
+
+// NewSketchSum returns an empty sum for snapshots of s, of the window of
+// now. It allocates 8 bytes (32 for a sliding sketch) and a bit per cell
+// of s.
+func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
+	e, _ := s.clock(now)
+	return s.sumOf(e).alloc()
 }
 
 // AddBinary adds a snapshot in the binary form of Sketch.AppendSnapshot
@@ -103,38 +131,38 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, add bool) (epoch i
 	if t.def != 0 {
 		return 0, errors.New("sketch sum: a copy made by WithShares is not added to")
 	}
-	begin := func(h sketchHeader) error {
-		if h.rows != t.rows || h.width != t.width || h.window != t.window {
-			return fmt.Errorf("sketch snapshot: a %d×%d snapshot of %v windows does not fit a %d×%d sketch of %v windows",
-				h.rows, h.width, h.window, t.rows, t.width, t.window)
+	var h sketchHeader
+	begin := func(got sketchHeader) error {
+		if err := t.fits(got); err != nil {
+			return err
 		}
-		epoch = h.epoch
+		h = got
 		return nil
 	}
 	cells := t.rows * t.width
 	if err := walkSketchBinary(data, cells, begin, nil); err != nil {
 		return 0, err
 	}
-	// The snapshot's window epoch − 1 + k goes to the sum's slot
-	// epoch − 1 + k − (t.epoch − 1), if that is 0 or 1.
-	d := epoch - t.epoch
-	if d < -1 || d > 1 {
-		return epoch, nil
+	epoch = h.epoch
+	// The snapshot's window epoch − ring + 1 + k goes to the sum's slot
+	// k + epoch − t.epoch, if the sum holds it.
+	slot := func(k int) int { return k + int(max(min(epoch-t.epoch, 2*int64(t.ring)), -2*int64(t.ring))) }
+	if h.ring != t.ring {
+		// A weighted snapshot of the sliding sketch's window (a peer of
+		// an older version): see olderSlot.
+		slot = func(k int) int { return t.olderSlot(epoch - 1 + int64(k)) }
 	}
-	idx, vals := t.forgotten(data, epoch, forget)
+	idx, vals := t.forgotten(data, h, forget)
 	at := cellCursor{idx: idx}
-	_ = walkSketchBinary(data, cells, begin, func(isCurr bool, i int, c uint32) {
-		if v := at.find(isCurr, i); v >= 0 {
+	_ = walkSketchBinary(data, cells, begin, func(wk int, i int, c uint32) {
+		if v := at.find(wk, i); v >= 0 {
 			c = vals[v]
 		}
-		k := d
-		if isCurr {
-			k++
-		}
-		if k != 0 && k != 1 {
+		k := slot(wk)
+		if k < 0 || k >= t.ring {
 			return
 		}
-		p := &t.counts[2*i+int(k)]
+		p := &t.counts[t.ring*i+k]
 		switch {
 		case add:
 			t.used[i/64] |= 1 << (i % 64)
@@ -143,13 +171,82 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, add bool) (epoch i
 			*p -= min(*p, c)
 		}
 	})
+	if h.ring != t.ring {
+		// Its windows are the sum's own from now on.
+		epoch = t.epoch
+	}
 	return epoch, nil
+}
+
+// fits checks that a snapshot with header h can be added to the sum: of
+// its shape and window, or a weighted snapshot of the window of a sliding
+// sum's sketch (olderSlot).
+func (t *SketchSum) fits(h sketchHeader) error {
+	switch {
+	case h.rows != t.rows || h.width != t.width:
+	case h.ring == t.ring && h.window == t.window:
+		return nil
+	case h.ring == 2 && t.ring > 2 && h.window == t.span:
+		return nil
+	}
+	return fmt.Errorf("sketch snapshot: a %d×%d snapshot of %d windows of %v does not fit a %d×%d sketch of %d windows of %v",
+		h.rows, h.width, h.ring, h.window, t.rows, t.width, t.ring, t.window)
+}
+
+// olderSlot is where a sliding sum counts window e of a weighted snapshot
+// of its sketch's Window W: a peer still running a version whose window
+// zones' cluster counts were weighted, during a rolling upgrade. Its
+// window's grants may have come at any time in it, so they are counted as
+// if they came at its last nanosecond: in the sub-window holding it, or
+// the sum's current one if that is later. So they are counted at least a
+// W after they came, never less (the sliding bound holds for what such a
+// peer grants), and the older instance, which cannot read a sliding
+// snapshot, errs the other way (see docs/cluster.md). −1 is a window the
+// sum no longer counts.
+func (t *SketchSum) olderSlot(e int64) int {
+	w, sub := int64(t.span), int64(t.window)
+	if e >= math.MaxInt64/w-1 || e < math.MinInt64/w+1 {
+		return -1
+	}
+	last := (e+1)*w - 1
+	k := last / sub
+	if last%sub < 0 {
+		k--
+	}
+	k = min(k, t.epoch) - t.epoch + int64(t.ring) - 1
+	if k < 0 {
+		return -1
+	}
+	return int(k)
 }
 
 // addTo adds the sum's counts of the key's cells to v, a view of window e.
 // A nil sum adds nothing.
 func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 	if t == nil {
+		return
+	}
+	if t.ring > 2 {
+		// The view's window e − ring + 1 + k is the sum's slot
+		// k + e − t.epoch.
+		d := e - t.epoch
+		if d <= -int64(t.ring) || d >= int64(t.ring) {
+			return
+		}
+		lo, hi := max(0, -int(d)), min(t.ring, t.ring-int(d)) // the view's windows the sum holds
+		for i := 0; i < v.n; i++ {
+			c := t.counts[int(cols[i])+lo+int(d):][:hi-lo] // cols[i]: ring × the cell's index
+			sub := v.sub[i][lo:hi]
+			var sum uint64
+			for k, n := range c {
+				if k == len(c)-1 && d >= 0 {
+					n += t.def // the sum's window epoch: mod 2³², see def
+				}
+				sub[k] += uint64(n)
+				sum += uint64(n)
+			}
+			v.rows[i].curr += sum
+		}
 		return
 	}
 	// The view's window e − 1 is the sum's slot e − t.epoch, its window e
@@ -227,11 +324,10 @@ func (s *Sketch) EstimateWith(h uint64, now time.Time, peers *SketchSum) int64 {
 func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 	e, _ := s.clock(now)
 	live := s.liveCells(now)
-	dst = appendSketchHeader(dst, s.rows, int(s.width), time.Duration(s.window), e)
-	for _, w := range [2]int64{e - 1, e} {
-		p, tag := int(w&1), sketchTag(w)
+	dst = appendSketchHeader(dst, s.sumOf(e))
+	for w := e - int64(s.ring) + 1; w <= e; w++ {
 		dst = appendSketchCells(dst, listedCells(live), func(i int) uint32 {
-			return uint32(sketchCount(s.slots[2*i+p].Load(), tag))
+			return uint32(s.count(i, w))
 		})
 	}
 	return dst, e
@@ -251,9 +347,11 @@ func (s *Sketch) AppendSnapshot(dst []byte, now time.Time) ([]byte, int64) {
 // so it is for a sum, not a copy made by WithShares.
 func (t *SketchSum) AppendBinary(dst []byte) []byte {
 	cells := setCells(t.used)
-	dst = appendSketchHeader(dst, t.rows, t.width, t.window, t.epoch)
-	dst = appendSketchCells(dst, cells, func(i int) uint32 { return t.counts[2*i] })
-	return appendSketchCells(dst, cells, t.curr)
+	dst = appendSketchHeader(dst, t)
+	for k := range t.ring {
+		dst = appendSketchCells(dst, cells, func(i int) uint32 { return t.at(i, k) })
+	}
+	return dst
 }
 
 // SketchSumOfBinary returns a sum of snapshots of s holding the snapshot in
@@ -262,16 +360,22 @@ func (t *SketchSum) AppendBinary(dst []byte) []byte {
 // window as the previous one, as any sum does. It is an error, and gives
 // nil, if data is not well formed or not of s's shape and window.
 func (s *Sketch) SketchSumOfBinary(data []byte) (*SketchSum, error) {
-	t := &SketchSum{window: time.Duration(s.window), rows: s.rows, width: int(s.width)}
+	t := s.sumOf(0)
 	cells := t.rows * t.width
 	err := walkSketchBinary(data, cells, func(h sketchHeader) error {
+		if h.ring != t.ring {
+			// An aggregate of the other kind (an older aggregator's
+			// weighted sum): its members' counts could not be taken
+			// out of it window by window.
+			return fmt.Errorf("sketch snapshot: a sum of %d windows a cell is not one of this sketch's %d", h.ring, t.ring)
+		}
 		t.epoch = h.epoch
 		return nil
 	}, nil)
 	if err != nil {
 		return nil, err
 	}
-	t.counts, t.used = make([]uint32, 2*cells), make([]uint64, (cells+63)/64)
+	t.alloc()
 	if _, err := t.AddBinary(data); err != nil {
 		return nil, err
 	}

@@ -176,7 +176,7 @@ func TestSketchSumRejects(t *testing.T) {
 		"other window": {must(newSumTestSketch(t, 100, 2*window, 2, 64).AppendSnapshot(nil, now)), "does not fit"},
 		"truncated":    {enc[:len(enc)-1], "truncated"},
 		"trailing":     {append(bytes.Clone(enc), 0), "trailing"},
-		"version 2":    {append([]byte("FGSK\x02"), enc[5:]...), "unsupported version 2"},
+		"version 3":    {append([]byte("FGSK\x03"), enc[5:]...), "unsupported version 3"},
 		"garbage":      {[]byte("1234567890"), "bad magic"},
 	} {
 		sum := own.NewSketchSum(now)

@@ -344,14 +344,18 @@ func TestSketchRetryAfterExactRandom(t *testing.T) {
 }
 
 // TestSketchConcurrentNeverOvergrants races many goroutines on one key at
-// a fixed time, many times over: a race that over-grants shows up only
-// when two takes interleave right at the quota.
+// a fixed time, many times over, on a weighted sketch and a sliding one: a
+// race that over-grants shows up only when two takes interleave right at
+// the quota.
 func TestSketchConcurrentNeverOvergrants(t *testing.T) {
 	const quota = 100
 	clk := testclock.New(sketchEpoch0.Add(1234 * time.Millisecond))
 	h := Hash([]byte("hot"))
 	for round := range 200 {
-		s := newTestSketch(t, quota, time.Second, clk)
+		s, err := NewSketch(SketchConfig{Quota: quota, Window: time.Second, Sliding: round%2 == 1})
+		if err != nil {
+			t.Fatal(err)
+		}
 		var granted, refunded atomic.Int64
 		var wg sync.WaitGroup
 		for g := range 16 {
@@ -642,7 +646,7 @@ func TestDecodeSketchSnapshotRejects(t *testing.T) {
 		{"empty", nil, 6, "bad magic"},
 		{"bad magic", []byte("FGSX\x01"), 6, "bad magic"},
 		{"no version", []byte("FGSK"), 6, "truncated before the version"},
-		{"version 2", []byte("FGSK\x02"), 6, "unsupported version 2"},
+		{"version 3", []byte("FGSK\x03"), 6, "unsupported version 3"},
 		{"maxCells 0", valid, 0, "maxCells must be at least 1, got 0"},
 		{"no rows", sketchEnc(), 6, "truncated reading rows at byte 5"},
 		{"rows 0", sketchEnc(0, 3, ms, 0, 0, 0), 6, "rows must be between 1 and 16, got 0"},

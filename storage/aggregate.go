@@ -151,7 +151,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		return aggregateNone
 	}
 	sum, err := c.sketch.SketchSumOfBinary(a.sketch)
-	if err == nil && sum.Epoch() != limiter.WindowNumber(a.written, c.shape.Window) {
+	if err == nil && sum.Epoch() != limiter.WindowNumber(a.written, c.sketch.Slot()) {
 		err = errors.New("the aggregate's sum is not of its own time's window")
 	}
 	if err != nil {

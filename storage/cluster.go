@@ -15,12 +15,17 @@ import (
 const SketchRows = limiter.DefaultSketchRows
 
 // A Shape identifies a zone's cluster state: a zone keeps its state across
-// config reloads while its name, window and sketch width stay the same.
+// config reloads while its name, window, sketch width and kind (a window
+// zone's sliding count or a weighted one) stay the same.
 type Shape struct {
 	Zone   string
 	Window time.Duration
 	// Width is the number of counters per sketch row.
 	Width int
+	// Sliding is set for a window zone's rate: its sketch counts every
+	// grant for a whole Window (limiter.SketchConfig.Sliding), where a
+	// token bucket zone's rate and a quota weigh the previous window.
+	Sliding bool
 }
 
 // A Cluster is one distributed zone's cluster-wide view: what this
@@ -102,7 +107,7 @@ type Cluster struct {
 }
 
 func newCluster(s Shape, quota int64) (*Cluster, error) {
-	sk, err := limiter.NewSketch(limiter.SketchConfig{Quota: quota, Window: s.Window, Rows: SketchRows, Width: s.Width})
+	sk, err := limiter.NewSketch(limiter.SketchConfig{Quota: quota, Window: s.Window, Rows: SketchRows, Width: s.Width, Sliding: s.Sliding})
 	if err != nil {
 		return nil, fmt.Errorf("cluster sketch: %v", err)
 	}

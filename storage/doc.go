@@ -5,8 +5,10 @@
 // Each distributed zone has a Cluster (cluster.go) for its rate, and one for
 // each of its quotas, which the root package names apart: a sliding-window
 // count-min sketch of the weight this instance granted per key (previous and
-// current window, package limiter), the sum of the other instances' latest
-// snapshots, and a mitigation cache of keys over their cluster limit
+// current window, package limiter; for a window zone's rate, a sliding one
+// of 8 sub-windows of W/7, so that the cluster too grants no key more than
+// its events in any span of the window, plus a sync lag), the sum of the
+// other instances' latest snapshots, and a mitigation cache of keys over their cluster limit
 // (mitigation.go). A request passes the Cluster when it is not blocked and
 // the key's estimate in the own sketch plus the peers' sum, evaluated at the
 // request's time, plus its weight stays within the zone's events per window.

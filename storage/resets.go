@@ -34,7 +34,8 @@ import (
 // too: at most one sync lag's worth, as over-admission already is.
 //
 // An instance remembers a reset until the window T fell in is two windows
-// old, when every count from before T has aged out anyway, and at most
+// old (a sliding sketch's sub-window: eight sub-windows, at most a window
+// and a sub-window), when every count from before T has aged out anyway, and at most
 // MaxResets of them: past that the oldest is forgotten, and may be learned
 // (and applied) again from a peer that still lists it.
 
@@ -99,14 +100,15 @@ func (c *Cluster) Reset(h uint64, now time.Time) {
 func (c *Cluster) OnReset(f func(h uint64)) { c.onReset.Store(&f) }
 
 // resetExpiry is when a reset at at has nothing left to forget: once the
-// window at fell in is two windows old.
+// window at fell in is as many windows old as the sketch holds (two, or a
+// sliding sketch's eight sub-windows).
 func (c *Cluster) resetExpiry(at int64) int64 {
-	w := int64(c.shape.Window)
-	e := limiter.WindowNumber(time.Unix(0, at), c.shape.Window)
-	if e > math.MaxInt64/w-2 {
+	w, n := int64(c.sketch.Slot()), int64(limiter.SketchSlots(c.sketch.Sliding()))
+	e := limiter.WindowNumber(time.Unix(0, at), c.sketch.Slot())
+	if e > math.MaxInt64/w-n {
 		return math.MaxInt64
 	}
-	return (e + 2) * w
+	return (e + n) * w
 }
 
 func (c *Cluster) knownLocked(r reset) bool {

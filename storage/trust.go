@@ -3,6 +3,8 @@ package storage
 import (
 	"encoding/binary"
 	"time"
+
+	"github.com/floodgate-rl/floodgate/limiter"
 )
 
 // What a peer can impose on this instance: no more than a valid peer of the
@@ -30,7 +32,7 @@ const MaxClockSkew = time.Minute
 func maxSnapshotSize(s Shape) int64 {
 	const v = binary.MaxVarintLen64
 	cells := int64(SketchRows) * int64(s.Width)
-	sketch := int64(64) + 2*(v+cells*2*binary.MaxVarintLen32)
+	sketch := int64(64) + int64(limiter.SketchSlots(s.Sliding))*(v+cells*2*binary.MaxVarintLen32)
 	return int64(len(snapshotMagic)+1) + v + maxInstanceLen + v + v + sketch +
 		v + MitigationSlots*(8+v) + v + MaxResets*(8+v) + 4
 }

@@ -105,6 +105,12 @@ func (in *instance) caddyfile(variant int) string {
 			burst %d
 			memory 256KiB
 		}
+		zone spreadwin {
+			key {http.request.header.X-Spread}
+			events %d
+			window %s
+			memory 256KiB
+		}
 		distributed {
 			read_interval 500ms
 			write_interval 500ms
@@ -229,11 +235,15 @@ http://127.0.0.1:%d {
 		rate_limit spread
 		respond "spread"
 	}
+	handle /spreadwin {
+		rate_limit spreadwin
+		respond "spreadwin"
+	}
 	handle_errors 429 {
 		respond "slow down" 429
 	}
 }
-`, in.admin, in.redis, spreadEvents, spreadWindow, spreadEvents, in.l4, 2*f, 3*f, in.http,
+`, in.admin, in.redis, spreadEvents, spreadWindow, spreadEvents, spreadEvents, spreadWindow, in.l4, 2*f, 3*f, in.http,
 		100*f, 50*f, 10000*f, 1000*f, 1000*f, 20*f, 5*f, 5*f, 2*f, 2*f)
 }
 
@@ -359,6 +369,7 @@ type counters struct {
 	droppedKilled     atomic.Int64 // on the instance that is killed
 	heavyOK, heavyAll atomic.Int64 // one client far over its limit
 	spreadOK          atomic.Int64
+	spreadWinOK       atomic.Int64
 	floodOK, floodAll atomic.Int64
 	l4Conns, l4Closed atomic.Int64
 }
@@ -477,10 +488,13 @@ type sampleRow struct {
 	// allowed in it ÷ what the token bucket promises for it, burst +
 	// rate × its length (see bucketExcess); clusterN and clusterSpan are
 	// that interval's grants and length.
-	cluster                   float64
-	clusterN                  int
-	clusterSpan               time.Duration
-	window                    float64 // allowed in the trailing window ÷ events, for reference
+	cluster     float64
+	clusterN    int
+	clusterSpan time.Duration
+	window      float64 // the bucket's: allowed in the trailing window ÷ events, for reference
+	// windowSpan is the window zone's (spreadwin) most grants in any
+	// span of its window ending in this sample, ÷ its events.
+	windowSpan                float64
 	droppedPlain, droppedAddr int64
 	droppedLayer4             int64
 	droppedPlainKept          int64
@@ -689,23 +703,27 @@ func run() (bool, error) {
 		cur.Load().heavyAll.Add(1)
 		tally(in, code, err, keptLimited, func(c *counters) *atomic.Int64 { return &c.heavyOK })
 	})
-	// The spread key: over its limit, round all three instances.
-	var spreadN atomic.Int64
-	var spreadLog sync.Mutex
-	var spreadTimes []time.Time // every grant, in order
-	spreadChecked := 0          // grants whose intervals have been measured
-	loop(20*time.Millisecond, func(rng *rand.Rand) {
-		in := ins[spreadN.Add(1)%3]
-		if in.i == 2 && killing.Load() == 1 {
-			return
-		}
-		code, err := get(client, in, "/spread", map[string]string{"X-Spread": "spread"})
-		if tally(in, code, err, keptLimited, func(c *counters) *atomic.Int64 { return &c.spreadOK }) {
-			spreadLog.Lock()
-			spreadTimes = append(spreadTimes, time.Now())
-			spreadLog.Unlock()
-		}
-	})
+	// The spread keys: over their limits, round all three instances, one
+	// to a token-bucket zone, one to a window zone.
+	sendRound := func(path string, ok func(c *counters) *atomic.Int64) *grantLog {
+		g := new(grantLog)
+		var n atomic.Int64
+		loop(20*time.Millisecond, func(rng *rand.Rand) {
+			in := ins[n.Add(1)%3]
+			if in.i == 2 && killing.Load() == 1 {
+				return
+			}
+			code, err := get(client, in, path, map[string]string{"X-Spread": "spread"})
+			if tally(in, code, err, keptLimited, ok) {
+				g.mu.Lock()
+				g.times = append(g.times, time.Now())
+				g.mu.Unlock()
+			}
+		})
+		return g
+	}
+	spread := sendRound("/spread", func(c *counters) *atomic.Int64 { return &c.spreadOK })
+	win := sendRound("/spreadwin", func(c *counters) *atomic.Int64 { return &c.spreadWinOK })
 	// Reloads every 2–5 s, each instance in turn.
 	admin := &http.Client{Timeout: 20 * time.Second}
 	wg.Add(1)
@@ -781,17 +799,21 @@ sampling:
 		if n := c.fairAll.Load(); n > 0 {
 			r.fair = float64(c.fairOK.Load()) / float64(n)
 		}
-		spreadLog.Lock()
-		r.cluster, r.clusterN, r.clusterSpan = bucketExcess(spreadTimes, spreadChecked, spreadEvents, spreadEvents, spreadWindow)
-		spreadChecked = len(spreadTimes)
+		spread.mu.Lock()
+		r.cluster, r.clusterN, r.clusterSpan = bucketExcess(spread.times, spread.checked, spreadEvents, spreadEvents, spreadWindow)
+		spread.checked = len(spread.times)
 		// Allowed for the spread key in the trailing window ÷ its events.
 		cut := time.Now().Add(-spreadWindow)
-		k := len(spreadTimes)
-		for k > 0 && !spreadTimes[k-1].Before(cut) {
+		k := len(spread.times)
+		for k > 0 && !spread.times[k-1].Before(cut) {
 			k--
 		}
-		r.window = float64(len(spreadTimes)-k) / spreadEvents
-		spreadLog.Unlock()
+		r.window = float64(len(spread.times)-k) / spreadEvents
+		spread.mu.Unlock()
+		win.mu.Lock()
+		r.windowSpan = float64(mostInASpan(win.times, win.checked, spreadWindow)) / spreadEvents
+		win.checked = len(win.times)
+		win.mu.Unlock()
 		r.floodOK, r.floodAll = c.floodOK.Load(), c.floodAll.Load()
 		r.l4Conns, r.l4Closed = c.l4Conns.Load(), c.l4Closed.Load()
 		for _, in := range ins {
@@ -799,9 +821,9 @@ sampling:
 			r.reloadFails += in.failed.Load()
 		}
 		rows = append(rows, r)
-		fmt.Printf("%5v rss MiB %5.1f %5.1f %5.1f  goroutines %4d %4d %4d  fds %3d %3d %3d  other %d dropped %d (plain %d+%d, killed instance %d)  fair %.4f  heavy %d/%d  cluster %.3f (%d in %v; window %.3f)  flood %d/%d  l4 %d closed %d  reloads %d failed %d\n",
+		fmt.Printf("%5v rss MiB %5.1f %5.1f %5.1f  goroutines %4d %4d %4d  fds %3d %3d %3d  other %d dropped %d (plain %d+%d, killed instance %d)  fair %.4f  heavy %d/%d  cluster %.3f (%d in %v; window %.3f)  window zone %.3f  flood %d/%d  l4 %d closed %d  reloads %d failed %d\n",
 			r.t, mib(r.rss[0]), mib(r.rss[1]), mib(r.rss[2]), r.gor[0], r.gor[1], r.gor[2], r.fds[0], r.fds[1], r.fds[2],
-			r.other, r.dropped, r.droppedPlain, r.droppedPlainKept, r.dropKilled, r.fair, r.heavyOK, r.heavyAll, r.cluster, r.clusterN, r.clusterSpan.Round(time.Millisecond), r.window, r.floodOK, r.floodAll, r.l4Conns, r.l4Closed, r.reloads, r.reloadFails)
+			r.other, r.dropped, r.droppedPlain, r.droppedPlainKept, r.dropKilled, r.fair, r.heavyOK, r.heavyAll, r.cluster, r.clusterN, r.clusterSpan.Round(time.Millisecond), r.window, r.windowSpan, r.floodOK, r.floodAll, r.l4Conns, r.l4Closed, r.reloads, r.reloadFails)
 	}
 	cancel()
 	wg.Wait()
@@ -812,6 +834,33 @@ sampling:
 	}
 	return verdict(rows), nil
 }
+
+// A grantLog is every grant of a spread key, in order, and how many of
+// them have been measured.
+type grantLog struct {
+	mu      sync.Mutex
+	times   []time.Time
+	checked int
+}
+
+// mostInASpan is the most grants (their times, in order) within a span of
+// window, over the spans that end at grants from index from on.
+func mostInASpan(grants []time.Time, from int, window time.Duration) int {
+	most := 0
+	for j, i := from, 0; j < len(grants); j++ {
+		for grants[j].Sub(grants[i]) >= window {
+			i++
+		}
+		most = max(most, j-i+1)
+	}
+	return most
+}
+
+// windowBound is what docs/cluster.md promises the window zone spreadwin
+// in any span of its window, ÷ its events: 1.1 × events + 1, plus what the
+// instances grant in a sync lag (write and read intervals, 1 s) at the
+// rate the run sends it (every 20 ms).
+const windowBound = 1.1 + (1+float64(time.Second/(20*time.Millisecond)))/spreadEvents
 
 // bucketExcess measures grants (their times, in order) against what a
 // token bucket of burst tokens refilled at events per window promises: in
@@ -854,7 +903,8 @@ func writeCSV(path string, rows []sampleRow) error {
 // minute's mean within 10% of the second minute's, counts within 10% and
 // 3; for runs shorter than 3 minutes, the last third against the second), no status besides 200
 // and 429, nothing dropped by an instance that was not killed, fair clients
-// at least 99% served, the cluster at most 1.1 times its limit.
+// at least 99% served, the cluster at most 1.1 times its limit, and the
+// window zone at most windowBound in any span of its window.
 func verdict(rows []sampleRow) bool {
 	if len(rows) < 3 {
 		fmt.Println("soak: too few samples to judge")
@@ -893,7 +943,7 @@ func verdict(rows []sampleRow) bool {
 		}
 	}
 	var other, dropped, plain, addr, layer4, plainKept, dropKilled int64
-	worstFair, worstWindow, worst := 1.0, 0.0, rows[0]
+	worstFair, worstWindow, worstSpan, worst := 1.0, 0.0, 0.0, rows[0]
 	for _, r := range rows {
 		other += r.other
 		dropped += r.dropped
@@ -904,6 +954,7 @@ func verdict(rows []sampleRow) bool {
 		dropKilled += r.dropKilled
 		worstFair = min(worstFair, r.fair)
 		worstWindow = max(worstWindow, r.window)
+		worstSpan = max(worstSpan, r.windowSpan)
 		if r.cluster > worst.cluster {
 			worst = r
 		}
@@ -924,6 +975,8 @@ func verdict(rows []sampleRow) bool {
 	check("fair clients served >= 99%", worstFair >= 0.99, "worst interval %.4f", worstFair)
 	check("cluster allowed/limit <= 1.1", worst.cluster <= 1.1, "%.3f of burst + refill in the worst interval (%d granted in %v, at %v); worst trailing window %.3f of events",
 		worst.cluster, worst.clusterN, worst.clusterSpan.Round(time.Millisecond), worst.t, worstWindow)
+	check(fmt.Sprintf("window zone in any span <= %.3f", windowBound), worstSpan <= windowBound && worstSpan > 0,
+		"%.3f of events in the worst span of %v (the cluster's sliding count, plus a sync lag's grants)", worstSpan, spreadWindow)
 	check("reloads loaded", last.reloadFails == 0, "%d of %d failed", last.reloadFails, last.reloads)
 	return ok
 }

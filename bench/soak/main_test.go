@@ -84,7 +84,7 @@ func TestLayer4DialFailureIsNotAnAddrDrop(t *testing.T) {
 	rows := func(addr, layer4, limitedKept int64) []sampleRow {
 		rs := make([]sampleRow, 3)
 		for i := range rs {
-			rs[i].fair = 1
+			rs[i].fair, rs[i].windowSpan = 1, 1
 		}
 		rs[1].droppedAddr, rs[1].droppedLayer4 = addr, layer4
 		rs[1].dropped = addr + layer4 + limitedKept
@@ -131,5 +131,34 @@ func TestRunOverAtItsDeadline(t *testing.T) {
 		if got := runOver(c.ctx); got != c.want {
 			t.Errorf("%s: runOver %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// The window zone's worst span is part of the verdict: within the bound
+// it passes; over it (the weighted estimate's 1.6 of events), or with
+// nothing granted, it fails.
+func TestVerdictHoldsTheWindowZoneToItsBound(t *testing.T) {
+	rows := func(span float64) []sampleRow {
+		rs := make([]sampleRow, 3)
+		for i := range rs {
+			rs[i].fair, rs[i].windowSpan = 1, 1
+		}
+		rs[2].windowSpan = span
+		return rs
+	}
+	if !verdict(rows(windowBound)) {
+		t.Errorf("a window zone at its bound %.3f failed the check", windowBound)
+	}
+	for _, span := range []float64{1.602, windowBound + 0.01} {
+		if verdict(rows(span)) {
+			t.Errorf("a window zone at %.3f of its events in a span passed the check", span)
+		}
+	}
+	zero := rows(0)
+	for i := range zero {
+		zero[i].windowSpan = 0
+	}
+	if verdict(zero) {
+		t.Error("a window zone that granted nothing passed the check")
 	}
 }

@@ -62,9 +62,9 @@ const (
 var sizingParts = map[string]string{
 	"table":          "64 × lines",
 	"quotas":         "16 × cells + 2 × bitmap, per quota",
-	"cluster_sketch": "16 × cells + 2 × bitmap + 4 × listed, per count",
-	"cluster_sums":   "8 × cells + bitmap, per count, once read",
-	"cluster_shares": "3 × bitmap + 8 × cells + 16 × shared, per count with bursts split",
+	"cluster_sketch": "16 × cells (64 × for a window zone's rate) + 2 × bitmap + 4 × listed, per count",
+	"cluster_sums":   "8 × cells (32 × for a window zone's rate) + bitmap, per count, once read",
+	"cluster_shares": "3 × bitmap + 8 × cells (32 × for a window zone's rate) + 16 × shared, per count with bursts split",
 	"mitigation":     "32768 + 32 × blocked, per count",
 }
 
@@ -206,7 +206,10 @@ func TestMemoryPartsMatchSizing(t *testing.T) {
 	// quota's counts. Shares (bursts split, two instances) need a read a
 	// write and a read interval after the first count.
 	var z zoneView
-	fixedShares := sharedCounts * (3*bitmap(sharedCells) + 8*sharedCells)
+	// shared is a window zone: its rate's cluster count is sliding, of
+	// 64-byte cells, where its quota's has 16-byte ones.
+	const perCell = 16 + 64
+	fixedShares := sharedCounts*3*bitmap(sharedCells) + perCell/2*sharedCells
 	waitFor(t, 10*time.Second, "node 0's shares in use", func() bool {
 		z = zoneInfo(t, a, "shared")
 		return z.Memory.Parts["cluster_shares"] >= fixedShares
@@ -216,9 +219,9 @@ func TestMemoryPartsMatchSizing(t *testing.T) {
 	if len(p) != len(sizingParts)-1 || p["table"] != 64*sharedLines || z.Memory.Lines != sharedLines {
 		t.Errorf("zone shared: parts %v, lines %d; want every part but quotas (its quota is a cluster count), table %d", p, z.Memory.Lines, 64*sharedLines)
 	}
-	listed := runtimeTerm(t, "cluster_sketch", p["cluster_sketch"], sharedCounts*(16*sharedCells+2*bitmap(sharedCells)), 4, sharedCounts*2*sharedCells)
-	if p["cluster_sums"] != sharedCounts*(8*sharedCells+bitmap(sharedCells)) {
-		t.Errorf("cluster_sums: %d bytes, want %d (both counts read)", p["cluster_sums"], sharedCounts*(8*sharedCells+bitmap(sharedCells)))
+	listed := runtimeTerm(t, "cluster_sketch", p["cluster_sketch"], perCell*sharedCells+sharedCounts*2*bitmap(sharedCells), 4, sharedCounts*2*sharedCells)
+	if want := perCell/2*sharedCells + sharedCounts*bitmap(sharedCells); p["cluster_sums"] != want {
+		t.Errorf("cluster_sums: %d bytes, want %d (both counts read)", p["cluster_sums"], want)
 	}
 	shared := runtimeTerm(t, "cluster_shares", p["cluster_shares"], fixedShares, 16, sharedCounts*sharedCells)
 	blocked := runtimeTerm(t, "mitigation", p["mitigation"], sharedCounts*32768, 32, sharedCounts*4096)
@@ -255,7 +258,7 @@ func TestMemoryPartsMatchSizing(t *testing.T) {
 	// The CLI: the total in the table, the parts below it.
 	out := a.rateLimit("zones")
 	t.Logf("caddy rate-limit zones:\n%s", out)
-	if !regexp.MustCompile(`(?m)^zone shared: memory [0-9.]+ KiB: table 64\.0 KiB, cluster_sketch 1[23][0-9]\.[0-9] KiB, cluster_sums 65\.0 KiB, cluster_shares [0-9.]+ KiB, mitigation 64\.[0-9] KiB$`).MatchString(out) ||
+	if !regexp.MustCompile(`(?m)^zone shared: memory [0-9.]+ KiB: table 64\.0 KiB, cluster_sketch 3[23][0-9]\.[0-9] KiB, cluster_sums 161\.0 KiB, cluster_shares [0-9.]+ KiB, mitigation 64\.[0-9] KiB$`).MatchString(out) ||
 		!regexp.MustCompile(`(?m)^zone local: memory [0-9.]+ KiB: table [0-9.]+ KiB, quotas [0-9.]+ KiB$`).MatchString(out) {
 		t.Errorf("caddy rate-limit zones does not list the memory parts:\n%s", out)
 	}

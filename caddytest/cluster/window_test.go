@@ -51,22 +51,21 @@ func mostInASpan(times []time.Time, w time.Duration) int {
 // What a window zone (no burst: events 20 in 4 s) promises in a cluster,
 // across window edges. Each instance's own window is the hard bound for
 // what that instance grants: never more than the limit in any span of a
-// window. Across the instances the decision is the cluster's estimate,
-// which weighs the previous window of the sketch (aligned to Unix time)
-// by what is left of it, as if its grants had been spread over it: so
-// traffic that filled the limit late in one window gets more in the
-// first part of the next, up to twice the limit within a window (and
-// the instances' lag), however it is sent. Measured here: steady
-// traffic at five times the rate over three instances for three windows,
-// and a burst on every instance a second before an edge followed by
-// steady traffic (the burst itself held to 1.1 × the limit + 1, as
-// bursts split promise).
+// window. Across the instances the cluster's count is sliding (8
+// sub-windows of W/7, each grant counted until its sub-window's end is W
+// old), so the cluster holds the limit in any span of a window too, as
+// bursts split promise (1.1 × the limit + 1), plus what the instances
+// grant before they hear of each other's grants (a sync lag). Measured
+// here: steady traffic at five times the rate over three instances for
+// three windows, and a burst on every instance a second before an edge
+// (of the windows a weighted estimate aligned to Unix time) followed by
+// steady traffic. The weighted estimate gave up to 35 in a span.
 func TestWindowZoneInAClusterAcrossWindowEdges(t *testing.T) {
 	nodes := startCluster(t, 3, fileStorage(t.TempDir()), zoneBody(edgeWindow.String(), "1m"))
 	waitSynced(t, nodes)
-	// Twice the limit, and what the requests (20 a second) bring in a
-	// sync lag (write and read intervals: 200 ms).
-	ceiling := 2*limit + 20/5
+	// Split bursts' bound, and what the requests (20 a second) bring in
+	// a sync lag (write and read intervals: 200 ms).
+	ceiling := limit*11/10 + 1 + 20/5
 
 	check := func(what string, all []time.Time, byNode [][]time.Time) {
 		t.Helper()

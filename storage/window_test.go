@@ -1,0 +1,133 @@
+package storage
+
+import (
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// slidingUnderTest is whether the window zone's nodes below count sliding:
+// false runs the test on the weighted counts window zones' clusters had
+// before, to see it fail.
+const slidingUnderTest = true
+
+// newWindowNodes returns n nodes of a window zone ("w", events per
+// testWindow), bursts split, syncing through a fresh storage, each on the
+// clock clock gives it, published and read once at now.
+func newWindowNodes(t *testing.T, n int, events int64, clock func(*node, time.Time) time.Time, now time.Time) []*node {
+	t.Helper()
+	st := newMemStorage()
+	nodes := make([]*node, n)
+	for i := range nodes {
+		c, err := newCluster(Shape{Zone: "w", Window: testWindow, Width: 256, Sliding: slidingUnderTest}, events)
+		if err != nil {
+			t.Fatal(err)
+		}
+		core, logs := observer.New(zap.InfoLevel)
+		nodes[i] = &node{c: c, logs: logs}
+		nodes[i].s = NewSyncer(c, st, string(rune('a'+i)), testIntervals, zap.New(core))
+		nodes[i].s.proc = newProcess()
+		c.SplitBursts(true, testIntervals.Read)
+	}
+	syncAt(nodes, nodes, clock, now)
+	return nodes
+}
+
+// A window zone's key is hit on three instances that sync every read
+// interval (and on five, which read an aggregate), its clock a little off
+// on one: late in one of the windows a
+// weighted sketch aligns to Unix time, then at five times its rate across
+// the edge and two windows beyond. No span of the window may hold more
+// than the split bursts' bound, 1.1 × events + 1, where the weighted
+// estimate let through up to twice events.
+func TestWindowZoneClusterHoldsItsLimitInEverySpan(t *testing.T) {
+	const events = 10
+	for _, c := range []struct {
+		size int
+		skew time.Duration
+	}{{3, 0}, {3, 300 * time.Millisecond}, {3, -700 * time.Millisecond}, {5, 0}, {5, -700 * time.Millisecond}} {
+		skew := c.skew
+		last := (*node)(nil)
+		clock := func(n *node, at time.Time) time.Time {
+			if n == last {
+				return at.Add(skew)
+			}
+			return at
+		}
+		// An edge of the aligned windows, and the key's first request
+		// 5 s before it.
+		edge := time.Unix(0, (t0.UnixNano()/int64(testWindow)+2)*int64(testWindow))
+		start := edge.Add(-5 * time.Second)
+		nodes := newWindowNodes(t, c.size, events, clock, start.Add(-testIntervals.Read))
+		last = nodes[len(nodes)-1]
+		var log []time.Time // every grant, by the true time
+		h := limiter.HashString("login")
+		step := testWindow / (5 * events)
+		next := start.Add(testIntervals.Read)
+		for k, at := 0, start; at.Before(edge.Add(2 * testWindow)); k, at = k+1, at.Add(step) {
+			for !next.After(at) {
+				syncAt(nodes, nodes, clock, next)
+				next = next.Add(testIntervals.Read)
+			}
+			n := nodes[k%len(nodes)]
+			if k < 3*len(nodes) {
+				// The first requests come as a burst on each.
+				for range events {
+					if d, _ := n.c.TakeHash(h, 1, clock(n, at)); d.Allowed {
+						log = append(log, at)
+					}
+				}
+				continue
+			}
+			if d, _ := n.c.TakeHash(h, 1, clock(n, at)); d.Allowed {
+				log = append(log, at)
+			}
+		}
+		most, end := 0, time.Time{}
+		for i, g := range log {
+			in := 0
+			for j := i; j >= 0 && g.Sub(log[j]) < testWindow; j-- {
+				in++
+			}
+			if in > most {
+				most, end = in, g
+			}
+		}
+		t.Logf("%d instances, skew %v: %d granted over %v, at most %d in a span of %v (ending %v after the edge); aggregators %v",
+			c.size, skew, len(log), edge.Add(2*testWindow).Sub(start), most, testWindow, end.Sub(edge), aggregators(nodes))
+		if bound := events*11/10 + 1; most > bound {
+			t.Errorf("%d instances, skew %v: a span of %v held %d grants, over 1.1 × %d + 1 = %d", c.size, skew, testWindow, most, events, bound)
+		}
+		if len(log) < 2*events {
+			t.Errorf("%d instances, skew %v: %d granted over two windows and more at five times the rate, want at least %d", c.size, skew, len(log), 2*events)
+		}
+	}
+}
+
+// A window zone's cluster count moves to a new sub-window every W/7: a
+// burst that outlasts a sync just before a sub-window's end, every
+// instance reading (re-balancing its share) in the next one while the
+// others have granted the key but not yet published it, must not hand an
+// instance the shares it left the others, as
+// TestReadsDuringABurstKeepTheOthersShares checks within one window: the
+// reservations are carried across sub-windows (see
+// limiter.SketchSum.WithShares).
+func TestWindowZoneBurstIsSplitAcrossSubWindows(t *testing.T) {
+	same := func(_ *node, at time.Time) time.Time { return at }
+	sub := testWindow / limiter.SketchSubWindows
+	orders := [][3]int{{0, 1, 2}, {1, 2, 0}, {2, 1, 0}}
+	for _, order := range orders {
+		edge := time.Unix(0, (t0.UnixNano()/int64(sub)+3)*int64(sub))
+		now := edge.Add(-testIntervals.Read / 8)
+		nodes := newWindowNodes(t, 3, 10, same, now.Add(-testIntervals.Read))
+		granted := burstThroughEarlyReads(nodes, order, now)
+		t.Logf("order %v, a burst %v before a sub-window's end: %d granted of a limit of 10", order, edge.Sub(now), granted)
+		if granted < 10 || granted > 10*11/10+1 {
+			t.Errorf("order %v: granted %d to a key of limit 10 hit on 3 instances through reads that predate the others' grants, want 10 to %d", order, granted, 10*11/10+1)
+		}
+	}
+}
