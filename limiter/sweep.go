@@ -21,7 +21,7 @@ import "time"
 // written (it stays unallocated). It costs a few nanoseconds a line. A
 // sweep that meets a table SetLimit is replacing stops: the conversion
 // drops what it would have zeroed. A frozen word no SetLimit wrote (see
-// Buckets.moved) is thawed and swept with the rest.
+// table.moved) is thawed and swept with the rest.
 func (b *Buckets) Sweep(now time.Time) {
 	p := b.params()
 	nowT := uint32(p.ticks(b.nowNanos(now)))
@@ -29,23 +29,23 @@ func (b *Buckets) Sweep(now time.Time) {
 		ln := &p.lines[i]
 		for j := range ln {
 			for {
-				w := loadWord(&ln[j])
-				if w == 0 {
+				v := loadWord(&ln[j])
+				if v == 0 {
 					break
 				}
-				if w == frozen {
+				if v == frozen {
 					if q, ok := b.thawStray(p); !ok || q != p {
 						return // SetLimit replaces the table
 					}
 					continue // a stray marker, thawed: sweep the word
 				}
-				nw := w
+				nv := v
 				for l := uint8(0); l < 2; l++ {
-					if v := lane(w, l); v != 0 && aheadOf(v, nowT) == 0 && nowT-v >= sweepMargin {
-						nw = withLane(nw, l, 0)
+					if c := lane(v, l); c != 0 && aheadOf(c, nowT) == 0 && nowT-c >= sweepMargin {
+						nv = withLane(nv, l, 0)
 					}
 				}
-				if nw == w || casWord(&ln[j], w, nw) {
+				if nv == v || casWord(&ln[j], v, nv) {
 					break
 				}
 			}
