@@ -25,32 +25,14 @@ import "time"
 func (b *Buckets) Sweep(now time.Time) {
 	p := b.params()
 	nowT := uint32(p.ticks(b.nowNanos(now)))
-	for i := range p.lines {
-		ln := &p.lines[i]
-		for j := range ln {
-			for {
-				v := loadWord(&ln[j])
-				if v == 0 {
-					break
-				}
-				if v == frozen {
-					if q, ok := b.thawStray(p); !ok || q != p {
-						return // SetLimit replaces the table
-					}
-					continue // a stray marker, thawed: sweep the word
-				}
-				nv := v
-				for l := uint8(0); l < 2; l++ {
-					if c := lane(v, l); c != 0 && aheadOf(c, nowT) == 0 && nowT-c >= sweepMargin {
-						nv = withLane(nv, l, 0)
-					}
-				}
-				if nv == v || casWord(&ln[j], v, nv) {
-					break
-				}
+	b.sweep(p, func(v uint64) uint64 {
+		for l := uint8(0); l < 2; l++ {
+			if c := lane(v, l); c != 0 && aheadOf(c, nowT) == 0 && nowT-c >= sweepMargin {
+				v = withLane(v, l, 0)
 			}
 		}
-	}
+		return v
+	})
 }
 
 // sweepTicks is how often, in ticks, Sweep must run, and sweepMargin how

@@ -161,6 +161,36 @@ func (t *table[P, PP]) refundWords(p *P, r *Reservation, mask uint8, ns int64) *
 	return p
 }
 
+// sweep is a table's Sweep over the lines of p: it replaces every word v
+// that is not zero with swept(v), with a CAS, where that differs, so a
+// concurrent charge is never overwritten and a line no key touched is
+// never written. It stops at a table SetLimit is replacing (the
+// conversion drops what it would have cleared), and thaws a stray frozen
+// word (see moved) and sweeps it with the rest.
+func (t *table[P, PP]) sweep(p *P, swept func(v uint64) uint64) {
+	lines := PP(p).common().lines
+	for i := range lines {
+		ln := &lines[i]
+		for j := range ln {
+			for {
+				v := loadWord(&ln[j])
+				if v == 0 {
+					break
+				}
+				if v == frozen {
+					if q, ok := t.thawStray(p); !ok || q != p {
+						return // SetLimit replaces the table
+					}
+					continue // a stray marker, thawed: sweep the word
+				}
+				if nv := swept(v); nv == v || casWord(&ln[j], v, nv) {
+					break
+				}
+			}
+		}
+	}
+}
+
 // moved is what an operation does on meeting a frozen word in the lines
 // of p: it waits while a SetLimit runs, and returns the parameters in
 // force once none does. A SetLimit holds setMu from before it freezes the

@@ -854,26 +854,12 @@ func (p *windowParams) convert(v uint64) uint64 {
 func (w *Windows) Sweep(now time.Time) {
 	p := w.params()
 	t := p.ticks(w.nowNanos(now))
-	for i := range p.lines {
-		ln := &p.lines[i]
-		for j := range ln {
-			for {
-				v := loadWord(&ln[j])
-				if v == 0 {
-					break
-				}
-				if v == frozen {
-					return
-				}
-				if d := (t - v>>p.tshift) & p.smask; d < p.wt+p.margin || d >= p.half {
-					break
-				}
-				if casWord(&ln[j], v, 0) {
-					break
-				}
-			}
+	w.sweep(p, func(v uint64) uint64 {
+		if d := (t - v>>p.tshift) & p.smask; d < p.wt+p.margin || d >= p.half {
+			return v
 		}
-	}
+		return 0
+	})
 }
 
 // SweepInterval is how often Sweep must run under the limit in force: half
