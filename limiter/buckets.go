@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -26,28 +24,32 @@ import (
 // Limit.Events per Limit.Window. Refill is not written anywhere: a counter
 // holds the time at which it will be full again (line.go).
 //
+// A refund (RefundAt) gives back what of its charge each counter still
+// owes at the refund's time, as if the charge had been made from a full
+// counter at its own time: all of it at the time of the charge, less
+// whatever time has refilled since, nothing once its cost has refilled. It
+// never gives back another request's charge, whatever other refunds and
+// takes came between; a charge queued behind others and refunded late is
+// given back less than its place in the queue would owe (see the package
+// documentation). A Reservation taken before the latest SetLimit is
+// converted with the counters, less what of it the conversion's cap at
+// the limit's debt may have dropped; one taken before two SetLimits gives
+// back nothing (the error is a grant too few, never one too many).
+//
 // Buckets is safe for concurrent use; decisions take no lock and allocate
 // nothing. Time is a parameter: callers pass the time of each call, read
 // from time.Now. Sweep must run at least every SweepInterval (see Sweep).
 type Buckets struct {
-	base  time.Time // zero of the table's clock: ticks count from here
-	k     int
-	subs  []subset // every k-subset of a line's counters
-	nSubs uint64   // len(subs)
-	p     atomic.Pointer[bucketParams]
+	table[bucketParams, *bucketParams] // subs: every k-subset of a line's counters
 	// external is set by NewBucketsOver: the lines are not Go memory and
 	// SetLimit must not replace them.
 	external bool
-	setMu    sync.Mutex // serialises SetLimit
 }
 
 // bucketParams is everything a decision reads besides the lines' words. It
 // is immutable; SetLimit swaps in a new one, with new lines.
 type bucketParams struct {
-	clock
-	limit Limit
-	lines []line
-	gen   int64 // how many SetLimits made this; a Reservation remembers it
+	tableParams
 	// from is how SetLimit converted the previous table into this one,
 	// for the Reservations taken from it.
 	from conversion
@@ -108,9 +110,8 @@ func newBuckets(cfg BucketsConfig, base time.Time) (*Buckets, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Buckets{base: base, k: k, subs: subsets(k)}
-	b.nSubs = uint64(len(b.subs))
-	b.p.Store(&bucketParams{clock: clockFor(cfg.Limit), limit: cfg.Limit, lines: newLines(n)})
+	b := &Buckets{table: table[bucketParams, *bucketParams]{base: base, k: k, subs: subsets(k)}}
+	b.p.Store(&bucketParams{tableParams: tableParams{clock: clockFor(cfg.Limit), limit: cfg.Limit, lines: newLines(n)}})
 	return b, nil
 }
 
@@ -160,18 +161,6 @@ func newLines(n int) []line {
 	return raw[:n:n]
 }
 
-// Limit returns the limit in force.
-func (b *Buckets) Limit() Limit { return b.p.Load().limit }
-
-// K returns the number of counters each key draws on.
-func (b *Buckets) K() int { return b.k }
-
-// Bytes returns the memory held by the table's lines.
-func (b *Buckets) Bytes() int { return len(b.p.Load().lines) * 64 }
-
-// Lines returns the number of lines in the table.
-func (b *Buckets) Lines() int { return len(b.p.Load().lines) }
-
 // Allow is TakeHash(Hash(key), weight, now) without the Reservation.
 func (b *Buckets) Allow(key []byte, weight int64, now time.Time) Decision {
 	d, _ := b.TakeHash(Hash(key), weight, now)
@@ -194,9 +183,6 @@ func (b *Buckets) PeekHash(h uint64, weight int64, now time.Time) Decision {
 	return b.decide(h, weight, now, nil)
 }
 
-// nowNanos is now on the table's clock, never negative.
-func (b *Buckets) nowNanos(now time.Time) int64 { return max(int64(now.Sub(b.base)), 0) }
-
 // A subset is a key's counters in its line, as masks: bit c of counters is
 // set for counter c, bit w of words for each word holding one of them.
 // Counter c is lane c&1 of word c>>1, so word w's lanes of the key are
@@ -208,24 +194,12 @@ type subset struct {
 	words    uint8
 }
 
-// lanes returns which lanes of word w are the key's: bit l for lane l.
-func (s subset) lanes(w int) uint8 { return uint8(s.counters>>(2*w)) & 3 }
+// lanes returns which lanes of word wi are the key's: bit l for lane l.
+func (s subset) lanes(wi int) uint8 { return uint8(s.counters>>(2*wi)) & 3 }
 
 // pos is the position of counter c among the key's counters, in
 // increasing order: where a Reservation records it.
 func (s subset) pos(c int) int { return bits.OnesCount16(s.counters & (1<<c - 1)) }
-
-// place returns the line and counters of hash h, and where they are as a
-// Reservation index: the line in the high bits, the subset in the low 16.
-func (b *Buckets) place(p *bucketParams, h uint64) (*line, subset, uint64) {
-	return placeIn(p.lines, b.subs, h)
-}
-
-// counterAt resolves a Reservation index back to its line and counters, or
-// nil if it does not fit the current table.
-func (b *Buckets) counterAt(p *bucketParams, index uint64) (*line, subset) {
-	return counterIn(p.lines, b.subs, index)
-}
 
 // at is a tick as the counters see it: mod 2³².
 type at struct{ now uint32 }
@@ -246,7 +220,7 @@ table:
 	for {
 		tick := p.ticks(ns)
 		t := at{now: uint32(tick)}
-		ln, sub, index := b.place(p, h)
+		ln, sub, index := placeIn(p.lines, b.subs, h)
 		d := Decision{Limit: p.limit.EffectiveBurst()}
 		capT := uint32(p.capT)
 		cost := uint32(p.per) // weight·per ≤ capT < 2³⁰ for a weight that can be granted (capT + debt ≤ 2³⁰)
@@ -263,22 +237,22 @@ table:
 			// equals) decides.
 			best, fw, fl := uint32(math.MaxUint32), 0, uint8(0)
 			for m := sub.words; m != 0; m &= m - 1 {
-				w := bits.TrailingZeros8(m) & 7
-				v := loadWord(&ln[w])
+				wi := bits.TrailingZeros8(m) & 7
+				v := loadWord(&ln[wi])
 				if v == frozen {
 					p = b.moved(p)
 					continue table
 				}
-				vals[w] = v
-				lanes := sub.lanes(w)
+				vals[wi] = v
+				lanes := sub.lanes(wi)
 				if lanes&1 != 0 {
 					if a := aheadOf(uint32(v), t.now); a < best {
-						best, fw, fl = a, w, 0
+						best, fw, fl = a, wi, 0
 					}
 				}
 				if lanes&2 != 0 {
 					if a := aheadOf(uint32(v>>32), t.now); a < best {
-						best, fw, fl = a, w, 1
+						best, fw, fl = a, wi, 1
 					}
 				}
 			}
@@ -302,19 +276,19 @@ table:
 			r.index, r.units, r.epoch, r.tick = index, int64(cost), p.gen, tick
 			var paid uint8 // the words charged so far
 			for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
-				w := bits.TrailingZeros8(m) & 7
-				nw, short, ok := chargeWord(&ln[w], vals[w], sub.lanes(w), cost, uint32(p.ceil), t)
+				wi := bits.TrailingZeros8(m) & 7
+				nv, short, ok := chargeWord(&ln[wi], vals[wi], sub.lanes(wi), cost, uint32(p.ceil), t)
 				if !ok {
 					p = b.giveBack(b.moved(p), r, paid, ns)
 					continue table
 				}
-				r.record(sub, w, nw, short)
-				paid |= 1 << w
+				r.record(sub, wi, nv, short)
+				paid |= 1 << wi
 			}
-			nw, after, short, res := chargeFullest(&ln[fw], vals[fw], fl, sub.lanes(fw), cost, capT, uint32(p.ceil), t)
+			nv, after, short, res := chargeFullest(&ln[fw], vals[fw], fl, sub.lanes(fw), cost, capT, uint32(p.ceil), t)
 			switch res {
 			case chargeGranted:
-				r.record(sub, fw, nw, short)
+				r.record(sub, fw, nv, short)
 				d.Allowed = true
 				d.Remaining = int64(capT-min(after, capT)) >> p.log
 				d.Reset = p.about(uint64(after))
@@ -333,28 +307,19 @@ table:
 	}
 }
 
-// giveBack refunds what r charged to the words in mask and clears r: the
-// rollback of a decision that did not grant. It returns the parameters in
-// force afterwards.
-func (b *Buckets) giveBack(p *bucketParams, r *Reservation, mask uint8, ns int64) *bucketParams {
-	p = b.refundWords(p, r, mask, ns)
-	*r = Reservation{}
-	return p
-}
-
-// record notes in r what word w's charge left: the TAT each of the key's
-// counters there now ends at, and how much less than the cost each took
-// (short holds lane l's shortfall in bits 32l; see chargeWord).
-func (r *Reservation) record(sub subset, w int, nw, short uint64) {
-	lanes := sub.lanes(w)
-	i := sub.pos(2 * w)
+// record notes in r what word wi's charge left (nv): the TAT each of the
+// key's counters there now ends at, and how much less than the cost each
+// took (short holds lane l's shortfall in bits 32l; see chargeWord).
+func (r *Reservation) record(sub subset, wi int, nv, short uint64) {
+	lanes := sub.lanes(wi)
+	i := sub.pos(2 * wi)
 	if lanes&1 != 0 {
-		r.end[i] = uint32(nw)
+		r.end[i] = uint32(nv)
 		r.short[i] = uint32(short)
 		i++
 	}
 	if lanes&2 != 0 {
-		r.end[i] = uint32(nw >> 32)
+		r.end[i] = uint32(nv >> 32)
 		r.short[i] = uint32(short >> 32)
 	}
 }
@@ -373,25 +338,25 @@ func chargeLane(v, cost, ceil uint32, t at) (nv, short uint32) {
 	return store(t.now, base+add), cost - add
 }
 
-// chargeWord charges cost to the given lanes of the word at p (whose value
-// was last seen as w) and returns the word it left and how much less than
+// chargeWord charges cost to the given lanes of the word at q (whose value
+// was last seen as v) and returns the word it left and how much less than
 // cost each lane was charged, lane l's in bits 32l: 0 when every lane took
 // the whole cost. ok is false, and nothing charged, if the word is frozen.
-func chargeWord(p *uint64, w uint64, lanes uint8, cost, ceil uint32, t at) (nw, short uint64, ok bool) {
+func chargeWord(q *uint64, v uint64, lanes uint8, cost, ceil uint32, t at) (nv, short uint64, ok bool) {
 	for {
-		nw, short = w, 0
+		nv, short = v, 0
 		if lanes&1 != 0 {
-			v, s := chargeLane(uint32(w), cost, ceil, t)
-			nw, short = nw&^0xffffffff|uint64(v), uint64(s)
+			c, s := chargeLane(uint32(v), cost, ceil, t)
+			nv, short = nv&^0xffffffff|uint64(c), uint64(s)
 		}
 		if lanes&2 != 0 {
-			v, s := chargeLane(uint32(w>>32), cost, ceil, t)
-			nw, short = nw&0xffffffff|uint64(v)<<32, short|uint64(s)<<32
+			c, s := chargeLane(uint32(v>>32), cost, ceil, t)
+			nv, short = nv&0xffffffff|uint64(c)<<32, short|uint64(s)<<32
 		}
-		if nw == w || casWord(p, w, nw) {
-			return nw, short, true
+		if nv == v || casWord(q, v, nv) {
+			return nv, short, true
 		}
-		if w = loadWord(p); w == frozen {
+		if v = loadWord(q); v == frozen {
 			return 0, 0, false
 		}
 	}
@@ -404,28 +369,28 @@ const (
 	chargeFrozen         // the word is frozen: SetLimit replaced the lines
 )
 
-// chargeFullest charges cost to lane fl of the word at p (last seen as w) if
+// chargeFullest charges cost to lane fl of the word at q (last seen as v) if
 // that counter still has room, together with the key's other lane of the
 // word, in one CAS. It returns the word it left, how far ahead the counter
 // is then, and the shortfalls as chargeWord does (lane fl's is always 0).
-func chargeFullest(p *uint64, w uint64, fl, lanes uint8, cost, capT, ceil uint32, t at) (nw uint64, after uint32, short uint64, res int) {
+func chargeFullest(q *uint64, v uint64, fl, lanes uint8, cost, capT, ceil uint32, t at) (nv uint64, after uint32, short uint64, res int) {
 	for {
-		a := aheadOf(lane(w, fl), t.now)
+		a := aheadOf(lane(v, fl), t.now)
 		if a+cost > capT {
-			return w, a + cost, 0, chargeLost
+			return v, a + cost, 0, chargeLost
 		}
 		after = a + cost
-		nw = withLane(w, fl, store(t.now, after))
+		nv = withLane(v, fl, store(t.now, after))
 		short = 0
 		if o := fl ^ 1; lanes>>o&1 != 0 {
-			v, s := chargeLane(lane(w, o), cost, ceil, t)
-			nw, short = withLane(nw, o, v), uint64(s)<<laneShift(o)
+			c, s := chargeLane(lane(v, o), cost, ceil, t)
+			nv, short = withLane(nv, o, c), uint64(s)<<laneShift(o)
 		}
-		if casWord(p, w, nw) {
-			return nw, after, short, chargeGranted
+		if casWord(q, v, nv) {
+			return nv, after, short, chargeGranted
 		}
-		if w = loadWord(p); w == frozen {
-			return w, 0, 0, chargeFrozen
+		if v = loadWord(q); v == frozen {
+			return v, 0, 0, chargeFrozen
 		}
 	}
 }
@@ -463,7 +428,7 @@ func (r *Reservation) outstanding(p *bucketParams, i int, now uint64) uint32 {
 	paid := uint64(uint32(r.units) - r.short[i])
 	switch p.gen - r.epoch {
 	case 0:
-		return uint32(paid - min(paid, now-r.tick)) // now ≥ r.tick: see refundWords
+		return uint32(paid - min(paid, now-r.tick)) // now ≥ r.tick: see refundWord
 	case 1:
 		f := &p.from
 		left := paid - min(paid, f.oldTick-min(f.oldTick, r.tick)) // owed at the conversion, in old ticks
@@ -483,41 +448,19 @@ func (r *Reservation) outstanding(p *bucketParams, i int, now uint64) uint32 {
 	return 0
 }
 
-// refundWords gives back what r charged to its counters in the words of
-// mask, as much of it as is still owed at ns, in the table of p or, if
-// SetLimit replaces it meanwhile, in the new one. It returns the
-// parameters in force when it is done.
-func (b *Buckets) refundWords(p *bucketParams, r *Reservation, mask uint8, ns int64) *bucketParams {
-	ln, sub := b.counterAt(p, r.index)
-	if ln == nil {
-		return p
+// refundWord is refundWords for word wi of the key's counters sub, in the
+// word at q: what each counter still owes at ns (outstanding), never
+// reckoned before the charge in the table it was made in.
+func (p *bucketParams) refundWord(q *uint64, sub subset, wi int, r Reservation, ns int64) bool {
+	tick := p.ticks(ns)
+	if p.gen == r.epoch {
+		tick = max(tick, r.tick) // a refund never comes before its charge
 	}
-	for m := mask; m != 0; {
-		if d := p.gen - r.epoch; d < 0 || d > 1 {
-			return p
-		}
-		w := bits.TrailingZeros8(m) & 7
-		tick := p.ticks(ns)
-		if p.gen == r.epoch {
-			tick = max(tick, r.tick) // a refund never comes before its charge
-		}
-		if !refundWord(&p.lines[r.index>>16][w], p, sub, w, r, tick) {
-			p = b.moved(p)
-			continue
-		}
-		m &= m - 1
-	}
-	return p
-}
-
-// refundWord is refundWords for word w: false, and nothing refunded, if the
-// word is frozen.
-func refundWord(q *uint64, p *bucketParams, sub subset, w int, r *Reservation, tick uint64) bool {
 	now := uint32(tick)
 	var owed [2]uint32
 	for l := range 2 {
-		if sub.lanes(w)>>l&1 != 0 {
-			owed[l] = r.outstanding(p, sub.pos(2*w+l), tick)
+		if sub.lanes(wi)>>l&1 != 0 {
+			owed[l] = r.outstanding(p, sub.pos(2*wi+l), tick)
 		}
 	}
 	if owed == [2]uint32{} {
@@ -532,32 +475,6 @@ func refundWord(q *uint64, p *bucketParams, sub subset, w int, r *Reservation, t
 		if nv == v || casWord(q, v, nv) {
 			return true
 		}
-	}
-}
-
-// Refund is RefundAt(r, time.Now()): for a caller that holds a Reservation
-// in real time. (A time before the charge's counts as the charge's: a
-// refund never comes before its charge.)
-func (b *Buckets) Refund(r Reservation) { b.RefundAt(r, time.Now()) }
-
-// RefundAt gives back what of r's charge each counter still owes at time
-// now, as if it had been made from a full counter at its own time: all of
-// it at the time of the charge, less whatever time has refilled since,
-// nothing once its cost has refilled. It never gives back another
-// request's charge, whatever other refunds and takes came between; a
-// charge queued behind others and refunded late is given back less than
-// its place in the queue would owe (see the package documentation). A
-// Reservation taken before the latest SetLimit is converted with the
-// counters, less what of it the conversion's cap at the limit's debt may
-// have dropped; one taken before two SetLimits gives back nothing (the
-// error is a grant too few, never one too many).
-func (b *Buckets) RefundAt(r Reservation, now time.Time) {
-	if r.units <= 0 {
-		return
-	}
-	p := b.params()
-	if ln, sub := b.counterAt(p, r.index); ln != nil {
-		b.refundWords(p, &r, sub.words, b.nowNanos(now))
 	}
 }
 
@@ -587,28 +504,28 @@ table:
 		tick := p.ticks(ns)
 		t := at{now: uint32(tick)}
 		cost := uint32(min(uint64(weight), p.ceil/p.per) * p.per) // ≤ ceil ≤ 2³⁰
-		ln, sub, index := b.place(p, h)
+		ln, sub, index := placeIn(p.lines, b.subs, h)
 		r := Reservation{index: index, units: int64(cost), epoch: p.gen, tick: tick}
 		best := uint32(math.MaxUint32)
 		var paid uint8
 		for m := sub.words; m != 0; m &= m - 1 {
-			w := bits.TrailingZeros8(m) & 7
-			lanes := sub.lanes(w)
-			v := loadWord(&ln[w])
-			nw, short, ok := v, uint64(0), v != frozen
+			wi := bits.TrailingZeros8(m) & 7
+			lanes := sub.lanes(wi)
+			v := loadWord(&ln[wi])
+			nv, short, ok := v, uint64(0), v != frozen
 			if ok {
-				nw, short, ok = chargeWord(&ln[w], v, lanes, cost, uint32(p.ceil), t)
+				nv, short, ok = chargeWord(&ln[wi], v, lanes, cost, uint32(p.ceil), t)
 			}
 			if !ok {
 				p = b.giveBack(b.moved(p), &r, paid, ns)
 				continue table
 			}
-			r.record(sub, w, nw, short)
-			paid |= 1 << w
+			r.record(sub, wi, nv, short)
+			paid |= 1 << wi
 			for l := uint8(0); l < 2; l++ {
 				if lanes>>l&1 != 0 {
 					d.Allowed = d.Allowed || uint32(short>>laneShift(l)) == 0
-					best = min(best, aheadOf(lane(nw, l), t.now))
+					best = min(best, aheadOf(lane(nv, l), t.now))
 				}
 			}
 		}
@@ -619,17 +536,6 @@ table:
 			d.RetryAfter = p.until(ns, tick, uint64(best-capT))
 		}
 		return d, r
-	}
-}
-
-// Fill makes the counters of the key with hash h full again. Keys that
-// share those counters gain too.
-func (b *Buckets) Fill(h uint64) {
-	for p := b.params(); ; {
-		if ln, sub, _ := b.place(p, h); clearKey(ln, sub) {
-			return
-		}
-		p = b.moved(p)
 	}
 }
 

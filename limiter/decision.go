@@ -34,7 +34,7 @@ type Decision struct {
 
 // A Reservation records what a granted Take charged, so that Refund can give
 // back what of it is still owed (for a token-bucket table, the part not yet
-// refilled; see Buckets.RefundAt). The zero Reservation refunds nothing.
+// refilled; see Buckets). The zero Reservation refunds nothing.
 type Reservation struct {
 	index uint64 // where the charge went: a counter (buckets) or a key hash (sketch)
 	epoch int64  // the window the charge was counted in (sketch), the table's SetLimit generation (buckets)

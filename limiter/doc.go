@@ -1,9 +1,13 @@
 // Package limiter holds floodgate's algorithms: a Bloom token-bucket table
 // whose memory is fixed by configuration, a sliding-window count-min sketch
 // for rolling quotas, and the small transaction that charges several of them
-// as one. It imports nothing from Caddy and can be used on its own.
+// as one. It imports nothing from Caddy and can be used on its own. What
+// the algorithms were measured to do, and the rules they replaced, are in
+// docs/design.md ("The limiter package").
 //
 // Start with Buckets (buckets.go), then line.go for the cache-line layout;
+// table.go is what Buckets and Windows (window.go) share, hook.go the one
+// place every atomic word and table's parameters are read and written;
 // limit.go turns a Limit into ticks, sweep.go and setlimit.go are the
 // table's maintenance, sizing.go and stats.go its false denies.
 //
@@ -20,11 +24,10 @@
 // not grow with the number of keys, and a flood of fresh keys cannot evict
 // anyone's state to hand itself a full bucket.
 //
-// Every counter of the key pays, not only the fullest. This is the one point
-// where floodgate departs from the patent it follows (US 9654483, where the
-// one counter that grants pays): with K counters of a full burst each, a key
-// alone on its counters could otherwise draw K bursts. Paying on all of
-// them makes a lone key exactly one token bucket.
+// Every counter of the key pays, not only the fullest (as in the patent it
+// follows, US 9654483): with K counters of a full burst each, a key alone
+// on its counters could otherwise draw K bursts. Paying on all of them
+// makes a lone key exactly one token bucket.
 //
 // # Layout: 16 counters of 32 bits, each a time (GCRA)
 //
@@ -42,12 +45,11 @@
 //     at a million per second and for bursts of a million), so weights are
 //     exact and tokens a shift away. A burst and its debt (Limit.Debt, a
 //     burst by default) are at most 2³⁰ ticks, a counter at most that far
-//     ahead of the latest time, and times
-//     compare as serial numbers (less than 2³¹ ticks ahead, or past), so a
-//     request whose time was read before it runs (a stall, a GC pause; up
-//     to 2²⁹ ticks, a second at a million per second, hours for most
-//     limits, also across a Sweep or SetLimit) still sees a drained
-//     counter as drained. The tick is
+//     ahead of the latest time, and times compare as serial numbers (less
+//     than 2³¹ ticks ahead, or past), so a request whose time was read
+//     before it runs (a stall, a GC pause; up to 2²⁹ ticks, a second at a
+//     million per second, hours for most limits, also across a Sweep or
+//     SetLimit) still sees a drained counter as drained. The tick is
 //     Window/(Events·per), more than a nanosecond, and time converts to
 //     ticks exactly (multiplications and one comparison, no division),
 //     rounded down, so the rate is exact.
@@ -75,10 +77,10 @@
 //     words, so it never writes a line no key touched.
 //   - SetLimit keeps what each key used, in tokens: it converts every
 //     counter into a table with the new tick, rounding against the key,
-//     and keeps recently-past TATs as long past in the new ticks.
-//     A table over memory another program shares (NewBucketsOver, for
-//     package xdp) refuses it: the counters would move where the other
-//     side never looks.
+//     and keeps recently-past TATs as long past in the new ticks. A table
+//     over memory another program shares (NewBucketsOver, for package xdp)
+//     refuses it: the counters would move where the other side never
+//     looks.
 //
 // # Exactness under concurrency
 //
@@ -89,46 +91,39 @@
 // refunds the others and decides again. Each counter's whole state is its
 // 32-bit TAT and time is an argument, so every CAS validates everything its
 // new value was computed from: no refill or clock word can change between a
-// decision's loads and its CASes (the old design's lost and extra tokens).
-// Above the floor at "full", charges and refunds are additions, which
-// commute, so a decision that rolls back undoes exactly what it did, and
-// since the others pay before the fullest, every grant is checked against
-// a counter that already holds every earlier grant's charge: a lone key is
-// exactly one token bucket. A counter may run past empty up to the limit's
-// Debt, a burst by default (a key's other counters pay while its fullest
-// still has room); beyond, a
-// charge falls short and its Reservation records by how much, so a refund
-// returns exactly what was paid. Charge applies a cost without the room
-// check, within the same ceiling: a key in debt is denied until it repays.
+// decision's loads and its CASes. Above the floor at "full", charges and
+// refunds are additions, which commute, so a decision that rolls back
+// undoes exactly what it did, and since the others pay before the fullest,
+// every grant is checked against a counter that already holds every
+// earlier grant's charge: a lone key is exactly one token bucket. A counter
+// may run past empty up to the limit's Debt, a burst by default (a key's
+// other counters pay while its fullest still has room); beyond, a charge
+// falls short and its Reservation records by how much, so a refund returns
+// exactly what was paid. Charge applies a cost without the room check,
+// within the same ceiling: a key in debt is denied until it repays.
 //
 // A refund that comes later (a Txn rolled back after a held client went
 // away, the reservation of a request that never ran) gives back what of
 // its own charge is certainly still ahead of the refund's time: the charge
 // as if it had been made from a full counter at its own time, what it paid
 // less the ticks since (a Reservation records the tick and what each
-// counter paid), in a CAS. Exact, a refund would give back the charge's
+// counter paid), in a CAS. An exact refund would give back the charge's
 // place in the counter's queue, but that place moves down when a charge
 // under it is refunded, and nothing in the line records it: burst 2 at one
-// a second, X and Y at 0, X refunded at 0, Z at 0.9 s, Y refunded at
-// 0.9 s leaves the counter and Y's Reservation exactly as they are with
-// neither X's refund nor Z, yet Y then owes a token and here a tenth of
-// one (TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge; the refund
-// rule before this one gave back the token, 0.9 of it Z's). Since no
-// charge starts before its own time, paid − elapsed is the most a refund
-// can give back that is never another request's, however refunds and
-// takes interleave (TestRefundsRacingATakeGiveBackNoOtherCharge). So after
-// a refund a key holds never more than if the charge had never been made
+// a second, X and Y at 0, X refunded at 0, Z at 0.9 s, Y refunded at 0.9 s
+// leaves the counter and Y's Reservation exactly as they are with neither
+// X's refund nor Z, yet Y then owes a token and here a tenth of one
+// (TestARefundAfterAnEarlierOnesGivesBackNoLaterCharge). Since no charge
+// starts before its own time, paid − elapsed is the most a refund can give
+// back that is never another request's, however refunds and takes
+// interleave (TestRefundsRacingATakeGiveBackNoOtherCharge). So after a
+// refund a key holds never more than if the charge had never been made
 // (what went past the ceiling, at the charge or at a SetLimit's cap,
 // staying dropped), and less only for a charge queued behind others and
 // refunded later than it was made: a grant too few, by at most the refill
 // between the charge and the refund, and at most the charge (burst 2 at
 // one a second, X and Y at 0, Y refunded at 0.5 s gives back half a token
-// where the queue would give back one). Measured
-// (TestLateRefundsUnderGrantAtMostTheirRefill: takes and held charges of
-// one key at 10 a second, refunded in any order up to 3 s later), a late
-// refund leaves the key 0.44 of a token below the exact bucket on average,
-// 23% of that bound; the rule before this one, 0.28, and once in 2,000
-// refunds 0.56 of a token above it. A refund at the charge's own time
+// where the queue would give back one). A refund at the charge's own time
 // (a Txn that a later zone denies, a decision that lost a race) gives back
 // the whole charge: those are exact.
 //
@@ -146,18 +141,11 @@
 // drops beyond a burst is the latest charges' (the top of the counter),
 // and a Reservation refunds nothing of what was dropped.
 //
-// Tests force this rather than hope for it: every atomic load, CAS and
-// swap of a word, and every load and store of the table's parameters, goes
-// through hook.go, where a test hook (nil in production) stops the
-// goroutine, so TestEveryInterleavingIsExact runs two or three requests of
-// one key (takes, weights, Txn rollbacks, across a token's arrival), and
-// exact_test.go requests beside SetLimit, Sweep, Charge, Fill, late
-// refunds and a second key sharing counters, through every interleaving of
-// their steps and checks each against a token bucket in exact rationals:
-// never a grant beyond the burst plus the refill, never a token lost.
-// TestTableMatchesReference replays random operations of every kind (any
-// limit up to MaxRate and MaxBurst, reloads, slow charges, refunds, sweeps,
-// jumps of days) against an exact GCRA; its benchmark form runs it long.
+// Every atomic load, CAS and swap of a word, and every load and store of a
+// table's parameters, goes through hook.go, where a test hook (nil in
+// production) stops the goroutine, so the tests run concurrent requests,
+// SetLimit, Sweep, Charge, Fill and refunds through every interleaving of
+// their steps and check each against a token bucket in exact rationals.
 //
 // # Windows: caddy-ratelimit's meaning
 //
@@ -167,24 +155,20 @@
 // its latest charge. A grant counts until its sub-window's end is a Window
 // old (the newest one until its own tick's end is), so a key never gets
 // more than Events in any span of Window, caddy-ratelimit's promise, on
-// racing requests, weights, refunds and reloads; the price
-// of fixed memory is a wait of at most a sub-window (ExtraWait) beyond an
-// exact sliding log's. s is as many as 64 bits hold for Events (16 at
-// Events 1, 9 at 5, 4 at 100, 2 at 1000, 1 beyond 8191).
-// TestWindowsMatchTheSlidingLogOnARandomTrace and
-// TestWindowsHardBoundAtEveryEdge check the table against an exact
-// sliding log. Table is what the two kinds of table share.
+// racing requests, weights, refunds and reloads; the price of fixed memory
+// is a wait of at most a sub-window (ExtraWait) beyond an exact sliding
+// log's. s is as many as 64 bits hold for Events (see windowLayout).
+// Table is what the two kinds of table share.
 //
 // Windows is exact on the same paths as Buckets, by the same means (shared
-// in hook.go and line.go): SetLimit freezes each old word as it reads it
-// (no window counter has its top bit set, so none is the frozen marker),
-// and a decision, Charge, Fill or refund that meets a frozen word waits for
-// the new table, takes back there what it had counted and starts again; a
-// refund takes back from the group its charge went to, and nothing once
-// that group is gone; and Sweep keeps counters that stopped counting less
-// than a margin ago, so a request whose time was read before the sweep's
-// still sees what it counted. window_exact_test.go runs takes beside
-// SetLimit through every interleaving.
+// in table.go, hook.go and line.go): SetLimit freezes each old word as it
+// reads it (no window counter has its top bit set, so none is the frozen
+// marker), and a decision, Charge, Fill or refund that meets a frozen word
+// waits for the new table, takes back there what it had counted and starts
+// again; a refund takes back from the group its charge went to, and
+// nothing once that group is gone; and Sweep keeps counters that stopped
+// counting less than a margin ago, so a request whose time was read before
+// the sweep's still sees what it counted.
 //
 // # Sizing and false denies
 //
@@ -195,21 +179,13 @@
 //
 //	P(false deny) = Σ_j Poisson(j; λ) Σ_{i=0..K} (−1)^i C(K,i) (C(16−i,K)/C(16,K))^j
 //
-// K = 3 is the default: at the default target it needs 11.1 MB where K = 4
-// needs 10.4 MB (6% less), but a decision then touches 2.80 words of the
-// line on average instead of 3.60, one locked CAS each: 22% fewer. (K = 3:
-// 0.12% at λ = 0.25, 0.39% at 0.5, 1.39% at 1; K = 4: 0.08%, 0.33%,
-// 1.38%.) Measured (TestFalseDenyMatchesEstimate, flooding sources at three
-// times the limit, light ones at half of it, no race detector, K = 3):
-// light sources were denied 0.31% of the time at λ = 0.5 (formula 0.39%),
-// 0.96% at λ = 1 (1.39%), 4.0% at λ = 2 (5.2%); on the default table with
-// 100,000 flooding sources, 0.32% (0.50%).
-// A window table has eight counters to a line, so 16 becomes 8 in the
-// formula (EstimateWindowFalseDeny): 0.87% at λ = 0.25, 2.5% at 0.5, 7.6%
-// at 1, and 38 MB at the defaults (WindowLinesFor).
-// Stats reports the table's share of empty counters and its live false-deny
-// estimate for a key never seen before, which matches what Peek finds for
-// fresh keys to within sampling error.
+// K = 3 is the default: K = 4 needs a little less memory for the same
+// target, but a decision then touches more words of the line, one locked
+// CAS each. A window table has eight counters to a line, so 16 becomes 8
+// in the formula (EstimateWindowFalseDeny, WindowLinesFor). Stats reports
+// the table's share of empty counters and its live false-deny estimate for
+// a key never seen before, which matches what Peek finds for fresh keys to
+// within sampling error.
 //
 // # Rolling quotas: the sliding-window sketch
 //
@@ -217,20 +193,11 @@
 // (W − t)/W + current) in a count-min sketch: rows × width counters for each
 // window, fixed memory, lazily rotated per counter by a window tag, mergeable
 // by addition with another instance's snapshot, and encoded sparsely for
-// storage by a decoder that treats its input as untrusted.
-//
-// Accuracy (TestSketchAccuracy: 10,000 keys, 12 windows, about a million
-// requests; 85% of keys light, 8% near the quota, 4% abusive, 3% bursty):
-// against an exact sliding log, the light keys' decisions differ on 0.11%
-// (width 2¹⁴) and 0.074% (width 2¹⁶) of requests. Over the whole trace 12.5%
-// of decisions differ, and that is the two-window rule itself, not the
-// sketch: with exact per-key counters the rule differs on 12.51%, because for
-// a key over its quota both grant about the quota per window but not the same
-// requests (every shifted grant counts as one wrong allow and one wrong
-// deny). Tokens granted match the exact log to within 0.2%; sketch collisions
-// change 0.99% of decisions at width 2¹⁴ and 0.0016% at 2¹⁶, so size the
-// width at several times the number of busy keys. The rule's known weakness
-// remains: a bursty key held up to 1.85× its quota within one sliding window.
+// storage by a decoder that treats its input as untrusted. A key's
+// estimate is inflated by the keys it shares a counter with on every row,
+// so size the width at several times the number of busy keys. The rule
+// itself is not a sliding log: a bursty key can get more than its quota
+// within one sliding window.
 //
 // A sliding Sketch (SketchConfig.Sliding: a window zone's cluster count) has
 // no such weakness: its cells hold 8 sub-windows of W/7 in one 64-byte line,

@@ -25,11 +25,12 @@ func hashFor(t *testing.T, b *Buckets, counters ...int) uint64 {
 	}
 	for i, s := range b.subs {
 		if s.counters == mask {
-			// place picks subset ⌊low·nSubs / 2³²⌋: the smallest low
-			// that gives i.
-			low := (uint64(i)<<32 + b.nSubs - 1) / b.nSubs
+			// placeIn picks subset ⌊low·len(subs) / 2³²⌋: the smallest
+			// low that gives i.
+			n := uint64(len(b.subs))
+			low := (uint64(i)<<32 + n - 1) / n
 			h := low
-			if _, got, _ := b.place(b.p.Load(), h); got != s {
+			if _, got, _ := placeIn(b.p.Load().lines, b.subs, h); got != s {
 				t.Fatalf("hashFor: subset %d not reached", i)
 			}
 			return h
@@ -168,7 +169,7 @@ func (rc setRace) run(t *testing.T) {
 		// between SetLimit's steps is what matters), and the key's
 		// words in the old and the new lines (SetLimit's swaps of the
 		// others touch nothing the requests read).
-		_, sub, _ := b.place(b.p.Load(), h)
+		_, sub, _ := placeIn(b.p.Load().lines, b.subs, h)
 		watch := watchSetLimit(unsafe.Pointer(&b.p), sub, &b.p.Load().lines[0], func() *line { return &b.p.Load().lines[0] })
 		reqs, granted := racers(b, denier, h, rc.reqs)
 		fs := append([]func(){func() { noErr(t, b.SetLimit(rc.to, tm(rc.at))) }}, reqs...)
@@ -229,9 +230,10 @@ func TestSetLimitRacesAreExact(t *testing.T) {
 
 // Two keys that share a counter: A's fullest counter (c0) has one token, its
 // others are c2 and c4; B's fullest is c2 (its others, c6 and c8, are a
-// burst in debt, as far as a counter goes). Two requests of A race for its last token: the loser
-// charges c2 and c4, finds c0 taken, and must give them back, or B, which
-// never raced, pays for it. At 1 s B has refilled exactly one token.
+// burst in debt, as far as a counter goes). Two requests of A race for its
+// last token: the loser charges c2 and c4, finds c0 taken, and must give
+// them back, or B, which never raced, pays for it. At 1 s B has refilled
+// exactly one token.
 func TestALostRaceGivesBackWhatAnotherKeyWouldPay(t *testing.T) {
 	l := Limit{Events: 2, Window: time.Second}
 	schedules := everySchedule(t, func() (func(int, unsafe.Pointer) bool, []func(), func(string)) {
@@ -443,7 +445,7 @@ func TestRefundsRacingATakeGiveBackNoOtherCharge(t *testing.T) {
 // burst less its fullest counter's ticks ahead, in tokens.
 func tokensOf(b *Buckets, h uint64, ns int64) *big.Rat {
 	p := b.p.Load()
-	ln, sub, _ := b.place(p, h)
+	ln, sub, _ := placeIn(p.lines, b.subs, h)
 	var a [countersPerLine]uint32
 	aheads(ln, uint32(p.ticks(ns)), &a)
 	least := uint32(math.MaxUint32)

@@ -48,11 +48,11 @@ var ErrExternalLimit = errors.New("the limit of a table shared with an XDP progr
 // SetLimit does into new lines, and decides on mem from then on. The other
 // side must never store 0xFFFFFFFF in a counter (see valid), must meanwhile
 // treat a word of the old memory that holds the frozen marker (all ones)
-// as one it may neither grant from nor write, and move
-// to mem with the new limit's Geometry when the conversion is over (SetLimitOver
-// returns then). release is called once nothing in this process reads the
-// old memory any more (a decision that met a frozen word has moved on), so
-// the caller may unmap it then, not before.
+// as one it may neither grant from nor write, and move to mem with the new
+// limit's Geometry when the conversion is over (SetLimitOver returns
+// then). release is called once nothing in this process reads the old
+// memory any more (a decision that met a frozen word has moved on), so the
+// caller may unmap it then, not before.
 func (b *Buckets) SetLimitOver(l Limit, now time.Time, mem []byte, release func()) error {
 	if err := l.Validate(); err != nil {
 		return err

@@ -14,7 +14,7 @@ func pairedKey(t *testing.T, b *Buckets) (uint64, int) {
 	p := b.p.Load()
 	for h := uint64(1); h < 1<<12; h++ {
 		h := h * 0x9e37_79b9_7f4a_7c15
-		_, sub, _ := b.place(p, h)
+		_, sub, _ := placeIn(p.lines, b.subs, h)
 		for m := sub.words; m != 0; m &= m - 1 {
 			if w := bits.TrailingZeros8(m); sub.lanes(w) == 3 {
 				return h, w
@@ -178,7 +178,7 @@ func TestAStrayFrozenWordBesideSetLimit(t *testing.T) {
 		h, w := pairedKey(t, b) // both counters in word w
 		old := b.p.Load()
 		old.lines[0][w] = frozen
-		_, sub, _ := b.place(old, h)
+		_, sub, _ := placeIn(old.lines, b.subs, h)
 		watch := watchSetLimit(unsafe.Pointer(&b.p), sub, &old.lines[0], func() *line { return &b.p.Load().lines[0] })
 		var granted bool
 		fs := []func(){

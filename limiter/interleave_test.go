@@ -29,7 +29,7 @@ const (
 // runSchedule starts fs, follows prefix (goroutine ids, one per step), then
 // lets the lowest runnable goroutine take each further step. Only
 // operations on the addresses watch accepts are steps; others run through.
-// A goroutine that waits for SetLimit (Buckets.moved) is not runnable
+// A goroutine that waits for SetLimit (table.moved) is not runnable
 // until what it waits for has happened, so a schedule never spins. It
 // returns the path taken: the goroutine of each step and the runnable
 // goroutines at it; stuck is true if every goroutine left was waiting.

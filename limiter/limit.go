@@ -94,10 +94,10 @@ func (l Limit) String() string {
 // is the largest power of two (so that tokens are a shift away) that maxPer,
 // the range (a burst in at most 2^aheadBits ticks) and a tick of more than a
 // nanosecond allow: 4096 for most limits, 512 at MaxRate and for the
-// largest bursts. A decision's only rounding is to
-// whole ticks, always against the key (see line.go), so a limit is never
-// exceeded and a key that refills completely between requests loses at
-// most a tick per request.
+// largest bursts. A decision's only rounding is to whole ticks, always
+// against the key (see line.go), so a limit is never exceeded and a key
+// that refills completely between requests loses at most a tick per
+// request.
 type clock struct {
 	per  uint64 // ticks per token, a power of two
 	log  uint8  // per = 1 << log

@@ -66,7 +66,7 @@ func valid(v uint32) uint32 {
 // at most ceil, below its field's all-ones: see windowParamsFor), so no
 // live word is frozen, and a CAS computed from a live word fails on a
 // frozen one. thawed is what a frozen word that no SetLimit wrote becomes
-// (see Buckets.moved): both counters valid(0xFFFFFFFF).
+// (see table.moved): both counters valid(0xFFFFFFFF).
 const (
 	frozen = ^uint64(0)
 	thawed = 1<<32 | 1
@@ -100,8 +100,8 @@ func aheads(ln *line, now uint32, out *[countersPerLine]uint32) bool {
 // caller clears the key again in the new table.
 func clearKey(ln *line, sub subset) bool {
 	for m := sub.words; m != 0; m &= m - 1 {
-		w := bits.TrailingZeros8(m) & 7
-		q := &ln[w]
+		wi := bits.TrailingZeros8(m) & 7
+		q := &ln[wi]
 		for {
 			v := loadWord(q)
 			if v == frozen {
@@ -109,7 +109,7 @@ func clearKey(ln *line, sub subset) bool {
 			}
 			nv := v
 			for l := uint8(0); l < 2; l++ {
-				if sub.lanes(w)>>l&1 != 0 {
+				if sub.lanes(wi)>>l&1 != 0 {
 					nv = withLane(nv, l, 0)
 				}
 			}

@@ -26,8 +26,7 @@ type Policy interface {
 	// before any charge (a denied request's headers, an admin inspection).
 	PeekHash(h uint64, weight int64, now time.Time) Decision
 	// Refund returns what a Reservation from TakeHash charged (for a
-	// token-bucket table, what of it is still owed now: see
-	// Buckets.RefundAt).
+	// token-bucket table, what of it is still owed now: see Buckets).
 	Refund(Reservation)
 }
 
@@ -153,10 +152,10 @@ func (t *Txn) Rollback() { t.RollbackAt(time.Now()) }
 
 // RollbackAt refunds every charge t holds, as of time now: a token-bucket
 // table gives back what of each charge is still owed then (all of it
-// right after the Take, less what has refilled since; see
-// Buckets.RefundAt). A Txn that was denied has already rolled back;
-// RollbackAt is for callers that abandon a granted request, at once (a
-// later, non-limiter check failed) or later (a held client went away).
+// right after the Take, less what has refilled since; see Buckets). A Txn
+// that was denied has already rolled back; RollbackAt is for callers that
+// abandon a granted request, at once (a later, non-limiter check failed)
+// or later (a held client went away).
 func (t *Txn) RollbackAt(now time.Time) {
 	for i := 0; i < t.n && i < MaxInlinePolicies; i++ {
 		t.refund(t.inline[i], now)

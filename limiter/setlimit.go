@@ -45,7 +45,7 @@ func (b *Buckets) SetLimit(l Limit, now time.Time) error {
 // it replaced: nothing reads their lines once those are garbage.
 func (b *Buckets) convertInto(l Limit, now time.Time, lines []line) *bucketParams {
 	old := b.params()
-	np := &bucketParams{clock: clockFor(l), limit: l, lines: lines, gen: old.gen + 1}
+	np := &bucketParams{tableParams: tableParams{clock: clockFor(l), limit: l, lines: lines, gen: old.gen + 1}}
 	ns := b.nowNanos(now)
 	np.from = conversion{per: old.per, oldTick: old.ticks(ns), newTick: np.ticks(ns)}
 	for i := range old.lines {

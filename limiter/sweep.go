@@ -21,36 +21,18 @@ import "time"
 // written (it stays unallocated). It costs a few nanoseconds a line. A
 // sweep that meets a table SetLimit is replacing stops: the conversion
 // drops what it would have zeroed. A frozen word no SetLimit wrote (see
-// Buckets.moved) is thawed and swept with the rest.
+// table.moved) is thawed and swept with the rest.
 func (b *Buckets) Sweep(now time.Time) {
 	p := b.params()
 	nowT := uint32(p.ticks(b.nowNanos(now)))
-	for i := range p.lines {
-		ln := &p.lines[i]
-		for j := range ln {
-			for {
-				w := loadWord(&ln[j])
-				if w == 0 {
-					break
-				}
-				if w == frozen {
-					if q, ok := b.thawStray(p); !ok || q != p {
-						return // SetLimit replaces the table
-					}
-					continue // a stray marker, thawed: sweep the word
-				}
-				nw := w
-				for l := uint8(0); l < 2; l++ {
-					if v := lane(w, l); v != 0 && aheadOf(v, nowT) == 0 && nowT-v >= sweepMargin {
-						nw = withLane(nw, l, 0)
-					}
-				}
-				if nw == w || casWord(&ln[j], w, nw) {
-					break
-				}
+	b.sweep(p, func(v uint64) uint64 {
+		for l := uint8(0); l < 2; l++ {
+			if c := lane(v, l); c != 0 && aheadOf(c, nowT) == 0 && nowT-c >= sweepMargin {
+				v = withLane(v, l, 0)
 			}
 		}
-	}
+		return v
+	})
 }
 
 // sweepTicks is how often, in ticks, Sweep must run, and sweepMargin how

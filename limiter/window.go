@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -67,9 +65,9 @@ import (
 // and a counter whose counts all return to 0 stores 0. Ticks compare as
 // serial numbers: a T up to half the field ahead of a request's time was
 // written by a later request (whose time was read after this one's), and
-// the request is checked against all of its groups and counted in its newest, as if it
-// came at T. Sweep clears counters whose newest charge is long past before
-// T could wrap round, and must run every SweepInterval.
+// the request is checked against all of its groups and counted in its
+// newest, as if it came at T. Sweep clears counters whose newest charge is
+// long past before T could wrap round, and must run every SweepInterval.
 //
 // The live counts of a counter are capped at 2·Events: a charge that
 // would go beyond drops the oldest counts instead, which changes no
@@ -80,31 +78,24 @@ import (
 // per decision. Decisions follow the Buckets protocol: every counter of the
 // key but the emptiest is charged first, the emptiest last with the CAS
 // that grants, so every grant is checked against a counter that holds
-// every earlier grant. A refund takes back what its charge added, from the
-// group it was added to. SetLimit is exact beside decisions, as Buckets'
-// is (see SetLimit).
+// every earlier grant. SetLimit is exact beside decisions, as Buckets' is
+// (see SetLimit).
+//
+// A refund (RefundAt) takes back what its charge counted, from the groups
+// it was counted in, while the counters still hold them: a refund after
+// its group stopped counting changes nothing. A Reservation taken before
+// the latest SetLimit is converted with the counters (taking back from
+// the group its charge went to, or an older one); one taken before two
+// SetLimits takes back nothing.
 type Windows struct {
-	base  time.Time
-	k     int
-	subs  []subset
-	p     atomic.Pointer[windowParams]
-	setMu sync.Mutex // serialises SetLimit
+	table[windowParams, *windowParams] // subs: every k-subset of a line's words
 }
 
-// params, setParams and moved are Buckets' (hook.go), for Windows.
-func (w *Windows) params() *windowParams { return loadParams(&w.p) }
-
-func (w *Windows) setParams(p *windowParams) { storeParams(&w.p, p) }
-
-func (w *Windows) moved(p *windowParams) *windowParams { return movedFrom(&w.p, p) }
-
 // windowParams is everything a decision reads besides the lines' words. It is
-// immutable; SetLimit swaps in a new one, with new lines.
+// immutable; SetLimit swaps in a new one, with new lines. Its clock counts
+// wt ticks a window, and its limit has Burst 0.
 type windowParams struct {
-	clock         // wt ticks per window
-	limit  Limit  // Burst 0
-	lines  []line //
-	gen    int64  // how many SetLimits made this; a Reservation remembers it
+	tableParams
 	events uint64 // the most any span of a window grants
 	ceil   uint64 // 2·events: the most a counter's counts add up to
 	g      uint8  // groups: s+1
@@ -198,9 +189,11 @@ func windowParamsFor(l Limit, n int) *windowParams {
 	mult, _ := bits.Div64(wt, 0, uint64(l.Window))
 	half := uint64(1) << (sb - 1)
 	return &windowParams{
-		clock:  clock{pe: wt, w: uint64(l.Window), mult: mult, nsPerTick: float64(l.Window) / float64(wt)},
-		limit:  l,
-		lines:  newLines(n),
+		tableParams: tableParams{
+			clock: clock{pe: wt, w: uint64(l.Window), mult: mult, nsPerTick: float64(l.Window) / float64(wt)},
+			limit: l,
+			lines: newLines(n),
+		},
 		events: uint64(l.Events),
 		ceil:   2 * uint64(l.Events),
 		g:      g,
@@ -234,7 +227,7 @@ func newWindows(cfg BucketsConfig, base time.Time) (*Windows, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Windows{base: base, k: k, subs: wordSubsets(k)}
+	w := &Windows{table: table[windowParams, *windowParams]{base: base, k: k, subs: wordSubsets(k)}}
 	w.p.Store(windowParamsFor(cfg.Limit, n))
 	return w, nil
 }
@@ -259,18 +252,6 @@ func wordSubsets(k int) []subset {
 	return out
 }
 
-// Limit returns the limit in force.
-func (w *Windows) Limit() Limit { return w.p.Load().limit }
-
-// K returns the number of counters each key draws on.
-func (w *Windows) K() int { return w.k }
-
-// Bytes returns the memory held by the table's lines.
-func (w *Windows) Bytes() int { return len(w.p.Load().lines) * 64 }
-
-// Lines returns the number of lines in the table.
-func (w *Windows) Lines() int { return len(w.p.Load().lines) }
-
 // SubWindows is s, the sub-windows a window is divided into under the
 // limit in force.
 func (w *Windows) SubWindows() int { return int(w.p.Load().s) }
@@ -282,8 +263,6 @@ func (w *Windows) ExtraWait() time.Duration {
 	p := w.p.Load()
 	return time.Duration(p.nanos(1 << p.stb))
 }
-
-func (w *Windows) nowNanos(now time.Time) int64 { return max(int64(now.Sub(w.base)), 0) }
 
 // count is group i of counter value v.
 func (p *windowParams) count(v uint64, i int) uint64 { return v >> (uint(i) * uint(p.cb)) & p.cmask }
@@ -624,42 +603,14 @@ func (p *windowParams) chargeWithin(q *uint64, v uint64, sub subset, wi int, cos
 	}
 }
 
-// giveBack takes back what r counted in the words in mask and clears r:
-// the rollback of a decision that did not grant. It returns the parameters
-// in force afterwards.
-func (w *Windows) giveBack(p *windowParams, r *Reservation, mask uint8, ns int64) *windowParams {
-	p = w.refundWords(p, r, mask, ns)
-	*r = Reservation{}
-	return p
-}
-
-// refundWords takes back what r counted in the key's counters of the words
-// in mask (see owed), from the table of p or, if SetLimit replaces it
-// meanwhile, from the new one. It returns the parameters in force when it
-// is done.
-func (w *Windows) refundWords(p *windowParams, r *Reservation, mask uint8, ns int64) *windowParams {
-	ln, sub := counterIn(p.lines, w.subs, r.index)
-	if ln == nil {
-		return p
+// refundWord is refundWords for word wi of the key's counters sub, in the
+// word at q: it takes back what r counted there from the group it was
+// counted in (see owed), reckoned at ns, or at the charge if that is later.
+func (p *windowParams) refundWord(q *uint64, sub subset, wi int, r Reservation, ns int64) bool {
+	T, add := p.owed(&r, keyPos(sub, wi), max(p.ticks(ns), r.tick))
+	if add == 0 {
+		return true
 	}
-	for m := mask; m != 0; {
-		if d := p.gen - r.epoch; d < 0 || d > 1 {
-			return p
-		}
-		wi := bits.TrailingZeros8(m) & 7
-		T, add := p.owed(r, keyPos(sub, wi), max(p.ticks(ns), r.tick))
-		if add != 0 && !p.refundWord(&p.lines[r.index>>16][wi], T, add) {
-			p = w.moved(p)
-			continue
-		}
-		m &= m - 1
-	}
-	return p
-}
-
-// refundWord takes back add from the group of latest charge T in the word
-// at q: false, and nothing taken back, if the word is frozen.
-func (p *windowParams) refundWord(q *uint64, T, add uint64) bool {
 	for {
 		v := loadWord(q)
 		if v == frozen {
@@ -696,25 +647,6 @@ func (p *windowParams) owed(r *Reservation, i int, now uint64) (T, add uint64) {
 		return 0, 0
 	}
 	return T, add
-}
-
-// Refund is RefundAt(r, time.Now()).
-func (w *Windows) Refund(r Reservation) { w.RefundAt(r, time.Now()) }
-
-// RefundAt takes back what r counted, from the groups it was counted in,
-// while the counters still hold them: a refund after its group stopped
-// counting changes nothing. A Reservation taken before the latest SetLimit
-// is converted with the counters (taking back from the group its charge
-// went to, or an older one); one taken before two SetLimits takes back
-// nothing.
-func (w *Windows) RefundAt(r Reservation, now time.Time) {
-	if r.units <= 0 {
-		return
-	}
-	p := w.params()
-	if ln, sub := counterIn(p.lines, w.subs, r.index); ln != nil {
-		w.refundWords(p, &r, sub.words, w.nowNanos(now))
-	}
 }
 
 // Charge counts weight tokens for the key with hash h at time now without
@@ -808,17 +740,6 @@ table:
 		}
 		d.Allowed = true
 		return d, r
-	}
-}
-
-// Fill clears the counters of the key with hash h: it counts nothing, and
-// neither does any key sharing them.
-func (w *Windows) Fill(h uint64) {
-	for p := w.params(); ; {
-		if ln, sub, _ := placeIn(p.lines, w.subs, h); clearKey(ln, sub) {
-			return
-		}
-		p = w.moved(p)
 	}
 }
 
@@ -933,26 +854,12 @@ func (p *windowParams) convert(v uint64) uint64 {
 func (w *Windows) Sweep(now time.Time) {
 	p := w.params()
 	t := p.ticks(w.nowNanos(now))
-	for i := range p.lines {
-		ln := &p.lines[i]
-		for j := range ln {
-			for {
-				v := loadWord(&ln[j])
-				if v == 0 {
-					break
-				}
-				if v == frozen {
-					return
-				}
-				if d := (t - v>>p.tshift) & p.smask; d < p.wt+p.margin || d >= p.half {
-					break
-				}
-				if casWord(&ln[j], v, 0) {
-					break
-				}
-			}
+	w.sweep(p, func(v uint64) uint64 {
+		if d := (t - v>>p.tshift) & p.smask; d < p.wt+p.margin || d >= p.half {
+			return v
 		}
-	}
+		return 0
+	})
 }
 
 // SweepInterval is how often Sweep must run under the limit in force: half
@@ -999,25 +906,3 @@ func (w *Windows) Stats(now time.Time) BucketStats {
 	}
 	return statsOf(n, w.k, windowCounters, sampled, empty, busy, fd)
 }
-
-// A Table is a zone's per-key rate in the Bloom table: token buckets
-// (Buckets) or windows (Windows). Both place keys alike and answer alike.
-type Table interface {
-	Policy
-	Allow(key []byte, weight int64, now time.Time) Decision
-	Charge(h uint64, weight int64, now time.Time) (Decision, Reservation)
-	Fill(h uint64)
-	Limit() Limit
-	SetLimit(l Limit, now time.Time) error
-	Sweep(now time.Time)
-	SweepInterval() time.Duration
-	Stats(now time.Time) BucketStats
-	Bytes() int
-	Lines() int
-	K() int
-}
-
-var (
-	_ Table = (*Windows)(nil)
-	_ Table = (*Buckets)(nil)
-)

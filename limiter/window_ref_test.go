@@ -250,9 +250,9 @@ func TestWindowsAgreeWithTheIncumbentsRing(t *testing.T) {
 }
 
 // A long random trace of several keys: bursts and trickles at random
-// times, weights, rollbacks, reported costs, sweeps, and
-// reloads that raise and lower Events and Window mid-way. Every grant is
-// checked against the limit in force, every denial's wait against the log.
+// times, weights, rollbacks, reported costs, sweeps, and reloads that
+// raise and lower Events and Window mid-way. Every grant is checked
+// against the limit in force, every denial's wait against the log.
 func TestWindowsMatchTheSlidingLogOnARandomTrace(t *testing.T) {
 	limits := []Limit{
 		{Events: 10, Window: time.Minute},
