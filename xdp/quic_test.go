@@ -217,12 +217,14 @@ func TestProgramChargesQUICInitials(t *testing.T) {
 
 // TestSplitClientHelloCostsOneToken: the Initials of one connection (its
 // source address and port, and DCID) cost one token however many the
-// client sends — a ClientHello split over two, a retransmission, the
-// Initials after the server's, under the server's shorter connection ID
-// and a token — while another connection from the same source address and
-// port costs another.
+// client sends — a ClientHello split over two, a retransmission — while
+// another connection from the same source address and port costs another.
+// The Initials after the server's, under the server's shorter connection
+// ID and a token (a Retry's or NEW_TOKEN's), are the one case that costs a
+// connection a second token: the program cannot tell them from a new
+// connection's (TestAChargedConnectionFreesNoOther).
 func TestSplitClientHelloCostsOneToken(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 4, Window: time.Hour}))
 	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +242,8 @@ func TestSplitClientHelloCostsOneToken(t *testing.T) {
 		{"first Initial", first, true},
 		{"second Initial of the ClientHello", second, false},
 		{"retransmitted first Initial", first, false},
-		{"Initial after the server's, under a token", afterServer, false},
+		{"Initial after the server's, under a token", afterServer, true},
+		{"its retransmission", afterServer, false},
 		{"another connection", another, true},
 		{"its retransmission", another, false},
 	}
@@ -268,8 +271,8 @@ func TestSplitClientHelloCostsOneToken(t *testing.T) {
 			t.Fatalf("after two connections, packet %d: verdict %d, want %d", i, v, want)
 		}
 	}
-	if c := counts(t, tb); c != (Counts{InitialsPassed: 3, InitialsDropped: 1}) {
-		t.Fatalf("counts %+v, want 3 Initials passed, 1 dropped", c)
+	if c := counts(t, tb); c != (Counts{InitialsPassed: 4, InitialsDropped: 1}) {
+		t.Fatalf("counts %+v, want 4 Initials passed, 1 dropped", c)
 	}
 }
 
@@ -294,5 +297,74 @@ func TestQUICAndSYNsShareABudget(t *testing.T) {
 	}
 	if c := counts(t, tb); c != (Counts{Passed: 1, Dropped: 1, InitialsPassed: 1, InitialsDropped: 1}) {
 		t.Fatalf("counts %+v", c)
+	}
+}
+
+// drainedQUICTable is a table with a burst of one an hour, limiting QUIC
+// Initials to UDP 443, whose network of src has spent its token on a
+// connection of its own.
+func drainedQUICTable(t *testing.T, src netip.Addr) *Table {
+	t.Helper()
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	if v := runAt(t, tb, v1Initial(dcid(8, 1)...).frame(src, shape{}), 1e9); v != xdpPass {
+		t.Fatalf("the network's first connection: verdict %d, want pass", v)
+	}
+	return tb
+}
+
+// TestAChargedConnectionFreesNoOther: Initials under a token and a DCID
+// shorter than 8 bytes open a connection at quic-go each (it opens one
+// even for a token it cannot decode), so the one connection the program
+// charged from an address and port must not let them pass: each new DCID
+// is charged, and dropped once the network is drained. (The program once
+// remembered a charged connection by its address and port alone too, and
+// let every such Initial from them pass free.)
+func TestAChargedConnectionFreesNoOther(t *testing.T) {
+	src := netip.MustParseAddr("198.51.100.7")
+	tb := drainedQUICTable(t, src)
+	passed := 0
+	for i := range 100 {
+		q := quicPacket{version: quicV1, dcid: dcid(1+i%7, byte(i)), scid: []byte{1}, token: []byte{0xde, 0xad, byte(i)}}
+		if runAt(t, tb, q.frame(src, shape{}), 1e9) == xdpPass {
+			passed++
+		}
+	}
+	if c := counts(t, tb); passed > 0 || c != (Counts{InitialsPassed: 1, InitialsDropped: 100}) {
+		t.Fatalf("%d of 100 Initials under a token and a short DCID, from the address and port of a charged connection, passed a drained network; counts %+v, want 1 passed, 100 dropped", passed, c)
+	}
+}
+
+// TestTheInitialsMapHoldsItsEntries: the map of charged connections holds
+// about its 65,536 entries (docs/xdp.md), one per charged connection: a
+// client's split ClientHello still passes uncharged after 60,000 spoofed
+// connections from other networks were charged since its first Initial.
+// (With two entries per connection, it was evicted after some 34,000 and
+// its second half was charged again: dropped, on a burst of one.)
+func TestTheInitialsMapHoldsItsEntries(t *testing.T) {
+	cfg := testConfig(limiter.Limit{Events: 1, Window: time.Hour})
+	cfg.Buckets.Bytes = 64 << 20 // room for the spoofed networks: few false denies
+	tb := newTestTable(t, cfg)
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	client := netip.MustParseAddr("203.0.113.5")
+	first := v1Initial(dcid(8, 1)...)
+	if v := runAt(t, tb, first.frame(client, shape{}), 1e9); v != xdpPass {
+		t.Fatalf("the client's first Initial: verdict %d, want pass", v)
+	}
+	const spoofed = 60000
+	for i := range spoofed { // a /24 each
+		src := netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1})
+		runAt(t, tb, v1Initial(dcid(8, byte(i))...).frame(src, shape{}), 1e9)
+	}
+	c := counts(t, tb)
+	if c.InitialsPassed < spoofed*99/100 {
+		t.Fatalf("only %d of %d spoofed connections were charged: the test needs them remembered", c.InitialsPassed-1, spoofed)
+	}
+	if v := runAt(t, tb, first.frame(client, shape{}), 1e9); v != xdpPass {
+		t.Fatalf("the second half of the client's ClientHello, after %d connections charged since its first: verdict %d, want pass (its connection forgotten, charged again)", c.InitialsPassed-1, v)
 	}
 }

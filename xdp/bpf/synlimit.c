@@ -116,19 +116,23 @@ enum stat {
 
 // initials remembers the QUIC connections the program charged, by the
 // client's address and port and its Initials' destination connection ID
-// (DCID), so that the connection's next Initials pass uncharged: a
-// ClientHello split over two Initials, a retransmission, the client's
-// acknowledgement of the server's Initial. A connection is also remembered
-// by its address and port alone (dcid_len 0), which lets pass the Initials
-// that follow with a DCID shorter than 8 bytes (the server's connection ID
-// after its first Initial, or a Retry's, under a token): see quic_initial.
-// It is a fixed-size LRU map: an entry evicted by INITIAL_IDS newer ones
-// lets its connection's next Initial be charged again (towards limiting,
-// never a free pass).
+// (DCID), so that the connection's next Initials under that DCID pass
+// uncharged: a ClientHello split over two Initials, a retransmission. Every
+// charged Initial is remembered so, and only so: a key of the address and
+// port alone once let every Initial from them under a token and a short
+// DCID pass free, and quic-go opens a connection for each. So a client's
+// Initials under a new DCID and a token (after the server's first Initial,
+// when a Retry or NEW_TOKEN gave it a token) cost its connection a second
+// token. It is a fixed-size LRU map: an entry evicted by newer ones (about
+// INITIAL_IDS connections charged after it; the kernel's LRU lists are per
+// CPU, so a few fewer on a loaded host) lets its connection's next Initial
+// be charged again. Both err towards limiting: a connection costs one
+// token or two, and no Initial that can open a connection passes
+// unremembered and uncharged.
 struct initial_id {
 	__u8 saddr[16]; // an IPv4 address as ::ffff:a.b.c.d
 	__u8 sport[2];  // network order
-	__u8 dcid_len;  // 0: the address and port alone
+	__u8 dcid_len;
 	__u8 dcid[20];
 	__u8 pad;
 };
@@ -558,16 +562,11 @@ static __always_inline void mark(const struct flow *f)
 	bpf_map_update_elem(&charged, f, &one, BPF_ANY);
 }
 
-// remember records that the QUIC connection of id was charged here, by its
-// DCID and by its address and port alone (see initials).
-static __always_inline void remember(struct initial_id *id)
+// remember records that the QUIC connection of id was charged here (see
+// initials).
+static __always_inline void remember(const struct initial_id *id)
 {
 	__u8 one = 1;
-	bpf_map_update_elem(&initials, id, &one, BPF_ANY);
-	if (!id->dcid_len)
-		return;
-	id->dcid_len = 0;
-	__builtin_memset(id->dcid, 0, sizeof(id->dcid));
 	bpf_map_update_elem(&initials, id, &one, BPF_ANY);
 }
 
@@ -649,9 +648,7 @@ static __always_inline int limited_syn(const struct params *p, const struct tcph
 static __always_inline __u64 before(__s64 i, __s64 n) { return (__u64)((i - n) >> 63); }
 
 // quic_initial reports whether the UDP datagram at udp holds a QUIC
-// Initial that can open a connection, and writes its DCID into id (none,
-// for a DCID shorter than MIN_NEW_DCID under a token: such Initials follow
-// a connection's first, and are known by the client's address and port).
+// Initial that can open a connection, and writes its DCID into id.
 static __always_inline int quic_initial(const struct udphdr *udp, const void *end, struct initial_id *id)
 {
 	const __u8 *q = (const void *)(udp + 1);
@@ -687,8 +684,8 @@ static __always_inline int quic_initial(const struct udphdr *udp, const void *en
 #pragma clang loop unroll(full)
 	for (int i = 1; i < 8; i++)
 		token |= tl[i] & before(i, n);
-	if (dlen < MIN_NEW_DCID)
-		return token != 0;
+	if (dlen < MIN_NEW_DCID && !token)
+		return 0;
 	id->dcid_len = dlen;
 	const __u8 *d = q + 6;
 #pragma clang loop unroll(full)
