@@ -116,6 +116,10 @@ func (t *Table) enable(ports Ports) error {
 		}
 	}
 	portSet(&t.params.QuicPorts, ports.QUIC)
+	t.params.Quic = 0
+	if len(ports.QUIC) > 0 {
+		t.params.Quic = 1
+	}
 	t.params.Enabled = 1
 	return t.writeParams()
 }

@@ -111,7 +111,8 @@ func counts(t *testing.T, tb *Table) Counts {
 // that can open a connection — version 1 with type 0 or version 2 with
 // type 1, in a datagram of 1200 bytes or more, with a DCID of 8 to 20 bytes
 // or a token — takes one token from its source network, in every shape the
-// program parses; every other packet passes and charges nothing.
+// program parses but a fragment's; every other packet passes and charges
+// nothing.
 func TestProgramChargesQUICInitials(t *testing.T) {
 	v2 := v1Initial(dcid(8, 1)...)
 	v2.version, v2.typ = quicV2, 1
@@ -163,6 +164,9 @@ func TestProgramChargesQUICInitials(t *testing.T) {
 	network := 0
 	for name, q := range charged {
 		for _, s := range parsedShapes {
+			if s.moreFragments { // dropped uncharged: TestProgramDropsFragmentedQUIC
+				continue
+			}
 			network++
 			src := netip.AddrFrom4([4]byte{10, byte(network >> 8), byte(network), 7})
 			if len(s.ext) > 0 {
@@ -366,5 +370,145 @@ func TestTheInitialsMapHoldsItsEntries(t *testing.T) {
 	}
 	if v := runAt(t, tb, first.frame(client, shape{}), 1e9); v != xdpPass {
 		t.Fatalf("the second half of the client's ClientHello, after %d connections charged since its first: verdict %d, want pass (its connection forgotten, charged again)", c.InitialsPassed-1, v)
+	}
+}
+
+// TestProgramDropsFragmentedQUIC: a first fragment of a UDP datagram to a
+// QUIC port is dropped uncharged and counted as a dropped Initial, in IPv4
+// and IPv6, whatever it holds: RFC 9000 §14 forbids fragmenting QUIC, and a
+// first fragment too short to parse, passed, let the kernel reassemble an
+// Initial nothing charged. A first fragment to another UDP port, or of a
+// TCP SYN, is what it was; in a zone without QUIC ports every UDP
+// fragment passes.
+func TestProgramDropsFragmentedQUIC(t *testing.T) {
+	tb := quicTable(t)
+	whole := v1Initial(dcid(8, 1)...).datagram()
+	other := v1Initial(dcid(8, 1)...)
+	other.dport = 80
+	for i, s := range []shape{
+		{name: "ipv4", moreFragments: true},
+		{name: "ipv4 with options", ipv4Opts: 2, moreFragments: true},
+		{name: "ipv6", ext: []byte{ipv6Fragment}, moreFragments: true},
+		{name: "ipv6 behind hop-by-hop", ext: []byte{ipv6HopByHop, ipv6Fragment}, moreFragments: true},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			src := netip.AddrFrom4([4]byte{10, 9, byte(i), 7})
+			if !s.v4() {
+				src = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 9, byte(i), 15: 7})
+			}
+			before, table := counts(t, tb), slices.Clone(words(tb.mem))
+			for _, l4 := range [][]byte{
+				whole[:8+48], // the UDP header and 48 bytes: too short to parse as an Initial
+				whole,        // a whole Initial, the rest of the datagram to follow
+				whole[:4],    // not even the UDP header
+			} {
+				for range 3 {
+					if v := runAt(t, tb, framed(src, 17, l4, s), 1e9); v != xdpDrop {
+						t.Fatalf("a first fragment of %d bytes to a QUIC port: verdict %d, want drop", len(l4), v)
+					}
+				}
+			}
+			if v := runAt(t, tb, other.frame(src, s), 1e9); v != xdpPass {
+				t.Fatalf("a first fragment to UDP port 80: verdict %d, want pass", v)
+			}
+			want := before
+			want.InitialsDropped += 9
+			if c := counts(t, tb); c != want || !slices.Equal(table, words(tb.mem)) {
+				t.Fatalf("counts %+v after %+v, want 9 more Initials dropped, and the table uncharged", c, before)
+			}
+			// The network's burst is whole: a SYN in the same shape takes
+			// one token as before, as does an unfragmented Initial.
+			for _, f := range [][]byte{shaped(src, 443, flagSYN, s), v1Initial(dcid(8, 1)...).frame(src, shape{})} {
+				if v := runAt(t, tb, f, 1e9); v != xdpPass {
+					t.Fatalf("verdict %d, want pass", v)
+				}
+			}
+			if v := runAt(t, tb, v1Initial(dcid(8, 2)...).frame(src, shape{}), 1e9); v != xdpDrop {
+				t.Fatalf("a third connection, on a burst of two: verdict %d, want drop", v)
+			}
+		})
+	}
+	tcpOnly := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	if err := tcpOnly.enable(Ports{TCP: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")} {
+		s := shape{moreFragments: true}
+		if src.Is6() {
+			s.ext = []byte{ipv6Fragment}
+		}
+		if v := runAt(t, tcpOnly, framed(src, 17, whole[:8+48], s), 1e9); v != xdpPass {
+			t.Fatalf("a first UDP fragment from %v in a zone without QUIC ports: verdict %d, want pass", src, v)
+		}
+	}
+	if c := counts(t, tcpOnly); c != (Counts{}) {
+		t.Fatalf("counts %+v in a zone without QUIC ports, want none", c)
+	}
+}
+
+// TestIPv6UDPLengthZeroIsTheRestOfThePayload: Linux delivers an IPv6 UDP
+// datagram whose length field is 0 as the rest of the IPv6 payload (the
+// jumbogram convention), so an Initial in one is charged by that length:
+// dropped from a drained network. (The program took the field for the
+// length, and let every such Initial pass as too small to be one.)
+func TestIPv6UDPLengthZeroIsTheRestOfThePayload(t *testing.T) {
+	src := netip.MustParseAddr("2001:db8:99::7")
+	tb := drainedQUICTable(t, src)
+	for i := range 10 {
+		d := v1Initial(dcid(8, byte(i+10))...).datagram()
+		binary.BigEndian.PutUint16(d[4:], 0)
+		if v := runAt(t, tb, framed(src, 17, d, shape{}), 1e9); v != xdpDrop {
+			t.Fatalf("Initial %d with a UDP length of 0 from a drained network: verdict %d, want drop", i, v)
+		}
+	}
+	// One whose IPv6 payload is short of 1,208 bytes is no Initial.
+	small := v1Initial(dcid(8, 99)...)
+	small.size = 1199
+	d := small.datagram()
+	binary.BigEndian.PutUint16(d[4:], 0)
+	if v := runAt(t, tb, framed(src, 17, d, shape{}), 1e9); v != xdpPass {
+		t.Fatalf("a 1,207-byte datagram with a UDP length of 0: verdict %d, want pass", v)
+	}
+	if c := counts(t, tb); c != (Counts{InitialsPassed: 1, InitialsDropped: 10}) {
+		t.Fatalf("counts %+v, want 1 Initial passed, 10 dropped", c)
+	}
+}
+
+// TestQUICZoneDropsWhatItCannotWalk: in a zone that limits QUIC, a packet
+// whose headers the program cannot walk to its transport header (a third
+// VLAN tag, more IPv6 extension headers than it walks) is dropped and
+// counted as a dropped Initial, whatever it carries: nothing charges an
+// Initial behind the program, and the kernel delivers them (a TCP-only
+// zone passes them for the matcher: TestProgramChargesEverySYNItParses).
+// Headers the kernel delivers no UDP behind without a security
+// association (ESP), and later fragments (dropped with their first), pass.
+func TestQUICZoneDropsWhatItCannotWalk(t *testing.T) {
+	tb := quicTable(t)
+	for i, s := range notParsed {
+		t.Run(s.name, func(t *testing.T) {
+			src := netip.AddrFrom4([4]byte{10, 77, byte(i), 7})
+			if !s.v4() && len(s.vlans) == 0 {
+				src = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0x77, byte(i), 15: 7})
+			}
+			lost := len(s.vlans) > 2 || len(s.ext) > 6
+			want := uint32(xdpPass)
+			if lost {
+				want = xdpDrop
+			}
+			before, table := counts(t, tb), slices.Clone(words(tb.mem))
+			frames := [][]byte{v1Initial(dcid(8, 1)...).frame(src, s), shaped(src, 443, flagSYN, s), shaped(src, 443, flagACK, s)}
+			for _, f := range frames {
+				if v := runAt(t, tb, f, 1e9); v != want {
+					t.Fatalf("verdict %d, want %d", v, want)
+				}
+			}
+			wantCounts := before
+			if lost {
+				wantCounts.InitialsDropped += uint64(len(frames))
+			}
+			if c := counts(t, tb); c != wantCounts || !slices.Equal(table, words(tb.mem)) {
+				t.Fatalf("counts %+v after %+v (want %+v), or the table was charged", c, before, wantCounts)
+			}
+		})
 	}
 }

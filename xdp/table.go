@@ -45,7 +45,9 @@
 // unless the program charged its connection already, which it remembers by
 // the client's address, port and DCID in a fixed-size LRU map. Nothing in
 // Go sees those packets (Caddy's HTTP/3 does not go through the layer4
-// matcher), so the program alone charges them.
+// matcher), so the program alone charges them, and drops what would carry
+// an Initial past it uncharged: a first fragment of a datagram to a QUIC
+// port, a packet whose headers it cannot walk.
 //
 // Start reading at NewTable, then Attach.
 package xdp
@@ -323,7 +325,10 @@ type Counts struct {
 	Contended uint64
 	// InitialsPassed is how many QUIC Initials that open a connection, to
 	// a limited UDP port, took a token; InitialsDropped, how many found
-	// none. An Initial of a connection charged already is in neither.
+	// none, and how many packets the program dropped unparsed because the
+	// zone limits QUIC (first fragments of a UDP datagram to a QUIC port,
+	// packets it cannot walk to their transport header: docs/xdp.md). An
+	// Initial of a connection charged already is in neither.
 	InitialsPassed, InitialsDropped uint64
 }
 
