@@ -512,3 +512,30 @@ func TestQUICZoneDropsWhatItCannotWalk(t *testing.T) {
 		})
 	}
 }
+
+// TestQUICPortsAloneLimitNoTCPPort: a zone that names QUIC ports and no
+// TCP port (`xdp eth0 quic 443`) limits no SYN: an SSH SYN neither is
+// dropped nor spends the network's HTTP/3 budget; a zone that names no
+// port at all limits SYNs to every TCP port, as before.
+func TestQUICPortsAloneLimitNoTCPPort(t *testing.T) {
+	src := netip.MustParseAddr("198.51.100.50")
+	for _, tc := range []struct {
+		ports Ports
+		want  Counts // after a SYN to TCP 22, an Initial, another SYN
+	}{
+		{Ports{QUIC: []uint16{443}}, Counts{InitialsPassed: 1}},
+		{Ports{}, Counts{Passed: 1, Dropped: 1}},
+	} {
+		tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+		if err := tb.enable(tc.ports); err != nil {
+			t.Fatal(err)
+		}
+		var v []uint32
+		for _, f := range [][]byte{packet(src, 22, flagSYN), v1Initial(dcid(8, 1)...).frame(src, shape{}), packet(src, 22, flagSYN)} {
+			v = append(v, runAt(t, tb, f, 1e9))
+		}
+		if c := counts(t, tb); c != tc.want || v[0] != xdpPass {
+			t.Errorf("%+v: a SYN to TCP 22, an Initial to UDP 443, a SYN to TCP 22: verdicts %v, counts %+v, want %+v", tc.ports, v, c, tc.want)
+		}
+	}
+}
