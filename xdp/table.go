@@ -294,10 +294,21 @@ func (e *ProgramNotReplacedError) Unwrap() error { return e.Err }
 // make the kernel refuse it.
 var updateLink = func(l link.Link, p *ebpf.Program) error { return l.Update(p) }
 
+// notPermitted reports whether err is the kernel refusing this process BPF
+// (EPERM, EACCES), not the verifier rejecting the program: the verifier
+// answers EACCES too, for an access it cannot prove safe.
+func notPermitted(err error) bool {
+	var ve *ebpf.VerifierError
+	return !errors.As(err, &ve) && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES))
+}
+
 // explain wraps a kernel error with what it most likely means.
 func explain(what string, err error) error {
+	var ve *ebpf.VerifierError
 	switch {
-	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+	case errors.As(err, &ve):
+		return fmt.Errorf("xdp: %s: the kernel's verifier rejected the program (it needs Linux 5.17 or later; on such a kernel, a bug): %w", what, err)
+	case notPermitted(err):
 		return fmt.Errorf("xdp: %s: not permitted: it needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (or root), and kernel.unprivileged_bpf_disabled does not help: %w", what, err)
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
 		return fmt.Errorf("xdp: %s: the kernel refused it; the program needs Linux 5.17 or later (bpf_loop; compare-and-swap needs 5.12) built with BPF and XDP: %w", what, err)
