@@ -932,19 +932,18 @@ struct parsed {
 	__u32 pad;
 };
 
-// parse fills pd from the packet: kind NONE for a packet that is no
-// connection attempt to limit. It is a global function, which the
+// parse fills pd from the packet, under the parameters p (the caller's
+// lookup, passed in: a second lookup here cost a nanosecond a packet):
+// kind NONE for a packet that is no connection attempt to limit. It is a global function, which the
 // verifier checks once on its own: inlined (or static), the decision after
 // it was checked again for every path through the headers (each kind of
 // packet, family, shape), over a million instructions once QUIC was
 // parsed; a global function's caller goes on from one state.
-__noinline int parse(struct xdp_md *ctx, struct parsed *pd)
+__noinline int parse(struct xdp_md *ctx, const struct params *p, struct parsed *pd)
 {
-	__u32 zero = 0;
-	const struct params *p = bpf_map_lookup_elem(&config, &zero);
-	if (!pd || !p || !p->enabled)
+	if (!pd || !p)
 		return 0;
-	__u8 key[17] = {};
+	__u8 key[17];
 	int kind = NONE;
 	int len = source_key(ctx, p, key, &pd->a, &kind);
 	if (kind == REFUSE)
@@ -965,7 +964,7 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 	if (!p || !p->enabled)
 		return XDP_PASS;
 	struct parsed pd = {};
-	parse(ctx, &pd);
+	parse(ctx, p, &pd);
 	if (pd.kind == NONE)
 		return XDP_PASS;
 	if (pd.kind == REFUSE) {
