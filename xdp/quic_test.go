@@ -539,3 +539,27 @@ func TestQUICPortsAloneLimitNoTCPPort(t *testing.T) {
 		}
 	}
 }
+
+// TestAConnectionsEntryPassesAFewInitialsFree: the Initials found among
+// the connections charged pass free 16 times; the next is charged as a new
+// connection's (and, granted, starts the count again). A client that
+// closes a connection and opens another under the same address, port and
+// DCID — quic-go takes it for a new connection once the old one's state is
+// gone — paid for the first alone before.
+func TestAConnectionsEntryPassesAFewInitialsFree(t *testing.T) {
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 2, Window: time.Hour}))
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("198.51.100.7")
+	f := v1Initial(dcid(8, 1)...).frame(src, shape{})
+	var v []uint32
+	for range 1 + 16 + 1 + 16 + 1 {
+		v = append(v, runAt(t, tb, f, 1e9))
+	}
+	want := slices.Repeat([]uint32{xdpPass}, 34)
+	want = append(want, xdpDrop)
+	if c := counts(t, tb); !slices.Equal(v, want) || c != (Counts{InitialsPassed: 2, InitialsDropped: 1}) {
+		t.Fatalf("35 Initials of one address, port and DCID, on a burst of two: verdicts %v, counts %+v; want 34 passed (the 1st and 18th charged), the 35th dropped", v, c)
+	}
+}

@@ -129,7 +129,11 @@ enum stat {
 // CPU, so a few fewer on a loaded host) lets its connection's next Initial
 // be charged again. Both err towards limiting: a connection costs one
 // token or two, and no Initial that can open a connection passes
-// unremembered and uncharged.
+// unremembered and uncharged. The value counts the Initials passed free
+// under the entry: after FREE_INITIALS the next is charged (and, granted,
+// starts the count again), so that a client that closes a connection and
+// opens the next under the same address, port and DCID (quic-go takes it
+// for a new one once the old one's state is gone) pays again.
 struct initial_id {
 	__u8 saddr[16]; // an IPv4 address as ::ffff:a.b.c.d
 	__u8 sport[2];  // network order
@@ -140,10 +144,15 @@ struct initial_id {
 
 #define INITIAL_IDS 65536
 
+// FREE_INITIALS is how many Initials a charged connection's entry lets
+// pass free: a ClientHello split over two and its retransmissions through
+// quic-go's handshake timeout (5 s: some five rounds) fit.
+#define FREE_INITIALS 16
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct initial_id);
-	__type(value, __u8);
+	__type(value, __u32);
 	__uint(max_entries, INITIAL_IDS);
 } initials SEC(".maps");
 
@@ -564,11 +573,11 @@ static __always_inline void mark(const struct flow *f)
 }
 
 // remember records that the QUIC connection of id was charged here (see
-// initials).
+// initials), with none of its free Initials passed yet.
 static __always_inline void remember(const struct initial_id *id)
 {
-	__u8 one = 1;
-	bpf_map_update_elem(&initials, id, &one, BPF_ANY);
+	__u32 none = 0;
+	bpf_map_update_elem(&initials, id, &none, BPF_ANY);
 }
 
 // limit decides a connection attempt from its source key's hash: GRANT,
@@ -971,9 +980,13 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 		count(STAT_QUIC_DROPPED);
 		return XDP_DROP;
 	}
-	// An Initial of a connection charged already passes.
-	if (pd.kind == INITIAL && bpf_map_lookup_elem(&initials, &pd.a.id))
-		return XDP_PASS;
+	// An Initial of a connection charged already passes, FREE_INITIALS
+	// times.
+	if (pd.kind == INITIAL) {
+		__u32 *free = bpf_map_lookup_elem(&initials, &pd.a.id);
+		if (free && *free < FREE_INITIALS && __sync_fetch_and_add(free, 1) < FREE_INITIALS)
+			return XDP_PASS;
+	}
 	int v = limit(p, pd.hash, at_probe);
 	if (v == UNDECIDED)
 		return XDP_PASS;
