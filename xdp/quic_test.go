@@ -543,9 +543,10 @@ func TestQUICPortsAloneLimitNoTCPPort(t *testing.T) {
 // TestAConnectionsEntryPassesAFewInitialsFree: the Initials found among
 // the connections charged pass free 16 times; the next is charged as a new
 // connection's (and, granted, starts the count again). A client that
-// closes a connection and opens another under the same address, port and
-// DCID — quic-go takes it for a new connection once the old one's state is
-// gone — paid for the first alone before.
+// opens connection after connection under the same address, port and DCID
+// — quic-go retires a client's first DCID a few round trips after the
+// handshake, and then takes an Initial under it for a new connection —
+// paid for the first alone before.
 func TestAConnectionsEntryPassesAFewInitialsFree(t *testing.T) {
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 2, Window: time.Hour}))
 	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {

@@ -131,9 +131,10 @@ enum stat {
 // token or two, and no Initial that can open a connection passes
 // unremembered and uncharged. The value counts the Initials passed free
 // under the entry: after FREE_INITIALS the next is charged (and, granted,
-// starts the count again), so that a client that closes a connection and
-// opens the next under the same address, port and DCID (quic-go takes it
-// for a new one once the old one's state is gone) pays again.
+// starts the count again), so that a client that opens connection after
+// connection under the same address, port and DCID pays again (quic-go
+// retires a client's first DCID a few round trips after the handshake
+// completes, and then takes an Initial under it for a new connection).
 struct initial_id {
 	__u8 saddr[16]; // an IPv4 address as ::ffff:a.b.c.d
 	__u8 sport[2];  // network order
