@@ -48,7 +48,9 @@ var (
 
 // Ports are the destination ports a table's program limits.
 type Ports struct {
-	// TCP are the ports whose SYNs are limited; none means every port.
+	// TCP are the ports whose SYNs are limited; none means every port,
+	// unless QUIC names ports: then none means no TCP port (an operator
+	// who limits HTTP/3 alone does not have SSH's SYNs spend its budget).
 	TCP []uint16
 	// QUIC are the UDP ports whose QUIC Initials are limited; none means
 	// no UDP port.
@@ -110,12 +112,16 @@ func (t *Table) enable(ports Ports) error {
 		return errors.New("xdp: the table is closed")
 	}
 	portSet(&t.params.Ports, ports.TCP)
-	if len(ports.TCP) == 0 {
+	if len(ports.TCP) == 0 && len(ports.QUIC) == 0 {
 		for i := range t.params.Ports {
 			t.params.Ports[i] = ^uint64(0)
 		}
 	}
 	portSet(&t.params.QuicPorts, ports.QUIC)
+	t.params.Quic = 0
+	if len(ports.QUIC) > 0 {
+		t.params.Quic = 1
+	}
 	t.params.Enabled = 1
 	return t.writeParams()
 }

@@ -111,7 +111,8 @@ func counts(t *testing.T, tb *Table) Counts {
 // that can open a connection — version 1 with type 0 or version 2 with
 // type 1, in a datagram of 1200 bytes or more, with a DCID of 8 to 20 bytes
 // or a token — takes one token from its source network, in every shape the
-// program parses; every other packet passes and charges nothing.
+// program parses but a fragment's; every other packet passes and charges
+// nothing.
 func TestProgramChargesQUICInitials(t *testing.T) {
 	v2 := v1Initial(dcid(8, 1)...)
 	v2.version, v2.typ = quicV2, 1
@@ -163,6 +164,9 @@ func TestProgramChargesQUICInitials(t *testing.T) {
 	network := 0
 	for name, q := range charged {
 		for _, s := range parsedShapes {
+			if s.moreFragments { // dropped uncharged: TestProgramDropsFragmentedQUIC
+				continue
+			}
 			network++
 			src := netip.AddrFrom4([4]byte{10, byte(network >> 8), byte(network), 7})
 			if len(s.ext) > 0 {
@@ -217,12 +221,14 @@ func TestProgramChargesQUICInitials(t *testing.T) {
 
 // TestSplitClientHelloCostsOneToken: the Initials of one connection (its
 // source address and port, and DCID) cost one token however many the
-// client sends — a ClientHello split over two, a retransmission, the
-// Initials after the server's, under the server's shorter connection ID
-// and a token — while another connection from the same source address and
-// port costs another.
+// client sends — a ClientHello split over two, a retransmission — while
+// another connection from the same source address and port costs another.
+// The Initials after the server's, under the server's shorter connection
+// ID and a token (a Retry's or NEW_TOKEN's), are the one case that costs a
+// connection a second token: the program cannot tell them from a new
+// connection's (TestAChargedConnectionFreesNoOther).
 func TestSplitClientHelloCostsOneToken(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 4, Window: time.Hour}))
 	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +246,8 @@ func TestSplitClientHelloCostsOneToken(t *testing.T) {
 		{"first Initial", first, true},
 		{"second Initial of the ClientHello", second, false},
 		{"retransmitted first Initial", first, false},
-		{"Initial after the server's, under a token", afterServer, false},
+		{"Initial after the server's, under a token", afterServer, true},
+		{"its retransmission", afterServer, false},
 		{"another connection", another, true},
 		{"its retransmission", another, false},
 	}
@@ -268,8 +275,8 @@ func TestSplitClientHelloCostsOneToken(t *testing.T) {
 			t.Fatalf("after two connections, packet %d: verdict %d, want %d", i, v, want)
 		}
 	}
-	if c := counts(t, tb); c != (Counts{InitialsPassed: 3, InitialsDropped: 1}) {
-		t.Fatalf("counts %+v, want 3 Initials passed, 1 dropped", c)
+	if c := counts(t, tb); c != (Counts{InitialsPassed: 4, InitialsDropped: 1}) {
+		t.Fatalf("counts %+v, want 4 Initials passed, 1 dropped", c)
 	}
 }
 
@@ -294,5 +301,266 @@ func TestQUICAndSYNsShareABudget(t *testing.T) {
 	}
 	if c := counts(t, tb); c != (Counts{Passed: 1, Dropped: 1, InitialsPassed: 1, InitialsDropped: 1}) {
 		t.Fatalf("counts %+v", c)
+	}
+}
+
+// drainedQUICTable is a table with a burst of one an hour, limiting QUIC
+// Initials to UDP 443, whose network of src has spent its token on a
+// connection of its own.
+func drainedQUICTable(t *testing.T, src netip.Addr) *Table {
+	t.Helper()
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	if v := runAt(t, tb, v1Initial(dcid(8, 1)...).frame(src, shape{}), 1e9); v != xdpPass {
+		t.Fatalf("the network's first connection: verdict %d, want pass", v)
+	}
+	return tb
+}
+
+// TestAChargedConnectionFreesNoOther: Initials under a token and a DCID
+// shorter than 8 bytes open a connection at quic-go each (it opens one
+// even for a token it cannot decode), so the one connection the program
+// charged from an address and port must not let them pass: each new DCID
+// is charged, and dropped once the network is drained. (The program once
+// remembered a charged connection by its address and port alone too, and
+// let every such Initial from them pass free.)
+func TestAChargedConnectionFreesNoOther(t *testing.T) {
+	src := netip.MustParseAddr("198.51.100.7")
+	tb := drainedQUICTable(t, src)
+	passed := 0
+	for i := range 100 {
+		q := quicPacket{version: quicV1, dcid: dcid(1+i%7, byte(i)), scid: []byte{1}, token: []byte{0xde, 0xad, byte(i)}}
+		if runAt(t, tb, q.frame(src, shape{}), 1e9) == xdpPass {
+			passed++
+		}
+	}
+	if c := counts(t, tb); passed > 0 || c != (Counts{InitialsPassed: 1, InitialsDropped: 100}) {
+		t.Fatalf("%d of 100 Initials under a token and a short DCID, from the address and port of a charged connection, passed a drained network; counts %+v, want 1 passed, 100 dropped", passed, c)
+	}
+}
+
+// TestTheInitialsMapHoldsItsEntries: the map of charged connections holds
+// about its 65,536 entries (docs/xdp.md), one per charged connection: a
+// client's split ClientHello still passes uncharged after 60,000 spoofed
+// connections from other networks were charged since its first Initial.
+// (With two entries per connection, it was evicted after some 34,000 and
+// its second half was charged again: dropped, on a burst of one.)
+func TestTheInitialsMapHoldsItsEntries(t *testing.T) {
+	cfg := testConfig(limiter.Limit{Events: 1, Window: time.Hour})
+	cfg.Buckets.Bytes = 64 << 20 // room for the spoofed networks: few false denies
+	tb := newTestTable(t, cfg)
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	client := netip.MustParseAddr("203.0.113.5")
+	first := v1Initial(dcid(8, 1)...)
+	if v := runAt(t, tb, first.frame(client, shape{}), 1e9); v != xdpPass {
+		t.Fatalf("the client's first Initial: verdict %d, want pass", v)
+	}
+	const spoofed = 60000
+	for i := range spoofed { // a /24 each
+		src := netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 1})
+		runAt(t, tb, v1Initial(dcid(8, byte(i))...).frame(src, shape{}), 1e9)
+	}
+	c := counts(t, tb)
+	if c.InitialsPassed < spoofed*99/100 {
+		t.Fatalf("only %d of %d spoofed connections were charged: the test needs them remembered", c.InitialsPassed-1, spoofed)
+	}
+	if v := runAt(t, tb, first.frame(client, shape{}), 1e9); v != xdpPass {
+		t.Fatalf("the second half of the client's ClientHello, after %d connections charged since its first: verdict %d, want pass (its connection forgotten, charged again)", c.InitialsPassed-1, v)
+	}
+}
+
+// TestProgramDropsFragmentedQUIC: a first fragment of a UDP datagram to a
+// QUIC port is dropped uncharged and counted as a dropped Initial, in IPv4
+// and IPv6, whatever it holds: RFC 9000 §14 forbids fragmenting QUIC, and a
+// first fragment too short to parse, passed, let the kernel reassemble an
+// Initial nothing charged. A first fragment to another UDP port, or of a
+// TCP SYN, is what it was; in a zone without QUIC ports every UDP
+// fragment passes.
+func TestProgramDropsFragmentedQUIC(t *testing.T) {
+	tb := quicTable(t)
+	whole := v1Initial(dcid(8, 1)...).datagram()
+	other := v1Initial(dcid(8, 1)...)
+	other.dport = 80
+	for i, s := range []shape{
+		{name: "ipv4", moreFragments: true},
+		{name: "ipv4 with options", ipv4Opts: 2, moreFragments: true},
+		{name: "ipv6", ext: []byte{ipv6Fragment}, moreFragments: true},
+		{name: "ipv6 behind hop-by-hop", ext: []byte{ipv6HopByHop, ipv6Fragment}, moreFragments: true},
+	} {
+		t.Run(s.name, func(t *testing.T) {
+			src := netip.AddrFrom4([4]byte{10, 9, byte(i), 7})
+			if !s.v4() {
+				src = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 9, byte(i), 15: 7})
+			}
+			before, table := counts(t, tb), slices.Clone(words(tb.mem))
+			for _, l4 := range [][]byte{
+				whole[:8+48], // the UDP header and 48 bytes: too short to parse as an Initial
+				whole,        // a whole Initial, the rest of the datagram to follow
+				whole[:4],    // not even the UDP header
+			} {
+				for range 3 {
+					if v := runAt(t, tb, framed(src, 17, l4, s), 1e9); v != xdpDrop {
+						t.Fatalf("a first fragment of %d bytes to a QUIC port: verdict %d, want drop", len(l4), v)
+					}
+				}
+			}
+			if v := runAt(t, tb, other.frame(src, s), 1e9); v != xdpPass {
+				t.Fatalf("a first fragment to UDP port 80: verdict %d, want pass", v)
+			}
+			want := before
+			want.InitialsDropped += 9
+			if c := counts(t, tb); c != want || !slices.Equal(table, words(tb.mem)) {
+				t.Fatalf("counts %+v after %+v, want 9 more Initials dropped, and the table uncharged", c, before)
+			}
+			// The network's burst is whole: a SYN in the same shape takes
+			// one token as before, as does an unfragmented Initial.
+			for _, f := range [][]byte{shaped(src, 443, flagSYN, s), v1Initial(dcid(8, 1)...).frame(src, shape{})} {
+				if v := runAt(t, tb, f, 1e9); v != xdpPass {
+					t.Fatalf("verdict %d, want pass", v)
+				}
+			}
+			if v := runAt(t, tb, v1Initial(dcid(8, 2)...).frame(src, shape{}), 1e9); v != xdpDrop {
+				t.Fatalf("a third connection, on a burst of two: verdict %d, want drop", v)
+			}
+		})
+	}
+	tcpOnly := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	if err := tcpOnly.enable(Ports{TCP: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")} {
+		s := shape{moreFragments: true}
+		if src.Is6() {
+			s.ext = []byte{ipv6Fragment}
+		}
+		if v := runAt(t, tcpOnly, framed(src, 17, whole[:8+48], s), 1e9); v != xdpPass {
+			t.Fatalf("a first UDP fragment from %v in a zone without QUIC ports: verdict %d, want pass", src, v)
+		}
+	}
+	if c := counts(t, tcpOnly); c != (Counts{}) {
+		t.Fatalf("counts %+v in a zone without QUIC ports, want none", c)
+	}
+}
+
+// TestIPv6UDPLengthZeroIsTheRestOfThePayload: Linux delivers an IPv6 UDP
+// datagram whose length field is 0 as the rest of the IPv6 payload (the
+// jumbogram convention), so an Initial in one is charged by that length:
+// dropped from a drained network. (The program took the field for the
+// length, and let every such Initial pass as too small to be one.)
+func TestIPv6UDPLengthZeroIsTheRestOfThePayload(t *testing.T) {
+	src := netip.MustParseAddr("2001:db8:99::7")
+	tb := drainedQUICTable(t, src)
+	for i := range 10 {
+		d := v1Initial(dcid(8, byte(i+10))...).datagram()
+		binary.BigEndian.PutUint16(d[4:], 0)
+		if v := runAt(t, tb, framed(src, 17, d, shape{}), 1e9); v != xdpDrop {
+			t.Fatalf("Initial %d with a UDP length of 0 from a drained network: verdict %d, want drop", i, v)
+		}
+	}
+	// One whose IPv6 payload is short of 1,208 bytes is no Initial.
+	small := v1Initial(dcid(8, 99)...)
+	small.size = 1199
+	d := small.datagram()
+	binary.BigEndian.PutUint16(d[4:], 0)
+	if v := runAt(t, tb, framed(src, 17, d, shape{}), 1e9); v != xdpPass {
+		t.Fatalf("a 1,207-byte datagram with a UDP length of 0: verdict %d, want pass", v)
+	}
+	if c := counts(t, tb); c != (Counts{InitialsPassed: 1, InitialsDropped: 10}) {
+		t.Fatalf("counts %+v, want 1 Initial passed, 10 dropped", c)
+	}
+}
+
+// TestQUICZoneDropsWhatItCannotWalk: in a zone that limits QUIC, a packet
+// whose headers the program cannot walk to its transport header (a third
+// VLAN tag, more IPv6 extension headers than it walks) is dropped and
+// counted as a dropped Initial, whatever it carries: nothing charges an
+// Initial behind the program, and the kernel delivers them (a TCP-only
+// zone passes them for the matcher: TestProgramChargesEverySYNItParses).
+// Headers the kernel delivers no UDP behind without a security
+// association (ESP), and later fragments (dropped with their first), pass.
+func TestQUICZoneDropsWhatItCannotWalk(t *testing.T) {
+	tb := quicTable(t)
+	for i, s := range notParsed {
+		t.Run(s.name, func(t *testing.T) {
+			src := netip.AddrFrom4([4]byte{10, 77, byte(i), 7})
+			if !s.v4() && len(s.vlans) == 0 {
+				src = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0x77, byte(i), 15: 7})
+			}
+			lost := len(s.vlans) > 2 || len(s.ext) > 6
+			want := uint32(xdpPass)
+			if lost {
+				want = xdpDrop
+			}
+			before, table := counts(t, tb), slices.Clone(words(tb.mem))
+			frames := [][]byte{v1Initial(dcid(8, 1)...).frame(src, s), shaped(src, 443, flagSYN, s), shaped(src, 443, flagACK, s)}
+			for _, f := range frames {
+				if v := runAt(t, tb, f, 1e9); v != want {
+					t.Fatalf("verdict %d, want %d", v, want)
+				}
+			}
+			wantCounts := before
+			if lost {
+				wantCounts.InitialsDropped += uint64(len(frames))
+			}
+			if c := counts(t, tb); c != wantCounts || !slices.Equal(table, words(tb.mem)) {
+				t.Fatalf("counts %+v after %+v (want %+v), or the table was charged", c, before, wantCounts)
+			}
+		})
+	}
+}
+
+// TestQUICPortsAloneLimitNoTCPPort: a zone that names QUIC ports and no
+// TCP port (`xdp eth0 quic 443`) limits no SYN: an SSH SYN neither is
+// dropped nor spends the network's HTTP/3 budget; a zone that names no
+// port at all limits SYNs to every TCP port, as before.
+func TestQUICPortsAloneLimitNoTCPPort(t *testing.T) {
+	src := netip.MustParseAddr("198.51.100.50")
+	for _, tc := range []struct {
+		ports Ports
+		want  Counts // after a SYN to TCP 22, an Initial, another SYN
+	}{
+		{Ports{QUIC: []uint16{443}}, Counts{InitialsPassed: 1}},
+		{Ports{}, Counts{Passed: 1, Dropped: 1}},
+	} {
+		tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+		if err := tb.enable(tc.ports); err != nil {
+			t.Fatal(err)
+		}
+		var v []uint32
+		for _, f := range [][]byte{packet(src, 22, flagSYN), v1Initial(dcid(8, 1)...).frame(src, shape{}), packet(src, 22, flagSYN)} {
+			v = append(v, runAt(t, tb, f, 1e9))
+		}
+		if c := counts(t, tb); c != tc.want || v[0] != xdpPass {
+			t.Errorf("%+v: a SYN to TCP 22, an Initial to UDP 443, a SYN to TCP 22: verdicts %v, counts %+v, want %+v", tc.ports, v, c, tc.want)
+		}
+	}
+}
+
+// TestAConnectionsEntryPassesAFewInitialsFree: the Initials found among
+// the connections charged pass free 16 times; the next is charged as a new
+// connection's (and, granted, starts the count again). A client that
+// opens connection after connection under the same address, port and DCID
+// — quic-go retires a client's first DCID a few round trips after the
+// handshake, and then takes an Initial under it for a new connection —
+// paid for the first alone before.
+func TestAConnectionsEntryPassesAFewInitialsFree(t *testing.T) {
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 2, Window: time.Hour}))
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	src := netip.MustParseAddr("198.51.100.7")
+	f := v1Initial(dcid(8, 1)...).frame(src, shape{})
+	var v []uint32
+	for range 1 + 16 + 1 + 16 + 1 {
+		v = append(v, runAt(t, tb, f, 1e9))
+	}
+	want := slices.Repeat([]uint32{xdpPass}, 34)
+	want = append(want, xdpDrop)
+	if c := counts(t, tb); !slices.Equal(v, want) || c != (Counts{InitialsPassed: 2, InitialsDropped: 1}) {
+		t.Fatalf("35 Initials of one address, port and DCID, on a burst of two: verdicts %v, counts %+v; want 34 passed (the 1st and 18th charged), the 35th dropped", v, c)
 	}
 }

@@ -47,9 +47,9 @@ type synlimitParams struct {
 	Lines     uint32
 	Nsubs     uint32
 	Enabled   uint32
+	Quic      uint32
 	Mask4     [4]uint8
 	Mask6     [16]uint8
-	_         [4]byte
 	Ports     [1024]uint64
 	QuicPorts [1024]uint64
 }

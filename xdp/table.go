@@ -42,10 +42,13 @@
 // On the UDP ports named for QUIC (Ports.QUIC) the program charges one
 // token for each QUIC connection a client opens: an Initial that can open
 // one (version 1 or 2, DCID and size as the server requires) is charged
-// unless the program charged its connection already, which it remembers by
-// the client's address, port and DCID in a fixed-size LRU map. Nothing in
+// unless the program charged its connection already (16 Initials at the
+// most), which it remembers by the client's address, port and DCID in a
+// fixed-size LRU map. Nothing in
 // Go sees those packets (Caddy's HTTP/3 does not go through the layer4
-// matcher), so the program alone charges them.
+// matcher), so the program alone charges them, and drops what would carry
+// an Initial past it uncharged: a first fragment of a datagram to a QUIC
+// port, a packet whose headers it cannot walk.
 //
 // Start reading at NewTable, then Attach.
 package xdp
@@ -292,10 +295,21 @@ func (e *ProgramNotReplacedError) Unwrap() error { return e.Err }
 // make the kernel refuse it.
 var updateLink = func(l link.Link, p *ebpf.Program) error { return l.Update(p) }
 
+// notPermitted reports whether err is the kernel refusing this process BPF
+// (EPERM, EACCES), not the verifier rejecting the program: the verifier
+// answers EACCES too, for an access it cannot prove safe.
+func notPermitted(err error) bool {
+	var ve *ebpf.VerifierError
+	return !errors.As(err, &ve) && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES))
+}
+
 // explain wraps a kernel error with what it most likely means.
 func explain(what string, err error) error {
+	var ve *ebpf.VerifierError
 	switch {
-	case errors.Is(err, unix.EPERM), errors.Is(err, unix.EACCES):
+	case errors.As(err, &ve):
+		return fmt.Errorf("xdp: %s: the kernel's verifier rejected the program (it needs Linux 5.17 or later; on such a kernel, a bug): %w", what, err)
+	case notPermitted(err):
 		return fmt.Errorf("xdp: %s: not permitted: it needs CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN (or root), and kernel.unprivileged_bpf_disabled does not help: %w", what, err)
 	case errors.Is(err, ebpf.ErrNotSupported), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS):
 		return fmt.Errorf("xdp: %s: the kernel refused it; the program needs Linux 5.17 or later (bpf_loop; compare-and-swap needs 5.12) built with BPF and XDP: %w", what, err)
@@ -323,7 +337,10 @@ type Counts struct {
 	Contended uint64
 	// InitialsPassed is how many QUIC Initials that open a connection, to
 	// a limited UDP port, took a token; InitialsDropped, how many found
-	// none. An Initial of a connection charged already is in neither.
+	// none, and how many packets the program dropped unparsed because the
+	// zone limits QUIC (first fragments of a UDP datagram to a QUIC port,
+	// packets it cannot walk to their transport header: docs/xdp.md). An
+	// Initial of a connection charged already is in neither.
 	InitialsPassed, InitialsDropped uint64
 }
 

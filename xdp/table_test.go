@@ -3,21 +3,18 @@
 package xdp
 
 import (
-	"errors"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
 // newTestTable makes a table, or skips the test where this process may not
 // load BPF programs.
-func newTestTable(t *testing.T, cfg Config) *Table {
+func newTestTable(t testing.TB, cfg Config) *Table {
 	t.Helper()
 	tb, err := NewTable(cfg)
-	if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+	if notPermitted(err) {
 		t.Skipf("BPF is not permitted here (needs CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN or root): %v", err)
 	}
 	if err != nil {

@@ -21,7 +21,8 @@ type XDP struct {
 	// e.g. eth0. Required.
 	Interface string `json:"interface"`
 	// Ports are the TCP destination ports whose SYNs are limited. Default:
-	// every port.
+	// every port, or none when QUICPorts names some (`xdp eth0 quic 443`
+	// limits HTTP/3 alone).
 	Ports []uint16 `json:"ports,omitempty"`
 	// QUICPorts are the UDP destination ports whose QUIC Initials are
 	// limited, one token per connection (HTTP/3 is served on 443).

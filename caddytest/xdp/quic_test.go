@@ -22,8 +22,9 @@ import (
 	"github.com/floodgate-rl/floodgate/internal/netnstest"
 )
 
-// h3Port is where Caddy serves HTTPS and HTTP/3, in the server namespace.
-const h3Port = 8444
+// h3Port is where Caddy serves HTTPS and HTTP/3, in the server namespace:
+// a port picked at run time by TestMain.
+var h3Port uint16
 
 // h3Config is config's layer4 zone limiting QUIC Initials to h3Port too,
 // beside a site serving HTTP/3 there with a certificate of Caddy's own CA,
@@ -54,28 +55,42 @@ func quicInitial(dcid uint64) []byte {
 	return p
 }
 
-// floodInitials sends perNet spoofed Initials, each of a new connection,
-// from each of networks /24s 172.(16+first).x.0, pausing a millisecond
-// every 64 so that the veth pair's ring (256 frames) does not overflow.
-func floodInitials(t *testing.T, v *netnstest.VethPair, first byte, networks, perNet int) {
-	t.Helper()
+// floodInitials sends spoofed Initials, each of a new connection, in
+// rounds of one from each of networks /24s 172.(16+first).x.0, until done
+// is closed once at least minRounds were sent, or maxRounds were; it
+// closes started after the first round, pauses a millisecond every 64
+// Initials so that the veth pair's ring (256 frames) does not overflow,
+// and a few more between rounds, and returns how many rounds it sent.
+func floodInitials(v *netnstest.VethPair, first byte, networks, minRounds, maxRounds int, started chan<- struct{}, done <-chan struct{}) (int, error) {
 	s, err := netnstest.NewSynSender(v.Client)
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	defer s.Close()
-	sent := 0
-	for i := range perNet {
+	sent, rounds := 0, 0
+	for rounds < min(maxRounds, 254) { // byte(1+round): a source address per round
+		if rounds >= minRounds {
+			select {
+			case <-done:
+				return rounds, nil
+			default:
+			}
+		}
 		for n := range networks {
-			src := netip.AddrFrom4([4]byte{172, 16 + first, byte(n), byte(1 + i)})
-			if err := s.SendUDP(src, v.ServerAddr, uint16(30000+i), h3Port, quicInitial(uint64(sent))); err != nil {
-				t.Fatal(err)
+			src := netip.AddrFrom4([4]byte{172, 16 + first, byte(n), byte(1 + rounds)})
+			if err := s.SendUDP(src, v.ServerAddr, uint16(30000+rounds), h3Port, quicInitial(uint64(sent))); err != nil {
+				return rounds, err
 			}
 			if sent++; sent%64 == 0 {
 				time.Sleep(time.Millisecond)
 			}
 		}
+		if rounds++; rounds == 1 {
+			close(started)
+		}
+		time.Sleep(3 * time.Millisecond)
 	}
+	return rounds, nil
 }
 
 // h3Get makes requests HTTP/3 requests over one new QUIC connection from
@@ -154,12 +169,12 @@ func httpsOverTCP(v *netnstest.VethPair, limit time.Duration) error {
 // TestXDPLimitsQUICInitialsInCaddy: Caddy serves HTTP/3 with the program
 // attached; a flood of spoofed QUIC Initials from 100 /24 networks is
 // charged per network (each passes its burst, the rest is dropped), while
-// a fair client's HTTP/3 requests, over connections of its own, are
-// served; the admin API and /metrics count the Initials, and the fair client's
-// connections cost one token each however many Initials their handshakes
-// take.
+// a fair client's HTTP/3 requests, over connections of its own made as the
+// flood is being sent, are served; the admin API and /metrics count the
+// Initials, and the fair client's connections cost one token each however
+// many Initials their handshakes take.
 func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
-	const burst, networks, perNet, fairConns, perConn = 5, 100, 8, 3, 34
+	const burst, networks, minRounds, maxRounds, fairConns, perConn = 5, 100, 8, 250, 3, 34
 	v := netnstest.NewVethPair(t)
 	if err := load(v, h3Config(v, burst, t.TempDir())); err != nil {
 		t.Fatal(err)
@@ -184,7 +199,24 @@ func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
 			x.InitialsPassed, x.InitialsDropped)
 	}
 
-	floodInitials(t, v, 0, networks, perNet)
+	// The flood runs from before the fair client's first connection until
+	// its last request is answered (at most maxRounds rounds).
+	started, done := make(chan struct{}), make(chan struct{})
+	type flood struct {
+		rounds int
+		err    error
+		end    time.Time
+	}
+	flooded := make(chan flood, 1)
+	go func() {
+		n, err := floodInitials(v, 0, networks, minRounds, maxRounds, started, done)
+		flooded <- flood{n, err, time.Now()}
+	}()
+	select {
+	case <-started:
+	case f := <-flooded:
+		t.Fatalf("the flood ended before its first round: %v", f.err)
+	}
 	served := 0
 	for range fairConns {
 		n, proto, err := h3Get(v, v.ClientIP, perConn, 5*time.Second)
@@ -196,19 +228,29 @@ func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
 			t.Errorf("served %q, want HTTP/3", proto)
 		}
 	}
+	fairEnd := time.Now()
+	close(done)
+	f := <-flooded
+	if f.err != nil {
+		t.Fatal(f.err)
+	}
+	during := "all while the flood was being sent"
+	if f.end.Before(fairEnd) {
+		during = fmt.Sprintf("the flood's %d rounds ending %v before the last", f.rounds, fairEnd.Sub(f.end))
+	}
 	if want := fairConns * perConn; served*100 < want*99 {
-		t.Fatalf("the fair client was served %d of %d requests during the flood, want 99%%", served, want)
+		t.Fatalf("the fair client was served %d of %d requests, made from the flood's first round on (%s), want 99%%", served, want, during)
 	}
 
 	// Every network passes its burst and no more; the rest is dropped.
 	wantPassed := uint64(networks*burst + 1 + fairConns)
-	wantDropped := uint64(networks * (perNet - burst))
+	wantDropped := uint64(networks * (f.rounds - burst))
 	var x = zone(t, v).XDP
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && (x.InitialsPassed != wantPassed || x.InitialsDropped != wantDropped); time.Sleep(20 * time.Millisecond) {
 		x = zone(t, v).XDP
 	}
-	t.Logf("%d spoofed Initials from %d networks; program: %d Initials passed, %d dropped; fair client served %d of %d",
-		networks*perNet, networks, x.InitialsPassed, x.InitialsDropped, served, fairConns*perConn)
+	t.Logf("%d spoofed Initials from %d networks; program: %d Initials passed, %d dropped; fair client served %d of %d, %s",
+		networks*f.rounds, networks, x.InitialsPassed, x.InitialsDropped, served, fairConns*perConn, during)
 	if x.InitialsPassed != wantPassed || x.InitialsDropped != wantDropped {
 		t.Fatalf("XDP counted %d Initials passed, %d dropped; want %d (each network's burst, and one per fair connection), %d",
 			x.InitialsPassed, x.InitialsDropped, wantPassed, wantDropped)

@@ -46,7 +46,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(testcaddy.Main(m, "xdp", testcaddy.MustFreePorts(1)[0]))
+	ports := testcaddy.MustFreePorts(2)
+	h3Port = uint16(ports[1])
+	os.Exit(testcaddy.Main(m, "xdp", ports[0]))
 }
 
 func config(v *netnstest.VethPair, events int, xdp string) string {

@@ -46,6 +46,7 @@ struct params {
 	__u32 lines;   // lines in the table
 	__u32 nsubs;   // entries of subsets in use: C(16, K)
 	__u32 enabled; // 0: pass everything (set while the table is prepared)
+	__u32 quic;    // QUIC Initials are limited on some port: see REFUSE
 	__u8 mask4[4]; // the zone's IPv4 prefix as a byte mask
 	__u8 mask6[16];
 	__u64 ports[1024]; // bit p set: SYNs to TCP port p are limited
@@ -110,35 +111,49 @@ enum stat {
 	STAT_DROPPED,   // SYNs to a limited port that found none
 	STAT_CONTENDED, // of the dropped SYNs and Initials: given up after losing MAX_DECIDE races
 	STAT_QUIC_PASSED,  // QUIC Initials of a new connection that took a token
-	STAT_QUIC_DROPPED, // QUIC Initials of a new connection that found none
+	STAT_QUIC_DROPPED, // QUIC Initials of a new connection that found none, and the REFUSEd packets
 	STAT_MAX,
 };
 
 // initials remembers the QUIC connections the program charged, by the
 // client's address and port and its Initials' destination connection ID
-// (DCID), so that the connection's next Initials pass uncharged: a
-// ClientHello split over two Initials, a retransmission, the client's
-// acknowledgement of the server's Initial. A connection is also remembered
-// by its address and port alone (dcid_len 0), which lets pass the Initials
-// that follow with a DCID shorter than 8 bytes (the server's connection ID
-// after its first Initial, or a Retry's, under a token): see quic_initial.
-// It is a fixed-size LRU map: an entry evicted by INITIAL_IDS newer ones
-// lets its connection's next Initial be charged again (towards limiting,
-// never a free pass).
+// (DCID), so that the connection's next Initials under that DCID pass
+// uncharged: a ClientHello split over two Initials, a retransmission. Every
+// charged Initial is remembered so, and only so: a key of the address and
+// port alone once let every Initial from them under a token and a short
+// DCID pass free, and quic-go opens a connection for each. So a client's
+// Initials under a new DCID and a token (after the server's first Initial,
+// when a Retry or NEW_TOKEN gave it a token) cost its connection a second
+// token. It is a fixed-size LRU map: an entry evicted by newer ones (about
+// INITIAL_IDS connections charged after it; the kernel's LRU lists are per
+// CPU, so a few fewer on a loaded host) lets its connection's next Initial
+// be charged again. Both err towards limiting: a connection costs one
+// token or two, and no Initial that can open a connection passes
+// unremembered and uncharged. The value counts the Initials passed free
+// under the entry: after FREE_INITIALS the next is charged (and, granted,
+// starts the count again), so that a client that opens connection after
+// connection under the same address, port and DCID pays again (quic-go
+// retires a client's first DCID a few round trips after the handshake
+// completes, and then takes an Initial under it for a new connection).
 struct initial_id {
 	__u8 saddr[16]; // an IPv4 address as ::ffff:a.b.c.d
 	__u8 sport[2];  // network order
-	__u8 dcid_len;  // 0: the address and port alone
+	__u8 dcid_len;
 	__u8 dcid[20];
 	__u8 pad;
 };
 
 #define INITIAL_IDS 65536
 
+// FREE_INITIALS is how many Initials a charged connection's entry lets
+// pass free: a ClientHello split over two and its retransmissions through
+// quic-go's handshake timeout (5 s: some five rounds) fit.
+#define FREE_INITIALS 16
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct initial_id);
-	__type(value, __u8);
+	__type(value, __u32);
 	__uint(max_entries, INITIAL_IDS);
 } initials SEC(".maps");
 
@@ -558,17 +573,12 @@ static __always_inline void mark(const struct flow *f)
 	bpf_map_update_elem(&charged, f, &one, BPF_ANY);
 }
 
-// remember records that the QUIC connection of id was charged here, by its
-// DCID and by its address and port alone (see initials).
-static __always_inline void remember(struct initial_id *id)
+// remember records that the QUIC connection of id was charged here (see
+// initials), with none of its free Initials passed yet.
+static __always_inline void remember(const struct initial_id *id)
 {
-	__u8 one = 1;
-	bpf_map_update_elem(&initials, id, &one, BPF_ANY);
-	if (!id->dcid_len)
-		return;
-	id->dcid_len = 0;
-	__builtin_memset(id->dcid, 0, sizeof(id->dcid));
-	bpf_map_update_elem(&initials, id, &one, BPF_ANY);
+	__u32 none = 0;
+	bpf_map_update_elem(&initials, id, &none, BPF_ANY);
 }
 
 // limit decides a connection attempt from its source key's hash: GRANT,
@@ -649,17 +659,23 @@ static __always_inline int limited_syn(const struct params *p, const struct tcph
 static __always_inline __u64 before(__s64 i, __s64 n) { return (__u64)((i - n) >> 63); }
 
 // quic_initial reports whether the UDP datagram at udp holds a QUIC
-// Initial that can open a connection, and writes its DCID into id (none,
-// for a DCID shorter than MIN_NEW_DCID under a token: such Initials follow
-// a connection's first, and are known by the client's address and port).
-static __always_inline int quic_initial(const struct udphdr *udp, const void *end, struct initial_id *id)
+// Initial that can open a connection, and writes its DCID into id. ip_len
+// is the datagram's length as its IP header says (see ip_len).
+static __always_inline int quic_initial(const struct udphdr *udp, __u32 ip_len, const void *end, struct initial_id *id)
 {
 	const __u8 *q = (const void *)(udp + 1);
+	// The datagram's length is udp->len, which the kernel trims it to (it
+	// drops one whose IP payload is shorter), or, for a udp->len of 0, the
+	// rest of the IP payload: Linux delivers an IPv6 datagram of length 0
+	// so (the jumbogram convention), and drops an IPv4 one.
+	__u32 len = bpf_ntohs(udp->len);
+	if (!len)
+		len = ip_len;
 	// QUIC_HEAD bytes hold every field read here, at their longest: the
 	// first byte, version, both connection IDs with their lengths, and an
 	// 8-byte token length. The kernel delivers no datagram shorter than
-	// udp->len says, so one of 1200 bytes that holds fewer is not one.
-	if (bpf_ntohs(udp->len) < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
+	// its length says, so one of 1200 bytes that holds fewer is not one.
+	if (len < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
 		return 0;
 	__u32 version = (__u32)q[1] << 24 | (__u32)q[2] << 16 | (__u32)q[3] << 8 | q[4];
 	__u8 type = q[0] >> 4 & 3;
@@ -687,8 +703,8 @@ static __always_inline int quic_initial(const struct udphdr *udp, const void *en
 #pragma clang loop unroll(full)
 	for (int i = 1; i < 8; i++)
 		token |= tl[i] & before(i, n);
-	if (dlen < MIN_NEW_DCID)
-		return token != 0;
+	if (dlen < MIN_NEW_DCID && !token)
+		return 0;
 	id->dcid_len = dlen;
 	const __u8 *d = q + 6;
 #pragma clang loop unroll(full)
@@ -697,7 +713,16 @@ static __always_inline int quic_initial(const struct udphdr *udp, const void *en
 	return 1;
 }
 
-enum attempt { NONE, SYN, INITIAL };
+// REFUSE is a packet dropped unparsed, when the zone limits QUIC: a first
+// fragment of a UDP datagram to a QUIC port (or whose UDP header it does
+// not hold), and a packet whose headers the program cannot walk to its
+// transport header (more VLAN tags or IPv6 extension headers than it
+// walks). Nothing behind the program charges QUIC, and the kernel would
+// deliver an Initial in either, reassembled or walked, uncharged. RFC 9000
+// §14 forbids fragmenting a QUIC datagram, and no client sends such
+// chains; for TCP alone the matcher charges what passes, so such packets
+// pass when no QUIC port is limited. Counted as dropped Initials.
+enum attempt { NONE, SYN, INITIAL, REFUSE };
 
 // attempt_id is a SYN's flow or an Initial's id: one or the other, in
 // the same bytes (the program's stack, with the table's decision below it,
@@ -710,9 +735,11 @@ union attempt_id {
 
 // attempt looks at the transport header at l4 (protocol proto): a limited
 // SYN fills a's flow's ports and a QUIC Initial that opens a connection
-// fills a's id's port and DCID; it returns which, or NONE for any other
-// packet.
-static __always_inline int attempt(const struct params *p, __u8 proto, const void *l4, const void *end, union attempt_id *a)
+// fills a's id's port and DCID; it returns which, REFUSE for a first
+// fragment (first_frag) of a UDP datagram to a limited QUIC port, or NONE
+// for any other packet. ip_len is a UDP datagram's length as its IP header
+// says.
+static __always_inline int attempt(const struct params *p, __u8 proto, const void *l4, __u32 ip_len, int first_frag, const void *end, union attempt_id *a)
 {
 	struct flow *f = &a->f;
 	struct initial_id *id = &a->id;
@@ -727,7 +754,15 @@ static __always_inline int attempt(const struct params *p, __u8 proto, const voi
 	if (proto != IPPROTO_UDP)
 		return NONE;
 	const struct udphdr *udp = l4;
-	if ((const void *)(udp + 1) > end || !port_in(p->quic_ports, udp->dest) || !quic_initial(udp, end, id))
+	if (!p->quic)
+		return NONE;
+	if ((const void *)(udp + 1) > end)
+		return first_frag ? REFUSE : NONE;
+	if (!port_in(p->quic_ports, udp->dest))
+		return NONE;
+	if (first_frag)
+		return REFUSE;
+	if (!quic_initial(udp, ip_len, end, id))
 		return NONE;
 	__builtin_memcpy(id->sport, &udp->source, 2);
 	return INITIAL;
@@ -736,11 +771,14 @@ static __always_inline int attempt(const struct params *p, __u8 proto, const voi
 // What the program walks through to a SYN's TCP header or an Initial's UDP
 // header: at most MAX_VLANS VLAN tags (802.1Q or 802.1ad: a double tag is
 // QinQ) and MAX_EXT IPv6 extension headers (hop-by-hop, routing,
-// destination options, and a fragment header of a first fragment). A
-// longer chain, another header (ESP, AH, an unknown one), or a fragment
-// that is not the first passes unparsed and uncharged: the matcher charges
-// its connection, if it makes one. The bounds keep the walk a fixed number
-// of steps, as the verifier requires, and are beyond what a real handshake
+// destination options, and a fragment header of a first fragment). Another
+// header (ESP, AH, an unknown one), or a fragment that is not the first
+// passes unparsed and uncharged: the matcher charges its connection, if it
+// makes one; the kernel delivers no UDP behind ESP or AH without a security
+// association, nor behind an unknown header, and a later fragment is not
+// delivered without its first. A longer chain passes so too, or is REFUSEd
+// when the zone limits QUIC. The bounds keep the walk a fixed number of
+// steps, as the verifier requires, and are beyond what a real handshake
 // carries.
 #define MAX_VLANS 2
 #define MAX_EXT 6
@@ -750,36 +788,50 @@ struct vlan_hdr {
 	__be16 proto;
 };
 
+static __always_inline int ipv6_ext(__u8 nh)
+{
+	return nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS || nh == IPPROTO_FRAGMENT;
+}
+
+// What ipv6_upper found besides the transport header.
+#define WALK_FIRST_FRAG 1 // a fragment header of a first fragment of several
+#define WALK_LOST 2       // a chain it cannot walk to its transport header
+
 // ipv6_upper walks the IPv6 extension headers from *nh, the fixed header's
 // next header, at cur, and returns the TCP or UDP header with its protocol
-// in *nh, or NULL.
-static __always_inline const void *ipv6_upper(__u8 *nh, const void *cur, const void *end)
+// in *nh, or NULL; *walk gets WALK_ flags, *ext the headers' length.
+static __always_inline const void *ipv6_upper(__u8 *nh, const void *cur, const void *end, int *walk, __u32 *ext)
 {
 	__u8 next = *nh;
 	for (int i = 0; i < MAX_EXT; i++) {
 		if (next == IPPROTO_TCP || next == IPPROTO_UDP)
 			break;
 		const __u8 *h = cur;
-		if ((const void *)(h + 8) > end) // every extension header is 8 bytes or more
+		if (!ipv6_ext(next))
 			return 0;
-		switch (next) {
-		case IPPROTO_HOPOPTS:
-		case IPPROTO_ROUTING:
-		case IPPROTO_DSTOPTS:
-			cur += ((__u32)h[1] + 1) * 8;
-			break;
-		case IPPROTO_FRAGMENT:
-			if ((h[2] << 8 | h[3]) & 0xfff8) // an offset: not the first fragment
-				return 0;
-			cur += 8;
-			break;
-		default:
+		if ((const void *)(h + 8) > end) { // every extension header is 8 bytes or more
+			if (*walk & WALK_FIRST_FRAG) // the chain goes on in a later fragment
+				*walk |= WALK_LOST;
 			return 0;
 		}
+		__u32 len = 8;
+		if (next == IPPROTO_FRAGMENT) {
+			if ((h[2] << 8 | h[3]) & 0xfff8) // an offset: not the first fragment
+				return 0;
+			if (h[3] & 1) // M: more fragments
+				*walk |= WALK_FIRST_FRAG;
+		} else {
+			len = ((__u32)h[1] + 1) * 8;
+		}
+		cur += len;
+		*ext += len;
 		next = h[0];
 	}
-	if (next != IPPROTO_TCP && next != IPPROTO_UDP)
+	if (next != IPPROTO_TCP && next != IPPROTO_UDP) {
+		if (ipv6_ext(next))
+			*walk |= WALK_LOST;
 		return 0;
+	}
 	*nh = next;
 	return cur;
 }
@@ -787,7 +839,7 @@ static __always_inline const void *ipv6_upper(__u8 *nh, const void *cur, const v
 // source_key writes the key of a connection attempt's source network into
 // key, and the attempt into a (a SYN's flow, or an Initial's source and
 // DCID); it returns the key's length (5 or 17) and the attempt's kind in
-// *kind, or 0 for any other packet. Both are copied out of the packet, so
+// *kind, or 0 for any other packet (with *kind REFUSE for one to drop). Both are copied out of the packet, so
 // that the paths through the headers meet again here for the verifier.
 static __always_inline int source_key(struct xdp_md *ctx, const struct params *p, __u8 *key, union attempt_id *a, int *kind)
 {
@@ -807,6 +859,8 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 		proto = vh->proto;
 		cur = vh + 1;
 	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		goto lost;
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = cur;
 		if ((void *)(ip + 1) > end || ip->ihl < 5)
@@ -814,8 +868,10 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 		if (ip->frag_off & bpf_htons(0x1fff)) // not the first fragment
 			return 0;
 		// The transport header is past any options.
-		*kind = attempt(p, ip->protocol, (void *)ip + ip->ihl * 4, end, a);
-		if (*kind == NONE)
+		__u32 hl = ip->ihl * 4, tot = bpf_ntohs(ip->tot_len);
+		*kind = attempt(p, ip->protocol, (void *)ip + hl, tot > hl ? tot - hl : 0,
+				!!(ip->frag_off & bpf_htons(0x2000)), end, a);
+		if (*kind == NONE || *kind == REFUSE)
 			return 0;
 		__u8 *src = (__u8 *)&ip->saddr;
 		a->saddr[10] = a->saddr[11] = 0xff;
@@ -836,11 +892,19 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 	if ((void *)(ip6 + 1) > end)
 		return 0;
 	__u8 nh = ip6->nexthdr;
-	const void *l4 = ipv6_upper(&nh, ip6 + 1, end);
-	if (!l4)
+	int walk = 0;
+	__u32 ext = 0;
+	const void *l4 = ipv6_upper(&nh, ip6 + 1, end, &walk, &ext);
+	if (!l4) {
+		if (walk & WALK_LOST)
+			goto lost;
 		return 0;
-	*kind = attempt(p, nh, l4, end, a);
-	if (*kind == NONE)
+	}
+	// A payload length of 0 is a jumbogram's: the datagram's length is
+	// then unknown here, and taken as the longest.
+	__u32 plen = bpf_ntohs(ip6->payload_len);
+	*kind = attempt(p, nh, l4, !plen ? 0xffff : plen > ext ? plen - ext : 0, walk & WALK_FIRST_FRAG, end, a);
+	if (*kind == NONE || *kind == REFUSE)
 		return 0;
 	__u8 *src = ip6->saddr.in6_u.u6_addr8;
 	__builtin_memcpy(a->saddr, src, 16);
@@ -863,6 +927,10 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 	for (int i = 0; i < 16; i++)
 		key[1 + i] = src[i] & p->mask6[i];
 	return 17;
+lost:
+	if (p->quic)
+		*kind = REFUSE;
+	return 0;
 }
 
 // A parsed packet: the attempt it makes, if any, and the hash of its
@@ -874,21 +942,22 @@ struct parsed {
 	__u32 pad;
 };
 
-// parse fills pd from the packet: kind NONE for a packet that is no
-// connection attempt to limit. It is a global function, which the
+// parse fills pd from the packet, under the parameters p (the caller's
+// lookup, passed in: a second lookup here cost a nanosecond a packet):
+// kind NONE for a packet that is no connection attempt to limit. It is a global function, which the
 // verifier checks once on its own: inlined (or static), the decision after
 // it was checked again for every path through the headers (each kind of
 // packet, family, shape), over a million instructions once QUIC was
 // parsed; a global function's caller goes on from one state.
-__noinline int parse(struct xdp_md *ctx, struct parsed *pd)
+__noinline int parse(struct xdp_md *ctx, const struct params *p, struct parsed *pd)
 {
-	__u32 zero = 0;
-	const struct params *p = bpf_map_lookup_elem(&config, &zero);
-	if (!pd || !p || !p->enabled)
+	if (!pd || !p)
 		return 0;
-	__u8 key[17] = {};
+	__u8 key[17];
 	int kind = NONE;
 	int len = source_key(ctx, p, key, &pd->a, &kind);
+	if (kind == REFUSE)
+		pd->kind = REFUSE;
 	if (!len)
 		return 0;
 	pd->kind = kind;
@@ -905,12 +974,20 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 	if (!p || !p->enabled)
 		return XDP_PASS;
 	struct parsed pd = {};
-	parse(ctx, &pd);
+	parse(ctx, p, &pd);
 	if (pd.kind == NONE)
 		return XDP_PASS;
-	// An Initial of a connection charged already passes.
-	if (pd.kind == INITIAL && bpf_map_lookup_elem(&initials, &pd.a.id))
-		return XDP_PASS;
+	if (pd.kind == REFUSE) {
+		count(STAT_QUIC_DROPPED);
+		return XDP_DROP;
+	}
+	// An Initial of a connection charged already passes, FREE_INITIALS
+	// times.
+	if (pd.kind == INITIAL) {
+		__u32 *free = bpf_map_lookup_elem(&initials, &pd.a.id);
+		if (free && *free < FREE_INITIALS && __sync_fetch_and_add(free, 1) < FREE_INITIALS)
+			return XDP_PASS;
+	}
 	int v = limit(p, pd.hash, at_probe);
 	if (v == UNDECIDED)
 		return XDP_PASS;

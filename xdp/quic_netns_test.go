@@ -1,0 +1,207 @@
+//go:build linux && (386 || amd64 || arm || arm64 || loong64 || mips64le || mipsle || ppc64le || riscv64)
+
+package xdp
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"math/big"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/floodgate-rl/floodgate/internal/netnstest"
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// TestQUICWaysAroundTheProgramAreClosed runs a real quic-go server behind
+// the attached program, a burst of one an hour: a client makes one real
+// connection (its network's token), then tries the two ways around the
+// program a review found, each of which made quic-go open a connection
+// per packet, uncharged:
+//   - Initials from the same UDP socket under a garbage token and a 4-byte
+//     DCID (quic-go opens a connection for a token it cannot decode), which
+//     the program let pass as the charged connection's;
+//   - Initials sent as a 56-byte first IPv4 fragment and the rest, which
+//     the program did not parse and the kernel reassembled.
+//
+// Each must be dropped at the program (counted) and quic-go open none.
+func TestQUICWaysAroundTheProgramAreClosed(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	var spc *net.UDPConn
+	if err := netnstest.In(v.Server, func() error {
+		var err error
+		spc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ServerAddr.AsSlice()}) // a port picked by the kernel
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(spc.LocalAddr().(*net.UDPAddr).Port)
+	var att *Attachment
+	if err := netnstest.In(v.Server, func() error {
+		var err error
+		att, err = tb.Attach(v.ServerIf, Ports{QUIC: []uint16{port}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer att.Close()
+	var opened atomic.Int64 // connections quic-go opened
+	str := &quic.Transport{Conn: spc, ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
+		opened.Add(1)
+		return ctx, nil
+	}}
+	defer str.Close()
+	ln, err := str.Listen(&tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, NextProtos: []string{"t"}}, &quic.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			if _, err := ln.Accept(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+
+	var cpc *net.UDPConn
+	if err := netnstest.In(v.Client, func() error {
+		var err error
+		cpc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ClientIP.AsSlice()})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctr := &quic.Transport{Conn: cpc}
+	defer ctr.Close()
+	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	conn, err := ctr.Dial(ctx, srv, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"t"}}, &quic.Config{})
+	cancel()
+	if err != nil {
+		t.Fatalf("the client's one connection: %v", err)
+	}
+	conn.CloseWithError(0, "")
+	c0 := counts(t, tb)
+	if c0.InitialsPassed != 1 {
+		t.Fatalf("the client's connection: counts %+v, want 1 Initial passed", c0)
+	}
+	before := opened.Load()
+
+	// settle waits (at most 5 s) until the program has counted want more
+	// dropped Initials than c, then a little for quic-go to act on
+	// anything that passed, and returns what quic-go opened meanwhile.
+	settle := func(c Counts, want uint64) (Counts, int64) {
+		t.Helper()
+		got := counts(t, tb)
+		for deadline := time.Now().Add(5 * time.Second); got.InitialsDropped < c.InitialsDropped+want && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			got = counts(t, tb)
+		}
+		time.Sleep(200 * time.Millisecond)
+		return got, opened.Load() - before
+	}
+
+	const n = 50
+	for i := range n {
+		q := quicPacket{version: quicV1, dcid: []byte{0xaa, 0xbb, 0, byte(i)}, scid: []byte{1, 2, 3, 4}, token: []byte("garbage-token")}
+		if _, err := ctr.WriteTo(parseable(q)[8:], srv); err != nil {
+			t.Fatal(err)
+		}
+		if i%16 == 15 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	c1, got := settle(c0, n)
+	if c1.InitialsDropped != c0.InitialsDropped+n || c1.InitialsPassed != c0.InitialsPassed || got != 0 {
+		t.Fatalf("%d Initials under a garbage token and a 4-byte DCID from the charged connection's socket: program %+v after %+v, quic-go opened %d connections; want all %d dropped, none opened", n, c1, c0, got, n)
+	}
+
+	var fd int
+	if err := netnstest.In(v.Client, func() error {
+		var err error
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	src, dst := v.ClientIP.As4(), v.ServerAddr.As4()
+	fragment := func(id uint16, off int, data []byte, more bool) []byte {
+		ip := make([]byte, 20, 20+len(data))
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+len(data)))
+		binary.BigEndian.PutUint16(ip[4:], id)
+		fo := uint16(off / 8)
+		if more {
+			fo |= 0x2000
+		}
+		binary.BigEndian.PutUint16(ip[6:], fo)
+		ip[8], ip[9] = 64, 17
+		copy(ip[12:], src[:])
+		copy(ip[16:], dst[:])
+		var s uint32
+		for i := 0; i < 20; i += 2 {
+			s += uint32(ip[i])<<8 | uint32(ip[i+1])
+		}
+		for s>>16 != 0 {
+			s = s&0xffff + s>>16
+		}
+		binary.BigEndian.PutUint16(ip[10:], ^uint16(s))
+		return append(ip, data...)
+	}
+	to := &unix.SockaddrInet4{Addr: dst}
+	for i := range n {
+		q := v1Initial(0xcc, 0xdd, 0, byte(i), 1, 2, 3, 4)
+		q.sport, q.dport = 41000, port
+		d := parseable(q)
+		for _, f := range [][]byte{fragment(uint16(100+i), 0, d[:56], true), fragment(uint16(100+i), 56, d[56:], false)} {
+			if err := unix.Sendto(fd, f, 0, to); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%16 == 15 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	c2, got := settle(c1, n)
+	if c2.InitialsDropped != c1.InitialsDropped+n || c2.InitialsPassed != c0.InitialsPassed || got != 0 {
+		t.Fatalf("%d Initials in a 56-byte first fragment and the rest: program %+v after %+v, quic-go opened %d connections; want every first fragment dropped, none opened", n, c2, c1, got)
+	}
+}
+
+// parseable is q's UDP datagram (checksum 0: none) with its Length field
+// set to the rest of the datagram, so that quic-go parses the header and
+// goes on to open a connection.
+func parseable(q quicPacket) []byte {
+	d := q.datagram()
+	hl := 8 + 1 + 4 + 1 + len(q.dcid) + 1 + len(q.scid) + 2 + len(q.token) // the token's length: a 2-byte varint
+	rest := len(d) - hl - 2
+	d[hl], d[hl+1] = 0x40|byte(rest>>8), byte(rest)
+	return d
+}
+
+// selfSigned is a certificate for the test's QUIC server.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"t"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+}
