@@ -45,6 +45,11 @@ type SketchSum struct {
 	// shares is set on a copy made by WithShares: what it left the other
 	// instances, for the next WithShares to carry.
 	shares *shareState
+	// freed is set on a copy of a sliding sketch's sum made by WithShares,
+	// and kept by its copies that drop shares (WithoutHash): the counts
+	// that leave its view in each later sub-window, of which a decision
+	// takes only this instance's share (addFreed).
+	freed *shareState
 	// def is added to every count of window epoch as it is read (mod
 	// 2³², so a cell may hold less than def): a copy made by WithShares
 	// leaves every cell it does not list def for the other instances, and
@@ -57,8 +62,8 @@ type SketchSum struct {
 // Bytes returns what the sum holds: 4 bytes per cell and window (two, or
 // eight for a sliding sketch) for its counts and, unless copied reports that it shares its sum's (copies made
 // by WithShares and WithoutHash do), a bitmap of the cells in use, 1 bit
-// per cell. A copy made by WithShares adds 16 bytes per cell it lists, as
-// allocated. A nil sum holds nothing.
+// per cell. A copy made by WithShares adds 16 bytes per cell it lists (44
+// for a sliding sketch), as allocated. A nil sum holds nothing.
 func (t *SketchSum) Bytes(copied bool) int {
 	if t == nil {
 		return 0
@@ -68,7 +73,7 @@ func (t *SketchSum) Bytes(copied bool) int {
 		n += 8 * len(t.used)
 	}
 	if t.shares != nil {
-		n += 16 * cap(t.shares.cells)
+		n += 16*cap(t.shares.cells) + 4*cap(t.shares.freed)
 	}
 	return n
 }
@@ -247,6 +252,9 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 			}
 			v.rows[i].curr += sum
 		}
+		if d > 0 && t.freed != nil {
+			t.freed.addFreed(cols, int(d), t.ring, v)
+		}
 		return
 	}
 	// The view's window e − 1 is the sum's slot e − t.epoch, its window e
@@ -391,6 +399,6 @@ func (t *SketchSum) Clone() *SketchSum {
 	c := *t
 	c.counts = slices.Clone(t.counts)
 	c.used = slices.Clone(t.used)
-	c.shares = nil
+	c.shares, c.freed = nil, nil
 	return &c
 }

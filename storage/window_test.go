@@ -172,6 +172,50 @@ func burstOnAll(nodes []*node, h uint64, events int, at time.Time, log *[]time.T
 	return g
 }
 
+// A sliding sketch's sub-window leaves every instance's view at the same
+// instant, between two reads: a key hit on all three instances at once,
+// then again 10 ms after that burst's sub-window stops counting (before
+// the next read), again and again, must get about its quota each time, not
+// the freed room once per instance. Each instance takes only its share of
+// the counts that left its view since its last read
+// (limiter.SketchSum.WithShares). The weighted sketch is hit at the same
+// moments. Before, the sliding zone granted [30 90 90 90 90 90].
+func TestWindowZoneBurstAtSubWindowExpiryGetsOneQuota(t *testing.T) {
+	const events = 30
+	for _, window := range []time.Duration{4 * time.Second, time.Minute, 10 * time.Minute} {
+		for _, sliding := range []bool{false, true} {
+			L := time.Duration((int64(window) + 6) / 7)
+			nodes := newWindowNodesOf(t, 3, events, window, sliding, sameClock, t0.Add(-testIntervals.Read))
+			h := limiter.HashString("login")
+			var log []time.Time
+			var bursts []int
+			next := t0.Add(300 * time.Millisecond)
+			for s := t0; s.Before(t0.Add(6 * window)); s = s.Add(testIntervals.Read) {
+				syncAll(s, nodes...)
+				if next.Before(s) || !next.Before(s.Add(testIntervals.Read)) {
+					continue
+				}
+				bursts = append(bursts, burstOnAll(nodes, h, events, next, &log))
+				// The burst's sub-window stops counting at the end of
+				// the seventh after it: hit again 10 ms later.
+				sub := next.UnixNano() / int64(L)
+				next = time.Unix(0, (sub+8)*int64(L)).Add(10 * time.Millisecond)
+			}
+			w := worstSpan(log, window)
+			t.Logf("window %v sliding %v: bursts of %d on each of 3: granted %v, at most %d in a span of the window", window, sliding, events, bursts, w)
+			if len(bursts) < 5 {
+				t.Fatalf("window %v sliding %v: only %d bursts", window, sliding, len(bursts))
+			}
+			if bound := events*11/10 + 1; w > bound {
+				t.Errorf("window %v sliding %v: a span of the window held %d grants, over 1.1 × %d + 1 = %d", window, sliding, w, events, bound)
+			}
+			if bursts[0] < events {
+				t.Errorf("window %v sliding %v: the first burst got %d, want the quota %d", window, sliding, bursts[0], events)
+			}
+		}
+	}
+}
+
 // A key hit on every instance at once, again and again, each burst once
 // the last one's counts have aged out everywhere (the instances sync every
 // read interval throughout): no instance counts the key then, and none may
