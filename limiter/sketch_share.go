@@ -100,7 +100,10 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	// Times are counted from the start of window origin: the current
 	// one, or for a sliding sketch the one the chain of copies that
 	// carried the reservations began in, in units such that any time
-	// until the chain ends fits 32 bits.
+	// until the chain ends fits 32 bits. The hold is rounded up, plus a
+	// unit for the times rounded down: a long window's unit (5.6 s at 30
+	// days) may be longer than the hold itself, which must not shrink
+	// to nothing.
 	origin, unit := e, max(int64(time.Millisecond), s.window>>32)
 	if s.ring > 2 {
 		unit = max(int64(time.Millisecond), s.window>>16)
@@ -110,7 +113,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	}
 	b := shareBalance{
 		n: uint64(n), rank: uint64(rank), q: uint64(s.quota.Load()),
-		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min(int64(hold)/unit, 1<<32-1)),
+		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min((int64(hold)+unit-1)/unit+1, 1<<32-1)),
 	}
 
 	// Every cell that counts nothing anywhere and held the previous

@@ -255,3 +255,48 @@ func TestWindowZonePeriodicBurstsAfterAgingOutGetOneQuota(t *testing.T) {
 		}
 	}
 }
+
+// A long window's shares measure time in coarse units (a sliding sketch's
+// sub-window >> 16: 5.6 s at 30 days, longer than the hold of 4 s): the
+// hold of what an instance left the others must not round down to
+// nothing, or a burst on every instance that outlasts a few reads gets
+// back the shares the others used but have not published yet. Before,
+// sliding windows of 30 and 365 days granted 122 to 140 of 100.
+func TestWindowZoneLongWindowBurstKeepsTheOthersShares(t *testing.T) {
+	const events = 100
+	for _, size := range []int{3, 5} {
+		for _, window := range []time.Duration{time.Minute, 30 * 24 * time.Hour, 365 * 24 * time.Hour} {
+			for _, sliding := range []bool{false, true} {
+				now := t0.Add(time.Second)
+				nodes := newWindowNodesOf(t, size, events, window, sliding, sameClock, now.Add(-testIntervals.Read))
+				// A burst on each, then each reads (a quarter read
+				// interval apart) and bursts again while one writes
+				// per round, then all sync.
+				granted := 0
+				for _, n := range nodes {
+					granted += n.take("burst", events, now)
+				}
+				at := now
+				for round := range len(nodes) {
+					for _, n := range nodes {
+						at = at.Add(testIntervals.Read / 4)
+						n.s.Read(bg, at)
+						granted += n.take("burst", events, at)
+					}
+					nodes[round].s.Write(bg, at)
+				}
+				for range 3 {
+					at = at.Add(testIntervals.Read)
+					syncAll(at, nodes...)
+					for _, n := range nodes {
+						granted += n.take("burst", events, at)
+					}
+				}
+				t.Logf("%d instances, window %v, sliding %v: %d granted of %d", size, window, sliding, granted, events)
+				if bound := events*11/10 + 1; granted > bound || granted < events {
+					t.Errorf("%d instances, window %v, sliding %v: granted %d, want %d to 1.1 × %d + 1 = %d", size, window, sliding, granted, events, events, bound)
+				}
+			}
+		}
+	}
+}
