@@ -42,8 +42,8 @@ import (
 // The sum itself, which deciders may be reading, is unchanged. The copy
 // allocates as much as NewSketchSum (zeroed by the runtime, the only pass
 // over the whole table), plus 16 bytes per cell in use (44 for a sliding
-// sketch, whose cells list what leaves the view in each sub-window: 7
-// counts). Its work follows
+// sketch, whose cells list what leaves the view in each sub-window, 7
+// counts, found through an index of 4 bytes per cell). Its work follows
 // the cells in use (counted by s or the sum, or holding what the previous
 // copy left the others): every other cell counts nothing and is left what
 // every such cell is, which is settled once and kept as the copy's
@@ -146,6 +146,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	st.cells = make([]shareCell, 0, used)
 	if s.ring > 2 {
 		st.freed = make([]uint32, 0, used*(int(s.ring)-1))
+		st.pos = make([]int32, len(t.counts)/int(s.ring))
 	}
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
 	r := int(s.ring)
@@ -155,13 +156,11 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		// summed into ownPrev and peerPrev, and weighed whole (rest w).
 		// gone[k] is what leaves the view k + 1 sub-windows on.
 		var ownPrev, peerPrev uint64
-		var gone [1<<sketchSlidingBits - 1]uint32
+		var gone [1<<sketchSlidingBits - 1]uint64
 		for k := range r - 1 {
 			ownPrev += s.count(i, e-int64(r)+1+int64(k))
 			peerPrev += uint64(t.counts[r*i+k])
-			if r > 2 {
-				gone[k] = uint32(min(ownPrev+peerPrev, MaxSketchQuota))
-			}
+			gone[k] = ownPrev + peerPrev
 		}
 		ownCurr := s.count(i, e)
 		peerCurr := uint64(t.curr(i))
@@ -211,15 +210,17 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		}
 		st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})
 		if r > 2 {
-			st.freed = append(st.freed, gone[:]...)
+			st.pos[i] = int32(len(st.cells))
+			// The room that leaves frees: none while the cell
+			// still holds the quota without it.
+			for _, g := range gone {
+				st.freed = append(st.freed, uint32(min(est, b.q)-min(est-min(g, est), b.q)))
+			}
 		}
 		copy(c.counts[r*i:r*i+r-1], t.counts[r*i:r*i+r-1])
 		c.counts[r*i+r-1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota)) - c.def
 	}
-	c.shares, c.freed = st, nil
-	if r > 2 {
-		c.freed = st
-	}
+	c.shares = st
 	return &c
 }
 
@@ -235,10 +236,15 @@ type shareState struct {
 	// origin is the window the times are counted from (WithShares).
 	origin int64
 	// freed holds, for a sliding sketch, ring − 1 counts for each cell
-	// listed in cells, in the same order: entry k is what the cell
-	// counted, own and the peers', in the k + 1 oldest sub-windows of the
-	// copy's view, which have left the view k + 1 sub-windows later.
+	// listed in cells, in the same order: entry k is the room (below the
+	// quota) that what the cell counted, own and the peers', in the k + 1
+	// oldest sub-windows of the copy's view frees when it leaves the view,
+	// k + 1 sub-windows later.
 	freed []uint32
+	// pos holds, for a sliding sketch, for each cell, 1 + its index in
+	// cells, or 0 if it is not listed: a decision finds a cell's freed in
+	// two loads.
+	pos []int32
 	// n and rank are the instances the copy shares among and this one's
 	// rank (WithShares).
 	n, rank uint64
@@ -268,23 +274,14 @@ func (st *shareState) freedAt(j, d int) uint64 {
 // that have left the view since (freedAt), as counted in the current
 // sub-window: it stays occupied until the next read re-balances, which
 // carries it (carry). cols are the key's (ring × cell index). It does not
-// allocate: the listed cells are found by binary search.
+// allocate.
 func (st *shareState) addFreed(cols *sketchCols, d, ring int, v *sketchView) {
 	for r := 0; r < v.n; r++ {
-		cell := int32(cols[r] / uint64(ring))
-		lo, hi := 0, len(st.cells)
-		for lo < hi {
-			m := int(uint(lo+hi) >> 1)
-			if st.cells[m].i < cell {
-				lo = m + 1
-			} else {
-				hi = m
-			}
-		}
-		if lo == len(st.cells) || st.cells[lo].i != cell {
+		j := int(st.pos[cols[r]/uint64(ring)]) - 1
+		if j < 0 {
 			continue
 		}
-		x := st.freedAt(lo, d)
+		x := st.freedAt(j, d)
 		v.sub[r][len(v.sub[r])-1] += x
 		v.rows[r].curr += x
 	}

@@ -232,3 +232,43 @@ func TestSlidingWithSharesShareWhatLeavesTheView(t *testing.T) {
 		t.Errorf("%v allocations per decision on a copy a sub-window old", a)
 	}
 }
+
+// The room a sub-window frees when it leaves the view is what the cell
+// then has below its quota and did not before, not the counts that left:
+// a cell crowded far over its quota by old counts frees only what takes it
+// back under, and that is what the instances split, not more (which would
+// deny a key the room the cluster really has).
+func TestSlidingWithSharesSplitOnlyTheRoomFreed(t *testing.T) {
+	const quota, n = 10, 2
+	window := 7 * time.Second
+	L := sketchSubWindow(window)
+	cfg := SketchConfig{Quota: quota, Window: window, Rows: 1, Width: 1, Sliding: true}
+	peer, err := NewSketch(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := time.Unix(0, (1_700_000_000*int64(time.Second)/L+1)*L)
+	peer.Add(1, 25, b)                        // leaves the view at b + 8L
+	peer.Add(2, 4, b.Add(time.Duration(3*L))) // still counts then
+	read := b.Add(time.Duration(7*L + L/2))
+	after := b.Add(time.Duration(8*L + L/2))
+	total := int64(0)
+	for rank := range n {
+		own, err := NewSketch(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := own.NewSketchSum(read)
+		snap, _ := peer.AppendSnapshot(nil, read)
+		if _, err := sum.AddBinary(snap); err != nil {
+			t.Fatal(err)
+		}
+		shared := sum.WithShares(own, n, rank, read, nil, 2*time.Second)
+		r := own.PeekHashWith(3, 1, after, shared).Remaining
+		t.Logf("rank %d: %d remaining once 25 of the cell's 29 left the view (the quota %d)", rank, r, quota)
+		total += r
+	}
+	if total != quota-4 {
+		t.Errorf("the instances may grant %d together, want the %d the cell has left", total, quota-4)
+	}
+}

@@ -297,15 +297,26 @@ func TestSlidingSnapshotRoundTrip(t *testing.T) {
 // BenchmarkSketchClusterDecision is a cluster's decision on its own counts
 // plus two peers' snapshots, over 65,536 keys in a sketch of the default
 // shape: weighted (a bucket zone's rate, a quota) and sliding (a window
-// zone's rate), granted and denied (which computes the wait).
+// zone's rate), granted and denied (which computes the wait); and, with
+// bursts split, on the copy with the shares (WithShares) made a sub-window
+// before, as a sliding zone's decisions between two reads often are (a
+// weighted copy, a window before, would be dropped), which leaves the
+// others their shares of what left the view since.
 func BenchmarkSketchClusterDecision(b *testing.B) {
-	for _, sliding := range []bool{false, true} {
+	for _, c := range []struct {
+		sliding, shares bool
+	}{{false, false}, {true, false}, {true, true}} {
+		sliding := c.sliding
 		for _, quota := range []int64{MaxSketchQuota, 1} {
 			what := "granted"
 			if quota == 1 {
 				what = "denied"
 			}
-			b.Run(fmt.Sprintf("sliding=%v/%s", sliding, what), func(b *testing.B) {
+			name := fmt.Sprintf("sliding=%v/%s", sliding, what)
+			if c.shares {
+				name = fmt.Sprintf("sliding=%v/shares-a-sub-window-old/%s", sliding, what)
+			}
+			b.Run(name, func(b *testing.B) {
 				now := time.Unix(1_700_000_000, 0)
 				cfg := SketchConfig{Quota: quota, Window: time.Minute, Sliding: sliding}
 				keys := make([]uint64, 1<<16)
@@ -324,12 +335,19 @@ func BenchmarkSketchClusterDecision(b *testing.B) {
 					}
 					sk = append(sk, s)
 				}
-				sum := sk[0].NewSketchSum(now)
+				read := now
+				if c.shares {
+					read = now.Add(-sk[0].Slot())
+				}
+				sum := sk[0].NewSketchSum(read)
 				for _, s := range sk[1:] {
-					snap, _ := s.AppendSnapshot(nil, now)
+					snap, _ := s.AppendSnapshot(nil, read)
 					if _, err := sum.AddBinary(snap); err != nil {
 						b.Fatal(err)
 					}
+				}
+				if c.shares {
+					sum = sum.WithShares(sk[0], 3, 0, read, nil, 2*time.Second)
 				}
 				b.ReportAllocs()
 				i := 0

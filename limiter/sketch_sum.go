@@ -45,11 +45,6 @@ type SketchSum struct {
 	// shares is set on a copy made by WithShares: what it left the other
 	// instances, for the next WithShares to carry.
 	shares *shareState
-	// freed is set on a copy of a sliding sketch's sum made by WithShares,
-	// and kept by its copies that drop shares (WithoutHash): the counts
-	// that leave its view in each later sub-window, of which a decision
-	// takes only this instance's share (addFreed).
-	freed *shareState
 	// def is added to every count of window epoch as it is read (mod
 	// 2³², so a cell may hold less than def): a copy made by WithShares
 	// leaves every cell it does not list def for the other instances, and
@@ -63,7 +58,7 @@ type SketchSum struct {
 // eight for a sliding sketch) for its counts and, unless copied reports that it shares its sum's (copies made
 // by WithShares and WithoutHash do), a bitmap of the cells in use, 1 bit
 // per cell. A copy made by WithShares adds 16 bytes per cell it lists (44
-// for a sliding sketch), as allocated. A nil sum holds nothing.
+// for a sliding sketch, and 4 per cell), as allocated. A nil sum holds nothing.
 func (t *SketchSum) Bytes(copied bool) int {
 	if t == nil {
 		return 0
@@ -73,7 +68,7 @@ func (t *SketchSum) Bytes(copied bool) int {
 		n += 8 * len(t.used)
 	}
 	if t.shares != nil {
-		n += 16*cap(t.shares.cells) + 4*cap(t.shares.freed)
+		n += 16*cap(t.shares.cells) + 4*cap(t.shares.freed) + 4*len(t.shares.pos)
 	}
 	return n
 }
@@ -252,8 +247,9 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 			}
 			v.rows[i].curr += sum
 		}
-		if d > 0 && t.freed != nil {
-			t.freed.addFreed(cols, int(d), t.ring, v)
+		if d > 0 && t.shares != nil && t.shares.freed != nil {
+			// A copy made by WithShares d sub-windows ago.
+			t.shares.addFreed(cols, int(d), t.ring, v)
 		}
 		return
 	}
@@ -399,6 +395,6 @@ func (t *SketchSum) Clone() *SketchSum {
 	c := *t
 	c.counts = slices.Clone(t.counts)
 	c.used = slices.Clone(t.used)
-	c.shares, c.freed = nil, nil
+	c.shares = nil
 	return &c
 }
