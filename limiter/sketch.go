@@ -97,7 +97,7 @@ type SketchConfig struct {
 // twice its quota in a span of W across the edge. A sliding sketch
 // (SketchConfig.Sliding, a window zone's cluster count) has no edge: its
 // cells hold SketchSubWindows + 1 = 8 counters, one 64-byte line, over
-// sub-windows of L = max(⌈W/7⌉, MinSketchWindow) aligned to Unix time
+// sub-windows of L = ⌈W/7⌉ (in nanoseconds) aligned to Unix time
 // (counter e mod 8 of sub-window e, the tag holding e/8), and a key's
 // count in a row is the plain sum of its last 8 sub-windows, the current
 // one included: a grant is counted until its sub-window's end is 7L ≥ W
@@ -112,8 +112,10 @@ type SketchConfig struct {
 // the weighted sketch has 16: the same cache line per row and decision,
 // but 8 counts to add where there were 2, and a sketch four times larger
 // in the CPU's caches (docs/cluster.md quotes BenchmarkSketchClusterDecision).
-// Tags hold the sub-window number modulo 2^35 (the low 3 bits implied), and
-// the horizons above are 2^13 sub-windows. Why 8: a cell is then one line, as a weighted one's pair shares one, and
+// Tags hold the sub-window number modulo 2^35 (the low 3 bits implied):
+// 56 days at the shortest L, ⌈1ms/7⌉ (L is not held to MinSketchWindow, or
+// a short window would wait up to 8 ms − W longer, not W/7), and the
+// horizons above are 2^13 sub-windows. Why 8: a cell is then one line, as a weighted one's pair shares one, and
 // 1/7 of the window is a modest extra wait (86 s for a 10-minute login
 // window); 4 would halve the memory for an extra wait of W/3.
 //
@@ -187,12 +189,13 @@ func NewSketch(c SketchConfig) (*Sketch, error) {
 	return s, nil
 }
 
-// sketchSubWindow is a sliding sketch's sub-window for a window w: at
-// least w/SketchSubWindows, so that SketchSubWindows of them cover w, and
-// at least MinSketchWindow.
+// sketchSubWindow is a sliding sketch's sub-window for a window w:
+// w/SketchSubWindows rounded up to the nanosecond, so that
+// SketchSubWindows of them cover w and SketchSubWindows + 1 of them exceed
+// it by less than one; at least 1 ns.
 func sketchSubWindow(w time.Duration) int64 {
 	n := int64(w)
-	return max((n+SketchSubWindows-1)/SketchSubWindows, int64(MinSketchWindow))
+	return max((n+SketchSubWindows-1)/SketchSubWindows, 1)
 }
 
 // SketchSlots is how many windows a cell of a sketch counts, sliding or

@@ -105,7 +105,8 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 	c := *t
 	c.counts = slices.Clone(t.counts) // c.used stays t's: no sum is added to once read
 	c.ForgetHash(h, at)
-	// The reservations WithShares carries are measured against the counts
+	// The reservations WithShares carries, and what it leaves the others
+	// of the counts that leave the view, are measured against the counts
 	// as they were: the next re-balance starts afresh.
 	c.shares = nil
 	return &c

@@ -41,7 +41,9 @@ import (
 //
 // The sum itself, which deciders may be reading, is unchanged. The copy
 // allocates as much as NewSketchSum (zeroed by the runtime, the only pass
-// over the whole table), plus 16 bytes per cell in use. Its work follows
+// over the whole table), plus 16 bytes per cell in use (44 for a sliding
+// sketch, whose cells list what leaves the view in each sub-window, 7
+// counts, found through an index of 4 bytes per cell). Its work follows
 // the cells in use (counted by s or the sum, or holding what the previous
 // copy left the others): every other cell counts nothing and is left what
 // every such cell is, which is settled once and kept as the copy's
@@ -57,6 +59,15 @@ import (
 // being counted from the window the chain of carrying copies began in;
 // a sum of an earlier sub-window (an aggregate's) is shifted to now's. A
 // weighted sketch's copies carry within one window: its edge is W apart.
+// A sub-window's counts leave every instance's view at the same instant,
+// between two reads, and that room, taken whole, would be granted once per
+// instance to a key hit on all of them at once: so a sliding copy used in a
+// later sub-window than it was made in leaves the others all but this
+// instance's share of the counts, own and the peers', that have left its
+// view since (freedAt, added as the key's cells are read: no allocation,
+// no lock), and the next copy carries that as a reservation (carry).
+// With n < 2 there is no copy (below): a sole instance's decisions stay
+// exact.
 //
 // A nil sum, or n < 2, gives the sum itself. t is a sum (NewSketchSum,
 // SketchSumOfBinary), not a copy made by WithShares: every cell it does
@@ -89,7 +100,10 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	// Times are counted from the start of window origin: the current
 	// one, or for a sliding sketch the one the chain of copies that
 	// carried the reservations began in, in units such that any time
-	// until the chain ends fits 32 bits.
+	// until the chain ends fits 32 bits. The hold is rounded up, plus a
+	// unit for the times rounded down: a long window's unit (5.6 s at 30
+	// days) may be longer than the hold itself, which must not shrink
+	// to nothing.
 	origin, unit := e, max(int64(time.Millisecond), s.window>>32)
 	if s.ring > 2 {
 		unit = max(int64(time.Millisecond), s.window>>16)
@@ -99,15 +113,15 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	}
 	b := shareBalance{
 		n: uint64(n), rank: uint64(rank), q: uint64(s.quota.Load()),
-		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min(int64(hold)/unit, 1<<32-1)),
+		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min((int64(hold)+unit-1)/unit+1, 1<<32-1)),
 	}
 
 	// Every cell that counts nothing anywhere and held the previous
 	// default is in the same state: it is settled once, here, and the
 	// cells that are not are settled one by one below.
-	st := &shareState{origin: origin}
+	st := &shareState{origin: origin, n: b.n, rank: b.rank}
 	if p != nil {
-		held, since := b.carry(p.def, p.defSince, 0, uint64(p.def), 0, 0)
+		held, since := b.carry(p.def, p.defSince, 0, 0, uint64(p.def), 0, 0)
 		st.def, st.defSince = b.settle(b.q, held, since)
 	} else {
 		st.def, st.defSince = b.settle(b.q, 0, b.at)
@@ -130,16 +144,23 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		used += bits.OnesCount64(m)
 	}
 	st.cells = make([]shareCell, 0, used)
+	if s.ring > 2 {
+		st.freed = make([]uint32, 0, used*(int(s.ring)-1))
+		st.pos = make([]int32, len(t.counts)/int(s.ring))
+	}
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
 	r := int(s.ring)
 	j := 0 // p.cells[j] is the first of the previous copy's cells not passed yet
 	for i := range setCells(marks) {
 		// A sliding sketch's older sub-windows count in full: they are
 		// summed into ownPrev and peerPrev, and weighed whole (rest w).
+		// gone[k] is what leaves the view k + 1 sub-windows on.
 		var ownPrev, peerPrev uint64
+		var gone [1<<sketchSlidingBits - 1]uint64
 		for k := range r - 1 {
 			ownPrev += s.count(i, e-int64(r)+1+int64(k))
 			peerPrev += uint64(t.counts[r*i+k])
+			gone[k] = ownPrev + peerPrev
 		}
 		ownCurr := s.count(i, e)
 		peerCurr := uint64(t.curr(i))
@@ -158,15 +179,16 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		var held uint64
 		since := b.at
 		if p != nil {
-			pk, ps, po := p.def, p.defSince, uint32(0)
+			pk, ps, po, freed := p.def, p.defSince, uint32(0), uint64(0)
 			for j < len(p.cells) && int(p.cells[j].i) < i {
 				j++
 			}
 			if j < len(p.cells) && int(p.cells[j].i) == i {
 				pc := &p.cells[j]
 				pk, ps, po = pc.keep, pc.since, pc.owned
+				freed = p.freedAt(j, int(e-prev.epoch))
 			}
-			held, since = b.carry(pk, ps, po, uint64(prev.curr(i)), peerSince, ownSince)
+			held, since = b.carry(pk, ps, po, freed, uint64(prev.curr(i)), peerSince, ownSince)
 		}
 		// The cell's estimate, rounded up, as sketchView.remaining
 		// takes it.
@@ -187,6 +209,14 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			continue
 		}
 		st.cells = append(st.cells, shareCell{i: int32(i), keep: keep, since: since, owned: owned})
+		if r > 2 {
+			st.pos[i] = int32(len(st.cells))
+			// The room that leaves frees: none while the cell
+			// still holds the quota without it.
+			for _, g := range gone {
+				st.freed = append(st.freed, uint32(min(est, b.q)-min(est-min(g, est), b.q)))
+			}
+		}
 		copy(c.counts[r*i:r*i+r-1], t.counts[r*i:r*i+r-1])
 		c.counts[r*i+r-1] = uint32(min(peerCurr+uint64(keep), MaxSketchQuota)) - c.def
 	}
@@ -205,6 +235,56 @@ type shareState struct {
 	cells         []shareCell
 	// origin is the window the times are counted from (WithShares).
 	origin int64
+	// freed holds, for a sliding sketch, ring − 1 counts for each cell
+	// listed in cells, in the same order: entry k is the room (below the
+	// quota) that what the cell counted, own and the peers', in the k + 1
+	// oldest sub-windows of the copy's view frees when it leaves the view,
+	// k + 1 sub-windows later.
+	freed []uint32
+	// pos holds, for a sliding sketch, for each cell, 1 + its index in
+	// cells, or 0 if it is not listed: a decision finds a cell's freed in
+	// two loads.
+	pos []int32
+	// n and rank are the instances the copy shares among and this one's
+	// rank (WithShares).
+	n, rank uint64
+}
+
+// freedAt is what listed cell j leaves the other instances, d sub-windows
+// after the copy's window, of the counts that have left the view since
+// (freed): all but this instance's share of them, split as settle splits
+// what is left. A whole sub-window's counts leave every instance's view at
+// the same instant, between two reads: taken whole, that room would be
+// granted once per instance to a key hit on all of them at once.
+func (st *shareState) freedAt(j, d int) uint64 {
+	f := len(st.freed) / max(len(st.cells), 1)
+	if d < 1 || d > f {
+		return 0
+	}
+	gone := uint64(st.freed[j*f+d-1])
+	share := gone / st.n
+	if st.rank < gone%st.n {
+		share++
+	}
+	return gone - share
+}
+
+// addFreed adds to the view, d sub-windows after the copy's window, what
+// this instance leaves the others in each of the key's cells of the counts
+// that have left the view since (freedAt), as counted in the current
+// sub-window: it stays occupied until the next read re-balances, which
+// carries it (carry). cols are the key's (ring × cell index). It does not
+// allocate.
+func (st *shareState) addFreed(cols *sketchCols, d, ring int, v *sketchView) {
+	for r := 0; r < v.n; r++ {
+		j := int(st.pos[cols[r]/uint64(ring)]) - 1
+		if j < 0 {
+			continue
+		}
+		x := st.freedAt(j, d)
+		v.sub[r][len(v.sub[r])-1] += x
+		v.rows[r].curr += x
+	}
 }
 
 // sketchShareChain is how many sub-windows a sliding sketch's copies made
@@ -251,23 +331,27 @@ type shareBalance struct {
 }
 
 // carry returns what a reservation of pk, made or seen used at ps, while
-// the own sketch counted po, still holds for the others, and since when:
-// less what the sum (whose count of the cell was prevCount with the
-// reservation) has counted of theirs since; all of it again from now if
-// this instance granted in the cell since (the others may have too, at
-// the same moment, unseen yet); all of it until hold passes; then nothing.
-func (b shareBalance) carry(pk, ps, po uint32, prevCount, peerCurr, ownCurr uint64) (held uint64, since uint32) {
-	if pk == 0 {
+// the own sketch counted po, plus freed (what the copy left the others of
+// the counts that left its view since, freedAt), still holds for the
+// others, and since when: less what the sum (whose count of the cell was
+// prevCount with the reservation pk) has counted of theirs since; all of
+// it again from now if this instance granted in the cell since (the others
+// may have too, at the same moment, unseen yet) or room was freed (the
+// others may have granted their shares of it since, unseen yet); all of
+// it until hold passes; then nothing.
+func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCurr uint64) (held uint64, since uint32) {
+	kept := uint64(pk) + freed
+	if kept == 0 {
 		return 0, b.at
 	}
 	then := prevCount - min(uint64(pk), prevCount)
 	switch used := peerCurr - min(peerCurr, then); {
 	case used != 0:
-		return uint64(pk) - min(used, uint64(pk)), b.at
-	case ownCurr > uint64(po):
-		return uint64(pk), b.at
+		return kept - min(used, kept), b.at
+	case ownCurr > uint64(po) || freed != 0:
+		return kept, b.at
 	case b.at-min(b.at, ps) < b.hold:
-		return uint64(pk), ps
+		return kept, ps
 	}
 	return 0, b.at
 }

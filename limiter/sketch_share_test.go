@@ -188,3 +188,87 @@ func TestWithSharesWritesOnlyTheCellsInUse(t *testing.T) {
 		t.Fatalf("a quiet key has %d left, want %d: the quota less the others' shares", got, 10-int64(c.def))
 	}
 }
+
+// A sliding sketch's sub-window leaves every instance's view at once: three
+// instances that granted a key its quota in one sub-window, and made their
+// copies (WithShares) in the last sub-window that still counts it, find
+// that room freed in the next sub-window before any read. Together they
+// may grant it once, not once each: each takes its share of what left its
+// view. Deciding on such a copy takes no allocation.
+func TestSlidingWithSharesShareWhatLeavesTheView(t *testing.T) {
+	const quota, n = 30, 3
+	window := 4 * time.Second
+	c := newSlidingCluster(t, n, quota, window)
+	L := sketchSubWindow(window)
+	burst := time.Unix(0, (1_700_000_000*int64(time.Second)/L+1)*L+L/3)
+	for _, s := range c.sk {
+		for range quota / n {
+			if d, _ := s.TakeHashWith(c.h, 1, burst, nil); !d.Allowed {
+				t.Fatal("a share of the first burst was denied")
+			}
+		}
+	}
+	read := burst.Add(time.Duration(7 * L)) // the burst's sub-window still counts
+	after := burst.Add(time.Duration(8*L - L/3 + 10*int64(time.Millisecond)))
+	total := int64(0)
+	var shared *SketchSum
+	for i, s := range c.sk {
+		shared = c.peersOf(i, read).WithShares(s, n, i, read, nil, 2*time.Second)
+		if r := s.PeekHashWith(c.h, 1, read, shared).Remaining; r != 0 {
+			t.Errorf("instance %d, the burst still counting: %d remaining, want 0", i, r)
+		}
+		r := s.PeekHashWith(c.h, 1, after, shared).Remaining
+		t.Logf("instance %d: %d remaining once the burst's sub-window has left the view", i, r)
+		total += r
+	}
+	if total != quota {
+		t.Errorf("the instances may grant %d together once the burst left their views, want the quota %d", total, quota)
+	}
+	s := c.sk[n-1]
+	if a := testing.AllocsPerRun(100, func() {
+		s.PeekHashWith(c.h, 1, after, shared)
+		s.TakeHashWith(c.h, 1, after, shared)
+	}); a != 0 {
+		t.Errorf("%v allocations per decision on a copy a sub-window old", a)
+	}
+}
+
+// The room a sub-window frees when it leaves the view is what the cell
+// then has below its quota and did not before, not the counts that left:
+// a cell crowded far over its quota by old counts frees only what takes it
+// back under, and that is what the instances split, not more (which would
+// deny a key the room the cluster really has).
+func TestSlidingWithSharesSplitOnlyTheRoomFreed(t *testing.T) {
+	const quota, n = 10, 2
+	window := 7 * time.Second
+	L := sketchSubWindow(window)
+	cfg := SketchConfig{Quota: quota, Window: window, Rows: 1, Width: 1, Sliding: true}
+	peer, err := NewSketch(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := time.Unix(0, (1_700_000_000*int64(time.Second)/L+1)*L)
+	peer.Add(1, 25, b)                        // leaves the view at b + 8L
+	peer.Add(2, 4, b.Add(time.Duration(3*L))) // still counts then
+	read := b.Add(time.Duration(7*L + L/2))
+	after := b.Add(time.Duration(8*L + L/2))
+	total := int64(0)
+	for rank := range n {
+		own, err := NewSketch(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := own.NewSketchSum(read)
+		snap, _ := peer.AppendSnapshot(nil, read)
+		if _, err := sum.AddBinary(snap); err != nil {
+			t.Fatal(err)
+		}
+		shared := sum.WithShares(own, n, rank, read, nil, 2*time.Second)
+		r := own.PeekHashWith(3, 1, after, shared).Remaining
+		t.Logf("rank %d: %d remaining once 25 of the cell's 29 left the view (the quota %d)", rank, r, quota)
+		total += r
+	}
+	if total != quota-4 {
+		t.Errorf("the instances may grant %d together, want the %d the cell has left", total, quota-4)
+	}
+}

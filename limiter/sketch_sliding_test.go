@@ -297,15 +297,26 @@ func TestSlidingSnapshotRoundTrip(t *testing.T) {
 // BenchmarkSketchClusterDecision is a cluster's decision on its own counts
 // plus two peers' snapshots, over 65,536 keys in a sketch of the default
 // shape: weighted (a bucket zone's rate, a quota) and sliding (a window
-// zone's rate), granted and denied (which computes the wait).
+// zone's rate), granted and denied (which computes the wait); and, with
+// bursts split, on the copy with the shares (WithShares) made a sub-window
+// before, as a sliding zone's decisions between two reads often are (a
+// weighted copy, a window before, would be dropped), which leaves the
+// others their shares of what left the view since.
 func BenchmarkSketchClusterDecision(b *testing.B) {
-	for _, sliding := range []bool{false, true} {
+	for _, c := range []struct {
+		sliding, shares bool
+	}{{false, false}, {true, false}, {true, true}} {
+		sliding := c.sliding
 		for _, quota := range []int64{MaxSketchQuota, 1} {
 			what := "granted"
 			if quota == 1 {
 				what = "denied"
 			}
-			b.Run(fmt.Sprintf("sliding=%v/%s", sliding, what), func(b *testing.B) {
+			name := fmt.Sprintf("sliding=%v/%s", sliding, what)
+			if c.shares {
+				name = fmt.Sprintf("sliding=%v/shares-a-sub-window-old/%s", sliding, what)
+			}
+			b.Run(name, func(b *testing.B) {
 				now := time.Unix(1_700_000_000, 0)
 				cfg := SketchConfig{Quota: quota, Window: time.Minute, Sliding: sliding}
 				keys := make([]uint64, 1<<16)
@@ -324,12 +335,19 @@ func BenchmarkSketchClusterDecision(b *testing.B) {
 					}
 					sk = append(sk, s)
 				}
-				sum := sk[0].NewSketchSum(now)
+				read := now
+				if c.shares {
+					read = now.Add(-sk[0].Slot())
+				}
+				sum := sk[0].NewSketchSum(read)
 				for _, s := range sk[1:] {
-					snap, _ := s.AppendSnapshot(nil, now)
+					snap, _ := s.AppendSnapshot(nil, read)
 					if _, err := sum.AddBinary(snap); err != nil {
 						b.Fatal(err)
 					}
+				}
+				if c.shares {
+					sum = sum.WithShares(sk[0], 3, 0, read, nil, 2*time.Second)
 				}
 				b.ReportAllocs()
 				i := 0
@@ -451,4 +469,81 @@ func FuzzSlidingSumOfBinary(f *testing.F) {
 			t.Fatalf("encoding is not canonical:\n in  %x\n out %x", data, enc)
 		}
 	})
+}
+
+// The window is a parameter: short windows (down to 1 ms, whose L is
+// ⌈1ms/7⌉), windows not a multiple of 7 ns, long ones. On random
+// schedules of 2 to 4 instances (bursts at window and sub-window edges,
+// tight and spread requests), no span of the window holds more than the
+// quota, no request waits more than 8L − W longer than the exact log would
+// make it (checked by take), and no Retry-After says more than W + L.
+// Before, L was held to at least 1 ms: a 1 ms window's extra wait was
+// 7 ms, and its Retry-After up to 7.9 ms.
+func TestSlidingClusterWindowsAsParameter(t *testing.T) {
+	for _, window := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 6*time.Millisecond + 999_999, 7 * time.Millisecond, 7*time.Millisecond + 1, 10 * time.Millisecond, 4*time.Second + 3, 365 * 24 * time.Hour} {
+		for seed := range uint64(10) {
+			t.Run(fmt.Sprintf("%v/%d", window, seed), func(t *testing.T) {
+				const quota = 5
+				rng := rand.New(rand.NewPCG(seed, 7))
+				c := newSlidingCluster(t, 2+rng.IntN(3), quota, window)
+				w := int64(window)
+				at := int64(1_700_000_000)*int64(time.Second) - rng.Int64N(w)
+				L := sketchSubWindow(window)
+				longest := time.Duration(0)
+				for range 300 {
+					switch rng.IntN(10) {
+					case 0: // just before an edge of the aligned windows
+						at = max(at, (at/w+1)*w-rng.Int64N(w/20+1))
+					case 1: // just after a sub-window's start
+						at = (at/L+1)*L + rng.Int64N(L/50+1)
+					case 2, 3:
+						at += rng.Int64N(w/4000 + 1)
+					default:
+						at += rng.Int64N(w/40 + 1)
+					}
+					i := rng.IntN(len(c.sk))
+					now := time.Unix(0, at)
+					d := c.sk[i].PeekHashWith(c.h, 1, now, c.peersOf(i, now))
+					if !d.Allowed && d.RetryAfter != Never {
+						longest = max(longest, d.RetryAfter)
+					}
+					c.take(i, 1, at)
+				}
+				c.check(t.Name())
+				t.Logf("window %v, L %v: longest Retry-After %v (W + L = %v)", window, time.Duration(L), longest, window+time.Duration(L))
+				if bound := window + time.Duration(L); longest > bound {
+					t.Errorf("window %v: a Retry-After of %v, over W + L = %v", window, longest, bound)
+				}
+			})
+		}
+	}
+}
+
+// A steady stream at exactly the rate (events per window) on one
+// instance: a sliding sketch grants at least 7/8 of it, its extra wait
+// being about W/7, whatever the window; the weighted sketch is run too.
+// Before, with L held to at least 1 ms, a 1 ms window granted 14 % and a
+// 3 ms one 38 %.
+func TestSlidingSketchGrantsASteadyStreamAtTheRate(t *testing.T) {
+	for _, window := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 7 * time.Millisecond, time.Second} {
+		for _, sliding := range []bool{false, true} {
+			const quota = 100
+			s, err := NewSketch(SketchConfig{Quota: quota, Window: window, Rows: 4, Width: 64, Sliding: sliding})
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := int64(1_700_000_000) * int64(time.Second)
+			step := int64(window) / quota
+			granted, total := 0, 50*quota
+			for k := range total {
+				if d, _ := s.TakeHash(1, 1, time.Unix(0, at+int64(k)*step)); d.Allowed {
+					granted++
+				}
+			}
+			t.Logf("window %v sliding %v: %d of %d requests sent at exactly the rate granted (%.0f%%)", window, sliding, granted, total, 100*float64(granted)/float64(total))
+			if granted < total*7/8 {
+				t.Errorf("window %v sliding %v: %d of %d granted at exactly the rate, want at least 7/8", window, sliding, granted, total)
+			}
+		}
+	}
 }

@@ -57,8 +57,8 @@ type SketchSum struct {
 // Bytes returns what the sum holds: 4 bytes per cell and window (two, or
 // eight for a sliding sketch) for its counts and, unless copied reports that it shares its sum's (copies made
 // by WithShares and WithoutHash do), a bitmap of the cells in use, 1 bit
-// per cell. A copy made by WithShares adds 16 bytes per cell it lists, as
-// allocated. A nil sum holds nothing.
+// per cell. A copy made by WithShares adds 16 bytes per cell it lists (44
+// for a sliding sketch, and 4 per cell), as allocated. A nil sum holds nothing.
 func (t *SketchSum) Bytes(copied bool) int {
 	if t == nil {
 		return 0
@@ -68,7 +68,7 @@ func (t *SketchSum) Bytes(copied bool) int {
 		n += 8 * len(t.used)
 	}
 	if t.shares != nil {
-		n += 16 * cap(t.shares.cells)
+		n += 16*cap(t.shares.cells) + 4*cap(t.shares.freed) + 4*len(t.shares.pos)
 	}
 	return n
 }
@@ -246,6 +246,10 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 				sum += uint64(n)
 			}
 			v.rows[i].curr += sum
+		}
+		if d > 0 && t.shares != nil && t.shares.freed != nil {
+			// A copy made by WithShares d sub-windows ago.
+			t.shares.addFreed(cols, int(d), t.ring, v)
 		}
 		return
 	}

@@ -97,10 +97,11 @@ type sighting struct {
 const liveWrites = 10
 
 // sole returns the bitmap of the cells that this instance counted at least
-// a write and a read interval (and lag, see replaceView) ago and that sum,
-// the peers' as read now, does not count: any other instance's counts of
-// them from then on have been published and read since, so they are this
-// instance's alone. A key all of whose cells are is let off its share
+// a write and a read interval (and lag, see replaceView) ago, still counts
+// now, and that sum, the peers' as read now, does not count: any other
+// instance's counts of them from then on have been published and read
+// since, so they are this instance's alone. (A cell whose counts have aged
+// out everywhere is no one's: every instance would find it its own.) A key all of whose cells are is let off its share
 // (Cluster.TakeHash). It is nil while no bitmap of the own counts is that
 // old yet. A new one is taken once the newest is that old, so a key that
 // only reaches this instance is known as such within two such ages and a
@@ -126,8 +127,14 @@ func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) 
 	}
 	var sole []uint64
 	if bits != nil {
+		// Only the cells this instance still counts now: a key whose
+		// counts have aged out everywhere is counted by no one, and
+		// each instance would find it its own alone and grant it the
+		// whole quota.
+		s.countedNow = s.c.sketch.AppendCounted(s.countedNow, now)
 		sole = make([]uint64, len(bits))
 		for w, b := range bits {
+			b &= s.countedNow[w]
 			for b != 0 {
 				i := w*64 + mathbits.TrailingZeros64(b)
 				b &= b - 1
@@ -141,6 +148,6 @@ func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) 
 		// The other bitmap, older still, is not the one read above.
 		other.bits, other.at = s.c.sketch.AppendCounted(other.bits, now), now
 	}
-	s.c.counted.Store(int64(8 * (len(s.counted[0].bits) + len(s.counted[1].bits))))
+	s.c.counted.Store(int64(8 * (len(s.counted[0].bits) + len(s.counted[1].bits) + len(s.countedNow))))
 	return sole
 }

@@ -91,6 +91,9 @@ type Syncer struct {
 		bits []uint64
 		at   time.Time
 	}
+	// countedNow is the bitmap of the cells the own sketch counts at the
+	// read at hand (sole), kept for its memory.
+	countedNow []uint64
 	// skewLogged is when the purge of a snapshot from a clock too far ahead
 	// was last logged: at most once per purge_age.
 	skewLogged time.Time

@@ -19,12 +19,14 @@ type Memory struct {
 	// Sums is the other instances' counts as last read: 8 bytes per cell
 	// and a bitmap of 1 bit per cell, once a read has found any.
 	Sums int
-	// Shares is what the shares take when bursts are split: three bitmaps
+	// Shares is what the shares take when bursts are split: four bitmaps
 	// of 1 bit per cell (two of the cells this instance counted, taken
-	// apart, and the one of the cells only it counts, derived from them)
-	// and, while other instances are live, the copy of Sums decisions
-	// read, 8 bytes per cell, with what it leaves them in each cell in
-	// use, 16 bytes each.
+	// apart, the one of those it counts at the last read, and the one of
+	// the cells only it counts, derived from them) and, while other
+	// instances are live, the copy of Sums decisions read, 8 bytes per
+	// cell, with what it leaves them in each cell in use, 16 bytes each
+	// (44 for a sliding sketch, which adds 4 bytes per cell: see
+	// limiter.SketchSum.WithShares).
 	Shares int
 	// Mitigation is the cache of blocked keys: MitigationSlots pointers
 	// and one entry per key held (MitigationEntryBytes).

@@ -20,10 +20,17 @@ const slidingUnderTest = true
 // clock clock gives it, published and read once at now.
 func newWindowNodes(t *testing.T, n int, events int64, clock func(*node, time.Time) time.Time, now time.Time) []*node {
 	t.Helper()
+	return newWindowNodesOf(t, n, events, testWindow, slidingUnderTest, clock, now)
+}
+
+// newWindowNodesOf is newWindowNodes for a window and kind of sketch of
+// the caller's.
+func newWindowNodesOf(t *testing.T, n int, events int64, window time.Duration, sliding bool, clock func(*node, time.Time) time.Time, now time.Time) []*node {
+	t.Helper()
 	st := newMemStorage()
 	nodes := make([]*node, n)
 	for i := range nodes {
-		c, err := newCluster(Shape{Zone: "w", Window: testWindow, Width: 256, Sliding: slidingUnderTest}, events)
+		c, err := newCluster(Shape{Zone: "w", Window: window, Width: 256, Sliding: sliding}, events)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,6 +135,168 @@ func TestWindowZoneBurstIsSplitAcrossSubWindows(t *testing.T) {
 		t.Logf("order %v, a burst %v before a sub-window's end: %d granted of a limit of 10", order, edge.Sub(now), granted)
 		if granted < 10 || granted > 10*11/10+1 {
 			t.Errorf("order %v: granted %d to a key of limit 10 hit on 3 instances through reads that predate the others' grants, want 10 to %d", order, granted, 10*11/10+1)
+		}
+	}
+}
+
+// sameClock is the clock of instances that agree on the time.
+func sameClock(_ *node, at time.Time) time.Time { return at }
+
+// worstSpan returns the most grants of log (their times, in order) within
+// any span of w.
+func worstSpan(log []time.Time, w time.Duration) int {
+	most := 0
+	for i := range log {
+		in := 0
+		for j := i; j >= 0 && log[i].Sub(log[j]) < w; j-- {
+			in++
+		}
+		most = max(most, in)
+	}
+	return most
+}
+
+// burstOnAll sends events requests of the key with hash h to each of the
+// nodes at at, appends the grants' times to log, and returns how many were
+// granted.
+func burstOnAll(nodes []*node, h uint64, events int, at time.Time, log *[]time.Time) int {
+	g := 0
+	for _, n := range nodes {
+		for range events {
+			if d, _ := n.c.TakeHash(h, 1, at); d.Allowed {
+				*log = append(*log, at)
+				g++
+			}
+		}
+	}
+	return g
+}
+
+// A sliding sketch's sub-window leaves every instance's view at the same
+// instant, between two reads: a key hit on all three instances at once,
+// then again 10 ms after that burst's sub-window stops counting (before
+// the next read), again and again, must get about its quota each time, not
+// the freed room once per instance. Each instance takes only its share of
+// the counts that left its view since its last read
+// (limiter.SketchSum.WithShares). The weighted sketch is hit at the same
+// moments. Before, the sliding zone granted [30 90 90 90 90 90].
+func TestWindowZoneBurstAtSubWindowExpiryGetsOneQuota(t *testing.T) {
+	const events = 30
+	for _, window := range []time.Duration{4 * time.Second, time.Minute, 10 * time.Minute} {
+		for _, sliding := range []bool{false, true} {
+			L := time.Duration((int64(window) + 6) / 7)
+			nodes := newWindowNodesOf(t, 3, events, window, sliding, sameClock, t0.Add(-testIntervals.Read))
+			h := limiter.HashString("login")
+			var log []time.Time
+			var bursts []int
+			next := t0.Add(300 * time.Millisecond)
+			for s := t0; s.Before(t0.Add(6 * window)); s = s.Add(testIntervals.Read) {
+				syncAll(s, nodes...)
+				if next.Before(s) || !next.Before(s.Add(testIntervals.Read)) {
+					continue
+				}
+				bursts = append(bursts, burstOnAll(nodes, h, events, next, &log))
+				// The burst's sub-window stops counting at the end of
+				// the seventh after it: hit again 10 ms later.
+				sub := next.UnixNano() / int64(L)
+				next = time.Unix(0, (sub+8)*int64(L)).Add(10 * time.Millisecond)
+			}
+			w := worstSpan(log, window)
+			t.Logf("window %v sliding %v: bursts of %d on each of 3: granted %v, at most %d in a span of the window", window, sliding, events, bursts, w)
+			if len(bursts) < 5 {
+				t.Fatalf("window %v sliding %v: only %d bursts", window, sliding, len(bursts))
+			}
+			if bound := events*11/10 + 1; w > bound {
+				t.Errorf("window %v sliding %v: a span of the window held %d grants, over 1.1 × %d + 1 = %d", window, sliding, w, events, bound)
+			}
+			if bursts[0] < events {
+				t.Errorf("window %v sliding %v: the first burst got %d, want the quota %d", window, sliding, bursts[0], events)
+			}
+		}
+	}
+}
+
+// A key hit on every instance at once, again and again, each burst once
+// the last one's counts have aged out everywhere (the instances sync every
+// read interval throughout): no instance counts the key then, and none may
+// take it for a key of its own alone (Syncer.sole), deciding without the
+// shares: each burst gets about the quota, not one per instance. Before,
+// the worst span held 90 grants for events 30, weighted and sliding alike.
+func TestWindowZonePeriodicBurstsAfterAgingOutGetOneQuota(t *testing.T) {
+	const events = 30
+	window := time.Minute
+	for _, sliding := range []bool{false, true} {
+		period := window + window/7 + 1500*time.Millisecond
+		if !sliding {
+			period = 2*window + 1500*time.Millisecond
+		}
+		nodes := newWindowNodesOf(t, 3, events, window, sliding, sameClock, t0.Add(-testIntervals.Read))
+		h := limiter.HashString("k")
+		var log []time.Time
+		var bursts []int
+		next := t0.Add(100 * time.Millisecond)
+		for s := t0; s.Before(t0.Add(10 * time.Minute)); s = s.Add(testIntervals.Read) {
+			syncAll(s, nodes...)
+			if !next.After(s) || !next.Before(s.Add(testIntervals.Read)) {
+				continue
+			}
+			bursts = append(bursts, burstOnAll(nodes, h, events, next, &log))
+			next = next.Add(period)
+		}
+		w := worstSpan(log, window)
+		t.Logf("sliding %v: bursts of %d on each of 3 every %v: granted %v, at most %d in a span of %v", sliding, events, period, bursts, w, window)
+		if bound := events*11/10 + 1; w > bound {
+			t.Errorf("sliding %v: a span of %v held %d grants, over 1.1 × %d + 1 = %d", sliding, window, w, events, bound)
+		}
+		for i, g := range bursts {
+			if g < events*9/10 {
+				t.Errorf("sliding %v: burst %d, after the last one aged out, got %d, want about the quota %d", sliding, i, g, events)
+			}
+		}
+	}
+}
+
+// A long window's shares measure time in coarse units (a sliding sketch's
+// sub-window >> 16: 5.6 s at 30 days, longer than the hold of 4 s): the
+// hold of what an instance left the others must not round down to
+// nothing, or a burst on every instance that outlasts a few reads gets
+// back the shares the others used but have not published yet. Before,
+// sliding windows of 30 and 365 days granted 122 to 140 of 100.
+func TestWindowZoneLongWindowBurstKeepsTheOthersShares(t *testing.T) {
+	const events = 100
+	for _, size := range []int{3, 5} {
+		for _, window := range []time.Duration{time.Minute, 30 * 24 * time.Hour, 365 * 24 * time.Hour} {
+			for _, sliding := range []bool{false, true} {
+				now := t0.Add(time.Second)
+				nodes := newWindowNodesOf(t, size, events, window, sliding, sameClock, now.Add(-testIntervals.Read))
+				// A burst on each, then each reads (a quarter read
+				// interval apart) and bursts again while one writes
+				// per round, then all sync.
+				granted := 0
+				for _, n := range nodes {
+					granted += n.take("burst", events, now)
+				}
+				at := now
+				for round := range len(nodes) {
+					for _, n := range nodes {
+						at = at.Add(testIntervals.Read / 4)
+						n.s.Read(bg, at)
+						granted += n.take("burst", events, at)
+					}
+					nodes[round].s.Write(bg, at)
+				}
+				for range 3 {
+					at = at.Add(testIntervals.Read)
+					syncAll(at, nodes...)
+					for _, n := range nodes {
+						granted += n.take("burst", events, at)
+					}
+				}
+				t.Logf("%d instances, window %v, sliding %v: %d granted of %d", size, window, sliding, granted, events)
+				if bound := events*11/10 + 1; granted > bound || granted < events {
+					t.Errorf("%d instances, window %v, sliding %v: granted %d, want %d to 1.1 × %d + 1 = %d", size, window, sliding, granted, events, events, bound)
+				}
+			}
 		}
 	}
 }

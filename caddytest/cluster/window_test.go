@@ -92,31 +92,76 @@ func TestWindowZoneInAClusterAcrossWindowEdges(t *testing.T) {
 		edge = edge.Add(edgeWindow)
 	}
 	time.Sleep(time.Until(edge.Add(-time.Second)))
-	var mu sync.Mutex
-	var burst []time.Time
-	burstBy := make([][]time.Time, len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		for range limit {
-			wg.Go(func() {
-				if code, _ := n.get("burst-edge"); code == http.StatusOK {
-					mu.Lock()
-					burst = append(burst, time.Now())
-					burstBy[i] = append(burstBy[i], time.Now())
-					mu.Unlock()
-				}
-			})
-		}
-	}
-	wg.Wait()
+	burstBy := burstOnEach(nodes, "burst-edge")
+	burst := slices.Concat(burstBy...)
 	if len(burst) > limit*11/10+1 {
 		t.Errorf("a burst of %d on each instance at once got %d, want at most %d", limit, len(burst), limit*11/10+1)
 	}
 	after, afterBy := grantTimes(t, nodes, "burst-edge", 50*time.Millisecond, edge.Add(edgeWindow))
 	slices.SortFunc(burst, time.Time.Compare)
 	for i := range burstBy {
-		slices.SortFunc(burstBy[i], time.Time.Compare)
 		burstBy[i] = append(burstBy[i], afterBy[i]...)
 	}
 	check("a burst a second before an edge, then a request every 50ms", append(burst, after...), burstBy)
+}
+
+// A burst of limit on each of the three instances at once, then again 5 ms
+// after the sub-window (W/7, aligned to Unix time) the last burst began in
+// stops counting, four times: that sub-window's counts leave every
+// instance's view at the same instant, before their next read, and each
+// instance may take only its share of the room they free, so the cluster
+// keeps its bound for simultaneous bursts. Taking that room whole, each
+// instance granted the key its limit again: 60 within 4 s.
+func TestWindowZoneInAClusterBurstAtSubWindowExpiry(t *testing.T) {
+	nodes := startCluster(t, 3, fileStorage(t.TempDir()), zoneBody(edgeWindow.String(), "1m"))
+	waitSynced(t, nodes)
+	L := (int64(edgeWindow) + 6) / 7
+	var all []time.Time
+	var got []int
+	for range 4 {
+		start := time.Now()
+		burst := slices.Concat(burstOnEach(nodes, "expiry")...)
+		all = append(all, burst...)
+		got = append(got, len(burst))
+		// The sub-window the burst began in stops counting at the end of
+		// the seventh after it.
+		next := time.Unix(0, (start.UnixNano()/L+8)*L).Add(5 * time.Millisecond)
+		time.Sleep(time.Until(next))
+	}
+	slices.SortFunc(all, time.Time.Compare)
+	most := mostInASpan(all, edgeWindow)
+	t.Logf("bursts of %d on each of 3 instances, each at the expiry of the last one's sub-window: granted %v, at most %d in a span of %v (limit %d)", limit, got, most, edgeWindow, limit)
+	if got[0] < limit*9/10 {
+		t.Errorf("the first burst got %d, want about the limit %d", got[0], limit)
+	}
+	// 1.1 × limit + 1, plus the 4 requests the instances can be sent in a
+	// sync lag, as TestWindowZoneInAClusterAcrossWindowEdges allows.
+	if ceiling := limit*11/10 + 1 + 20/5; most > ceiling {
+		t.Errorf("%d allowed within %v, want at most %d", most, edgeWindow, ceiling)
+	}
+}
+
+// burstOnEach sends limit requests of key to each of the nodes, all at
+// once, and returns the times of the grants, by node, in order.
+func burstOnEach(nodes []*node, key string) [][]time.Time {
+	var mu sync.Mutex
+	by := make([][]time.Time, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		for range limit {
+			wg.Go(func() {
+				if code, _ := n.get(key); code == http.StatusOK {
+					at := time.Now()
+					mu.Lock()
+					by[i] = append(by[i], at)
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for i := range by {
+		slices.SortFunc(by[i], time.Time.Compare)
+	}
+	return by
 }
