@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,14 +38,21 @@ type VethPair struct {
 	ServerAddr, ClientIP netip.Addr
 }
 
+// pairs numbers the pairs this process made.
+var pairs atomic.Int64
+
 // NewVethPair sets the namespaces up with ip(8), or skips the test where
-// that is not permitted.
+// that is not permitted (ip says so). Any other failure fails the test: a
+// test that cannot build its network must not pass as skipped. Each pair's
+// namespaces are named by the process and a sequence number, so that two
+// pairs of one process or a namespace left behind by a killed run of the
+// same pid do not collide (a stale one is removed first).
 func NewVethPair(t *testing.T) *VethPair {
 	t.Helper()
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs ip(8) (iproute2) to create network namespaces")
 	}
-	id := fmt.Sprintf("fgx%d", os.Getpid()%100000)
+	id := fmt.Sprintf("fgx%d.%d", os.Getpid()%100000, pairs.Add(1))
 	v := &VethPair{Server: id + "s", Client: id + "c", ServerIf: "fgs0", ClientIf: "fgc0",
 		ServerAddr: netip.MustParseAddr("10.99.0.1"), ClientIP: netip.MustParseAddr("10.99.0.2")}
 	run := func(args ...string) error {
@@ -54,8 +62,14 @@ func NewVethPair(t *testing.T) *VethPair {
 		}
 		return nil
 	}
+	for _, ns := range []string{v.Server, v.Client} {
+		_ = run("netns", "del", ns) // a stale one of a killed run; none is the usual case
+	}
 	if err := run("netns", "add", v.Server); err != nil {
-		t.Skipf("creating a network namespace is not permitted here: %v", err)
+		if msg := err.Error(); strings.Contains(msg, "Operation not permitted") || strings.Contains(msg, "Permission denied") {
+			t.Skipf("creating a network namespace is not permitted here: %v", err)
+		}
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { run("netns", "del", v.Server) })
 	if err := run("netns", "add", v.Client); err != nil {
