@@ -64,7 +64,7 @@ var sizingParts = map[string]string{
 	"quotas":         "16 × cells + 2 × bitmap, per quota",
 	"cluster_sketch": "16 × cells (64 × for a window zone's rate) + 2 × bitmap + 4 × listed, per count",
 	"cluster_sums":   "8 × cells (32 × for a window zone's rate) + bitmap, per count, once read",
-	"cluster_shares": "3 × bitmap + 8 × cells (32 × for a window zone's rate) + 16 × shared, per count with bursts split",
+	"cluster_shares": "4 × bitmap + 8 × cells (36 × for a window zone's rate) + 16 × shared (44 × for a window zone's rate), per count with bursts split",
 	"mitigation":     "32768 + 32 × blocked, per count",
 }
 
@@ -108,6 +108,23 @@ func runtimeTerm(t *testing.T, what string, got, fixed, unit, most int) int {
 		t.Errorf("%s: %d bytes, want %d + %d × n with 0 ≤ n ≤ %d", what, got, fixed, unit, most)
 	}
 	return n
+}
+
+// sharesTerm is the cells shared in the zone shared's two counts, whose
+// cluster_shares are fixed + 44 × a (its rate's, sliding) + 16 × b (its
+// quota's): the least a + b with each at most most that makes got, or an
+// error where none does.
+func sharesTerm(t *testing.T, got, fixed, most int) int {
+	t.Helper()
+	for n := 0; n <= 2*most; n++ {
+		for a := max(0, n-most); a <= min(n, most); a++ {
+			if fixed+44*a+16*(n-a) == got {
+				return n
+			}
+		}
+	}
+	t.Errorf("cluster_shares: %d bytes, want %d + 44 × a + 16 × b with 0 ≤ a, b ≤ %d", got, fixed, most)
+	return 0
 }
 
 // zoneView and keyView are what the tests read of the admin API's
@@ -207,9 +224,10 @@ func TestMemoryPartsMatchSizing(t *testing.T) {
 	// write and a read interval after the first count.
 	var z zoneView
 	// shared is a window zone: its rate's cluster count is sliding, of
-	// 64-byte cells, where its quota's has 16-byte ones.
+	// 64-byte cells, where its quota's has 16-byte ones; its shares list
+	// what leaves the view in each of 7 sub-windows and index its cells.
 	const perCell = 16 + 64
-	fixedShares := sharedCounts*3*bitmap(sharedCells) + perCell/2*sharedCells
+	fixedShares := sharedCounts*4*bitmap(sharedCells) + (36+8)*sharedCells
 	waitFor(t, 10*time.Second, "node 0's shares in use", func() bool {
 		z = zoneInfo(t, a, "shared")
 		return z.Memory.Parts["cluster_shares"] >= fixedShares
@@ -223,7 +241,7 @@ func TestMemoryPartsMatchSizing(t *testing.T) {
 	if want := perCell/2*sharedCells + sharedCounts*bitmap(sharedCells); p["cluster_sums"] != want {
 		t.Errorf("cluster_sums: %d bytes, want %d (both counts read)", p["cluster_sums"], want)
 	}
-	shared := runtimeTerm(t, "cluster_shares", p["cluster_shares"], fixedShares, 16, sharedCounts*sharedCells)
+	shared := sharesTerm(t, p["cluster_shares"], fixedShares, sharedCells)
 	blocked := runtimeTerm(t, "mitigation", p["mitigation"], sharedCounts*32768, 32, sharedCounts*4096)
 	// dave and carol are counted in each count's 4 rows: 8 cells.
 	if listed < sharedCounts*8 || shared < sharedCounts*8 || blocked < 1 {
