@@ -399,6 +399,37 @@ func (s *Sketch) AppendCounted(dst []uint64, now time.Time) []uint64 {
 	return dst
 }
 
+// AppendCountedSince is AppendCounted(dst, now) less the cells whose
+// counts now all came after at: it marks the cells with a count in a window
+// counted both at at and at now, so that a cell marked there was counted
+// at at by counts that still count (none, once at's windows have all left
+// the view).
+func (s *Sketch) AppendCountedSince(dst []uint64, at, now time.Time) []uint64 {
+	cells := s.rows * int(s.width)
+	dst = append(dst[:0], make([]uint64, (cells+63)/64)...)
+	e, _ := s.clock(now)
+	last := min(e, floorDiv(at.UnixNano(), s.window))
+	for _, c := range s.liveCells(now) {
+		i := int(c)
+		for w := e - int64(s.ring) + 1; w <= last; w++ {
+			if s.count(i, w) != 0 {
+				dst[i/64] |= 1 << (i % 64)
+				break
+			}
+		}
+	}
+	return dst
+}
+
+// floorDiv is ⌊n/d⌋ for d > 0.
+func floorDiv(n, d int64) int64 {
+	q := n / d
+	if n%d < 0 {
+		q--
+	}
+	return q
+}
+
 // KeyCells sets cells to the index of the cell the key with hash h uses in
 // each row of s, and returns the number of rows.
 func (s *Sketch) KeyCells(h uint64, cells *[MaxSketchRows]int) int {

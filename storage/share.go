@@ -97,11 +97,13 @@ type sighting struct {
 const liveWrites = 10
 
 // sole returns the bitmap of the cells that this instance counted at least
-// a write and a read interval (and lag, see replaceView) ago, still counts
-// now, and that sum, the peers' as read now, does not count: any other
-// instance's counts of them from then on have been published and read
-// since, so they are this instance's alone. (A cell whose counts have aged
-// out everywhere is no one's: every instance would find it its own.) A key all of whose cells are is let off its share
+// a write and a read interval (and lag, see replaceView) ago, by counts
+// that still count now, and that sum, the peers' as read now, does not
+// count: any other instance's counts of them from then on have been
+// published and read since, so they are this instance's alone. (A cell
+// whose counts of then have aged out is not: every peer's may have too,
+// and every instance would find it its own.) A key all of whose cells are
+// is let off its share
 // (Cluster.TakeHash). It is nil while no bitmap of the own counts is that
 // old yet. A new one is taken once the newest is that old, so a key that
 // only reaches this instance is known as such within two such ages and a
@@ -119,19 +121,21 @@ func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) 
 		newest, other = other, newest
 	}
 	var bits []uint64
+	var at time.Time
 	switch {
 	case newest.bits != nil && now.Sub(newest.at) >= age:
-		bits = newest.bits
+		bits, at = newest.bits, newest.at
 	case other.bits != nil && now.Sub(other.at) >= age:
-		bits = other.bits
+		bits, at = other.bits, other.at
 	}
 	var sole []uint64
 	if bits != nil {
-		// Only the cells this instance still counts now: a key whose
-		// counts have aged out everywhere is counted by no one, and
-		// each instance would find it its own alone and grant it the
-		// whole quota.
-		s.countedNow = s.c.sketch.AppendCounted(s.countedNow, now)
+		// Only the cells whose counts of then still count now: once
+		// they have aged out, so may every peer's counts of the key,
+		// and a burst on every instance at once would find the key
+		// each one's own alone (its new counts counted, the others'
+		// not yet read) and grant it the whole quota on each.
+		s.countedNow = s.c.sketch.AppendCountedSince(s.countedNow, at, now)
 		sole = make([]uint64, len(bits))
 		for w, b := range bits {
 			b &= s.countedNow[w]

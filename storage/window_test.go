@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -296,6 +297,64 @@ func TestWindowZoneLongWindowBurstKeepsTheOthersShares(t *testing.T) {
 				if bound := events*11/10 + 1; granted > bound || granted < events {
 					t.Errorf("%d instances, window %v, sliding %v: granted %d, want %d to 1.1 × %d + 1 = %d", size, window, sliding, granted, events, events, bound)
 				}
+			}
+		}
+	}
+}
+
+// The same with the instances syncing at their own thirds of a second (as
+// real instances do, each on its own ticker): a key hit on every instance,
+// quiet until its counts have aged out, then hit on every instance at once
+// again, and every 350 ms after. An instance whose bitmap of its own
+// counts shows the key, and that counts the key again (its new burst) while
+// the others' new counts are not read yet, must not take the key for its
+// own alone (Syncer.sole): its counts of then no longer count, so the
+// others' may have aged out too. Before, the worst span held 40 of 30 (4 s)
+// and 50 (1 and 10 minutes): one instance granted the key's whole quota.
+func TestWindowZoneBurstAfterQuietWithStaggeredSyncsGetsOneQuota(t *testing.T) {
+	const events = 30
+	for _, window := range []time.Duration{4 * time.Second, time.Minute, 10 * time.Minute} {
+		for _, late := range []time.Duration{50 * time.Millisecond, 300 * time.Millisecond, 700 * time.Millisecond} {
+			nodes := newWindowNodesOf(t, 3, events, window, true, sameClock, t0.Add(-time.Second))
+			h := limiter.HashString("k")
+			L := (int64(window) + 6) / 7
+			first := t0.Add(100 * time.Millisecond)
+			// The first burst's sub-window stops counting at the end of
+			// the seventh after it.
+			second := time.Unix(0, (first.UnixNano()/L+8)*L).Add(late)
+			type event struct {
+				at   time.Time
+				node int // -1: a burst on every instance
+			}
+			var schedule []event
+			end := second.Add(3 * time.Second)
+			for i := range nodes {
+				for s := t0.Add(time.Duration(i) * time.Second / 3); s.Before(end); s = s.Add(time.Second) {
+					schedule = append(schedule, event{s, i})
+				}
+			}
+			for _, b := range []time.Time{first, second, second.Add(350 * time.Millisecond), second.Add(700 * time.Millisecond), second.Add(1050 * time.Millisecond)} {
+				schedule = append(schedule, event{b, -1})
+			}
+			slices.SortStableFunc(schedule, func(a, b event) int { return a.at.Compare(b.at) })
+			var log []time.Time
+			var bursts []int
+			for _, e := range schedule {
+				if e.node >= 0 {
+					nodes[e.node].s.Write(bg, e.at)
+					nodes[e.node].s.Read(bg, e.at)
+					continue
+				}
+				bursts = append(bursts, burstOnAll(nodes, h, events, e.at, &log))
+			}
+			slices.SortFunc(log, time.Time.Compare)
+			w := worstSpan(log, window)
+			t.Logf("window %v: a burst on all 3, then %v after its sub-window stopped counting and every 350 ms: granted %v, at most %d in a span", window, late, bursts, w)
+			if bound := events*11/10 + 1; w > bound {
+				t.Errorf("window %v, %v late: a span held %d grants, over 1.1 × %d + 1 = %d", window, late, w, events, bound)
+			}
+			if bursts[1] == 0 {
+				t.Errorf("window %v, %v late: the burst after the quiet spell got nothing", window, late)
 			}
 		}
 	}
