@@ -384,19 +384,7 @@ func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32
 // at now (bit i%64 of word i/64 for cell i), reusing dst. It looks only at
 // the cells that count something (liveCells).
 func (s *Sketch) AppendCounted(dst []uint64, now time.Time) []uint64 {
-	cells := s.rows * int(s.width)
-	dst = append(dst[:0], make([]uint64, (cells+63)/64)...)
-	e, _ := s.clock(now)
-	for _, c := range s.liveCells(now) {
-		i := int(c)
-		for w := e - int64(s.ring) + 1; w <= e; w++ {
-			if s.count(i, w) != 0 {
-				dst[i/64] |= 1 << (i % 64)
-				break
-			}
-		}
-	}
-	return dst
+	return s.AppendCountedSince(dst, now, now)
 }
 
 // AppendCountedSince is AppendCounted(dst, now) less the cells whose
