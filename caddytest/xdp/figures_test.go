@@ -127,34 +127,9 @@ func TestFigures(t *testing.T) {
 			}
 			done <- ok
 		}()
-		start := time.Now()
-		sendErr := make(chan error, senders)
-		for g := range senders { // each sends every senders-th network
-			go func() {
-				s, err := netnstest.NewSynSender(v.Client)
-				if err != nil {
-					sendErr <- err
-					return
-				}
-				defer s.Close()
-				for i := range perNet {
-					for n := g; n < networks; n += senders {
-						src := netip.AddrFrom4([4]byte{byte(20 + n>>16), byte(n >> 8), byte(n), byte(1 + i)})
-						if err := s.Send(src, v.ServerAddr, uint16(30000+i), port); err != nil {
-							sendErr <- err
-							return
-						}
-					}
-				}
-				sendErr <- nil
-			}()
-		}
-		for range senders {
-			if err := <-sendErr; err != nil {
-				t.Fatal(err)
-			}
-		}
-		sendTime := time.Since(start)
+		sendTime := spoofFlood(t, v, senders, perNet, networks, func(s *netnstest.SynSender, src netip.Addr, i, _ int) error {
+			return s.Send(src, v.ServerAddr, uint16(30000+i), port)
+		})
 		close(floodEnd)
 		served := <-done
 		time.Sleep(500 * time.Millisecond) // let the last SYNs be processed
@@ -221,6 +196,42 @@ func TestFigures(t *testing.T) {
 			t.Errorf("xdp passed %d SYNs, more than %d networks × a burst of 2", z.XDP.Passed, networks+fair)
 		}
 	}
+}
+
+// spoofFlood sends perNet packets from each of networks /24 networks (the
+// n-th network's i-th source is 20+n>>16 . n>>8 . n . 1+i, from port
+// 30000+i) through senders raw sockets in the client namespace at once,
+// each sending every senders-th network, and returns how long it took.
+func spoofFlood(t *testing.T, v *netnstest.VethPair, senders, perNet, networks int, send func(s *netnstest.SynSender, src netip.Addr, i, n int) error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	sendErr := make(chan error, senders)
+	for g := range senders {
+		go func() {
+			s, err := netnstest.NewSynSender(v.Client)
+			if err != nil {
+				sendErr <- err
+				return
+			}
+			defer s.Close()
+			for i := range perNet {
+				for n := g; n < networks; n += senders {
+					src := netip.AddrFrom4([4]byte{byte(20 + n>>16), byte(n >> 8), byte(n), byte(1 + i)})
+					if err := send(s, src, i, n); err != nil {
+						sendErr <- err
+						return
+					}
+				}
+			}
+			sendErr <- nil
+		}()
+	}
+	for range senders {
+		if err := <-sendErr; err != nil {
+			t.Fatal(err)
+		}
+	}
+	return time.Since(start)
 }
 
 // nstat reads the kernel's drop counters: of both namespaces' network
@@ -466,34 +477,9 @@ func TestFiguresQUIC(t *testing.T) {
 				}()
 			}
 		}()
-		start := time.Now()
-		sendErr := make(chan error, senders)
-		for g := range senders {
-			go func() {
-				s, err := netnstest.NewSynSender(v.Client)
-				if err != nil {
-					sendErr <- err
-					return
-				}
-				defer s.Close()
-				for i := range perNet {
-					for n := g; n < networks; n += senders {
-						src := netip.AddrFrom4([4]byte{byte(20 + n>>16), byte(n >> 8), byte(n), byte(1 + i)})
-						if err := s.SendUDP(src, v.ServerAddr, uint16(30000+i), h3Port, quicInitial(uint64(n*perNet+i))); err != nil {
-							sendErr <- err
-							return
-						}
-					}
-				}
-				sendErr <- nil
-			}()
-		}
-		for range senders {
-			if err := <-sendErr; err != nil {
-				t.Fatal(err)
-			}
-		}
-		sendTime := time.Since(start)
+		sendTime := spoofFlood(t, v, senders, perNet, networks, func(s *netnstest.SynSender, src netip.Addr, i, n int) error {
+			return s.SendUDP(src, v.ServerAddr, uint16(30000+i), h3Port, quicInitial(uint64(n*perNet+i)))
+		})
 		served := 0
 		for range fair {
 			served += <-results
