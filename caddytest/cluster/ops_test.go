@@ -112,19 +112,23 @@ func runtimeTerm(t *testing.T, what string, got, fixed, unit, most int) int {
 
 // sharesTerm is the cells shared in the zone shared's two counts, whose
 // cluster_shares are fixed + 44 × a (its rate's, sliding) + 16 × b (its
-// quota's): the least a + b with each at most most that makes got, or an
-// error where none does.
-func sharesTerm(t *testing.T, got, fixed, most int) int {
+// quota's), each from least to most. 44a + 16b does not say a and b alone
+// (44 × 4 = 16 × 11), so it returns a + b of a decomposition within those
+// bounds, a = b where one is, or an error where none makes got.
+func sharesTerm(t *testing.T, got, fixed, least, most int) int {
 	t.Helper()
-	for n := 0; n <= 2*most; n++ {
-		for a := max(0, n-most); a <= min(n, most); a++ {
-			if fixed+44*a+16*(n-a) == got {
-				return n
+	found := -1
+	for a := least; a <= most && fixed+44*a <= got; a++ {
+		if rest := got - fixed - 44*a; rest%16 == 0 && rest/16 >= least && rest/16 <= most {
+			if found < 0 || rest/16 == a {
+				found = a + rest/16
 			}
 		}
 	}
-	t.Errorf("cluster_shares: %d bytes, want %d + 44 × a + 16 × b with 0 ≤ a, b ≤ %d", got, fixed, most)
-	return 0
+	if found < 0 {
+		t.Errorf("cluster_shares: %d bytes, want %d + 44 × a + 16 × b with %d ≤ a, b ≤ %d", got, fixed, least, most)
+	}
+	return found
 }
 
 // zoneView and keyView are what the tests read of the admin API's
@@ -241,7 +245,8 @@ func TestMemoryPartsMatchSizing(t *testing.T) {
 	if want := perCell/2*sharedCells + sharedCounts*bitmap(sharedCells); p["cluster_sums"] != want {
 		t.Errorf("cluster_sums: %d bytes, want %d (both counts read)", p["cluster_sums"], want)
 	}
-	shared := sharesTerm(t, p["cluster_shares"], fixedShares, sharedCells)
+	// dave and carol are counted in each count's 4 rows: 8 cells each.
+	shared := sharesTerm(t, p["cluster_shares"], fixedShares, 8, sharedCells)
 	blocked := runtimeTerm(t, "mitigation", p["mitigation"], sharedCounts*32768, 32, sharedCounts*4096)
 	// dave and carol are counted in each count's 4 rows: 8 cells.
 	if listed < sharedCounts*8 || shared < sharedCounts*8 || blocked < 1 {
