@@ -94,7 +94,7 @@ func BenchmarkProgram(b *testing.B) {
 		binary.BigEndian.PutUint16(id.Sport[:], 50000)
 		copy(id.Dcid[:], dcid(8, 1))
 		run(b, tb, initial, xdpPass, 16, func() {
-			if err := tb.initials.Put(&id, uint32(0)); err != nil {
+			if err := tb.initials.Put(&id, synlimitPass{At: passClock(b, tb)}); err != nil {
 				b.Fatal(err)
 			}
 		})
