@@ -139,6 +139,17 @@ func quicTable(t *testing.T) *Table {
 	return tb
 }
 
+// quicZone is a table with a burst of burst an hour, limiting QUIC
+// Initials to UDP 443 and no TCP port.
+func quicZone(t *testing.T, burst int64) *Table {
+	t.Helper()
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: burst, Window: time.Hour}))
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
 func counts(t *testing.T, tb *Table) Counts {
 	t.Helper()
 	c, err := tb.Counts()
@@ -269,10 +280,7 @@ func TestProgramChargesQUICInitials(t *testing.T) {
 // connection a second token: the program cannot tell them from a new
 // connection's (TestAChargedConnectionFreesNoOther).
 func TestSplitClientHelloCostsOneToken(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 4, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 4)
 	src := netip.MustParseAddr("198.51.100.7")
 	first := v1Initial(dcid(8, 1)...)
 	second := first                                                                                     // the ClientHello's second half: the same DCID
@@ -350,10 +358,7 @@ func TestQUICAndSYNsShareABudget(t *testing.T) {
 // connection of its own.
 func drainedQUICTable(t *testing.T, src netip.Addr) *Table {
 	t.Helper()
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 1)
 	if v := runAt(t, tb, v1Initial(dcid(8, 1)...).frame(src, shape{}), 1e9); v != xdpPass {
 		t.Fatalf("the network's first connection: verdict %d, want pass", v)
 	}
@@ -589,10 +594,7 @@ func TestQUICPortsAloneLimitNoTCPPort(t *testing.T) {
 // handshake, and then takes an Initial under it for a new connection —
 // paid for the first alone before.
 func TestAConnectionsEntryPassesAFewInitialsFree(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 2, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 2)
 	src := netip.MustParseAddr("198.51.100.7")
 	f := v1Initial(dcid(8, 1)...).frame(src, shape{})
 	var v []uint32
@@ -638,10 +640,7 @@ func chargedBy(t *testing.T, tb *Table, frame []byte, ns int64) (uint32, bool) {
 // to 16 for a token: a review served 9 to 17 HTTP/3 connections a token in
 // Caddy.)
 func TestAHandshakeEndsTheFreePass(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 100, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 100)
 	for i, tc := range []struct {
 		name    string
 		version uint32
@@ -697,10 +696,7 @@ func TestAHandshakeEndsTheFreePass(t *testing.T) {
 // address and port gets no more connections a token than its Initials in
 // those 5 seconds.
 func TestAFreePassEndsAfterTheHandshakeWindow(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 100, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 100)
 	src := netip.MustParseAddr("198.51.100.7")
 	f := v1Initial(dcid(8, 1)...).frame(src, shape{})
 	const at = int64(3e9)
@@ -730,10 +726,7 @@ func TestAFreePassEndsAfterTheHandshakeWindow(t *testing.T) {
 // the first connection's Initial makes it the latest again, and the
 // Handshake ends its pass, not the second's.
 func TestConnectionsAtOnceFromOnePortErrTowardsLimiting(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 100, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 100)
 	src := netip.MustParseAddr("198.51.100.7")
 	x, y := v1Initial(dcid(8, 1)...).frame(src, shape{}), v1Initial(dcid(8, 50)...).frame(src, shape{})
 	hs := handshakeBehind(quicV1, 50000).frame(src, shape{})
@@ -768,10 +761,7 @@ func TestConnectionsAtOnceFromOnePortErrTowardsLimiting(t *testing.T) {
 // packet, pays one token for each: on a burst of three the fourth is
 // dropped, and costs nothing.
 func TestAClientReusingItsDCIDPaysForEachConnection(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 3, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 3)
 	src := netip.MustParseAddr("198.51.100.7")
 	initial := v1Initial(dcid(8, 1)...).frame(src, shape{})
 	hs := handshakeBehind(quicV1, 50000).frame(src, shape{})
