@@ -42,13 +42,14 @@
 // On the UDP ports named for QUIC (Ports.QUIC) the program charges one
 // token for each QUIC connection a client opens: an Initial that can open
 // one (version 1 or 2, DCID and size as the server requires) is charged
-// unless the program charged its connection already (16 Initials at the
-// most), which it remembers by the client's address, port and DCID in a
-// fixed-size LRU map. Nothing in
-// Go sees those packets (Caddy's HTTP/3 does not go through the layer4
-// matcher), so the program alone charges them, and drops what would carry
-// an Initial past it uncharged: a first fragment of a datagram to a QUIC
-// port, a packet whose headers it cannot walk.
+// unless the program charged its connection already, which it remembers by
+// the client's address, port and DCID in a fixed-size LRU map until the
+// client's Handshake packet from that address and port, 5 s, or 16
+// Initials end the connection's free pass. Nothing in Go sees those
+// packets (Caddy's HTTP/3 does not go through the layer4 matcher), so the
+// program alone charges them, and drops what would carry an Initial past
+// it uncharged: a first fragment of a datagram to a QUIC port, a packet
+// whose headers it cannot walk.
 //
 // Start reading at NewTable, then Attach.
 package xdp
