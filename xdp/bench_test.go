@@ -17,7 +17,10 @@ import (
 // packet that is not a SYN, a QUIC Initial of a new connection from a
 // drained network (the Initial flood: dropped, after a miss in the map of
 // connections charged), a QUIC Initial of a connection charged already
-// (passed on a hit there, in runs of the 16 its entry lets pass free),
+// (passed on a hit there, in runs of the 16 its entry lets pass free, the
+// client's latest after the first), a client's Handshake packet (passed,
+// ending the pass of its latest: a hit in the map latest, a miss deleting
+// from initials),
 // and, as the baseline in the same run, the Go
 // side's decision for the same key (Buckets.Allow).
 //
@@ -94,10 +97,14 @@ func BenchmarkProgram(b *testing.B) {
 		binary.BigEndian.PutUint16(id.Sport[:], 50000)
 		copy(id.Dcid[:], dcid(8, 1))
 		run(b, tb, initial, xdpPass, 16, func() {
-			if err := tb.initials.Put(&id, uint32(0)); err != nil {
+			if err := tb.initials.Put(&id, synlimitPass{At: passClock(b, tb)}); err != nil {
 				b.Fatal(err)
 			}
 		})
+	})
+	b.Run("quic_handshake", func(b *testing.B) {
+		other := netip.MustParseAddr("192.0.2.99")
+		run(b, tb, handshakeBehind(quicV1, 50000).frame(other, shape{}), xdpPass, b.N, nil)
 	})
 	b.Run("go_allow_denied", func(b *testing.B) {
 		key := limiter.NetworkKey(src, 24, 48)

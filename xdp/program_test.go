@@ -379,9 +379,11 @@ func alignedLines(n int) []byte {
 // table's own Go side, so each side also decides on the other's charges.
 // Each SYN comes in one of the shapes the program parses, picked at
 // random for its family (VLAN tags, IPv4 options, IPv6 extension headers),
-// and half the program's attempts are QUIC Initials of new connections
-// instead (v1 or v2, in the same shapes but fragments), which charge as
-// SYNs do.
+// and half the program's attempts are QUIC packets instead (v1 or v2, in
+// the same shapes but fragments): Initials, charged as SYNs are unless the
+// Go copy of the program's free passes (quicPasses) lets them pass free,
+// under a few DCIDs and ports of each source so that connections repeat,
+// and Handshake packets, which end a pass and charge nothing.
 func TestProgramChargesAsLimiter(t *testing.T) {
 	for _, tc := range []struct {
 		l limiter.Limit
@@ -411,7 +413,8 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 		}
 		step := tc.l.Window / time.Duration(tc.l.Events) / 7
 		ns := int64(0)
-		granted, denied := 0, 0
+		granted, denied, free := 0, 0, 0
+		passes := newQUICPasses()
 		for i := range 6000 {
 			ns += r.Int64N(int64(step) + 1)
 			src := sources[r.IntN(len(sources))]
@@ -419,17 +422,35 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 				src = sources[0] // one source floods
 			}
 			key := limiter.NetworkKey(src, cfg.IPv4Prefix, cfg.IPv6Prefix)
-			want := ref.Allow(key.Bytes(), 1, tb.Buckets.Base().Add(time.Duration(ns))).Allowed
 			var got bool
 			if i%3 == 2 {
 				got = tb.Buckets.Allow(key.Bytes(), 1, tb.Buckets.Base().Add(time.Duration(ns))).Allowed
 			} else {
 				frame := shaped(src, 443, flagSYN, randomShape(r, src, false))
+				version, sport := uint32(quicV1), uint16(50000+r.IntN(2))
 				if r.IntN(2) == 0 {
-					q := v1Initial(binary.BigEndian.AppendUint64(nil, uint64(i))...) // a new connection
+					version = quicV2
+				}
+				var id quicID
+				switch r.IntN(4) {
+				case 0: // a SYN
+				case 1: // a Handshake packet: passed, nothing charged
+					q := handshake(version, sport)
 					if r.IntN(2) == 0 {
+						q = handshakeBehind(version, sport)
+					}
+					if v := runAt(t, tb, q.frame(src, randomShape(r, src, true)), ns); v != xdpPass {
+						t.Fatalf("%v k=%d: Handshake packet %d from %v: verdict %d, want pass", tc.l, tc.k, i, src, v)
+					}
+					passes.handshake(src, sport)
+					continue
+				default: // an Initial under one of a few DCIDs
+					q := v1Initial(binary.BigEndian.AppendUint64(nil, uint64(r.IntN(3)))...)
+					q.sport = sport
+					if version == quicV2 {
 						q.version, q.typ = quicV2, 1
 					}
+					id = quicID{src.As16(), sport, string(q.dcid)}
 					frame = q.frame(src, randomShape(r, src, true))
 				}
 				v := runAt(t, tb, frame, ns)
@@ -437,7 +458,21 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 					t.Fatalf("verdict %d", v)
 				}
 				got = v == xdpPass
+				if id.dcid != "" && passes.initial(id, ns) {
+					if !got {
+						t.Fatalf("%v k=%d: Initial %d from %v at %dns, within its connection's pass: dropped", tc.l, tc.k, i, src, ns)
+					}
+					free++
+					if w, rw := words(tb.mem), words(refMem); !slicesEqual(w, rw) {
+						t.Fatalf("%v k=%d: Initial %d, within its connection's pass, charged the table", tc.l, tc.k, i)
+					}
+					continue
+				}
+				if id.dcid != "" && got {
+					passes.charged(id, ns)
+				}
 			}
+			want := ref.Allow(key.Bytes(), 1, tb.Buckets.Base().Add(time.Duration(ns))).Allowed
 			if got != want {
 				t.Fatalf("%v k=%d: request %d from %v at %dns: granted %v, limiter %v", tc.l, tc.k, i, src, ns, got, want)
 			}
@@ -454,11 +489,63 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%v k=%d: %d granted, %d denied; program %+v", tc.l, tc.k, granted, denied, c)
-		if granted == 0 || denied == 0 {
-			t.Fatalf("the trace should both grant and deny: %d granted, %d denied", granted, denied)
+		t.Logf("%v k=%d: %d granted, %d denied, %d Initials passed free, %d passes ended by a Handshake packet; program %+v", tc.l, tc.k, granted, denied, free, passes.ended, c)
+		if granted == 0 || denied == 0 || free == 0 || passes.ended == 0 {
+			t.Fatalf("the trace should grant, deny, pass Initials free and end passes: %d granted, %d denied, %d free, %d ended", granted, denied, free, passes.ended)
 		}
 		tb.Close()
+	}
+}
+
+// quicID is a QUIC connection as the program's map initials knows it:
+// the client's address (IPv4 as ::ffff:a.b.c.d), port and DCID.
+type quicID struct {
+	src   [16]byte
+	sport uint16
+	dcid  string
+}
+
+// quicPasses is the program's free passes (synlimit.c, initials and
+// latest) in Go, for the tests that run both: which Initials of a
+// connection charged already pass free. Its maps do not evict: the tests
+// charge far fewer connections than the program's maps hold.
+type quicPasses struct {
+	at     map[quicID]int64 // when the connection was charged
+	free   map[quicID]int   // the Initials passed free since
+	latest map[quicID]quicID
+	ended  int // passes a Handshake packet ended
+}
+
+func newQUICPasses() *quicPasses {
+	return &quicPasses{at: map[quicID]int64{}, free: map[quicID]int{}, latest: map[quicID]quicID{}}
+}
+
+func client(id quicID) quicID { return quicID{src: id.src, sport: id.sport} }
+
+// initial reports whether an Initial of id passes free at ns.
+func (p *quicPasses) initial(id quicID, ns int64) bool {
+	at, ok := p.at[id]
+	if !ok || ns-at >= 5e9 || p.free[id] >= 16 {
+		return false
+	}
+	p.free[id]++
+	p.latest[client(id)] = id
+	return true
+}
+
+// charged notes that an Initial of id was charged, and granted, at ns.
+func (p *quicPasses) charged(id quicID, ns int64) {
+	p.at[id], p.free[id] = ns, 0
+	p.latest[client(id)] = id
+}
+
+// handshake notes a client's Handshake packet from src and sport.
+func (p *quicPasses) handshake(src netip.Addr, sport uint16) {
+	if id, ok := p.latest[quicID{src: src.As16(), sport: sport}]; ok {
+		if _, live := p.at[id]; live {
+			p.ended++
+		}
+		delete(p.at, id)
 	}
 }
 

@@ -10,12 +10,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"errors"
 	"math/big"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/quic-go/quic-go"
 	"golang.org/x/sys/unix"
 
@@ -38,61 +40,10 @@ import (
 func TestQUICWaysAroundTheProgramAreClosed(t *testing.T) {
 	v := netnstest.NewVethPair(t)
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
-	var spc *net.UDPConn
-	if err := netnstest.In(v.Server, func() error {
-		var err error
-		spc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ServerAddr.AsSlice()}) // a port picked by the kernel
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	port := uint16(spc.LocalAddr().(*net.UDPAddr).Port)
-	var att *Attachment
-	if err := netnstest.In(v.Server, func() error {
-		var err error
-		att, err = tb.Attach(v.ServerIf, Ports{QUIC: []uint16{port}})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer att.Close()
-	var opened atomic.Int64 // connections quic-go opened
-	str := &quic.Transport{Conn: spc, ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
-		opened.Add(1)
-		return ctx, nil
-	}}
-	defer str.Close()
-	ln, err := str.Listen(&tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, NextProtos: []string{"t"}}, &quic.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			if _, err := ln.Accept(context.Background()); err != nil {
-				return
-			}
-		}
-	}()
-
-	var cpc *net.UDPConn
-	if err := netnstest.In(v.Client, func() error {
-		var err error
-		cpc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ClientIP.AsSlice()})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	ctr := &quic.Transport{Conn: cpc}
-	defer ctr.Close()
-	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	conn, err := ctr.Dial(ctx, srv, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"t"}}, &quic.Config{})
-	cancel()
-	if err != nil {
-		t.Fatalf("the client's one connection: %v", err)
-	}
+	port, opened := quicServerBehind(t, v, tb)
+	ctr, conn := dialQUIC(t, v, port)
 	conn.CloseWithError(0, "")
+	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)}
 	c0 := counts(t, tb)
 	if c0.InitialsPassed != 1 {
 		t.Fatalf("the client's connection: counts %+v, want 1 Initial passed", c0)
@@ -204,4 +155,128 @@ func selfSigned(t *testing.T) tls.Certificate {
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+}
+
+// quicServerBehind runs a quic-go server in v's server namespace, on a UDP
+// port the kernel picks, behind tb's program attached to v's server
+// interface and limiting QUIC there, until the test ends; it returns the
+// port and the count of connections quic-go opened.
+func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *atomic.Int64) {
+	t.Helper()
+	var spc *net.UDPConn
+	if err := netnstest.In(v.Server, func() error {
+		var err error
+		spc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ServerAddr.AsSlice()}) // a port picked by the kernel
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(spc.LocalAddr().(*net.UDPAddr).Port)
+	var att *Attachment
+	if err := netnstest.In(v.Server, func() error {
+		var err error
+		att, err = tb.Attach(v.ServerIf, Ports{QUIC: []uint16{port}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { att.Close() })
+	opened := new(atomic.Int64) // connections quic-go opened
+	str := &quic.Transport{Conn: spc, ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
+		opened.Add(1)
+		return ctx, nil
+	}}
+	t.Cleanup(func() { str.Close() })
+	ln, err := str.Listen(&tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, NextProtos: []string{"t"}}, &quic.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			if _, err := ln.Accept(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+	return port, opened
+}
+
+// dialQUIC makes one real quic-go connection from a UDP socket of its own
+// in v's client namespace to port, and returns the client's transport
+// (closed when the test ends) and the connection.
+func dialQUIC(t *testing.T, v *netnstest.VethPair, port uint16) (*quic.Transport, *quic.Conn) {
+	t.Helper()
+	var cpc *net.UDPConn
+	if err := netnstest.In(v.Client, func() error {
+		var err error
+		cpc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ClientIP.AsSlice()})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctr := &quic.Transport{Conn: cpc}
+	t.Cleanup(func() { ctr.Close() })
+	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := ctr.Dial(ctx, srv, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"t"}}, &quic.Config{})
+	if err != nil {
+		t.Fatalf("the client's connection: %v", err)
+	}
+	return ctr, conn
+}
+
+// TestARealHandshakeEndsItsFreePass: a real quic-go connection through
+// the program costs one token, and its client's Handshake packet ends the
+// connection's free pass: the program's map latest holds the connection's
+// id for the client's address and port, initials no longer holds it, and
+// an Initial under the connection's DCID from the client's socket after
+// the handshake (what a client that reuses its first DCID sends for its
+// next connection) is charged: dropped, on a burst of one, and quic-go
+// opens nothing for it. (The entry stayed, and let 16 such Initials pass
+// free.)
+func TestARealHandshakeEndsItsFreePass(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+	port, opened := quicServerBehind(t, v, tb)
+	ctr, conn := dialQUIC(t, v, port)
+	defer conn.CloseWithError(0, "")
+	if c := counts(t, tb); c != (Counts{InitialsPassed: 1}) {
+		t.Fatalf("one real connection: counts %+v, want 1 Initial passed", c)
+	}
+	sport := uint16(ctr.Conn.LocalAddr().(*net.UDPAddr).Port)
+	key := synlimitClient{Saddr: v.ClientIP.As16()}
+	binary.BigEndian.PutUint16(key.Sport[:], sport)
+	var id synlimitInitialId
+	if err := tb.latest.Lookup(&key, &id); err != nil {
+		t.Fatalf("the program's latest Initial from the client's address and port: %v", err)
+	}
+	// The client's Handshake packet may leave after Dial returns: wait for
+	// its effect, 5 s at most.
+	var ps synlimitPass
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if err = tb.initials.Lookup(&id, &ps); errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+	}
+	if !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("after the handshake, the connection's entry in initials: %+v, %v; want none", ps, err)
+	}
+	q := v1Initial(id.Dcid[:id.DcidLen]...)
+	q.dport = port
+	before := opened.Load()
+	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)}
+	if _, err := ctr.WriteTo(parseable(q)[8:], srv); err != nil {
+		t.Fatal(err)
+	}
+	c := counts(t, tb)
+	for deadline := time.Now().Add(5 * time.Second); c.InitialsDropped == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		c = counts(t, tb)
+	}
+	time.Sleep(200 * time.Millisecond) // for quic-go to act on anything that passed
+	if c != (Counts{InitialsPassed: 1, InitialsDropped: 1}) || opened.Load() != before {
+		t.Fatalf("an Initial under the connection's DCID from its socket, after its handshake: counts %+v, quic-go opened %d; want 1 Initial passed, 1 dropped, none opened", c, opened.Load()-before)
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
@@ -30,6 +32,34 @@ type quicPacket struct {
 	size    int    // the UDP payload's size; 0: 1200, as a client pads it
 	sport   uint16 // 0: 50000
 	dport   uint16 // 0: 443
+	// then, if not nil, is a long-header packet coalesced behind this one,
+	// whose Length then covers 40 bytes of payload.
+	then *quicPacket
+}
+
+// handshakeBehind is the datagram a client sends once it has the server's
+// first Initial and Handshake packets (RFC 9000 §7.2, §12.2): an Initial
+// under the server's connection ID (here 4 bytes, as quic-go's), no
+// token, acknowledging the server's, coalesced before a Handshake packet
+// with its Finished, padded to 1200 bytes; of the given version (the
+// Handshake type is 2 in version 1, 3 in version 2).
+func handshakeBehind(version uint32, sport uint16) quicPacket {
+	initial, handshake := byte(0), byte(2)
+	if version == quicV2 {
+		initial, handshake = 1, 3
+	}
+	return quicPacket{version: version, typ: initial, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}, sport: sport,
+		then: &quicPacket{version: version, typ: handshake, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}}}
+}
+
+// handshake is a client's Handshake packet alone in its datagram, as it
+// sends one after its first.
+func handshake(version uint32, sport uint16) quicPacket {
+	typ := byte(2)
+	if version == quicV2 {
+		typ = 3
+	}
+	return quicPacket{version: version, typ: typ, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}, sport: sport, size: 60}
 }
 
 // v1Initial is a version 1 Initial of connection dcid, as a client sends
@@ -50,20 +80,7 @@ func (q quicPacket) datagram() []byte {
 	if dport == 0 {
 		dport = 443
 	}
-	var p []byte
-	if q.short {
-		p = append([]byte{0x40}, q.dcid...) // fixed bit, then the DCID
-	} else {
-		p = append(p, 0x80|0x40|q.typ<<4)
-		p = binary.BigEndian.AppendUint32(p, q.version)
-		p = append(p, byte(len(q.dcid)))
-		p = append(p, q.dcid...)
-		p = append(p, byte(len(q.scid)))
-		p = append(p, q.scid...)
-		p = append(p, 0x40|byte(len(q.token)>>8), byte(len(q.token))) // a two-byte varint
-		p = append(p, q.token...)
-		p = append(p, 0x44, 0xd0) // Length: 1232, beyond the datagram as garbage is
-	}
+	p := q.packet()
 	for len(p) < size {
 		p = append(p, 0xa5) // the encrypted rest, as far as the program sees
 	}
@@ -72,6 +89,30 @@ func (q quicPacket) datagram() []byte {
 	binary.BigEndian.PutUint16(udp[2:], dport)
 	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(p)))
 	return append(udp, p[:size]...)
+}
+
+// packet is q's packet as it starts the datagram, and any coalesced
+// behind it.
+func (q quicPacket) packet() []byte {
+	if q.short {
+		return append([]byte{0x40}, q.dcid...) // fixed bit, then the DCID
+	}
+	p := []byte{0x80 | 0x40 | q.typ<<4}
+	p = binary.BigEndian.AppendUint32(p, q.version)
+	p = append(p, byte(len(q.dcid)))
+	p = append(p, q.dcid...)
+	p = append(p, byte(len(q.scid)))
+	p = append(p, q.scid...)
+	if initial := q.typ == 0 && q.version == quicV1 || q.typ == 1 && q.version == quicV2; initial || q.then == nil {
+		p = append(p, 0x40|byte(len(q.token)>>8), byte(len(q.token))) // a two-byte varint
+		p = append(p, q.token...)
+	}
+	if q.then == nil {
+		return append(p, 0x44, 0xd0) // Length: 1232, beyond the datagram as garbage is
+	}
+	p = append(p, 0x40, 40) // Length: 40, as a two-byte varint
+	p = append(p, make([]byte, 40)...)
+	return append(p, q.then.packet()...)
 }
 
 // frame is q's datagram from src in shape s.
@@ -93,6 +134,17 @@ func quicTable(t *testing.T) *Table {
 	t.Helper()
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 2, Window: time.Hour}))
 	if err := tb.enable(Ports{TCP: []uint16{443}, QUIC: []uint16{443, 8443}}); err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+// quicZone is a table with a burst of burst an hour, limiting QUIC
+// Initials to UDP 443 and no TCP port.
+func quicZone(t *testing.T, burst int64) *Table {
+	t.Helper()
+	tb := newTestTable(t, testConfig(limiter.Limit{Events: burst, Window: time.Hour}))
+	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
 		t.Fatal(err)
 	}
 	return tb
@@ -228,10 +280,7 @@ func TestProgramChargesQUICInitials(t *testing.T) {
 // connection a second token: the program cannot tell them from a new
 // connection's (TestAChargedConnectionFreesNoOther).
 func TestSplitClientHelloCostsOneToken(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 4, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 4)
 	src := netip.MustParseAddr("198.51.100.7")
 	first := v1Initial(dcid(8, 1)...)
 	second := first                                                                                     // the ClientHello's second half: the same DCID
@@ -309,10 +358,7 @@ func TestQUICAndSYNsShareABudget(t *testing.T) {
 // connection of its own.
 func drainedQUICTable(t *testing.T, src netip.Addr) *Table {
 	t.Helper()
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 1)
 	if v := runAt(t, tb, v1Initial(dcid(8, 1)...).frame(src, shape{}), 1e9); v != xdpPass {
 		t.Fatalf("the network's first connection: verdict %d, want pass", v)
 	}
@@ -548,10 +594,7 @@ func TestQUICPortsAloneLimitNoTCPPort(t *testing.T) {
 // handshake, and then takes an Initial under it for a new connection —
 // paid for the first alone before.
 func TestAConnectionsEntryPassesAFewInitialsFree(t *testing.T) {
-	tb := newTestTable(t, testConfig(limiter.Limit{Events: 2, Window: time.Hour}))
-	if err := tb.enable(Ports{QUIC: []uint16{443}}); err != nil {
-		t.Fatal(err)
-	}
+	tb := quicZone(t, 2)
 	src := netip.MustParseAddr("198.51.100.7")
 	f := v1Initial(dcid(8, 1)...).frame(src, shape{})
 	var v []uint32
@@ -562,5 +605,177 @@ func TestAConnectionsEntryPassesAFewInitialsFree(t *testing.T) {
 	want = append(want, xdpDrop)
 	if c := counts(t, tb); !slices.Equal(v, want) || c != (Counts{InitialsPassed: 2, InitialsDropped: 1}) {
 		t.Fatalf("35 Initials of one address, port and DCID, on a burst of two: verdicts %v, counts %+v; want 34 passed (the 1st and 18th charged), the 35th dropped", v, c)
+	}
+}
+
+// passClock is the time the program's pass_clock reads now: the coarse
+// CLOCK_MONOTONIC on the table's clock.
+func passClock(tb testing.TB, t *Table) uint64 {
+	tb.Helper()
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
+		tb.Fatal(err)
+	}
+	return uint64(ts.Nano()) - t.params.Epoch
+}
+
+// chargedBy runs frame through the program at ns and reports its verdict
+// and whether it charged the table.
+func chargedBy(t *testing.T, tb *Table, frame []byte, ns int64) (uint32, bool) {
+	t.Helper()
+	before := slices.Clone(words(tb.mem))
+	v := runAt(t, tb, frame, ns)
+	return v, !slices.Equal(before, words(tb.mem))
+}
+
+// TestAHandshakeEndsTheFreePass: a client's Handshake packet from the
+// address and port of a charged connection ends the connection's free
+// pass, alone in its datagram or coalesced behind an Initial under the
+// server's connection ID (as a client sends its first), in version 1 and
+// 2: the next Initial under the connection's DCID is charged as a new
+// connection's. Handshake packets from another port or another address
+// (in the same network) end nothing, and charge nothing. (A pass ended only
+// after 16 free Initials, so a client that reused its DCID for connection
+// after connection — quic-go lets it, once it retired the DCID — opened up
+// to 16 for a token: a review served 9 to 17 HTTP/3 connections a token in
+// Caddy.)
+func TestAHandshakeEndsTheFreePass(t *testing.T) {
+	tb := quicZone(t, 100)
+	for i, tc := range []struct {
+		name    string
+		version uint32
+		ends    func(sport uint16) quicPacket
+	}{
+		{"v1, coalesced behind an Initial", quicV1, func(sport uint16) quicPacket { return handshakeBehind(quicV1, sport) }},
+		{"v1, alone", quicV1, func(sport uint16) quicPacket { return handshake(quicV1, sport) }},
+		{"v2, coalesced behind an Initial", quicV2, func(sport uint16) quicPacket { return handshakeBehind(quicV2, sport) }},
+		{"v2, alone", quicV2, func(sport uint16) quicPacket { return handshake(quicV2, sport) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := netip.AddrFrom4([4]byte{198, 51, byte(100 + i), 7})
+			neighbour := netip.AddrFrom4([4]byte{198, 51, byte(100 + i), 8})
+			initial := v1Initial(dcid(8, 1)...)
+			if tc.version == quicV2 {
+				initial.version, initial.typ = quicV2, 1
+			}
+			ns := int64(1e9)
+			steps := []struct {
+				name   string
+				frame  []byte
+				charge bool
+			}{
+				{"the connection's first Initial", initial.frame(src, shape{}), true},
+				{"its second", initial.frame(src, shape{}), false},
+				{"a Handshake packet from another port", tc.ends(50001).frame(src, shape{}), false},
+				{"a Handshake packet from another address", tc.ends(50000).frame(neighbour, shape{}), false},
+				{"an Initial under the DCID after those", initial.frame(src, shape{}), false},
+				{"the connection's Handshake packet", tc.ends(50000).frame(src, shape{}), false},
+				{"an Initial under the DCID after it: a new connection", initial.frame(src, shape{}), true},
+				{"that one's second", initial.frame(src, shape{}), false},
+				{"its Handshake packet", tc.ends(50000).frame(src, shape{}), false},
+				{"a third connection under the DCID", initial.frame(src, shape{}), true},
+			}
+			for _, st := range steps {
+				ns += 1e6
+				v, charged := chargedBy(t, tb, st.frame, ns)
+				if v != xdpPass || charged != st.charge {
+					t.Fatalf("%s: verdict %d, charged %v; want pass, charged %v", st.name, v, charged, st.charge)
+				}
+			}
+		})
+	}
+	if c := counts(t, tb); c != (Counts{InitialsPassed: 12}) {
+		t.Fatalf("counts %+v, want 12 Initials passed (3 connections in each of 4 cases)", c)
+	}
+}
+
+// TestAFreePassEndsAfterTheHandshakeWindow: an Initial under a charged
+// connection's DCID passes free for 5 seconds after the charge (quic-go's
+// handshake idle timeout) if no Handshake packet ended the pass before, and
+// is charged after: a client that never sends a Handshake packet from its
+// address and port gets no more connections a token than its Initials in
+// those 5 seconds.
+func TestAFreePassEndsAfterTheHandshakeWindow(t *testing.T) {
+	tb := quicZone(t, 100)
+	src := netip.MustParseAddr("198.51.100.7")
+	f := v1Initial(dcid(8, 1)...).frame(src, shape{})
+	const at = int64(3e9)
+	for _, st := range []struct {
+		ns     int64
+		charge bool
+	}{
+		{at, true},
+		{at + 1e9, false},
+		{at + 5e9 - 1, false},
+		{at + 5e9, true}, // a new connection, and a new pass from here
+		{at + 10e9 - 1, false},
+		{at + 10e9, true},
+	} {
+		v, charged := chargedBy(t, tb, f, st.ns)
+		if v != xdpPass || charged != st.charge {
+			t.Fatalf("an Initial %v after the first charge: verdict %d, charged %v; want pass, charged %v", time.Duration(st.ns-at), v, charged, st.charge)
+		}
+	}
+}
+
+// TestConnectionsAtOnceFromOnePortErrTowardsLimiting: of several
+// connections from one address and port at once, a Handshake packet ends
+// the pass of the one whose Initial passed latest — its own, when the
+// client opens them one at a time — and the others' passes run on to their
+// window: a Handshake packet never ends nothing. Here a retransmission of
+// the first connection's Initial makes it the latest again, and the
+// Handshake ends its pass, not the second's.
+func TestConnectionsAtOnceFromOnePortErrTowardsLimiting(t *testing.T) {
+	tb := quicZone(t, 100)
+	src := netip.MustParseAddr("198.51.100.7")
+	x, y := v1Initial(dcid(8, 1)...).frame(src, shape{}), v1Initial(dcid(8, 50)...).frame(src, shape{})
+	hs := handshakeBehind(quicV1, 50000).frame(src, shape{})
+	for i, st := range []struct {
+		name   string
+		frame  []byte
+		charge bool
+	}{
+		{"X's first Initial", x, true},
+		{"Y's first Initial", y, true},
+		{"X's retransmission", x, false},
+		{"a Handshake packet", hs, false},
+		{"Y's retransmission", y, false},
+		{"an Initial under X", x, true},
+		{"a Handshake packet", hs, false},
+		{"an Initial under Y, 5 s after its charge", y, true},
+	} {
+		ns := int64(1e9 + i*1e6)
+		if i == 7 {
+			ns = 1e9 + 1e6 + 5e9
+		}
+		v, charged := chargedBy(t, tb, st.frame, ns)
+		if v != xdpPass || charged != st.charge {
+			t.Fatalf("%s: verdict %d, charged %v; want pass, charged %v", st.name, v, charged, st.charge)
+		}
+	}
+}
+
+// TestAClientReusingItsDCIDPaysForEachConnection: a client that opens
+// connection after connection from one address and port under one DCID,
+// each with a split ClientHello and a retransmission before its Handshake
+// packet, pays one token for each: on a burst of three the fourth is
+// dropped, and costs nothing.
+func TestAClientReusingItsDCIDPaysForEachConnection(t *testing.T) {
+	tb := quicZone(t, 3)
+	src := netip.MustParseAddr("198.51.100.7")
+	initial := v1Initial(dcid(8, 1)...).frame(src, shape{})
+	hs := handshakeBehind(quicV1, 50000).frame(src, shape{})
+	ns := int64(1e9)
+	var v []uint32
+	for range 4 {
+		for _, f := range [][]byte{initial, initial, initial, hs} {
+			ns += 50e6
+			v = append(v, runAt(t, tb, f, ns))
+		}
+	}
+	want := slices.Repeat([]uint32{xdpPass}, 12)
+	want = append(want, xdpDrop, xdpDrop, xdpDrop, xdpPass)
+	if c := counts(t, tb); !slices.Equal(v, want) || c != (Counts{InitialsPassed: 3, InitialsDropped: 3}) {
+		t.Fatalf("four connections under one DCID, on a burst of three: verdicts %v, counts %+v; want %v, 3 Initials passed and 3 dropped", v, c, want)
 	}
 }

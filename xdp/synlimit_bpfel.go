@@ -13,6 +13,13 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type synlimitClient struct {
+	_     structs.HostLayout
+	Saddr [16]uint8
+	Sport [2]uint8
+	Pad   [2]uint8
+}
+
 type synlimitFlow struct {
 	_     structs.HostLayout
 	Saddr [16]uint8
@@ -52,6 +59,13 @@ type synlimitParams struct {
 	Mask6     [16]uint8
 	Ports     [1024]uint64
 	QuicPorts [1024]uint64
+}
+
+type synlimitPass struct {
+	_    structs.HostLayout
+	At   uint64
+	Free uint32
+	Pad  uint32
 }
 
 type synlimitProbe struct {
@@ -119,6 +133,7 @@ type synlimitMapSpecs struct {
 	Charged  *ebpf.MapSpec `ebpf:"charged"`
 	Config   *ebpf.MapSpec `ebpf:"config"`
 	Initials *ebpf.MapSpec `ebpf:"initials"`
+	Latest   *ebpf.MapSpec `ebpf:"latest"`
 	Probes   *ebpf.MapSpec `ebpf:"probes"`
 	Stats    *ebpf.MapSpec `ebpf:"stats"`
 	Subsets  *ebpf.MapSpec `ebpf:"subsets"`
@@ -154,6 +169,7 @@ type synlimitMaps struct {
 	Charged  *ebpf.Map `ebpf:"charged"`
 	Config   *ebpf.Map `ebpf:"config"`
 	Initials *ebpf.Map `ebpf:"initials"`
+	Latest   *ebpf.Map `ebpf:"latest"`
 	Probes   *ebpf.Map `ebpf:"probes"`
 	Stats    *ebpf.Map `ebpf:"stats"`
 	Subsets  *ebpf.Map `ebpf:"subsets"`
@@ -165,6 +181,7 @@ func (m *synlimitMaps) Close() error {
 		m.Charged,
 		m.Config,
 		m.Initials,
+		m.Latest,
 		m.Probes,
 		m.Stats,
 		m.Subsets,

@@ -42,13 +42,14 @@
 // On the UDP ports named for QUIC (Ports.QUIC) the program charges one
 // token for each QUIC connection a client opens: an Initial that can open
 // one (version 1 or 2, DCID and size as the server requires) is charged
-// unless the program charged its connection already (16 Initials at the
-// most), which it remembers by the client's address, port and DCID in a
-// fixed-size LRU map. Nothing in
-// Go sees those packets (Caddy's HTTP/3 does not go through the layer4
-// matcher), so the program alone charges them, and drops what would carry
-// an Initial past it uncharged: a first fragment of a datagram to a QUIC
-// port, a packet whose headers it cannot walk.
+// unless the program charged its connection already, which it remembers by
+// the client's address, port and DCID in a fixed-size LRU map until the
+// client's Handshake packet from that address and port, 5 s, or 16
+// Initials end the connection's free pass. Nothing in Go sees those
+// packets (Caddy's HTTP/3 does not go through the layer4 matcher), so the
+// program alone charges them, and drops what would carry an Initial past
+// it uncharged: a first fragment of a datagram to a QUIC port, a packet
+// whose headers it cannot walk.
 //
 // Start reading at NewTable, then Attach.
 package xdp
@@ -111,9 +112,11 @@ type Table struct {
 	marksMu sync.RWMutex // Close takes it to close marks; Charged, to read
 	marks   *ebpf.Map
 	// initials is the programs' map of the QUIC connections they charged,
-	// kept across SetLimit as marks is: a handshake under way when the
-	// limit changes is not charged again.
-	initials *ebpf.Map
+	// and latest their map of the connection latest from each client
+	// address and port (whose Handshake packet ends its free pass), kept
+	// across SetLimit as marks is: a handshake under way when the limit
+	// changes is not charged again.
+	initials, latest *ebpf.Map
 }
 
 // NewTable creates the table's maps and loads the program (not yet
@@ -128,7 +131,7 @@ func NewTable(cfg Config) (*Table, error) {
 	if err := cfg.Buckets.Limit.Validate(); err != nil {
 		return nil, err
 	}
-	objs, mem, err := loadObjects(lines, nil, nil)
+	objs, mem, err := loadObjects(lines, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +148,15 @@ func NewTable(cfg Config) (*Table, error) {
 		marks.Close()
 		return nil, fmt.Errorf("xdp: the map of charged QUIC connections: %w", err)
 	}
-	t := &Table{zone: cfg.Zone, objs: objs, mem: mem, marks: marks, initials: initials}
+	latest, err := objs.Latest.Clone()
+	if err != nil {
+		unix.Munmap(mem)
+		objs.Close()
+		marks.Close()
+		initials.Close()
+		return nil, fmt.Errorf("xdp: the map of QUIC clients' latest connections: %w", err)
+	}
+	t := &Table{zone: cfg.Zone, objs: objs, mem: mem, marks: marks, initials: initials, latest: latest}
 	base := time.Now()
 	epoch, slack := monoEpoch(base)
 	t.Slack = slack
@@ -155,6 +166,7 @@ func NewTable(cfg Config) (*Table, error) {
 		t.objs.Close()
 		t.marks.Close()
 		t.initials.Close()
+		t.latest.Close()
 		return nil, err
 	}
 	// The mapping lives as long as the Buckets over it (and keeps the map
@@ -177,10 +189,10 @@ func NewTable(cfg Config) (*Table, error) {
 }
 
 // loadObjects loads the program with a table of lines lines, and maps the
-// table into this process. The program marks the SYNs it grants in marks
-// and the QUIC connections it charges in initials, or in maps of its own
-// if they are nil.
-func loadObjects(lines int, marks, initials *ebpf.Map) (synlimitObjects, []byte, error) {
+// table into this process. The program marks the SYNs it grants and the
+// QUIC connections it charges in t's maps (marks, initials, latest), or in
+// maps of its own if t is nil.
+func loadObjects(lines int, t *Table) (synlimitObjects, []byte, error) {
 	var objs synlimitObjects
 	spec, err := loadSynlimit()
 	if err != nil {
@@ -188,8 +200,8 @@ func loadObjects(lines int, marks, initials *ebpf.Map) (synlimitObjects, []byte,
 	}
 	spec.Maps["table"].MaxEntries = uint32(lines)
 	opts := &ebpf.CollectionOptions{}
-	if marks != nil {
-		opts.MapReplacements = map[string]*ebpf.Map{"charged": marks, "initials": initials}
+	if t != nil {
+		opts.MapReplacements = map[string]*ebpf.Map{"charged": t.marks, "initials": t.initials, "latest": t.latest}
 	}
 	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		return objs, nil, explain("loading the XDP program", err)
@@ -240,7 +252,7 @@ func (t *Table) SetLimit(l limiter.Limit, now time.Time) error {
 	if closed {
 		return errors.New("xdp: the table is closed")
 	}
-	objs, mem, err := loadObjects(len(oldMem)/64, t.marks, t.initials)
+	objs, mem, err := loadObjects(len(oldMem)/64, t)
 	if err != nil {
 		return err
 	}
@@ -398,5 +410,6 @@ func (t *Table) Close() error {
 	t.marks = nil
 	t.marksMu.Unlock()
 	t.initials.Close()
+	t.latest.Close()
 	return t.objs.Close()
 }

@@ -17,9 +17,10 @@
 // whose SYN the program could not parse is charged by the matcher.
 //
 // On the UDP ports named for QUIC it charges the same counters, one token,
-// for a QUIC Initial that can open a connection (quic_initial, below), and
+// for a QUIC Initial that can open a connection (quic_packet, below), and
 // remembers the connection in initials so that the client's next Initials
-// of it (a ClientHello split over two, a retransmission) pass uncharged.
+// of it (a ClientHello split over two, a retransmission) pass uncharged,
+// until the client's first Handshake packet or HANDSHAKE_WINDOW ends that.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -129,19 +130,29 @@ enum stat {
 // CPU, so a few fewer on a loaded host) lets its connection's next Initial
 // be charged again. Both err towards limiting: a connection costs one
 // token or two, and no Initial that can open a connection passes
-// unremembered and uncharged. The value counts the Initials passed free
-// under the entry: after FREE_INITIALS the next is charged (and, granted,
-// starts the count again), so that a client that opens connection after
-// connection under the same address, port and DCID pays again (quic-go
-// retires a client's first DCID a few round trips after the handshake
-// completes, and then takes an Initial under it for a new connection).
+// unremembered and uncharged.
+//
+// An entry's free pass ends at the first of three (struct pass): the
+// client's first Handshake packet from the entry's address and port
+// (latest, below), HANDSHAKE_WINDOW after the charge, FREE_INITIALS
+// Initials passed. Then the next Initial under the DCID is charged as a new
+// connection's (and, granted, starts a new pass). A client that opens its
+// connections one at a time from an address and port (as a browser or
+// quic-go does) pays one token for each, even if it sends every one under
+// the same DCID (quic-go retires a client's first DCID a few round trips
+// after the handshake, and then takes an Initial under it for a new
+// connection; a free pass without an end let such a client open up to 16
+// for a token). One that interleaves the handshakes of several connections
+// from one address and port, or sends its Handshake packets from elsewhere,
+// gets at most 1 + FREE_INITIALS connections a token, within
+// HANDSHAKE_WINDOW of the charge.
 struct initial_id {
 	__u8 saddr[16]; // an IPv4 address as ::ffff:a.b.c.d
 	__u8 sport[2];  // network order
 	__u8 dcid_len;
 	__u8 dcid[20];
 	__u8 pad;
-};
+} __attribute__((aligned(8))); // compared in words: note_latest
 
 #define INITIAL_IDS 65536
 
@@ -150,12 +161,51 @@ struct initial_id {
 // quic-go's handshake timeout (5 s: some five rounds) fit.
 #define FREE_INITIALS 16
 
+// HANDSHAKE_WINDOW is how long after its charge an entry lets Initials
+// pass free, in nanoseconds: quic-go's handshake idle timeout (5 s, which
+// Caddy keeps), after which neither side of a handshake that made no
+// progress goes on with it.
+#define HANDSHAKE_WINDOW 5000000000ULL
+
+// pass is an entry's value: when its connection was charged (nanoseconds
+// on the table's clock: pass_clock) and how many Initials it let pass free
+// since.
+struct pass {
+	__u64 at;
+	__u32 free;
+	__u32 pad;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct initial_id);
-	__type(value, __u32);
+	__type(value, struct pass);
 	__uint(max_entries, INITIAL_IDS);
 } initials SEC(".maps");
+
+// latest holds, for a client's address and port, the id of the Initial
+// most recently charged or passed free from them, so that the client's
+// Handshake packet from there deletes its entry in initials (end_pass):
+// RFC 9000 §7.2, a client sends Handshake packets only after the server's
+// first Initial, and from then on sends every packet under the server's
+// connection ID, never again an Initial under its first DCID. The entry
+// stays (an Initial charged or passed from there overwrites it), so that
+// a Handshake packet never races an Initial's write into deleting the
+// wrong pointer; it is as large as initials, and an entry evicted from it
+// leaves its pass to end by time or count. A Handshake packet from another
+// address or port ends nothing of the client's: each has its own latest.
+struct client {
+	__u8 saddr[16];
+	__u8 sport[2];
+	__u8 pad[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct client);
+	__type(value, struct initial_id);
+	__uint(max_entries, INITIAL_IDS);
+} latest SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -573,12 +623,65 @@ static __always_inline void mark(const struct flow *f)
 	bpf_map_update_elem(&charged, f, &one, BPF_ANY);
 }
 
-// remember records that the QUIC connection of id was charged here (see
-// initials), with none of its free Initials passed yet.
-static __always_inline void remember(const struct initial_id *id)
+// note_latest makes id its address and port's latest (see latest); if
+// only, only if it is not already, which one lookup tells: a split
+// ClientHello's second Initial, free, finds its first's id there, and an
+// update costs some 100 ns more than a lookup.
+static __always_inline void note_latest(const struct initial_id *id, int only)
 {
-	__u32 none = 0;
-	bpf_map_update_elem(&initials, id, &none, BPF_ANY);
+	struct client c = {};
+	__builtin_memcpy(c.saddr, id->saddr, 16);
+	__builtin_memcpy(c.sport, id->sport, 2);
+	if (only) {
+		const __u64 *last = bpf_map_lookup_elem(&latest, &c), *w = (const __u64 *)id;
+		if (last) {
+			__u64 diff = 0;
+#pragma clang loop unroll(full)
+			for (int i = 0; i < sizeof(*id) / 8; i++)
+				diff |= last[i] ^ w[i];
+			if (!diff)
+				return;
+		}
+	}
+	bpf_map_update_elem(&latest, &c, id, BPF_ANY);
+}
+
+// remember records that the QUIC connection of id was charged here at now
+// (see initials), with none of its free Initials passed yet.
+static __always_inline void remember(const struct initial_id *id, __u64 now)
+{
+	struct pass ps = {.at = now};
+	bpf_map_update_elem(&initials, id, &ps, BPF_ANY);
+	note_latest(id, 0);
+}
+
+// end_pass ends the free pass of the Initial latest from the address and
+// port of id (a Handshake packet's): see latest.
+static __always_inline void end_pass(const struct initial_id *id)
+{
+	struct client c = {};
+	__builtin_memcpy(c.saddr, id->saddr, 16);
+	__builtin_memcpy(c.sport, id->sport, 2);
+	const struct initial_id *last = bpf_map_lookup_elem(&latest, &c);
+	if (!last)
+		return;
+	struct initial_id k;
+	__builtin_memcpy(&k, last, sizeof(k)); // a key off the map's value, which may change meanwhile
+	bpf_map_delete_elem(&initials, &k);
+}
+
+// pass_clock is the time for initials' passes: nanoseconds on the table's
+// clock, the coarse one (a pass is timed in seconds), or probes[0].ns for
+// the tests' synlimit_at.
+static __always_inline __u64 pass_clock(const struct params *p, int at_probe)
+{
+	if (at_probe) {
+		__u32 zero = 0;
+		struct probe *pr = bpf_map_lookup_elem(&probes, &zero);
+		return pr ? pr->ns : 0;
+	}
+	__u64 ns = bpf_ktime_get_coarse_ns();
+	return ns > p->epoch ? ns - p->epoch : 0;
 }
 
 // limit decides a connection attempt from its source key's hash: GRANT,
@@ -635,84 +738,6 @@ static __always_inline int limited_syn(const struct params *p, const struct tcph
 	return tcp->syn && !tcp->ack && port_in(p->ports, tcp->dest);
 }
 
-// QUIC (RFC 9000, 9369). An Initial is a long-header packet (the first
-// bit set) of version 1 with type 0, or of version 2 with type 1; the
-// fixed bit is not checked (RFC 9287 lets a client clear it). What opens a
-// connection at the server (quic-go's server.go, as the RFC says) is an
-// Initial in a UDP datagram of 1200 bytes or more (RFC 9000 §14.1: a
-// client pads every datagram that carries one) whose DCID is 8 to 20 bytes
-// (§7.2: a client's first DCID is at least 8), or of any length under a
-// token (the answer to a Retry, or a NEW_TOKEN's; quic-go makes a
-// connection even when it cannot decode the token). Every other packet —
-// a short header, Handshake, 0-RTT, Retry, version negotiation (version
-// 0), an unknown version, a smaller datagram, a DCID or SCID longer than
-// 20 bytes — passes untouched: the server drops or routes it without a
-// handshake.
-#define QUIC_V1 0x00000001
-#define QUIC_V2 0x6b3343cf
-#define MIN_INITIAL_DATAGRAM 1200
-#define MIN_NEW_DCID 8
-#define MAX_CID 20
-#define QUIC_HEAD (1 + 4 + 1 + MAX_CID + 1 + MAX_CID + 8)
-
-// before is all ones if i < n, else 0, without a branch.
-static __always_inline __u64 before(__s64 i, __s64 n) { return (__u64)((i - n) >> 63); }
-
-// quic_initial reports whether the UDP datagram at udp holds a QUIC
-// Initial that can open a connection, and writes its DCID into id. ip_len
-// is the datagram's length as its IP header says (see ip_len).
-static __always_inline int quic_initial(const struct udphdr *udp, __u32 ip_len, const void *end, struct initial_id *id)
-{
-	const __u8 *q = (const void *)(udp + 1);
-	// The datagram's length is udp->len, which the kernel trims it to (it
-	// drops one whose IP payload is shorter), or, for a udp->len of 0, the
-	// rest of the IP payload: Linux delivers an IPv6 datagram of length 0
-	// so (the jumbogram convention), and drops an IPv4 one.
-	__u32 len = bpf_ntohs(udp->len);
-	if (!len)
-		len = ip_len;
-	// QUIC_HEAD bytes hold every field read here, at their longest: the
-	// first byte, version, both connection IDs with their lengths, and an
-	// 8-byte token length. The kernel delivers no datagram shorter than
-	// its length says, so one of 1200 bytes that holds fewer is not one.
-	if (len < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
-		return 0;
-	__u32 version = (__u32)q[1] << 24 | (__u32)q[2] << 16 | (__u32)q[3] << 8 | q[4];
-	__u8 type = q[0] >> 4 & 3;
-	if (!(q[0] & 0x80) || !((version == QUIC_V1 && type == 0) || (version == QUIC_V2 && type == 1)))
-		return 0;
-	__u32 dlen = q[5];
-	if (dlen > MAX_CID)
-		return 0;
-	const __u8 *sl = q + 6 + dlen;
-	if ((const void *)(sl + 1) > end)
-		return 0;
-	__u32 slen = sl[0];
-	if (slen > MAX_CID)
-		return 0;
-	// The token's length, a variable-length integer of 1, 2, 4 or 8
-	// bytes: only whether it is zero matters.
-	const __u8 *tl = sl + 1 + slen;
-	if ((const void *)(tl + 8) > end) // it is, within QUIC_HEAD; the verifier is told here
-		return 0;
-	// Both loops are branch-free (before(i, n) is all ones if i < n): a
-	// branch per byte on a length read from the packet would multiply the
-	// paths the verifier walks by the lengths.
-	__s64 n = 1 << (tl[0] >> 6);
-	__u64 token = tl[0] & 0x3f;
-#pragma clang loop unroll(full)
-	for (int i = 1; i < 8; i++)
-		token |= tl[i] & before(i, n);
-	if (dlen < MIN_NEW_DCID && !token)
-		return 0;
-	id->dcid_len = dlen;
-	const __u8 *d = q + 6;
-#pragma clang loop unroll(full)
-	for (int i = 0; i < MAX_CID; i++)
-		id->dcid[i] = d[i] & before(i, dlen); // within QUIC_HEAD
-	return 1;
-}
-
 // REFUSE is a packet dropped unparsed, when the zone limits QUIC: a first
 // fragment of a UDP datagram to a QUIC port (or whose UDP header it does
 // not hold), and a packet whose headers the program cannot walk to its
@@ -722,7 +747,157 @@ static __always_inline int quic_initial(const struct udphdr *udp, __u32 ip_len, 
 // §14 forbids fragmenting a QUIC datagram, and no client sends such
 // chains; for TCP alone the matcher charges what passes, so such packets
 // pass when no QUIC port is limited. Counted as dropped Initials.
-enum attempt { NONE, SYN, INITIAL, REFUSE };
+// HANDSHAKE is a client's Handshake packet to a QUIC port, which ends its
+// connection's free pass.
+enum attempt { NONE, SYN, INITIAL, REFUSE, HANDSHAKE };
+
+// QUIC (RFC 9000, 9369). An Initial is a long-header packet (the first
+// bit set) of version 1 with type 0, or of version 2 with type 1; the
+// fixed bit is not checked (RFC 9287 lets a client clear it). What opens a
+// connection at the server (quic-go's server.go, as the RFC says) is an
+// Initial in a UDP datagram of 1200 bytes or more (RFC 9000 §14.1: a
+// client pads every datagram that carries one) whose DCID is 8 to 20 bytes
+// (§7.2: a client's first DCID is at least 8), or of any length under a
+// token (the answer to a Retry, or a NEW_TOKEN's; quic-go makes a
+// connection even when it cannot decode the token). A client's Handshake
+// packet (type 2 in version 1, 3 in version 2) ends its connection's free
+// pass (see latest): one that is a datagram's first packet, or its second
+// behind an Initial that opens no connection, which is how a client sends
+// its first (an ACK of the server's Initial, under the server's connection
+// ID, coalesced before its Finished). Every other packet — a short header,
+// 0-RTT, Retry, version negotiation (version 0), an unknown version, a
+// smaller datagram, a DCID or SCID longer than 20 bytes — passes
+// untouched: the server drops or routes it without a handshake.
+#define QUIC_V1 0x00000001
+#define QUIC_V2 0x6b3343cf
+#define MIN_INITIAL_DATAGRAM 1200
+#define MIN_NEW_DCID 8
+#define MAX_CID 20
+#define QUIC_HEAD (1 + 4 + 1 + MAX_CID + 1 + MAX_CID + 8)
+#define QUIC_INITIAL 0   // long-header types, numbered as in version 1
+#define QUIC_HANDSHAKE 2
+// MAX_COALESCED bounds the Length of an Initial the program skips to find
+// a Handshake packet behind it: a datagram holds no more.
+#define MAX_COALESCED 1500
+// MAX_HEADERS bounds where a UDP header may start, for the verifier: the
+// Ethernet, VLAN, IP and extension headers the program walks take less.
+#define MAX_HEADERS 16384
+
+// before is all ones if i < n, else 0, without a branch.
+static __always_inline __u64 before(__s64 i, __s64 n) { return (__u64)((i - n) >> 63); }
+
+// long_type is the long-header packet at q's type, numbered as in version
+// 1 (version 2 numbers them one up, mod 4), in *version its version; -1
+// for a short header or another version.
+static __always_inline int long_type(const __u8 *q, __u32 *version)
+{
+	__u32 v = (__u32)q[1] << 24 | (__u32)q[2] << 16 | (__u32)q[3] << 8 | q[4];
+	*version = v;
+	if (!(q[0] & 0x80) || (v != QUIC_V1 && v != QUIC_V2))
+		return -1;
+	__u8 type = q[0] >> 4 & 3;
+	return v == QUIC_V2 ? (type + 3) & 3 : type;
+}
+
+// varint is QUIC's variable-length integer at b (1, 2, 4 or 8 bytes, all
+// 8 readable), its length in *n; branch-free, as the loops below.
+static __always_inline __u64 varint(const __u8 *b, __s64 *n)
+{
+	__s64 len = 1 << (b[0] >> 6);
+	// 1 to 8, which the verifier is told by the mask (and clang kept from
+	// dropping it by the empty asm): a shift by a variable it cannot bound.
+	asm volatile("" : "+r"(len));
+	len &= 15;
+	__u64 v = b[0] & 0x3f;
+#pragma clang loop unroll(full)
+	for (int i = 1; i < 8; i++) {
+		__u64 in = before(i, len);
+		v = v << (in & 8) | (b[i] & in);
+	}
+	*n = len;
+	return v;
+}
+
+// quic_packet looks at the UDP datagram at offset off in the packet:
+// INITIAL for a QUIC Initial that can open a connection, with its DCID
+// written into id; HANDSHAKE for a client's Handshake packet as above;
+// NONE for anything else. ip_len is the datagram's length as its IP header
+// says (see ip_len). It is a global function (see parse), so the verifier
+// walks it once, not once for each path through the headers to it: with
+// the walk to a coalesced Handshake packet, inlined, it walked more than a
+// million instructions.
+__noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct initial_id *id)
+{
+	const void *data = (void *)(long)ctx->data;
+	const void *end = (void *)(long)ctx->data_end;
+	if (!id || off > MAX_HEADERS)
+		return NONE;
+	const struct udphdr *udp = data + off;
+	if ((const void *)(udp + 1) > end)
+		return NONE;
+	const __u8 *q = (const void *)(udp + 1);
+	// The datagram's length is udp->len, which the kernel trims it to (it
+	// drops one whose IP payload is shorter), or, for a udp->len of 0, the
+	// rest of the IP payload: Linux delivers an IPv6 datagram of length 0
+	// so (the jumbogram convention), and drops an IPv4 one.
+	__u32 len = bpf_ntohs(udp->len);
+	if (!len)
+		len = ip_len;
+	if ((const void *)(q + 5) > end)
+		return NONE;
+	__u32 version;
+	int type = long_type(q, &version);
+	if (type == QUIC_HANDSHAKE)
+		return HANDSHAKE;
+	// QUIC_HEAD bytes hold every field read here, at their longest: the
+	// first byte, version, both connection IDs with their lengths, and an
+	// 8-byte token length. The kernel delivers no datagram shorter than
+	// its length says, so one of 1200 bytes that holds fewer is not one.
+	if (type != QUIC_INITIAL || len < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
+		return NONE;
+	__u32 dlen = q[5];
+	if (dlen > MAX_CID)
+		return NONE;
+	const __u8 *sl = q + 6 + dlen;
+	if ((const void *)(sl + 1) > end)
+		return NONE;
+	__u32 slen = sl[0];
+	if (slen > MAX_CID)
+		return NONE;
+	// The token's length, a variable-length integer of 1, 2, 4 or 8
+	// bytes: only whether it is zero matters.
+	const __u8 *tl = sl + 1 + slen;
+	if ((const void *)(tl + 8) > end) // it is, within QUIC_HEAD; the verifier is told here
+		return NONE;
+	// Both loops are branch-free (before(i, n) is all ones if i < n): a
+	// branch per byte on a length read from the packet would multiply the
+	// paths the verifier walks by the lengths.
+	__s64 n;
+	__u64 token = varint(tl, &n);
+	if (dlen < MIN_NEW_DCID && !token) {
+		// An Initial that opens no connection: is a Handshake packet
+		// coalesced behind it? Its Length follows the empty token.
+		const __u8 *lp = tl + n;
+		if ((const void *)(lp + 8) > end)
+			return NONE;
+		__s64 ln;
+		__u64 plen = varint(lp, &ln);
+		if (plen > MAX_COALESCED)
+			return NONE;
+		const __u8 *h = lp + ln + plen;
+		if ((const void *)(h + 5) > end)
+			return NONE;
+		__u32 v2;
+		return long_type(h, &v2) == QUIC_HANDSHAKE && v2 == version ? HANDSHAKE : NONE;
+	}
+	id->dcid_len = dlen;
+	const __u8 *d = q + 6;
+#pragma clang loop unroll(full)
+	for (int i = 0; i < MAX_CID; i++)
+		id->dcid[i] = d[i] & before(i, dlen); // within QUIC_HEAD
+	return INITIAL;
+}
+
 
 // attempt_id is a SYN's flow or an Initial's id: one or the other, in
 // the same bytes (the program's stack, with the table's decision below it,
@@ -734,12 +909,12 @@ union attempt_id {
 };
 
 // attempt looks at the transport header at l4 (protocol proto): a limited
-// SYN fills a's flow's ports and a QUIC Initial that opens a connection
-// fills a's id's port and DCID; it returns which, REFUSE for a first
-// fragment (first_frag) of a UDP datagram to a limited QUIC port, or NONE
+// SYN fills a's flow's ports, a QUIC Initial that opens a connection
+// a's id's port and DCID, a client's Handshake packet a's id's port; it
+// returns which, REFUSE for a first fragment (first_frag) of a UDP datagram to a limited QUIC port, or NONE
 // for any other packet. ip_len is a UDP datagram's length as its IP header
 // says.
-static __always_inline int attempt(const struct params *p, __u8 proto, const void *l4, __u32 ip_len, int first_frag, const void *end, union attempt_id *a)
+static __always_inline int attempt(struct xdp_md *ctx, const struct params *p, __u8 proto, const void *l4, __u32 ip_len, int first_frag, const void *end, union attempt_id *a)
 {
 	struct flow *f = &a->f;
 	struct initial_id *id = &a->id;
@@ -762,10 +937,10 @@ static __always_inline int attempt(const struct params *p, __u8 proto, const voi
 		return NONE;
 	if (first_frag)
 		return REFUSE;
-	if (!quic_initial(udp, ip_len, end, id))
-		return NONE;
-	__builtin_memcpy(id->sport, &udp->source, 2);
-	return INITIAL;
+	int kind = quic_packet(ctx, (const void *)udp - (void *)(long)ctx->data, ip_len, id);
+	if (kind != NONE)
+		__builtin_memcpy(id->sport, &udp->source, 2);
+	return kind;
 }
 
 // What the program walks through to a SYN's TCP header or an Initial's UDP
@@ -869,7 +1044,7 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 			return 0;
 		// The transport header is past any options.
 		__u32 hl = ip->ihl * 4, tot = bpf_ntohs(ip->tot_len);
-		*kind = attempt(p, ip->protocol, (void *)ip + hl, tot > hl ? tot - hl : 0,
+		*kind = attempt(ctx, p, ip->protocol, (void *)ip + hl, tot > hl ? tot - hl : 0,
 				!!(ip->frag_off & bpf_htons(0x2000)), end, a);
 		if (*kind == NONE || *kind == REFUSE)
 			return 0;
@@ -903,7 +1078,7 @@ static __always_inline int source_key(struct xdp_md *ctx, const struct params *p
 	// A payload length of 0 is a jumbogram's: the datagram's length is
 	// then unknown here, and taken as the longest.
 	__u32 plen = bpf_ntohs(ip6->payload_len);
-	*kind = attempt(p, nh, l4, !plen ? 0xffff : plen > ext ? plen - ext : 0, walk & WALK_FIRST_FRAG, end, a);
+	*kind = attempt(ctx, p, nh, l4, !plen ? 0xffff : plen > ext ? plen - ext : 0, walk & WALK_FIRST_FRAG, end, a);
 	if (*kind == NONE || *kind == REFUSE)
 		return 0;
 	__u8 *src = ip6->saddr.in6_u.u6_addr8;
@@ -961,7 +1136,8 @@ __noinline int parse(struct xdp_md *ctx, const struct params *p, struct parsed *
 	if (!len)
 		return 0;
 	pd->kind = kind;
-	pd->hash = len == 5 ? xxh64_key5(key) : xxh64_key17(key);
+	if (kind != HANDSHAKE) // which charges nothing
+		pd->hash = len == 5 ? xxh64_key5(key) : xxh64_key17(key);
 	return 0;
 }
 
@@ -981,12 +1157,19 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 		count(STAT_QUIC_DROPPED);
 		return XDP_DROP;
 	}
-	// An Initial of a connection charged already passes, FREE_INITIALS
-	// times.
+	if (pd.kind == HANDSHAKE) {
+		end_pass(&pd.a.id);
+		return XDP_PASS;
+	}
+	// An Initial of a connection charged already passes free, within its
+	// pass (see initials).
 	if (pd.kind == INITIAL) {
-		__u32 *free = bpf_map_lookup_elem(&initials, &pd.a.id);
-		if (free && *free < FREE_INITIALS && __sync_fetch_and_add(free, 1) < FREE_INITIALS)
+		struct pass *ps = bpf_map_lookup_elem(&initials, &pd.a.id);
+		if (ps && pass_clock(p, at_probe) - ps->at < HANDSHAKE_WINDOW && ps->free < FREE_INITIALS &&
+		    __sync_fetch_and_add(&ps->free, 1) < FREE_INITIALS) {
+			note_latest(&pd.a.id, 1);
 			return XDP_PASS;
+		}
 	}
 	int v = limit(p, pd.hash, at_probe);
 	if (v == UNDECIDED)
@@ -997,7 +1180,7 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 		count(v == GRANT ? STAT_PASSED : STAT_DROPPED);
 	} else {
 		if (v == GRANT)
-			remember(&pd.a.id);
+			remember(&pd.a.id, pass_clock(p, at_probe));
 		count(v == GRANT ? STAT_QUIC_PASSED : STAT_QUIC_DROPPED);
 	}
 	return v == GRANT ? XDP_PASS : XDP_DROP;
