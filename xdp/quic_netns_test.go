@@ -233,32 +233,6 @@ func dialQUICThrough(t *testing.T, v *netnstest.VethPair, port uint16, wrap func
 	return ctr, conn
 }
 
-// hider is a client's UDP socket that puts a junk 0-RTT packet under the
-// same DCID in front of every datagram it sends that starts with a
-// long-header packet other than a first flight's Initial (one under a DCID
-// of 8 bytes or more): quic-go's server skips the junk (it has no 0-RTT
-// keys for it) and reads the Handshake packet behind it, from the same
-// address and port. It counts the datagrams it changed.
-type hider struct {
-	net.PacketConn
-	hid atomic.Int64
-}
-
-func (h *hider) WriteTo(b []byte, addr net.Addr) (int, error) {
-	if len(b) < 6 || b[0]&0x80 == 0 || len(b) < 6+int(b[5]) || b[0]>>4&3 == 0 && b[5] >= 8 {
-		return h.PacketConn.WriteTo(b, addr)
-	}
-	dcid := b[6 : 6+int(b[5])]
-	p := append([]byte{0xd0, 0, 0, 0, 1, byte(len(dcid))}, dcid...) // version 1, 0-RTT
-	p = append(p, 0, 0x40, 20)                                      // no SCID; Length 20
-	p = append(p, make([]byte, 20)...)
-	if _, err := h.PacketConn.WriteTo(append(p, b...), addr); err != nil {
-		return 0, err
-	}
-	h.hid.Add(1)
-	return len(b), nil
-}
-
 // TestARealHandshakeEndsItsFreePass: a real quic-go connection through
 // the program costs one token, and its client's Handshake packet ends the
 // connection's free pass: the program's map latest holds the connection's
@@ -268,7 +242,8 @@ func (h *hider) WriteTo(b []byte, addr net.Addr) (int, error) {
 // next connection) is charged: dropped, on a burst of one, and quic-go
 // opens nothing for it. (The entry stayed, and let 16 such Initials pass
 // free.) The same holds for a client that hides its Handshake packets
-// behind junk 0-RTT packets (hider), which quic-go's server reads past.
+// behind junk 0-RTT packets (netnstest.HandshakeHider), which quic-go's
+// server reads past.
 // (Such a client kept its pass: with a DCID it reused, 17 HTTP/3
 // connections a token in Caddy.)
 func TestARealHandshakeEndsItsFreePass(t *testing.T) {
@@ -277,7 +252,7 @@ func TestARealHandshakeEndsItsFreePass(t *testing.T) {
 		wrap func(net.PacketConn) net.PacketConn
 	}{
 		{"as quic-go sends it", func(c net.PacketConn) net.PacketConn { return c }},
-		{"behind a junk 0-RTT packet", func(c net.PacketConn) net.PacketConn { return &hider{PacketConn: c} }},
+		{"behind a junk 0-RTT packet", func(c net.PacketConn) net.PacketConn { return &netnstest.HandshakeHider{PacketConn: c} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) { realHandshakeEndsItsFreePass(t, tc.wrap) })
 	}
@@ -292,11 +267,11 @@ func realHandshakeEndsItsFreePass(t *testing.T, wrap func(net.PacketConn) net.Pa
 	if c := counts(t, tb); c != (Counts{InitialsPassed: 1}) {
 		t.Fatalf("one real connection: counts %+v, want 1 Initial passed", c)
 	}
-	if h, ok := ctr.Conn.(*hider); ok {
+	if h, ok := ctr.Conn.(*netnstest.HandshakeHider); ok {
 		// The client's Handshake packet may leave after Dial returns.
-		for deadline := time.Now().Add(5 * time.Second); h.hid.Load() == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for deadline := time.Now().Add(5 * time.Second); h.Hidden.Load() == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		}
-		if h.hid.Load() == 0 {
+		if h.Hidden.Load() == 0 {
 			t.Fatal("the client sent no Handshake packet to hide")
 		}
 	}
@@ -318,8 +293,8 @@ func realHandshakeEndsItsFreePass(t *testing.T, wrap func(net.PacketConn) net.Pa
 	}
 	if !errors.Is(err, ebpf.ErrKeyNotExist) {
 		hid := int64(-1)
-		if h, ok := ctr.Conn.(*hider); ok {
-			hid = h.hid.Load()
+		if h, ok := ctr.Conn.(*netnstest.HandshakeHider); ok {
+			hid = h.Hidden.Load()
 		}
 		t.Fatalf("after the handshake, the connection's entry in initials: %+v, %v; want none (datagrams hidden: %d)", ps, err, hid)
 	}

@@ -46,9 +46,13 @@ https://%s:%d {
 // padded to 1200 bytes); the rest is not encrypted, as a spoofer's need
 // not be: the program reads the header only.
 func quicInitial(dcid uint64) []byte {
-	p := []byte{0xc3, 0, 0, 0, 1, 8}
-	p = binary.BigEndian.AppendUint64(p, dcid)
-	p = append(p, 0, 0, 0x44, 0x9e) // no SCID, no token, Length 1182
+	return quicInitialUnder(binary.BigEndian.AppendUint64(nil, dcid))
+}
+
+// quicInitialUnder is quicInitial under the DCID dcid (8 to 20 bytes).
+func quicInitialUnder(dcid []byte) []byte {
+	p := append([]byte{0xc3, 0, 0, 0, 1, byte(len(dcid))}, dcid...)
+	p = append(p, 0, 0, 0x44, 0x9e) // no SCID, no token, Length 1182 (garbage past the datagram)
 	for len(p) < 1200 {
 		p = append(p, 0xa5)
 	}
@@ -263,5 +267,78 @@ func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
 	}
 	if x.Passed != 0 || x.Dropped != 0 {
 		t.Errorf("SYNs counted (%d passed, %d dropped): no TCP connection was made", x.Passed, x.Dropped)
+	}
+}
+
+// TestAHiddenHandshakeEndsTheFreePassInCaddy: a real HTTP/3 client whose
+// socket hides each of its Handshake packets behind a junk 0-RTT packet
+// (netnstest.HandshakeHider; Caddy's quic-go reads past the junk) is
+// served, and its connection's free pass ends all the same: an Initial
+// under the connection's first DCID from its socket afterwards is charged
+// as a new connection's, dropped on a burst of one. (The program found a
+// Handshake packet only first in its datagram or behind one Initial: the
+// pass went on, and a client that reused its DCID had Caddy serve 17
+// HTTP/3 connections a token so.)
+func TestAHiddenHandshakeEndsTheFreePassInCaddy(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	if err := load(v, h3Config(v, 1, t.TempDir())); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if !attached(t, v) {
+		t.Fatal("loading the config attached no XDP program")
+	}
+	if err := httpsOverTCP(v, 10*time.Second); err != nil {
+		t.Fatalf("no HTTPS answer: %v", err)
+	}
+	var pc net.PacketConn
+	if err := netnstest.In(v.Client, func() error {
+		var err error
+		pc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ClientIP.AsSlice()})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h := &netnstest.HandshakeHider{PacketConn: pc}
+	tr := &quic.Transport{Conn: h}
+	defer tr.Close()
+	rt := &http3.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // Caddy's own CA, untrusted here
+		Dial: func(ctx context.Context, addr string, tlsCfg *tls.Config, cfg *quic.Config) (*quic.Conn, error) {
+			ua, err := net.ResolveUDPAddr("udp4", addr)
+			if err != nil {
+				return nil, err
+			}
+			return tr.Dial(ctx, ua, tlsCfg, cfg)
+		},
+	}
+	defer rt.Close()
+	client := &http.Client{Transport: rt, Timeout: 5 * time.Second}
+	resp, err := client.Get(fmt.Sprintf("https://%s:%d/", v.ServerAddr, h3Port))
+	if err != nil {
+		t.Fatalf("the hiding client's HTTP/3 request: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(b) != "served over HTTP/3.0" {
+		t.Fatalf("the hiding client: %s %q, want 200 over HTTP/3", resp.Status, b)
+	}
+	if h.Hidden.Load() == 0 || h.FirstDCID() == nil {
+		t.Fatalf("the client hid %d datagrams, first DCID %x: its handshake was not hidden", h.Hidden.Load(), h.FirstDCID())
+	}
+	if x := zone(t, v).XDP; x.InitialsPassed != 1 || x.InitialsDropped != 0 {
+		t.Fatalf("the hiding client's connection: %d Initials passed, %d dropped; want 1, 0", x.InitialsPassed, x.InitialsDropped)
+	}
+	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(h3Port)}
+	if _, err := pc.WriteTo(quicInitialUnder(h.FirstDCID()), srv); err != nil {
+		t.Fatal(err)
+	}
+	x := zone(t, v).XDP
+	for deadline := time.Now().Add(5 * time.Second); x.InitialsDropped == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		x = zone(t, v).XDP
+	}
+	if x.InitialsPassed != 1 || x.InitialsDropped != 1 {
+		t.Fatalf("an Initial under the connection's first DCID from its socket, after its hidden handshake (%d datagrams hidden): %d Initials passed, %d dropped; want 1 passed, 1 dropped (charged, on a burst of one)",
+			h.Hidden.Load(), x.InitialsPassed, x.InitialsDropped)
 	}
 }
