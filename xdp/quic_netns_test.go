@@ -157,11 +157,11 @@ func selfSigned(t *testing.T) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
 }
 
-// quicServerBehind runs a quic-go server in v's server namespace, on a UDP
-// port the kernel picks, behind tb's program attached to v's server
-// interface and limiting QUIC there, until the test ends; it returns the
-// port and the count of connections quic-go opened.
-func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *atomic.Int64) {
+// udpBehind opens a UDP socket in v's server namespace, on a port the
+// kernel picks, behind tb's program attached to v's server interface and
+// limiting QUIC there, until the test ends; it returns the socket and its
+// port.
+func udpBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (*net.UDPConn, uint16) {
 	t.Helper()
 	var spc *net.UDPConn
 	if err := netnstest.In(v.Server, func() error {
@@ -171,6 +171,7 @@ func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *
 	}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { spc.Close() })
 	port := uint16(spc.LocalAddr().(*net.UDPAddr).Port)
 	var att *Attachment
 	if err := netnstest.In(v.Server, func() error {
@@ -181,6 +182,16 @@ func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { att.Close() })
+	return spc, port
+}
+
+// quicServerBehind runs a quic-go server in v's server namespace, on a UDP
+// port the kernel picks, behind tb's program attached to v's server
+// interface and limiting QUIC there, until the test ends; it returns the
+// port and the count of connections quic-go opened.
+func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *atomic.Int64) {
+	t.Helper()
+	spc, port := udpBehind(t, v, tb)
 	opened := new(atomic.Int64) // connections quic-go opened
 	str := &quic.Transport{Conn: spc, ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
 		opened.Add(1)
@@ -348,25 +359,7 @@ func TestAFairClientsRetransmittedInitialsPassFree(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v := netnstest.NewVethPair(t)
 			tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
-			var spc *net.UDPConn // bound, never read: the server that never answers
-			if err := netnstest.In(v.Server, func() error {
-				var err error
-				spc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ServerAddr.AsSlice()})
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			defer spc.Close()
-			port := uint16(spc.LocalAddr().(*net.UDPAddr).Port)
-			var att *Attachment
-			if err := netnstest.In(v.Server, func() error {
-				var err error
-				att, err = tb.Attach(v.ServerIf, Ports{QUIC: []uint16{port}})
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			defer att.Close()
+			_, port := udpBehind(t, v, tb) // bound, never read: the server that never answers
 			var ic *initialCounter
 			ctr, err := func() (*quic.Transport, error) {
 				var cpc *net.UDPConn

@@ -101,6 +101,11 @@ func floodInitials(v *netnstest.VethPair, first byte, networks, minRounds, maxRo
 // src in the client namespace (its UDP socket is opened there), and returns
 // how many were served with 200 and the protocol they were served over.
 func h3Get(v *netnstest.VethPair, src netip.Addr, requests int, timeout time.Duration) (served int, proto string, err error) {
+	return h3GetThrough(v, src, requests, timeout, func(pc net.PacketConn) net.PacketConn { return pc })
+}
+
+// h3GetThrough is h3Get with the client's UDP socket wrapped by wrap.
+func h3GetThrough(v *netnstest.VethPair, src netip.Addr, requests int, timeout time.Duration, wrap func(net.PacketConn) net.PacketConn) (served int, proto string, err error) {
 	var pc net.PacketConn
 	if err := netnstest.In(v.Client, func() error {
 		var err error
@@ -109,7 +114,7 @@ func h3Get(v *netnstest.VethPair, src netip.Addr, requests int, timeout time.Dur
 	}); err != nil {
 		return 0, "", err
 	}
-	tr := &quic.Transport{Conn: pc}
+	tr := &quic.Transport{Conn: wrap(pc)}
 	defer tr.Close()
 	rt := &http3.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // Caddy's own CA, untrusted here
@@ -291,37 +296,13 @@ func TestAHiddenHandshakeEndsTheFreePassInCaddy(t *testing.T) {
 	if err := httpsOverTCP(v, 10*time.Second); err != nil {
 		t.Fatalf("no HTTPS answer: %v", err)
 	}
-	var pc net.PacketConn
-	if err := netnstest.In(v.Client, func() error {
-		var err error
-		pc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ClientIP.AsSlice()})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	h := &netnstest.HandshakeHider{PacketConn: pc}
-	tr := &quic.Transport{Conn: h}
-	defer tr.Close()
-	rt := &http3.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // Caddy's own CA, untrusted here
-		Dial: func(ctx context.Context, addr string, tlsCfg *tls.Config, cfg *quic.Config) (*quic.Conn, error) {
-			ua, err := net.ResolveUDPAddr("udp4", addr)
-			if err != nil {
-				return nil, err
-			}
-			return tr.Dial(ctx, ua, tlsCfg, cfg)
-		},
-	}
-	defer rt.Close()
-	client := &http.Client{Transport: rt, Timeout: 5 * time.Second}
-	resp, err := client.Get(fmt.Sprintf("https://%s:%d/", v.ServerAddr, h3Port))
-	if err != nil {
-		t.Fatalf("the hiding client's HTTP/3 request: %v", err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || string(b) != "served over HTTP/3.0" {
-		t.Fatalf("the hiding client: %s %q, want 200 over HTTP/3", resp.Status, b)
+	var h *netnstest.HandshakeHider
+	n, proto, err := h3GetThrough(v, v.ClientIP, 1, 5*time.Second, func(pc net.PacketConn) net.PacketConn {
+		h = &netnstest.HandshakeHider{PacketConn: pc}
+		return h
+	})
+	if n != 1 || proto != "served over HTTP/3.0" {
+		t.Fatalf("the hiding client: %d served over %q, %v; want 1 over HTTP/3", n, proto, err)
 	}
 	if h.Hidden.Load() == 0 || h.FirstDCID() == nil {
 		t.Fatalf("the client hid %d datagrams, first DCID %x: its handshake was not hidden", h.Hidden.Load(), h.FirstDCID())
@@ -330,7 +311,7 @@ func TestAHiddenHandshakeEndsTheFreePassInCaddy(t *testing.T) {
 		t.Fatalf("the hiding client's connection: %d Initials passed, %d dropped; want 1, 0", x.InitialsPassed, x.InitialsDropped)
 	}
 	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(h3Port)}
-	if _, err := pc.WriteTo(quicInitialUnder(h.FirstDCID()), srv); err != nil {
+	if _, err := h.PacketConn.WriteTo(quicInitialUnder(h.FirstDCID()), srv); err != nil { // the socket outlives the client's transport
 		t.Fatal(err)
 	}
 	x := zone(t, v).XDP
