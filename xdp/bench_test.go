@@ -95,6 +95,7 @@ func BenchmarkProgram(b *testing.B) {
 		// its count reset before each.
 		id := synlimitInitialId{Saddr: other.As16(), DcidLen: 8}
 		binary.BigEndian.PutUint16(id.Sport[:], 50000)
+		binary.BigEndian.PutUint16(id.Dport[:], 443)
 		copy(id.Dcid[:], dcid(8, 1))
 		run(b, tb, initial, xdpPass, 16, func() {
 			if err := tb.initials.Put(&id, synlimitPass{At: passClock(b, tb)}); err != nil {

@@ -383,7 +383,9 @@ func alignedLines(n int) []byte {
 // the same shapes but fragments): Initials, charged as SYNs are unless the
 // Go copy of the program's free passes (quicPasses) lets them pass free,
 // under a few DCIDs and ports of each source so that connections repeat,
-// and Handshake packets, which end a pass and charge nothing.
+// to either QUIC port, and a client's other long-header packets (Handshake,
+// 0-RTT, an Initial that opens no connection, or one in a short datagram),
+// which end a pass and charge nothing.
 func TestProgramChargesAsLimiter(t *testing.T) {
 	for _, tc := range []struct {
 		l limiter.Limit
@@ -398,7 +400,7 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 		cfg.Buckets.Bytes = 64 * 16 // few lines: keys share them
 		cfg.Buckets.K = tc.k
 		tb := newTestTable(t, cfg)
-		if err := tb.enable(Ports{TCP: []uint16{443}, QUIC: []uint16{443}}); err != nil {
+		if err := tb.enable(Ports{TCP: []uint16{443}, QUIC: []uint16{443, 8443}}); err != nil {
 			t.Fatal(err)
 		}
 		refMem := alignedLines(16)
@@ -434,23 +436,20 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 				var id quicID
 				switch r.IntN(4) {
 				case 0: // a SYN
-				case 1: // a Handshake packet: passed, nothing charged
-					q := handshake(version, sport)
-					if r.IntN(2) == 0 {
-						q = handshakeBehind(version, sport)
-					}
+				case 1: // a long-header packet that opens nothing: passed, nothing charged
+					q := endsPass(r, version, sport)
 					if v := runAt(t, tb, q.frame(src, randomShape(r, src, true)), ns); v != xdpPass {
-						t.Fatalf("%v k=%d: Handshake packet %d from %v: verdict %d, want pass", tc.l, tc.k, i, src, v)
+						t.Fatalf("%v k=%d: long-header packet %d from %v that opens nothing: verdict %d, want pass", tc.l, tc.k, i, src, v)
 					}
-					passes.handshake(src, sport)
+					passes.endPass(src, sport)
 					continue
 				default: // an Initial under one of a few DCIDs
 					q := v1Initial(binary.BigEndian.AppendUint64(nil, uint64(r.IntN(3)))...)
-					q.sport = sport
+					q.sport, q.dport = sport, uint16(443+8000*r.IntN(2))
 					if version == quicV2 {
 						q.version, q.typ = quicV2, 1
 					}
-					id = quicID{src.As16(), sport, string(q.dcid)}
+					id = quicID{src.As16(), sport, q.dport, string(q.dcid)}
 					frame = q.frame(src, randomShape(r, src, true))
 				}
 				v := runAt(t, tb, frame, ns)
@@ -489,7 +488,7 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%v k=%d: %d granted, %d denied, %d Initials passed free, %d passes ended by a Handshake packet; program %+v", tc.l, tc.k, granted, denied, free, passes.ended, c)
+		t.Logf("%v k=%d: %d granted, %d denied, %d Initials passed free, %d passes ended by a client's other long-header packet; program %+v", tc.l, tc.k, granted, denied, free, passes.ended, c)
 		if granted == 0 || denied == 0 || free == 0 || passes.ended == 0 {
 			t.Fatalf("the trace should grant, deny, pass Initials free and end passes: %d granted, %d denied, %d free, %d ended", granted, denied, free, passes.ended)
 		}
@@ -498,10 +497,12 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 }
 
 // quicID is a QUIC connection as the program's map initials knows it:
-// the client's address (IPv4 as ::ffff:a.b.c.d), port and DCID.
+// the client's address (IPv4 as ::ffff:a.b.c.d) and port, the server's
+// port, and the DCID.
 type quicID struct {
 	src   [16]byte
 	sport uint16
+	dport uint16
 	dcid  string
 }
 
@@ -539,8 +540,9 @@ func (p *quicPasses) charged(id quicID, ns int64) {
 	p.latest[client(id)] = id
 }
 
-// handshake notes a client's Handshake packet from src and sport.
-func (p *quicPasses) handshake(src netip.Addr, sport uint16) {
+// endPass notes a client's long-header packet that opens no connection
+// (endsPass) from src and sport.
+func (p *quicPasses) endPass(src netip.Addr, sport uint16) {
 	if id, ok := p.latest[quicID{src: src.As16(), sport: sport}]; ok {
 		if _, live := p.at[id]; live {
 			p.ended++

@@ -157,11 +157,11 @@ func selfSigned(t *testing.T) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
 }
 
-// quicServerBehind runs a quic-go server in v's server namespace, on a UDP
-// port the kernel picks, behind tb's program attached to v's server
-// interface and limiting QUIC there, until the test ends; it returns the
-// port and the count of connections quic-go opened.
-func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *atomic.Int64) {
+// udpBehind opens a UDP socket in v's server namespace, on a port the
+// kernel picks, behind tb's program attached to v's server interface and
+// limiting QUIC there, until the test ends; it returns the socket and its
+// port.
+func udpBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (*net.UDPConn, uint16) {
 	t.Helper()
 	var spc *net.UDPConn
 	if err := netnstest.In(v.Server, func() error {
@@ -171,6 +171,7 @@ func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *
 	}); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { spc.Close() })
 	port := uint16(spc.LocalAddr().(*net.UDPAddr).Port)
 	var att *Attachment
 	if err := netnstest.In(v.Server, func() error {
@@ -181,6 +182,16 @@ func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { att.Close() })
+	return spc, port
+}
+
+// quicServerBehind runs a quic-go server in v's server namespace, on a UDP
+// port the kernel picks, behind tb's program attached to v's server
+// interface and limiting QUIC there, until the test ends; it returns the
+// port and the count of connections quic-go opened.
+func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *atomic.Int64) {
+	t.Helper()
+	spc, port := udpBehind(t, v, tb)
 	opened := new(atomic.Int64) // connections quic-go opened
 	str := &quic.Transport{Conn: spc, ConnContext: func(ctx context.Context, _ *quic.ClientInfo) (context.Context, error) {
 		opened.Add(1)
@@ -207,6 +218,12 @@ func quicServerBehind(t *testing.T, v *netnstest.VethPair, tb *Table) (uint16, *
 // (closed when the test ends) and the connection.
 func dialQUIC(t *testing.T, v *netnstest.VethPair, port uint16) (*quic.Transport, *quic.Conn) {
 	t.Helper()
+	return dialQUICThrough(t, v, port, func(c net.PacketConn) net.PacketConn { return c })
+}
+
+// dialQUICThrough is dialQUIC with the client's socket wrapped by wrap.
+func dialQUICThrough(t *testing.T, v *netnstest.VethPair, port uint16, wrap func(net.PacketConn) net.PacketConn) (*quic.Transport, *quic.Conn) {
+	t.Helper()
 	var cpc *net.UDPConn
 	if err := netnstest.In(v.Client, func() error {
 		var err error
@@ -215,7 +232,7 @@ func dialQUIC(t *testing.T, v *netnstest.VethPair, port uint16) (*quic.Transport
 	}); err != nil {
 		t.Fatal(err)
 	}
-	ctr := &quic.Transport{Conn: cpc}
+	ctr := &quic.Transport{Conn: wrap(cpc)}
 	t.Cleanup(func() { ctr.Close() })
 	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -235,15 +252,39 @@ func dialQUIC(t *testing.T, v *netnstest.VethPair, port uint16) (*quic.Transport
 // the handshake (what a client that reuses its first DCID sends for its
 // next connection) is charged: dropped, on a burst of one, and quic-go
 // opens nothing for it. (The entry stayed, and let 16 such Initials pass
-// free.)
+// free.) The same holds for a client that hides its Handshake packets
+// behind junk 0-RTT packets (netnstest.HandshakeHider), which quic-go's
+// server reads past.
+// (Such a client kept its pass: with a DCID it reused, 17 HTTP/3
+// connections a token in Caddy.)
 func TestARealHandshakeEndsItsFreePass(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wrap func(net.PacketConn) net.PacketConn
+	}{
+		{"as quic-go sends it", func(c net.PacketConn) net.PacketConn { return c }},
+		{"behind a junk 0-RTT packet", func(c net.PacketConn) net.PacketConn { return &netnstest.HandshakeHider{PacketConn: c} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { realHandshakeEndsItsFreePass(t, tc.wrap) })
+	}
+}
+
+func realHandshakeEndsItsFreePass(t *testing.T, wrap func(net.PacketConn) net.PacketConn) {
 	v := netnstest.NewVethPair(t)
 	tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
 	port, opened := quicServerBehind(t, v, tb)
-	ctr, conn := dialQUIC(t, v, port)
+	ctr, conn := dialQUICThrough(t, v, port, wrap)
 	defer conn.CloseWithError(0, "")
 	if c := counts(t, tb); c != (Counts{InitialsPassed: 1}) {
 		t.Fatalf("one real connection: counts %+v, want 1 Initial passed", c)
+	}
+	if h, ok := ctr.Conn.(*netnstest.HandshakeHider); ok {
+		// The client's Handshake packet may leave after Dial returns.
+		for deadline := time.Now().Add(5 * time.Second); h.Hidden.Load() == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		}
+		if h.Hidden.Load() == 0 {
+			t.Fatal("the client sent no Handshake packet to hide")
+		}
 	}
 	sport := uint16(ctr.Conn.LocalAddr().(*net.UDPAddr).Port)
 	key := synlimitClient{Saddr: v.ClientIP.As16()}
@@ -262,7 +303,11 @@ func TestARealHandshakeEndsItsFreePass(t *testing.T) {
 		}
 	}
 	if !errors.Is(err, ebpf.ErrKeyNotExist) {
-		t.Fatalf("after the handshake, the connection's entry in initials: %+v, %v; want none", ps, err)
+		hid := int64(-1)
+		if h, ok := ctr.Conn.(*netnstest.HandshakeHider); ok {
+			hid = h.Hidden.Load()
+		}
+		t.Fatalf("after the handshake, the connection's entry in initials: %+v, %v; want none (datagrams hidden: %d)", ps, err, hid)
 	}
 	q := v1Initial(id.Dcid[:id.DcidLen]...)
 	q.dport = port
@@ -278,5 +323,71 @@ func TestARealHandshakeEndsItsFreePass(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // for quic-go to act on anything that passed
 	if c != (Counts{InitialsPassed: 1, InitialsDropped: 1}) || opened.Load() != before {
 		t.Fatalf("an Initial under the connection's DCID from its socket, after its handshake: counts %+v, quic-go opened %d; want 1 Initial passed, 1 dropped, none opened", c, opened.Load()-before)
+	}
+}
+
+// initialCounter is a client's UDP socket that counts the datagrams it
+// sends that start with a first flight's Initial (version 1, type 0, a
+// DCID of 8 bytes or more).
+type initialCounter struct {
+	net.PacketConn
+	initials atomic.Int64
+}
+
+func (c *initialCounter) WriteTo(b []byte, addr net.Addr) (int, error) {
+	if len(b) > 5 && b[0]&0xf0 == 0xc0 && binary.BigEndian.Uint32(b[1:]) == 1 && b[5] >= 8 {
+		c.initials.Add(1)
+	}
+	return c.PacketConn.WriteTo(b, addr)
+}
+
+// TestAFairClientsRetransmittedInitialsPassFree: a real quic-go client
+// whose server never answers (every reply lost) sends its first flight's
+// Initials — a ClientHello split over two with Go's default key shares,
+// one with X25519 alone — until its handshake times out (5 s, as in Caddy),
+// and every one passes the program on its connection's one token: on a
+// burst of one, one Initial charged, none dropped. It logs how many it
+// sent, the measure of how low FREE_INITIALS (16) could go.
+func TestAFairClientsRetransmittedInitialsPassFree(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		curves []tls.CurveID
+	}{
+		{"Go's default key shares", nil},
+		{"X25519 alone", []tls.CurveID{tls.X25519}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := netnstest.NewVethPair(t)
+			tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
+			_, port := udpBehind(t, v, tb) // bound, never read: the server that never answers
+			var ic *initialCounter
+			ctr, err := func() (*quic.Transport, error) {
+				var cpc *net.UDPConn
+				err := netnstest.In(v.Client, func() error {
+					var err error
+					cpc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ClientIP.AsSlice()})
+					return err
+				})
+				ic = &initialCounter{PacketConn: cpc}
+				return &quic.Transport{Conn: ic}, err
+			}()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ctr.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, err = ctr.Dial(ctx, &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)},
+				&tls.Config{InsecureSkipVerify: true, NextProtos: []string{"t"}, CurvePreferences: tc.curves}, &quic.Config{})
+			if err == nil {
+				t.Fatal("a handshake with a server that never answers succeeded")
+			}
+			n, c := ic.initials.Load(), counts(t, tb)
+			t.Logf("%s: %d first-flight Initials in %v (%v); program %+v", tc.name, n, time.Since(start).Round(time.Millisecond), err, c)
+			if n < 2 || c != (Counts{InitialsPassed: 1}) {
+				t.Fatalf("%d Initials of one connection: counts %+v, want 1 Initial charged and passed, none dropped", n, c)
+			}
+		})
 	}
 }

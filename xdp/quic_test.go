@@ -4,6 +4,8 @@ package xdp
 
 import (
 	"encoding/binary"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"testing"
@@ -60,6 +62,58 @@ func handshake(version uint32, sport uint16) quicPacket {
 		typ = 3
 	}
 	return quicPacket{version: version, typ: typ, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}, sport: sport, size: 60}
+}
+
+// typeIn is the long-header type bits of v1type (numbered as in version
+// 1: Initial 0, 0-RTT 1, Handshake 2) in version: version 2 numbers them
+// one up, mod 4.
+func typeIn(version uint32, v1type byte) byte {
+	if version == quicV2 {
+		return (v1type + 1) & 3
+	}
+	return v1type
+}
+
+// passEnders are the datagrams a client's connection sends from its
+// address and port that open no connection but start with a long-header
+// packet, each of which ends the free pass of the connection latest from
+// there: a Handshake packet alone or behind the Initial that acknowledges
+// the server's (as quic-go sends them), and the shapes that hide one from a
+// program that looks for it by type and place (quic-go's server reads every
+// packet of a datagram under the DCID, whatever their order): behind a
+// 0-RTT packet, behind two Initials, and a 0-RTT packet alone, an Initial
+// under a short DCID and no token, an Initial in a datagram under 1200
+// bytes.
+func passEnders(version uint32, sport uint16) map[string]quicPacket {
+	server := []byte{0x5e, 0x7e, 0x70, 0x01}
+	hs := handshake(version, sport)
+	zeroRTT := quicPacket{version: version, typ: typeIn(version, 1), dcid: server, sport: sport}
+	hidden := zeroRTT
+	hidden.then = &quicPacket{version: version, typ: typeIn(version, 2), dcid: server}
+	ack := handshakeBehind(version, sport)
+	twice := ack
+	twice.then = &quicPacket{version: version, typ: ack.typ, dcid: server, then: ack.then}
+	short := quicPacket{version: version, typ: typeIn(version, 0), dcid: server, sport: sport}
+	small := quicPacket{version: version, typ: typeIn(version, 0), dcid: dcid(8, 1), sport: sport, size: 1199}
+	return map[string]quicPacket{
+		"a Handshake packet alone":                        hs,
+		"a Handshake packet behind the Initial ACK":       ack,
+		"a Handshake packet behind a 0-RTT packet":        hidden,
+		"a Handshake packet behind the Initial ACK twice": twice,
+		"a 0-RTT packet alone":                            zeroRTT,
+		"an Initial under a 4-byte DCID and no token":     short,
+		"an Initial under an 8-byte DCID in 1199 bytes":   small,
+	}
+}
+
+// endsPass is one of passEnders, picked at random, to either QUIC port of
+// quicTable.
+func endsPass(r *rand.Rand, version uint32, sport uint16) quicPacket {
+	m := passEnders(version, sport)
+	names := slices.Sorted(maps.Keys(m))
+	q := m[names[r.IntN(len(names))]]
+	q.dport = uint16(443 + 8000*r.IntN(2))
+	return q
 }
 
 // v1Initial is a version 1 Initial of connection dcid, as a client sends
@@ -628,29 +682,40 @@ func chargedBy(t *testing.T, tb *Table, frame []byte, ns int64) (uint32, bool) {
 	return v, !slices.Equal(before, words(tb.mem))
 }
 
-// TestAHandshakeEndsTheFreePass: a client's Handshake packet from the
-// address and port of a charged connection ends the connection's free
-// pass, alone in its datagram or coalesced behind an Initial under the
-// server's connection ID (as a client sends its first), in version 1 and
+// TestAClientsLongHeaderPacketEndsTheFreePass: any datagram from the
+// address and port of a charged connection that starts with a long-header
+// packet and opens no connection (passEnders: a Handshake packet alone or
+// behind the Initial ACK, as a client sends them, or hidden behind a 0-RTT
+// packet or two Initials; a 0-RTT packet; an Initial under a short DCID or
+// in a short datagram) ends the connection's free pass, in version 1 and
 // 2: the next Initial under the connection's DCID is charged as a new
-// connection's. Handshake packets from another port or another address
-// (in the same network) end nothing, and charge nothing. (A pass ended only
+// connection's. Such datagrams from another port or another address (in
+// the same network) end nothing, and charge nothing. (A pass ended only
 // after 16 free Initials, so a client that reused its DCID for connection
 // after connection — quic-go lets it, once it retired the DCID — opened up
 // to 16 for a token: a review served 9 to 17 HTTP/3 connections a token in
-// Caddy.)
-func TestAHandshakeEndsTheFreePass(t *testing.T) {
+// Caddy. Then it ended only at a Handshake packet first in its datagram or
+// behind one Initial, and a client that put a junk 0-RTT packet or a
+// second Initial in front of it got 17 again.)
+func TestAClientsLongHeaderPacketEndsTheFreePass(t *testing.T) {
 	tb := quicZone(t, 100)
-	for i, tc := range []struct {
+	type endCase struct {
 		name    string
 		version uint32
 		ends    func(sport uint16) quicPacket
-	}{
-		{"v1, coalesced behind an Initial", quicV1, func(sport uint16) quicPacket { return handshakeBehind(quicV1, sport) }},
-		{"v1, alone", quicV1, func(sport uint16) quicPacket { return handshake(quicV1, sport) }},
-		{"v2, coalesced behind an Initial", quicV2, func(sport uint16) quicPacket { return handshakeBehind(quicV2, sport) }},
-		{"v2, alone", quicV2, func(sport uint16) quicPacket { return handshake(quicV2, sport) }},
-	} {
+	}
+	var cases []endCase
+	for _, version := range []uint32{quicV1, quicV2} {
+		for _, name := range slices.Sorted(maps.Keys(passEnders(version, 0))) {
+			v := "v1"
+			if version == quicV2 {
+				v = "v2"
+			}
+			cases = append(cases, endCase{v + ", " + name, version,
+				func(sport uint16) quicPacket { return passEnders(version, sport)[name] }})
+		}
+	}
+	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			src := netip.AddrFrom4([4]byte{198, 51, byte(100 + i), 7})
 			neighbour := netip.AddrFrom4([4]byte{198, 51, byte(100 + i), 8})
@@ -666,13 +731,13 @@ func TestAHandshakeEndsTheFreePass(t *testing.T) {
 			}{
 				{"the connection's first Initial", initial.frame(src, shape{}), true},
 				{"its second", initial.frame(src, shape{}), false},
-				{"a Handshake packet from another port", tc.ends(50001).frame(src, shape{}), false},
-				{"a Handshake packet from another address", tc.ends(50000).frame(neighbour, shape{}), false},
+				{"the packet from another port", tc.ends(50001).frame(src, shape{}), false},
+				{"the packet from another address", tc.ends(50000).frame(neighbour, shape{}), false},
 				{"an Initial under the DCID after those", initial.frame(src, shape{}), false},
-				{"the connection's Handshake packet", tc.ends(50000).frame(src, shape{}), false},
+				{"the packet from the connection's address and port", tc.ends(50000).frame(src, shape{}), false},
 				{"an Initial under the DCID after it: a new connection", initial.frame(src, shape{}), true},
 				{"that one's second", initial.frame(src, shape{}), false},
-				{"its Handshake packet", tc.ends(50000).frame(src, shape{}), false},
+				{"the packet again", tc.ends(50000).frame(src, shape{}), false},
 				{"a third connection under the DCID", initial.frame(src, shape{}), true},
 			}
 			for _, st := range steps {
@@ -684,8 +749,38 @@ func TestAHandshakeEndsTheFreePass(t *testing.T) {
 			}
 		})
 	}
-	if c := counts(t, tb); c != (Counts{InitialsPassed: 12}) {
-		t.Fatalf("counts %+v, want 12 Initials passed (3 connections in each of 4 cases)", c)
+	if c, want := counts(t, tb), uint64(3*len(cases)); c != (Counts{InitialsPassed: want}) {
+		t.Fatalf("counts %+v, want %d Initials passed (3 connections in each of %d cases)", c, want, len(cases))
+	}
+}
+
+// TestAChargeOpensAConnectionOnOneQUICPortOnly: a connection's entry holds
+// the server's port, so an Initial under a charged client address, port
+// and DCID to another QUIC port of the zone — another socket, where
+// quic-go opens another connection — is charged too, and its
+// retransmission then passes free. (The entry had no server port: with
+// three QUIC ports, one token let one client socket and DCID open a
+// handshake on each, at once.)
+func TestAChargeOpensAConnectionOnOneQUICPortOnly(t *testing.T) {
+	tb := quicTable(t) // QUIC on 443 and 8443
+	src := netip.MustParseAddr("198.51.100.9")
+	a := v1Initial(dcid(8, 1)...)
+	b := a
+	b.dport = 8443
+	for i, st := range []struct {
+		name   string
+		q      quicPacket
+		charge bool
+	}{
+		{"an Initial to 443", a, true},
+		{"the same Initial to 8443", b, true},
+		{"its retransmission to 8443", b, false},
+		{"the retransmission to 443", a, false},
+	} {
+		v, charged := chargedBy(t, tb, st.q.frame(src, shape{}), int64(1e9+i*1e6))
+		if v != xdpPass || charged != st.charge {
+			t.Fatalf("%s: verdict %d, charged %v; want pass, charged %v", st.name, v, charged, st.charge)
+		}
 	}
 }
 

@@ -32,9 +32,10 @@ type synlimitInitialId struct {
 	_       structs.HostLayout
 	Saddr   [16]uint8
 	Sport   [2]uint8
+	Dport   [2]uint8
 	DcidLen uint8
 	Dcid    [20]uint8
-	Pad     uint8
+	Pad     [7]uint8
 }
 
 type synlimitLine struct {

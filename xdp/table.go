@@ -43,8 +43,9 @@
 // token for each QUIC connection a client opens: an Initial that can open
 // one (version 1 or 2, DCID and size as the server requires) is charged
 // unless the program charged its connection already, which it remembers by
-// the client's address, port and DCID in a fixed-size LRU map until the
-// client's Handshake packet from that address and port, 5 s, or 16
+// the client's address and port, the server's port and the DCID in a
+// fixed-size LRU map until the client's first other long-header packet
+// from that address and port (its Handshake packet, or 0-RTT), 5 s, or 16
 // Initials end the connection's free pass. Nothing in Go sees those
 // packets (Caddy's HTTP/3 does not go through the layer4 matcher), so the
 // program alone charges them, and drops what would carry an Initial past
@@ -113,7 +114,8 @@ type Table struct {
 	marks   *ebpf.Map
 	// initials is the programs' map of the QUIC connections they charged,
 	// and latest their map of the connection latest from each client
-	// address and port (whose Handshake packet ends its free pass), kept
+	// address and port (whose Handshake packet, or another long-header
+	// packet that opens no connection, ends its free pass), kept
 	// across SetLimit as marks is: a handshake under way when the limit
 	// changes is not charged again.
 	initials, latest *ebpf.Map

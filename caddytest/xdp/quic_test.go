@@ -46,9 +46,13 @@ https://%s:%d {
 // padded to 1200 bytes); the rest is not encrypted, as a spoofer's need
 // not be: the program reads the header only.
 func quicInitial(dcid uint64) []byte {
-	p := []byte{0xc3, 0, 0, 0, 1, 8}
-	p = binary.BigEndian.AppendUint64(p, dcid)
-	p = append(p, 0, 0, 0x44, 0x9e) // no SCID, no token, Length 1182
+	return quicInitialUnder(binary.BigEndian.AppendUint64(nil, dcid))
+}
+
+// quicInitialUnder is quicInitial under the DCID dcid (8 to 20 bytes).
+func quicInitialUnder(dcid []byte) []byte {
+	p := append([]byte{0xc3, 0, 0, 0, 1, byte(len(dcid))}, dcid...)
+	p = append(p, 0, 0, 0x44, 0x9e) // no SCID, no token, Length 1182 (garbage past the datagram)
 	for len(p) < 1200 {
 		p = append(p, 0xa5)
 	}
@@ -97,6 +101,11 @@ func floodInitials(v *netnstest.VethPair, first byte, networks, minRounds, maxRo
 // src in the client namespace (its UDP socket is opened there), and returns
 // how many were served with 200 and the protocol they were served over.
 func h3Get(v *netnstest.VethPair, src netip.Addr, requests int, timeout time.Duration) (served int, proto string, err error) {
+	return h3GetThrough(v, src, requests, timeout, func(pc net.PacketConn) net.PacketConn { return pc })
+}
+
+// h3GetThrough is h3Get with the client's UDP socket wrapped by wrap.
+func h3GetThrough(v *netnstest.VethPair, src netip.Addr, requests int, timeout time.Duration, wrap func(net.PacketConn) net.PacketConn) (served int, proto string, err error) {
 	var pc net.PacketConn
 	if err := netnstest.In(v.Client, func() error {
 		var err error
@@ -105,7 +114,7 @@ func h3Get(v *netnstest.VethPair, src netip.Addr, requests int, timeout time.Dur
 	}); err != nil {
 		return 0, "", err
 	}
-	tr := &quic.Transport{Conn: pc}
+	tr := &quic.Transport{Conn: wrap(pc)}
 	defer tr.Close()
 	rt := &http3.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, // Caddy's own CA, untrusted here
@@ -263,5 +272,54 @@ func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
 	}
 	if x.Passed != 0 || x.Dropped != 0 {
 		t.Errorf("SYNs counted (%d passed, %d dropped): no TCP connection was made", x.Passed, x.Dropped)
+	}
+}
+
+// TestAHiddenHandshakeEndsTheFreePassInCaddy: a real HTTP/3 client whose
+// socket hides each of its Handshake packets behind a junk 0-RTT packet
+// (netnstest.HandshakeHider; Caddy's quic-go reads past the junk) is
+// served, and its connection's free pass ends all the same: an Initial
+// under the connection's first DCID from its socket afterwards is charged
+// as a new connection's, dropped on a burst of one. (The program found a
+// Handshake packet only first in its datagram or behind one Initial: the
+// pass went on, and a client that reused its DCID had Caddy serve 17
+// HTTP/3 connections a token so.)
+func TestAHiddenHandshakeEndsTheFreePassInCaddy(t *testing.T) {
+	v := netnstest.NewVethPair(t)
+	if err := load(v, h3Config(v, 1, t.TempDir())); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if !attached(t, v) {
+		t.Fatal("loading the config attached no XDP program")
+	}
+	if err := httpsOverTCP(v, 10*time.Second); err != nil {
+		t.Fatalf("no HTTPS answer: %v", err)
+	}
+	var h *netnstest.HandshakeHider
+	n, proto, err := h3GetThrough(v, v.ClientIP, 1, 5*time.Second, func(pc net.PacketConn) net.PacketConn {
+		h = &netnstest.HandshakeHider{PacketConn: pc}
+		return h
+	})
+	if n != 1 || proto != "served over HTTP/3.0" {
+		t.Fatalf("the hiding client: %d served over %q, %v; want 1 over HTTP/3", n, proto, err)
+	}
+	if h.Hidden.Load() == 0 || h.FirstDCID() == nil {
+		t.Fatalf("the client hid %d datagrams, first DCID %x: its handshake was not hidden", h.Hidden.Load(), h.FirstDCID())
+	}
+	if x := zone(t, v).XDP; x.InitialsPassed != 1 || x.InitialsDropped != 0 {
+		t.Fatalf("the hiding client's connection: %d Initials passed, %d dropped; want 1, 0", x.InitialsPassed, x.InitialsDropped)
+	}
+	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(h3Port)}
+	if _, err := h.PacketConn.WriteTo(quicInitialUnder(h.FirstDCID()), srv); err != nil { // the socket outlives the client's transport
+		t.Fatal(err)
+	}
+	x := zone(t, v).XDP
+	for deadline := time.Now().Add(5 * time.Second); x.InitialsDropped == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		x = zone(t, v).XDP
+	}
+	if x.InitialsPassed != 1 || x.InitialsDropped != 1 {
+		t.Fatalf("an Initial under the connection's first DCID from its socket, after its hidden handshake (%d datagrams hidden): %d Initials passed, %d dropped; want 1 passed, 1 dropped (charged, on a burst of one)",
+			h.Hidden.Load(), x.InitialsPassed, x.InitialsDropped)
 	}
 }

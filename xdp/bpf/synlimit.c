@@ -20,7 +20,8 @@
 // for a QUIC Initial that can open a connection (quic_packet, below), and
 // remembers the connection in initials so that the client's next Initials
 // of it (a ClientHello split over two, a retransmission) pass uncharged,
-// until the client's first Handshake packet or HANDSHAKE_WINDOW ends that.
+// until the client's first other long-header packet (its Handshake packet)
+// or HANDSHAKE_WINDOW ends that.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -117,8 +118,8 @@ enum stat {
 };
 
 // initials remembers the QUIC connections the program charged, by the
-// client's address and port and its Initials' destination connection ID
-// (DCID), so that the connection's next Initials under that DCID pass
+// client's address and port, the server's port and the Initials'
+// destination connection ID (DCID), so that the connection's next Initials under that DCID pass
 // uncharged: a ClientHello split over two Initials, a retransmission. Every
 // charged Initial is remembered so, and only so: a key of the address and
 // port alone once let every Initial from them under a token and a short
@@ -133,32 +134,46 @@ enum stat {
 // unremembered and uncharged.
 //
 // An entry's free pass ends at the first of three (struct pass): the
-// client's first Handshake packet from the entry's address and port
-// (latest, below), HANDSHAKE_WINDOW after the charge, FREE_INITIALS
-// Initials passed. Then the next Initial under the DCID is charged as a new
+// client's first datagram from the entry's address and port that starts
+// with a long-header packet other than an Initial that opens a connection
+// (its Handshake packet, or a 0-RTT packet: ENDS_PASS, latest below),
+// HANDSHAKE_WINDOW after the charge, FREE_INITIALS Initials passed. Then the next Initial under the DCID is charged as a new
 // connection's (and, granted, starts a new pass). A client that opens its
 // connections one at a time from an address and port (as a browser or
 // quic-go does) pays one token for each, even if it sends every one under
 // the same DCID (quic-go retires a client's first DCID a few round trips
 // after the handshake, and then takes an Initial under it for a new
 // connection; a free pass without an end let such a client open up to 16
-// for a token). One that interleaves the handshakes of several connections
-// from one address and port, or sends its Handshake packets from elsewhere,
-// gets at most 1 + FREE_INITIALS connections a token, within
-// HANDSHAKE_WINDOW of the charge.
+// for a token). The hostile client's bound is 1 + FREE_INITIALS
+// connections a token, within HANDSHAKE_WINDOW of the charge: one that
+// receives the server's replies and sends its Handshake packets from
+// another address or port (quic-go's server takes them), or interleaves
+// the handshakes of several connections from one address and port. A
+// blind spoofer completes no handshake, so it ends no pass and quic-go
+// routes its Initials under a DCID to the connection the first opened for
+// as long as that connection lives (the bound holds for it too). The
+// server's port is in the key because each QUIC port is
+// a socket of its own, where quic-go opens a connection of its own under
+// the same DCID; the server's address is not (16 bytes more a key): a
+// server listening on several addresses of one port on separate sockets
+// lets a token open a handshake on each.
 struct initial_id {
 	__u8 saddr[16]; // an IPv4 address as ::ffff:a.b.c.d
 	__u8 sport[2];  // network order
+	__u8 dport[2];  // the server's port, network order: each QUIC port's socket opens its own connection
 	__u8 dcid_len;
 	__u8 dcid[20];
-	__u8 pad;
+	__u8 pad[7];    // zero: the key is hashed and compared whole
 } __attribute__((aligned(8))); // compared in words: note_latest
 
 #define INITIAL_IDS 65536
 
 // FREE_INITIALS is how many Initials a charged connection's entry lets
 // pass free: a ClientHello split over two and its retransmissions through
-// quic-go's handshake timeout (5 s: some five rounds) fit.
+// quic-go's handshake timeout fit. A quic-go client whose server never
+// answers sends 9 or 10 first-flight Initials in those 5 s (8 or 9 free;
+// TestAFairClientsRetransmittedInitialsPassFree); the rest is margin for
+// clients that retransmit sooner or split their ClientHello in three.
 #define FREE_INITIALS 16
 
 // HANDSHAKE_WINDOW is how long after its charge an entry lets Initials
@@ -188,12 +203,18 @@ struct {
 // Handshake packet from there deletes its entry in initials (end_pass):
 // RFC 9000 §7.2, a client sends Handshake packets only after the server's
 // first Initial, and from then on sends every packet under the server's
-// connection ID, never again an Initial under its first DCID. The entry
-// stays (an Initial charged or passed from there overwrites it), so that
-// a Handshake packet never races an Initial's write into deleting the
-// wrong pointer; it is as large as initials, and an entry evicted from it
-// leaves its pass to end by time or count. A Handshake packet from another
-// address or port ends nothing of the client's: each has its own latest.
+// connection ID, never again an Initial under its first DCID. Any
+// datagram from there that starts with another long-header packet than an
+// Initial that opens a connection does the same (ENDS_PASS): quic-go's
+// server reads every packet of a datagram under the first one's DCID,
+// whatever their type and order, so a Handshake packet looked for by type
+// and place could be hidden behind a junk 0-RTT packet or a second
+// Initial. The entry stays (an Initial charged or passed from there
+// overwrites it), so that such a packet never races an Initial's write
+// into deleting the wrong pointer; it is as large as initials, and an
+// entry evicted from it leaves its pass to end by time or count. A packet
+// from another address or port ends nothing of the client's: each has its
+// own latest.
 struct client {
 	__u8 saddr[16];
 	__u8 sport[2];
@@ -656,7 +677,7 @@ static __always_inline void remember(const struct initial_id *id, __u64 now)
 }
 
 // end_pass ends the free pass of the Initial latest from the address and
-// port of id (a Handshake packet's): see latest.
+// port of id (an ENDS_PASS packet's): see latest.
 static __always_inline void end_pass(const struct initial_id *id)
 {
 	struct client c = {};
@@ -747,9 +768,10 @@ static __always_inline int limited_syn(const struct params *p, const struct tcph
 // §14 forbids fragmenting a QUIC datagram, and no client sends such
 // chains; for TCP alone the matcher charges what passes, so such packets
 // pass when no QUIC port is limited. Counted as dropped Initials.
-// HANDSHAKE is a client's Handshake packet to a QUIC port, which ends its
-// connection's free pass.
-enum attempt { NONE, SYN, INITIAL, REFUSE, HANDSHAKE };
+// ENDS_PASS is a client's long-header packet to a QUIC port that opens no
+// connection (its Handshake packet, a 0-RTT packet: see quic_packet), which
+// ends its connection's free pass.
+enum attempt { NONE, SYN, INITIAL, REFUSE, ENDS_PASS };
 
 // QUIC (RFC 9000, 9369). An Initial is a long-header packet (the first
 // bit set) of version 1 with type 0, or of version 2 with type 1; the
@@ -759,15 +781,17 @@ enum attempt { NONE, SYN, INITIAL, REFUSE, HANDSHAKE };
 // client pads every datagram that carries one) whose DCID is 8 to 20 bytes
 // (§7.2: a client's first DCID is at least 8), or of any length under a
 // token (the answer to a Retry, or a NEW_TOKEN's; quic-go makes a
-// connection even when it cannot decode the token). A client's Handshake
-// packet (type 2 in version 1, 3 in version 2) ends its connection's free
-// pass (see latest): one that is a datagram's first packet, or its second
-// behind an Initial that opens no connection, which is how a client sends
-// its first (an ACK of the server's Initial, under the server's connection
-// ID, coalesced before its Finished). Every other packet — a short header,
-// 0-RTT, Retry, version negotiation (version 0), an unknown version, a
-// smaller datagram, a DCID or SCID longer than 20 bytes — passes
-// untouched: the server drops or routes it without a handshake.
+// connection even when it cannot decode the token). Any other long-header
+// packet of version 1 or 2 first in a datagram but a Retry (the server's)
+// — a Handshake or 0-RTT packet, an Initial under a shorter DCID and no
+// token (a client's ACK of the server's Initial) or in a smaller datagram
+// — passes and ends the client's free pass (see latest). A resuming
+// client's 0-RTT datagram ends its pass too, before its handshake: if its
+// first Initial is retransmitted after one, that costs a second token.
+// Every other packet — a short header, Retry, version negotiation
+// (version 0), an unknown version, an Initial whose DCID or SCID is longer
+// than 20 bytes — passes untouched: the server drops or routes it without
+// a handshake.
 #define QUIC_V1 0x00000001
 #define QUIC_V2 0x6b3343cf
 #define MIN_INITIAL_DATAGRAM 1200
@@ -775,10 +799,7 @@ enum attempt { NONE, SYN, INITIAL, REFUSE, HANDSHAKE };
 #define MAX_CID 20
 #define QUIC_HEAD (1 + 4 + 1 + MAX_CID + 1 + MAX_CID + 8)
 #define QUIC_INITIAL 0   // long-header types, numbered as in version 1
-#define QUIC_HANDSHAKE 2
-// MAX_COALESCED bounds the Length of an Initial the program skips to find
-// a Handshake packet behind it: a datagram holds no more.
-#define MAX_COALESCED 1500
+#define QUIC_RETRY 3
 // MAX_HEADERS bounds where a UDP header may start, for the verifier: the
 // Ethernet, VLAN, IP and extension headers the program walks take less.
 #define MAX_HEADERS 16384
@@ -820,12 +841,12 @@ static __always_inline __u64 varint(const __u8 *b, __s64 *n)
 
 // quic_packet looks at the UDP datagram at offset off in the packet:
 // INITIAL for a QUIC Initial that can open a connection, with its DCID
-// written into id; HANDSHAKE for a client's Handshake packet as above;
-// NONE for anything else. ip_len is the datagram's length as its IP header
-// says (see ip_len). It is a global function (see parse), so the verifier
-// walks it once, not once for each path through the headers to it: with
-// the walk to a coalesced Handshake packet, inlined, it walked more than a
-// million instructions.
+// written into id; ENDS_PASS for a client's other long-header packet as
+// above; NONE for anything else. ip_len is the datagram's length as its IP
+// header says (see ip_len). It is a global function (see parse), so the
+// verifier walks it once, not once for each path through the headers to
+// it: inlined, with a walk to a coalesced Handshake packet the program
+// once made, it walked more than a million instructions.
 __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct initial_id *id)
 {
 	const void *data = (void *)(long)ctx->data;
@@ -847,14 +868,18 @@ __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct i
 		return NONE;
 	__u32 version;
 	int type = long_type(q, &version);
-	if (type == QUIC_HANDSHAKE)
-		return HANDSHAKE;
+	// A Retry (type 3) is the server's; a short header or another version
+	// is no client's long-header packet.
+	if (type < 0 || type == QUIC_RETRY)
+		return NONE;
+	if (type != QUIC_INITIAL)
+		return ENDS_PASS;
 	// QUIC_HEAD bytes hold every field read here, at their longest: the
 	// first byte, version, both connection IDs with their lengths, and an
 	// 8-byte token length. The kernel delivers no datagram shorter than
 	// its length says, so one of 1200 bytes that holds fewer is not one.
-	if (type != QUIC_INITIAL || len < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
-		return NONE;
+	if (len < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
+		return ENDS_PASS;
 	__u32 dlen = q[5];
 	if (dlen > MAX_CID)
 		return NONE;
@@ -874,22 +899,8 @@ __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct i
 	// paths the verifier walks by the lengths.
 	__s64 n;
 	__u64 token = varint(tl, &n);
-	if (dlen < MIN_NEW_DCID && !token) {
-		// An Initial that opens no connection: is a Handshake packet
-		// coalesced behind it? Its Length follows the empty token.
-		const __u8 *lp = tl + n;
-		if ((const void *)(lp + 8) > end)
-			return NONE;
-		__s64 ln;
-		__u64 plen = varint(lp, &ln);
-		if (plen > MAX_COALESCED)
-			return NONE;
-		const __u8 *h = lp + ln + plen;
-		if ((const void *)(h + 5) > end)
-			return NONE;
-		__u32 v2;
-		return long_type(h, &v2) == QUIC_HANDSHAKE && v2 == version ? HANDSHAKE : NONE;
-	}
+	if (dlen < MIN_NEW_DCID && !token)
+		return ENDS_PASS;
 	id->dcid_len = dlen;
 	const __u8 *d = q + 6;
 #pragma clang loop unroll(full)
@@ -910,7 +921,7 @@ union attempt_id {
 
 // attempt looks at the transport header at l4 (protocol proto): a limited
 // SYN fills a's flow's ports, a QUIC Initial that opens a connection
-// a's id's port and DCID, a client's Handshake packet a's id's port; it
+// a's id's ports and DCID, an ENDS_PASS packet a's id's ports; it
 // returns which, REFUSE for a first fragment (first_frag) of a UDP datagram to a limited QUIC port, or NONE
 // for any other packet. ip_len is a UDP datagram's length as its IP header
 // says.
@@ -938,8 +949,10 @@ static __always_inline int attempt(struct xdp_md *ctx, const struct params *p, _
 	if (first_frag)
 		return REFUSE;
 	int kind = quic_packet(ctx, (const void *)udp - (void *)(long)ctx->data, ip_len, id);
-	if (kind != NONE)
+	if (kind != NONE) {
 		__builtin_memcpy(id->sport, &udp->source, 2);
+		__builtin_memcpy(id->dport, &udp->dest, 2);
+	}
 	return kind;
 }
 
@@ -1136,7 +1149,7 @@ __noinline int parse(struct xdp_md *ctx, const struct params *p, struct parsed *
 	if (!len)
 		return 0;
 	pd->kind = kind;
-	if (kind != HANDSHAKE) // which charges nothing
+	if (kind != ENDS_PASS) // which charges nothing
 		pd->hash = len == 5 ? xxh64_key5(key) : xxh64_key17(key);
 	return 0;
 }
@@ -1157,7 +1170,7 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 		count(STAT_QUIC_DROPPED);
 		return XDP_DROP;
 	}
-	if (pd.kind == HANDSHAKE) {
+	if (pd.kind == ENDS_PASS) {
 		end_pass(&pd.a.id);
 		return XDP_PASS;
 	}
