@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"errors"
 	"math"
 	"math/bits"
 	"slices"
@@ -13,8 +14,10 @@ import (
 // the quota at now (the quota less s's and the sum's estimate of the cell,
 // evaluated as a request's is). The shares are what is left divided by n,
 // the remainder going one each to the instances of rank 0 to remainder − 1
-// (rank is this instance's, from 0 to n − 1), so that they add up to what
-// is left. So n instances that decide on the same counts grant a key at
+// (rank is this instance's, from 0 to n − 1; a sliding sketch's ranks turn
+// by one each sub-window, see shareOf), so that they add up to what is
+// left. An instance the others do not count yet passes RankUncounted: it
+// takes no share. So n instances that decide on the same counts grant a key at
 // most what the cluster had left for it, and a key hit on all of them at
 // once gets about its quota, not n of them. Every cell gets its
 // reservation: a decision passes when any of the key's rows fits, so a
@@ -66,13 +69,34 @@ import (
 // instance's share of the counts, own and the peers', that have left its
 // view since (freedAt, added as the key's cells are read: no allocation,
 // no lock), and the next copy carries that as a reservation (carry).
-// With n < 2 there is no copy (below): a sole instance's decisions stay
-// exact.
+// A sliding copy decided on under a quota other than the one it shared (a
+// reload since) frees at most the quota now, and leaves the others their
+// shares of a raise (raised). With n < 2 there is no copy (below): a sole
+// instance's decisions stay exact.
 //
 // A nil sum, or n < 2, gives the sum itself. t is a sum (NewSketchSum,
 // SketchSumOfBinary), not a copy made by WithShares: every cell it does
 // not count something in is taken to hold zero.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
+	return t.WithSharesSole(s, n, rank, now, prev, hold, nil, nil)
+}
+
+// WithSharesSole is WithShares for a sliding sketch some of whose cells
+// only this instance counts (sole: bit i%64 of word i/64 for cell i; nil
+// for none), and the others have not counted for long. In such a cell
+// there is no grant of the others' to wait for: what it leaves them is
+// all but its share of what the quota has left over the own counts they
+// have seen, those of seen, a snapshot of s (AppendSnapshot) that every
+// other instance has read since it was taken (nil for none), in the
+// sub-windows still in the view. Their shares of the key are computed on
+// no less, and they take them if the key turns up there at once: a key
+// let off its share whole would get them besides. So a key that only
+// reaches this instance gets its share of what is left at each read that
+// follows a publish of its grants, where the reservation carried afresh
+// at each own grant would hold it at its first share. A weighted sketch
+// ignores sole and seen (its cluster decides such a key on the sum
+// without shares).
+func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration, sole []uint64, seen []byte) *SketchSum {
 	if t == nil || n < 2 {
 		return t
 	}
@@ -112,14 +136,21 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		}
 	}
 	b := shareBalance{
-		n: uint64(n), rank: uint64(rank), q: uint64(s.quota.Load()),
+		n: uint64(n), rank: shareRank(n, rank), q: uint64(s.quota.Load()),
 		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min((int64(hold)+unit-1)/unit+1, 1<<32-1)),
 	}
+	if s.ring > 2 {
+		b.sliding, b.turn = true, uint64(e)
+	}
+	// A copy made while the others did not count this instance left them
+	// all: what they may still grant of it is what a counted copy would
+	// have left them.
+	b.joined = p != nil && p.rank >= p.n && b.rank < b.n
 
 	// Every cell that counts nothing anywhere and held the previous
 	// default is in the same state: it is settled once, here, and the
 	// cells that are not are settled one by one below.
-	st := &shareState{origin: origin, n: b.n, rank: b.rank}
+	st := &shareState{origin: origin, n: b.n, rank: b.rank, epoch: e, q: b.q}
 	if p != nil {
 		held, since := b.carry(p.def, p.defSince, 0, 0, uint64(p.def), 0, 0)
 		st.def, st.defSince = b.settle(b.q, held, since)
@@ -150,7 +181,12 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	}
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
 	r := int(s.ring)
-	j := 0 // p.cells[j] is the first of the previous copy's cells not passed yet
+	if r == 2 || len(sole)*64 < len(t.counts)/r {
+		sole = nil
+	}
+	soleCells, soleSeen := t.seenCounts(seen, sole, e)
+	js := 0 // soleCells[js] is the first sole cell not passed yet
+	j := 0  // p.cells[j] is the first of the previous copy's cells not passed yet
 	for i := range setCells(marks) {
 		// A sliding sketch's older sub-windows count in full: they are
 		// summed into ownPrev and peerPrev, and weighed whole (rest w).
@@ -186,7 +222,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			if j < len(p.cells) && int(p.cells[j].i) == i {
 				pc := &p.cells[j]
 				pk, ps, po = pc.keep, pc.since, pc.owned
-				freed = p.freedAt(j, int(e-prev.epoch))
+				freed = p.freedAt(j, int(e-prev.epoch), b.q)
 			}
 			held, since = b.carry(pk, ps, po, freed, uint64(prev.curr(i)), peerSince, ownSince)
 		}
@@ -200,7 +236,14 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			hi, lo := sketchNum(ownPrev+peerPrev, ownCurr+peerCurr, w, rest)
 			est = sketchCeil(hi, lo, w)
 		}
-		keep, since := b.settle(b.q-min(est, b.q), held, since)
+		left := b.q - min(est, b.q)
+		if sole != nil && sole[i/64]&(1<<(i%64)) != 0 {
+			for js < len(soleCells) && soleCells[js] < i {
+				js++
+			}
+			left, held, since = b.q-min(peerPrev+peerCurr+soleSeen[js], b.q), 0, b.at
+		}
+		keep, since := b.settle(left, held, since)
 		owned := uint32(min(ownCurr, MaxSketchQuota))
 		if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 && since <= st.defSince {
 			// As every cell that counts nothing, its hold having
@@ -222,6 +265,39 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	}
 	c.shares = st
 	return &c
+}
+
+// seenCounts returns the cells sole marks, in increasing order, and what
+// the snapshot seen counts in each over the sub-windows of window e's
+// view. A snapshot that does not fit the sum, is not well formed, or is
+// nil counts nothing.
+func (t *SketchSum) seenCounts(seen []byte, sole []uint64, e int64) (cells []int, counts []uint64) {
+	if sole == nil {
+		return nil, nil
+	}
+	cells = slices.Collect(setCells(sole))
+	counts = make([]uint64, len(cells))
+	if seen == nil {
+		return cells, counts
+	}
+	var h sketchHeader
+	begin := func(got sketchHeader) error {
+		if got.ring != t.ring || got.window != t.window || got.epoch > e {
+			return errors.New("not a snapshot of this sum's sketch, of now or before")
+		}
+		h = got
+		return t.fits(got)
+	}
+	if walkSketchBinary(seen, t.rows*t.width, begin, nil) != nil {
+		return cells, counts
+	}
+	at := cellCursor{idx: cells}
+	_ = walkSketchBinary(seen, t.rows*t.width, begin, func(k, i int, c uint32) {
+		if v := at.find(k, i); v >= 0 && h.epoch-int64(h.ring)+1+int64(k) > e-int64(t.ring) {
+			counts[v-k*len(cells)] += uint64(c)
+		}
+	})
+	return cells, counts
 }
 
 // A shareState is what a copy made by WithShares left the other instances:
@@ -246,8 +322,47 @@ type shareState struct {
 	// two loads.
 	pos []int32
 	// n and rank are the instances the copy shares among and this one's
-	// rank (WithShares).
+	// rank (WithShares; n for an instance the others do not count yet,
+	// which takes no share).
 	n, rank uint64
+	// epoch is the copy's window and q the quota it shared: a decision
+	// on a later quota shares what it adds (raise) and frees no more
+	// room than it holds (freedAt).
+	epoch int64
+	q     uint64
+}
+
+// RankUncounted is the rank WithShares takes for an instance the others
+// do not count yet (one that joined the cluster since their last reads):
+// their shares cover all that is left, so it takes none, of what is left
+// or of the room that frees, and leaves every cell's whole room to them.
+const RankUncounted = -1
+
+// shareRank is WithShares' rank as shareOf takes it: n for RankUncounted
+// (or any rank outside 0 to n − 1).
+func shareRank(n, rank int) uint64 {
+	if rank < 0 || rank >= n {
+		return uint64(n)
+	}
+	return uint64(rank)
+}
+
+// shareOf is the share of x of the instance of rank among n, at turn:
+// x/n, and one more for the x mod n instances whose rank, turned by turn,
+// comes first, so that the n shares add up to x. The turn is the
+// sub-window the room is shared in, for a sliding sketch (0 for a
+// weighted one): every instance gets the remainder in its turn, where a
+// fixed order left the last-ranked one a key's last request of every
+// window. A rank of n (RankUncounted) takes nothing.
+func shareOf(x, n, rank, turn uint64) uint64 {
+	if rank >= n {
+		return 0
+	}
+	share := x / n
+	if (rank+turn%n)%n < x%n {
+		share++
+	}
+	return share
 }
 
 // freedAt is what listed cell j leaves the other instances, d sub-windows
@@ -256,17 +371,30 @@ type shareState struct {
 // what is left. A whole sub-window's counts leave every instance's view at
 // the same instant, between two reads: taken whole, that room would be
 // granted once per instance to a key hit on all of them at once.
-func (st *shareState) freedAt(j, d int) uint64 {
+//
+// The room was measured against the quota of the copy: under a lower one
+// (a reload since) it frees at most the quota, so that the key is not
+// held on the old quota's room until a re-balance carries that.
+func (st *shareState) freedAt(j, d int, q uint64) uint64 {
 	f := len(st.freed) / max(len(st.cells), 1)
 	if d < 1 || d > f {
 		return 0
 	}
-	gone := uint64(st.freed[j*f+d-1])
-	share := gone / st.n
-	if st.rank < gone%st.n {
-		share++
+	gone := min(uint64(st.freed[j*f+d-1]), q)
+	return gone - shareOf(gone, st.n, st.rank, uint64(st.epoch+int64(d)))
+}
+
+// raised is what this instance leaves the others, d sub-windows after the
+// copy's window, of a quota q higher than the one the copy shared: all
+// but its share of the difference, which the others are as free to grant
+// as it is. Without it each instance would take the whole raise, once per
+// instance.
+func (st *shareState) raised(d int, q uint64) uint64 {
+	if q <= st.q {
+		return 0
 	}
-	return gone - share
+	x := q - st.q
+	return x - shareOf(x, st.n, st.rank, uint64(st.epoch+int64(d)))
 }
 
 // addFreed adds to the view, d sub-windows after the copy's window, what
@@ -275,16 +403,29 @@ func (st *shareState) freedAt(j, d int) uint64 {
 // sub-window: it stays occupied until the next read re-balances, which
 // carries it (carry). cols are the key's (ring × cell index). It does not
 // allocate.
-func (st *shareState) addFreed(cols *sketchCols, d, ring int, v *sketchView) {
+func (st *shareState) addFreed(cols *sketchCols, d, ring int, q uint64, v *sketchView) {
+	up := st.raised(d, q)
 	for r := 0; r < v.n; r++ {
-		j := int(st.pos[cols[r]/uint64(ring)]) - 1
-		if j < 0 {
-			continue
+		x := up
+		if j := int(st.pos[cols[r]/uint64(ring)]) - 1; j >= 0 {
+			x += st.freedAt(j, d, q)
 		}
-		x := st.freedAt(j, d)
 		v.sub[r][len(v.sub[r])-1] += x
 		v.rows[r].curr += x
 	}
+}
+
+// kept is what a sliding copy made by WithShares leaves the others in
+// cell i, in its count of window epoch: 0 in any other sum.
+func (t *SketchSum) kept(i int) uint32 {
+	st := t.shares
+	if st == nil || st.pos == nil {
+		return 0
+	}
+	if j := st.pos[i] - 1; j >= 0 {
+		return st.cells[j].keep
+	}
+	return st.def
 }
 
 // sketchShareChain is how many sub-windows a sliding sketch's copies made
@@ -328,6 +469,13 @@ type shareCell struct {
 type shareBalance struct {
 	n, rank, q uint64
 	at, hold   uint32
+	// sliding is set for a sliding sketch, whose remainders turn by
+	// turn (its window) and whose holds are capped (settle).
+	sliding bool
+	turn    uint64
+	// joined is set when the previous copy was made while the others
+	// did not count this instance (RankUncounted) and this one is not.
+	joined bool
 }
 
 // carry returns what a reservation of pk, made or seen used at ps, while
@@ -341,6 +489,9 @@ type shareBalance struct {
 // it until hold passes; then nothing.
 func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCurr uint64) (held uint64, since uint32) {
 	kept := uint64(pk) + freed
+	if b.joined {
+		kept -= shareOf(kept, b.n, b.rank, b.turn)
+	}
 	if kept == 0 {
 		return 0, b.at
 	}
@@ -358,17 +509,20 @@ func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCu
 
 // settle returns what a cell with left of the quota leaves the others, and
 // since when: all but this instance's share, the n shares adding up to
-// left (the remainder of the division going one each to the instances
-// ranked first, so the last requests of a key spread over the instances
-// still pass), or what they were left before, held since since, if more:
+// left (shareOf: the remainder of the division going one each to the
+// instances first in turn, so the last requests of a key spread over the
+// instances still pass), or what they were left before, held since since, if more:
 // what they may still grant unseen is not shared again, nor left them
 // twice.
+//
+// A sliding sketch's hold is capped at what n − 1 shares of the quota now
+// can be: a hold made under a higher quota (a reload lowered it since)
+// would otherwise deny the key here for as long as it is held.
 func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32) {
-	share := left / b.n
-	if b.rank < left%b.n {
-		share++
+	k := left - shareOf(left, b.n, b.rank, b.turn)
+	if b.sliding {
+		held = min(held, b.q-shareOf(b.q, b.n, b.rank, b.turn))
 	}
-	k := left - share
 	if held >= k {
 		k = held
 	} else {
