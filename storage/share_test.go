@@ -2,6 +2,7 @@ package storage
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -521,5 +522,62 @@ func TestAReadThatMissesALatePeerKeepsItsLateness(t *testing.T) {
 				t.Fatalf("granted %d of a limit of 10, want 10", granted)
 			}
 		})
+	}
+}
+
+// Instances that join a window zone's cluster between two of the others'
+// reads take no share until the others count them (Syncer.shareRank): the
+// others' shares already cover all a key has left, and the room a
+// sub-window frees. A burst on every instance just after a burst's
+// sub-window left the view then gets one quota however many join. Before,
+// each joiner took its share among 4 besides the others' among 3: 37 in a
+// span with one joiner, 51 with three, 72 with six. A joiner takes its
+// share once the others have counted it and published since.
+func TestWindowZoneInstancesJoiningBetweenReadsTakeNoShareYet(t *testing.T) {
+	const events = 30
+	window := 4 * time.Second
+	for _, joining := range []int{1, 3, 6} {
+		nodes := newWindowNodesOf(t, 3, events, window, true, sameClock, t0)
+		st := nodes[0].s.st
+		h := limiter.HashString("k")
+		log, at := expiryScene(nodes, h, events, window)
+		all := nodes
+		for i := range joining {
+			c, err := newCluster(Shape{Zone: "w", Window: window, Width: 256, Sliding: true}, events)
+			if err != nil {
+				t.Fatal(err)
+			}
+			j := &node{c: c}
+			j.s = NewSyncer(c, st, fmt.Sprint("joiner-", i), testIntervals, nodes[0].s.log)
+			j.s.proc = newProcess()
+			c.SplitBursts(true, testIntervals.Read)
+			// It publishes and reads 200 ms after the others' last read:
+			// it finds them, they have not found it.
+			j.s.Write(bg, at.Add(-110*time.Millisecond))
+			j.s.Read(bg, at.Add(-110*time.Millisecond))
+			all = append(all, j)
+		}
+		var per []int
+		for _, n := range all {
+			per = append(per, burstOnAll([]*node{n}, h, events, at, &log))
+		}
+		slices.SortFunc(log, time.Time.Compare)
+		w := worstSpan(log, window)
+		t.Logf("%d joining between reads (live as each sees it: %d and %d): the burst after the expiry got %v; at most %d in a span", joining, nodes[0].c.Live(), all[len(all)-1].c.Live(), per, w)
+		if bound := events*11/10 + 1; w > bound {
+			t.Errorf("%d joining: a span held %d grants, over 1.1 × %d + 1 = %d", joining, w, events, bound)
+		}
+		// Once counted, and what the others granted on their shares of
+		// before read here, a joiner takes its share of a fresh key
+		// (its reads come on the others' ticks, 200 ms after it joined).
+		later := at.Add(joinWait(testIntervals) + testIntervals.Read)
+		for s := at.Add(-310 * time.Millisecond).Add(testIntervals.Read); !s.After(later); s = s.Add(testIntervals.Read) {
+			syncAll(s, all...)
+		}
+		fresh := limiter.HashString("fresh")
+		j := all[len(all)-1]
+		if got := burstOnAll([]*node{j}, fresh, events, later.Add(time.Millisecond), new([]time.Time)); got < events/len(all) {
+			t.Errorf("%d joining: a joiner counted by the others got %d of a fresh key, want its share, %d", joining, got, events/len(all))
+		}
 	}
 }
