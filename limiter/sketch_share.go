@@ -15,7 +15,7 @@ import (
 // evaluated as a request's is). The shares are what is left divided by n,
 // the remainder going one each to the instances of rank 0 to remainder − 1
 // (rank is this instance's, from 0 to n − 1; a sliding sketch's ranks turn
-// by one each sub-window, see shareOf), so that they add up to what is
+// by one each sub-window, see turned), so that they add up to what is
 // left. An instance the others do not count yet passes RankUncounted: it
 // takes no share. So n instances that decide on the same counts grant a key at
 // most what the cluster had left for it, and a key hit on all of them at
@@ -139,8 +139,9 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 		n: uint64(n), rank: shareRank(n, rank), q: uint64(s.quota.Load()),
 		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min((int64(hold)+unit-1)/unit+1, 1<<32-1)),
 	}
+	b.turned = b.rank
 	if s.ring > 2 {
-		b.sliding, b.turn = true, uint64(e)
+		b.sliding, b.turned = true, turned(b.rank, uint64(e), b.n)
 	}
 	// A copy made while the others did not count this instance left them
 	// all: what they may still grant of it is what a counted copy would
@@ -150,7 +151,12 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 	// Every cell that counts nothing anywhere and held the previous
 	// default is in the same state: it is settled once, here, and the
 	// cells that are not are settled one by one below.
-	st := &shareState{origin: origin, n: b.n, rank: b.rank, epoch: e, q: b.q}
+	st := &shareState{origin: origin, n: b.n, rank: b.rank, q: b.q}
+	if s.ring > 2 {
+		for d := range st.turns {
+			st.turns[d] = turned(b.rank, uint64(e+int64(d)), b.n)
+		}
+	}
 	if p != nil {
 		held, since := b.carry(p.def, p.defSince, 0, 0, uint64(p.def), 0, 0)
 		st.def, st.defSince = b.settle(b.q, held, since)
@@ -325,11 +331,13 @@ type shareState struct {
 	// rank (WithShares; n for an instance the others do not count yet,
 	// which takes no share).
 	n, rank uint64
-	// epoch is the copy's window and q the quota it shared: a decision
-	// on a later quota shares what it adds (raise) and frees no more
-	// room than it holds (freedAt).
-	epoch int64
-	q     uint64
+	// q is the quota the copy shared: a decision on a later one shares
+	// what it adds (raised) and frees no more room than it holds
+	// (freedAt).
+	q uint64
+	// turns holds, for a sliding sketch, the rank shareOf takes d
+	// sub-windows after the copy's window (turned), at index d.
+	turns [1 << sketchSlidingBits]uint64
 }
 
 // RankUncounted is the rank WithShares takes for an instance the others
@@ -347,22 +355,30 @@ func shareRank(n, rank int) uint64 {
 	return uint64(rank)
 }
 
-// shareOf is the share of x of the instance of rank among n, at turn:
-// x/n, and one more for the x mod n instances whose rank, turned by turn,
-// comes first, so that the n shares add up to x. The turn is the
-// sub-window the room is shared in, for a sliding sketch (0 for a
-// weighted one): every instance gets the remainder in its turn, where a
-// fixed order left the last-ranked one a key's last request of every
-// window. A rank of n (RankUncounted) takes nothing.
-func shareOf(x, n, rank, turn uint64) uint64 {
-	if rank >= n {
+// shareOf is the share of x of the instance of rank r among n: x/n, and
+// one more for the x mod n instances of the lowest ranks, so that the n
+// shares add up to x. A rank of n (RankUncounted) takes nothing.
+func shareOf(x, n, r uint64) uint64 {
+	if r >= n {
 		return 0
 	}
 	share := x / n
-	if (rank+turn%n)%n < x%n {
+	if r < x%n {
 		share++
 	}
 	return share
+}
+
+// turned is rank turned by turn among n (n stays n): the rank shareOf
+// takes in the sub-window turn, for a sliding sketch (turn 0 for a
+// weighted one). Every instance gets the remainder in its turn, where a
+// fixed order left the last-ranked one a key's last request of every
+// window.
+func turned(rank, turn, n uint64) uint64 {
+	if rank >= n {
+		return n
+	}
+	return (rank + turn%n) % n
 }
 
 // freedAt is what listed cell j leaves the other instances, d sub-windows
@@ -381,7 +397,7 @@ func (st *shareState) freedAt(j, d int, q uint64) uint64 {
 		return 0
 	}
 	gone := min(uint64(st.freed[j*f+d-1]), q)
-	return gone - shareOf(gone, st.n, st.rank, uint64(st.epoch+int64(d)))
+	return gone - shareOf(gone, st.n, st.turns[d])
 }
 
 // raised is what this instance leaves the others, d sub-windows after the
@@ -390,11 +406,11 @@ func (st *shareState) freedAt(j, d int, q uint64) uint64 {
 // as it is. Without it each instance would take the whole raise, once per
 // instance.
 func (st *shareState) raised(d int, q uint64) uint64 {
-	if q <= st.q {
+	if q <= st.q || d >= len(st.turns) {
 		return 0
 	}
 	x := q - st.q
-	return x - shareOf(x, st.n, st.rank, uint64(st.epoch+int64(d)))
+	return x - shareOf(x, st.n, st.turns[d])
 }
 
 // addFreed adds to the view, d sub-windows after the copy's window, what
@@ -469,10 +485,11 @@ type shareCell struct {
 type shareBalance struct {
 	n, rank, q uint64
 	at, hold   uint32
-	// sliding is set for a sliding sketch, whose remainders turn by
-	// turn (its window) and whose holds are capped (settle).
+	// turned is the rank shareOf takes (turned by the window, for a
+	// sliding sketch); sliding is set for a sliding sketch, whose holds
+	// are capped (settle).
+	turned  uint64
 	sliding bool
-	turn    uint64
 	// joined is set when the previous copy was made while the others
 	// did not count this instance (RankUncounted) and this one is not.
 	joined bool
@@ -490,7 +507,7 @@ type shareBalance struct {
 func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCurr uint64) (held uint64, since uint32) {
 	kept := uint64(pk) + freed
 	if b.joined {
-		kept -= shareOf(kept, b.n, b.rank, b.turn)
+		kept -= shareOf(kept, b.n, b.turned)
 	}
 	if kept == 0 {
 		return 0, b.at
@@ -519,9 +536,9 @@ func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCu
 // can be: a hold made under a higher quota (a reload lowered it since)
 // would otherwise deny the key here for as long as it is held.
 func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32) {
-	k := left - shareOf(left, b.n, b.rank, b.turn)
+	k := left - shareOf(left, b.n, b.turned)
 	if b.sliding {
-		held = min(held, b.q-shareOf(b.q, b.n, b.rank, b.turn))
+		held = min(held, b.q-shareOf(b.q, b.n, b.turned))
 	}
 	if held >= k {
 		k = held

@@ -284,7 +284,7 @@ func TestShareOfGivesEveryInstanceTheRemainderInTurn(t *testing.T) {
 			for turn := uint64(1_000_000_000_000); turn < 1_000_000_000_000+n; turn++ {
 				sum := uint64(0)
 				for rank := range n {
-					s := shareOf(x, n, rank, turn)
+					s := shareOf(x, n, turned(rank, turn, n))
 					if s != x/n && s != x/n+1 {
 						t.Fatalf("n %d x %d rank %d turn %d: share %d", n, x, rank, turn, s)
 					}
@@ -294,7 +294,7 @@ func TestShareOfGivesEveryInstanceTheRemainderInTurn(t *testing.T) {
 				if sum != x {
 					t.Fatalf("n %d x %d turn %d: the shares add up to %d", n, x, turn, sum)
 				}
-				if s := shareOf(x, n, shareRank(int(n), RankUncounted), turn); s != 0 {
+				if s := shareOf(x, n, turned(shareRank(int(n), RankUncounted), turn, n)); s != 0 {
 					t.Fatalf("n %d x %d: an uncounted instance's share %d", n, x, s)
 				}
 			}

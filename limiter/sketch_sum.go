@@ -248,8 +248,9 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 			}
 			v.rows[i].curr += sum
 		}
-		if d >= 0 && t.shares != nil && t.shares.freed != nil {
-			// A copy made by WithShares d sub-windows ago.
+		if st := t.shares; st != nil && st.freed != nil && (d > 0 || d == 0 && q > st.q) {
+			// A copy made by WithShares d sub-windows ago, or under a
+			// lower quota.
 			t.shares.addFreed(cols, int(d), t.ring, q, v)
 		}
 		return
