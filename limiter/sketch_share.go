@@ -242,14 +242,15 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 			hi, lo := sketchNum(ownPrev+peerPrev, ownCurr+peerCurr, w, rest)
 			est = sketchCeil(hi, lo, w)
 		}
-		left := b.q - min(est, b.q)
+		var keep uint32
 		if sole != nil && sole[i/64]&(1<<(i%64)) != 0 {
 			for js < len(soleCells) && soleCells[js] < i {
 				js++
 			}
-			left, held, since = b.q-min(peerPrev+peerCurr+soleSeen[js], b.q), 0, b.at
+			keep, since = b.settleSole(b.q - min(peerPrev+peerCurr+soleSeen[js], b.q))
+		} else {
+			keep, since = b.settle(b.q-min(est, b.q), held, since)
 		}
-		keep, since := b.settle(left, held, since)
 		owned := uint32(min(ownCurr, MaxSketchQuota))
 		if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 && since <= st.defSince {
 			// As every cell that counts nothing, its hold having
@@ -549,6 +550,25 @@ func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32
 		return 0, 0
 	}
 	return uint32(k), since
+}
+
+// settleSole returns what a cell only this instance counts, with left of
+// the quota over the own counts the others have seen, leaves them, and
+// since when (now): all but this instance's share, which takes the
+// division's remainder whatever the turn. The others split what they see
+// left by turns: a key that only reaches this instance would otherwise get
+// its last units only in its turn, n − 1 sub-windows apart, and the
+// others, if the key turns up there at once, take at most one unit of the
+// remainder this one took too.
+func (b shareBalance) settleSole(left uint64) (keep, from uint32) {
+	share := uint64(0)
+	if b.rank < b.n {
+		share = (left + b.n - 1) / b.n
+	}
+	if k := min(left-share, MaxSketchQuota); k != 0 {
+		return uint32(k), b.at
+	}
+	return 0, 0
 }
 
 // AppendCounted appends a bitmap of the cells in which s counts something

@@ -581,3 +581,36 @@ func TestWindowZoneInstancesJoiningBetweenReadsTakeNoShareYet(t *testing.T) {
 		}
 	}
 }
+
+// A restart is no join: an instance of a window zone that restores its own
+// last snapshot, published within ten write intervals, takes its share at
+// its first read, as the process before it did; one under a new name
+// takes none until the others count it.
+func TestWindowZoneRestartTakesItsShareAtOnce(t *testing.T) {
+	const events = 30
+	window := time.Minute
+	nodes := newWindowNodesOf(t, 3, events, window, true, sameClock, t0)
+	for _, name := range []string{"a", "new"} {
+		c, err := newCluster(Shape{Zone: "w", Window: window, Width: 256, Sliding: true}, events)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &node{c: c}
+		n.s = NewSyncer(c, nodes[0].s.st, name, testIntervals, nodes[0].s.log)
+		n.s.proc = newProcess()
+		c.SplitBursts(true, testIntervals.Read)
+		at := t0.Add(testIntervals.Read / 2)
+		if err := n.s.Restore(bg, at); err != nil {
+			t.Fatal(err)
+		}
+		n.s.Read(bg, at)
+		got := burstOnAll([]*node{n}, limiter.HashString("fresh"), events, at, new([]time.Time))
+		t.Logf("%q started %v after the last sync: %d of a fresh key's %d at once (live %d)", name, at.Sub(t0), got, events, c.Live())
+		if want := events / 3; name == "a" && got < want {
+			t.Errorf("a restart got %d of a fresh key, want its share %d", got, want)
+		}
+		if name == "new" && got != 0 {
+			t.Errorf("a new instance got %d of a fresh key before the others counted it", got)
+		}
+	}
+}
