@@ -16,9 +16,9 @@ import (
 // the remainder going one each to the instances of rank 0 to remainder − 1
 // (rank is this instance's, from 0 to n − 1; a sliding sketch's ranks turn
 // by one each sub-window, see turned), so that they add up to what is
-// left. An instance the others do not count yet passes RankUncounted: it
-// takes no share. So n instances that decide on the same counts grant a key at
-// most what the cluster had left for it, and a key hit on all of them at
+// left; an instance the others do not count yet passes RankUncounted and
+// takes no share. So n instances that decide on the same counts grant a
+// key at most what the cluster had left for it, and a key hit on all of them at
 // once gets about its quota, not n of them. Every cell gets its
 // reservation: a decision passes when any of the key's rows fits, so a
 // key is let off its share (a key only this instance counts) by deciding
@@ -85,8 +85,9 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 // only this instance counts (sole: bit i%64 of word i/64 for cell i; nil
 // for none), and the others have not counted for long. In such a cell
 // there is no grant of the others' to wait for: what it leaves them is
-// all but its share of what the quota has left over the own counts they
-// have seen, those of seen, a snapshot of s (AppendSnapshot) that every
+// all but its share, rounded up (settleSole), of what the quota has left
+// over the own counts they have seen, those of seen, a snapshot of s
+// (AppendSnapshot) that every
 // other instance has read since it was taken (nil for none), in the
 // sub-windows still in the view. Their shares of the key are computed on
 // no less, and they take them if the key turns up there at once: a key
