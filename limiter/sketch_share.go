@@ -16,10 +16,11 @@ import (
 // the remainder going one each to the instances of rank 0 to remainder − 1
 // (rank is this instance's, from 0 to n − 1; a sliding sketch's ranks turn
 // by one each sub-window, see turned), so that they add up to what is
-// left; an instance the others do not count yet passes RankUncounted and
-// takes no share. So n instances that decide on the same counts grant a
-// key at most what the cluster had left for it, and a key hit on all of them at
-// once gets about its quota, not n of them. Every cell gets its
+// left; an instance the others do not count yet passes Uncounted(rank)
+// and takes no share, only its allowance. So n instances that decide on
+// the same counts grant a key at most what the cluster had left for it
+// (plus an allowance per uncounted instance), and a key hit on all of them
+// at once gets about its quota, not n of them. Every cell gets its
 // reservation: a decision passes when any of the key's rows fits, so a
 // key is let off its share (a key only this instance counts) by deciding
 // on the sum without shares, never cell by cell (KeyCells, CellZero).
@@ -137,12 +138,16 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 		}
 	}
 	b := shareBalance{
-		n: uint64(n), rank: shareRank(n, rank), q: uint64(s.quota.Load()),
+		n: uint64(n), q: uint64(s.quota.Load()),
 		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min((int64(hold)+unit-1)/unit+1, 1<<32-1)),
 	}
+	b.rank, b.as = shareRank(n, rank)
 	b.turned = b.rank
+	if b.rank == b.n {
+		b.allow = uint64(UncountedAllowance(int64(b.q)))
+	}
 	if s.ring > 2 {
-		b.sliding, b.turned = true, turned(b.rank, uint64(e), b.n)
+		b.sliding, b.turned, b.as = true, turned(b.rank, uint64(e), b.n), turned(b.as, uint64(e), b.n)
 	}
 	// A copy made while the others did not count this instance left them
 	// all: what they may still grant of it is what a counted copy would
@@ -160,9 +165,9 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 	}
 	if p != nil {
 		held, since := b.carry(p.def, p.defSince, 0, 0, uint64(p.def), 0, 0)
-		st.def, st.defSince = b.settle(b.q, held, since)
+		st.def, st.defSince = b.settle(b.q, 0, held, since)
 	} else {
-		st.def, st.defSince = b.settle(b.q, 0, b.at)
+		st.def, st.defSince = b.settle(b.q, 0, 0, b.at)
 	}
 	c.def = st.def // every cell not written below: 0 + def
 
@@ -248,9 +253,9 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 			for js < len(soleCells) && soleCells[js] < i {
 				js++
 			}
-			keep, since = b.settleSole(b.q - min(peerPrev+peerCurr+soleSeen[js], b.q))
+			keep, since = b.settleSole(b.q-min(peerPrev+peerCurr+soleSeen[js], b.q), ownPrev+ownCurr)
 		} else {
-			keep, since = b.settle(b.q-min(est, b.q), held, since)
+			keep, since = b.settle(b.q-min(est, b.q), ownPrev+ownCurr, held, since)
 		}
 		owned := uint32(min(ownCurr, MaxSketchQuota))
 		if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 && since <= st.defSince {
@@ -331,7 +336,8 @@ type shareState struct {
 	pos []int32
 	// n and rank are the instances the copy shares among and this one's
 	// rank (WithShares; n for an instance the others do not count yet,
-	// which takes no share).
+	// which takes no share, only its allowance, settled in the cells'
+	// keep: see Uncounted).
 	n, rank uint64
 	// q is the quota the copy shared: a decision on a later one shares
 	// what it adds (raised) and frees no more room than it holds
@@ -342,19 +348,42 @@ type shareState struct {
 	turns [1 << sketchSlidingBits]uint64
 }
 
-// RankUncounted is the rank WithShares takes for an instance the others
-// do not count yet (one that joined the cluster since their last reads):
-// their shares cover all that is left, so it takes none, of what is left
-// or of the room that frees, and leaves every cell's whole room to them.
-const RankUncounted = -1
+// Uncounted is the rank WithShares takes for an instance ranked rank
+// among the n it finds live that the others do not count yet (one that
+// joined the cluster since their last reads): their shares cover all that
+// is left, so it takes no share of it, nor of the room that frees, and
+// leaves every cell's whole room to them but its allowance: at most
+// UncountedAllowance of the quota, less what it counts in the cell over
+// the sub-windows in the view (at least its own grants of a key in the
+// last window: a cell counts every key that maps to it), and never more
+// than its share were it counted (ranked rank, turned by the window as a
+// counted one's is, or rounded up in a cell only it counts, as
+// settleSole's). So a key gets at most the allowance from it in any span
+// of the window, however often it re-balances while uncounted: each copy
+// leaves it the allowance less what the view already counts, and the view
+// reaches a window back. What it grants of the allowance comes on top of
+// what the counted instances' shares cover: k instances uncounted at once
+// add at most k × UncountedAllowance to a key's bound.
+func Uncounted(rank int) int { return -1 - max(rank, 0) }
 
-// shareRank is WithShares' rank as shareOf takes it: n for RankUncounted
-// (or any rank outside 0 to n − 1).
-func shareRank(n, rank int) uint64 {
-	if rank < 0 || rank >= n {
-		return uint64(n)
+// UncountedAllowance is what an instance the others do not count yet
+// (Uncounted) may grant a key of quota q in any span of the window: q/10 +
+// 1, the slack of the cluster's bound of 1.1 × q + 1 (⌊1.1 × q⌋ + 1 = q +
+// ⌊q/10⌋ + 1). A request heavier than that waits until it is counted.
+func UncountedAllowance(q int64) int64 { return max(q, 0)/10 + 1 }
+
+// shareRank is WithShares' rank as shareOf takes it, n for an uncounted
+// instance (Uncounted, or a rank of n or more), and the rank an uncounted
+// one would take were it counted (that of Uncounted's argument, capped at
+// n − 1; n for a rank of n or more).
+func shareRank(n, rank int) (r, as uint64) {
+	switch {
+	case rank >= n:
+		return uint64(n), uint64(n)
+	case rank < 0:
+		return uint64(n), uint64(min(-1-rank, n-1))
 	}
-	return uint64(rank)
+	return uint64(rank), uint64(rank)
 }
 
 // shareOf is the share of x of the instance of rank r among n: x/n, and
@@ -492,8 +521,13 @@ type shareBalance struct {
 	// are capped (settle).
 	turned  uint64
 	sliding bool
+	// For an instance the others do not count yet (rank n, Uncounted):
+	// as is the rank, turned as turned is, whose share caps its
+	// allowance, and allow is the allowance (UncountedAllowance); 0 for
+	// a counted one.
+	as, allow uint64
 	// joined is set when the previous copy was made while the others
-	// did not count this instance (RankUncounted) and this one is not.
+	// did not count this instance (Uncounted) and this one is not.
 	joined bool
 }
 
@@ -537,10 +571,13 @@ func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCu
 // A sliding sketch's hold is capped at what n − 1 shares of the quota now
 // can be: a hold made under a higher quota (a reload lowered it since)
 // would otherwise deny the key here for as long as it is held.
-func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32) {
-	k := left - shareOf(left, b.n, b.turned)
+//
+// own is what the own sketch counts in the cell over the sub-windows in
+// the view: an uncounted instance takes its allowance less that (mine).
+func (b shareBalance) settle(left, own, held uint64, since uint32) (keep, from uint32) {
+	k := left - b.mine(shareOf(left, b.n, b.turned), left, own)
 	if b.sliding {
-		held = min(held, b.q-shareOf(b.q, b.n, b.turned))
+		held = min(held, b.q-b.mine(shareOf(b.q, b.n, b.turned), b.q, 0))
 	}
 	if held >= k {
 		k = held
@@ -553,6 +590,20 @@ func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32
 	return uint32(k), since
 }
 
+// mine is what this instance takes of a cell with left of the quota, its
+// share being share, and own what the own sketch counts in it over the
+// sub-windows in the view: share, or for an instance the others do not
+// count yet (Uncounted) its allowance less own, at most the share it
+// would take were it counted. The view reaches a window back, so what it
+// grants of that between two reads, with own, stays within the allowance
+// in any span of the window; a re-balance hands it nothing more.
+func (b shareBalance) mine(share, left, own uint64) uint64 {
+	if b.rank < b.n {
+		return share
+	}
+	return min(shareOf(left, b.n, b.as), b.allow-min(own, b.allow))
+}
+
 // settleSole returns what a cell only this instance counts, with left of
 // the quota over the own counts the others have seen, leaves them, and
 // since when (now): all but this instance's share, which takes the
@@ -561,10 +612,12 @@ func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32
 // its last units only in its turn, n − 1 sub-windows apart, and the
 // others, if the key turns up there at once, take at most one unit of the
 // remainder this one took too.
-func (b shareBalance) settleSole(left uint64) (keep, from uint32) {
-	share := uint64(0)
-	if b.rank < b.n {
-		share = (left + b.n - 1) / b.n
+//
+// An uncounted instance takes its allowance (mine), at most that share.
+func (b shareBalance) settleSole(left, own uint64) (keep, from uint32) {
+	share := (left + b.n - 1) / b.n
+	if b.rank == b.n {
+		share = min(share, b.allow-min(own, b.allow))
 	}
 	if k := min(left-share, MaxSketchQuota); k != 0 {
 		return uint32(k), b.at

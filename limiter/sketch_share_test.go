@@ -276,7 +276,7 @@ func TestSlidingWithSharesSplitOnlyTheRoomFreed(t *testing.T) {
 // The n shares of what is left add up to it, each x/n or one more, and the
 // remainder goes to every instance in its turn: over n turns each gets
 // x mod n units of it, not always the first ranks. An instance the others
-// do not count yet (RankUncounted) takes nothing.
+// do not count yet (Uncounted) takes no share.
 func TestShareOfGivesEveryInstanceTheRemainderInTurn(t *testing.T) {
 	for n := uint64(1); n <= 5; n++ {
 		for x := uint64(0); x <= 23; x++ {
@@ -294,7 +294,7 @@ func TestShareOfGivesEveryInstanceTheRemainderInTurn(t *testing.T) {
 				if sum != x {
 					t.Fatalf("n %d x %d turn %d: the shares add up to %d", n, x, turn, sum)
 				}
-				if s := shareOf(x, n, turned(shareRank(int(n), RankUncounted), turn, n)); s != 0 {
+				if s := shareOf(x, n, turned(first(shareRank(int(n), Uncounted(1))), turn, n)); s != 0 {
 					t.Fatalf("n %d x %d: an uncounted instance's share %d", n, x, s)
 				}
 			}
@@ -371,20 +371,85 @@ func TestSlidingCopyLessAKeyKeepsTheOthersShares(t *testing.T) {
 	}
 }
 
-// An instance the others do not count yet (RankUncounted) leaves them all
-// a key has left and all the room a sub-window frees.
-func TestUncountedInstanceTakesNoShare(t *testing.T) {
+// first is the first of a pair.
+func first[A, B any](a A, _ B) A { return a }
+
+// An instance the others do not count yet (Uncounted) leaves them all a
+// key has left and all the room a sub-window frees, but its allowance: a
+// fresh key gets UncountedAllowance from it at once (no more than its share
+// were it counted), and no more in any span of the window however often it
+// re-balances meanwhile; a request heavier than the allowance waits. Before,
+// it took nothing: every key was denied until the others counted it.
+func TestUncountedInstanceTakesItsAllowanceOnce(t *testing.T) {
 	const quota, n = 30, 4
 	window := 4 * time.Second
+	allow := UncountedAllowance(quota)
+	if allow != 4 {
+		t.Fatalf("UncountedAllowance(%d) = %d, want 4 (1.1 × 30 + 1 = 34 = 30 + 4)", quota, allow)
+	}
 	c := newSlidingCluster(t, n, quota, window)
 	read, after := c.burstBeforeExpiry(c.sk[:n-1])
 	j := c.sk[n-1]
-	shared := c.peersOf(n-1, read).WithShares(j, n, RankUncounted, read, nil, 2*time.Second)
+	shared := c.peersOf(n-1, read).WithShares(j, n, Uncounted(n-1), read, nil, 2*time.Second)
 	if r := j.PeekHashWith(c.h, 1, after, shared).Remaining; r != 0 {
-		t.Errorf("once the burst left the view: %d remaining, want 0", r)
+		t.Errorf("once the burst left the view: %d remaining, want 0 (the room freed is the others')", r)
 	}
-	if r := j.PeekHashWith(c.h^0x5555, 1, read, shared).Remaining; r != 0 {
-		t.Errorf("a fresh key: %d remaining, want 0", r)
+	fresh := HashString("fresh")
+	if d := j.PeekHashWith(fresh, allow+1, read, shared); d.Allowed {
+		t.Errorf("a request of weight %d, over the allowance, passed", allow+1)
+	}
+	// Re-balanced every 100 ms for two windows, a request every 10 ms.
+	var log []time.Time
+	prev := shared
+	for at := read; at.Before(read.Add(2 * window)); at = at.Add(10 * time.Millisecond) {
+		if at.Sub(read)%(100*time.Millisecond) == 0 && at != read {
+			prev = c.peersOf(n-1, at).WithShares(j, n, Uncounted(n-1), at, prev, 2*time.Second)
+		}
+		if d, _ := j.TakeHashWith(fresh, 1, at, prev); d.Allowed {
+			log = append(log, at)
+		}
+	}
+	most := 0
+	for i := range log {
+		in := 0
+		for k := i; k >= 0 && log[i].Sub(log[k]) < window; k-- {
+			in++
+		}
+		most = max(most, in)
+	}
+	t.Logf("an uncounted instance, 80 re-balances over 2 windows: %d granted, at most %d in a span of %v (allowance %d)", len(log), most, window, allow)
+	if len(log) == 0 || !log[0].Equal(read) {
+		t.Errorf("a fresh key was not granted at once at %v (grants at %v)", read, log)
+	}
+	if most != int(allow) {
+		t.Errorf("at most %d granted in a span of the window, want the allowance %d", most, allow)
+	}
+	if len(log) < 2*int(allow) {
+		t.Errorf("%d granted over two windows, want the allowance once a window (%d)", len(log), 2*allow)
+	}
+}
+
+// An uncounted instance's allowance is never more than the share it would
+// take were it counted: of a key that has 2 left among 4 instances, its
+// share (turned by the sub-window) is 0 or 1, never the allowance of 4.
+func TestUncountedAllowanceIsAtMostItsShare(t *testing.T) {
+	const quota, n = 30, 4
+	window := 4 * time.Second
+	c := newSlidingCluster(t, n, quota, window)
+	at := time.Unix(1_700_000_000, 0)
+	for range quota - 2 {
+		if d, _ := c.sk[0].TakeHashWith(c.h, 1, at, nil); !d.Allowed {
+			t.Fatal("a grant of the first burst was denied")
+		}
+	}
+	L := time.Duration(sketchSubWindow(window))
+	for d := range n {
+		now := at.Add(time.Duration(d) * L)
+		got := c.sk[n-1].PeekHashWith(c.h, 1, now, c.peersOf(n-1, now).WithShares(c.sk[n-1], n, Uncounted(n-1), now, nil, time.Second)).Remaining
+		want := int64(shareOf(2, n, turned(n-1, uint64(now.UnixNano()/int64(L)), n)))
+		if got != want {
+			t.Errorf("sub-window %d: an uncounted instance may grant %d of the 2 left, want its share %d", d, got, want)
+		}
 	}
 }
 
