@@ -190,22 +190,26 @@ func (s *Syncer) noteStreak(name string, written, now time.Time, restored bool) 
 
 // shareRank is the rank this instance takes in the shares
 // (limiter.SketchSum.WithShares) at a read at now, ranked rank among the
-// instances it finds live: for a window zone, limiter.RankUncounted while
-// the others may not count it yet (token-bucket zones and quotas keep
-// their rank: their bound is the weighted estimate's). Their shares then
-// cover all a key has left, and a share taken besides, or of the room a
-// sub-window frees, would be granted on top of the quota: by every
+// instances it finds live: for a window zone, limiter.Uncounted(rank)
+// while the others may not count it yet (token-bucket zones and quotas
+// keep their rank: their bound is the weighted estimate's). Their shares
+// then cover all a key has left, and a share taken besides, or of the room
+// a sub-window frees, would be granted on top of the quota: by every
 // instance that joins at once. The others count it from their first read
 // of its first snapshot of the streak on, a read interval after it (plus
 // lag, an aggregate's, see replaceView), and what they granted on the
 // shares of before is published at their next write and read here at the
 // next read: until then (a write and two read intervals, plus lag) it
-// grants nothing of a key the others may grant; then it carries what a
-// counted copy would have left them. The caller holds c.mu.
+// grants a key no more than its allowance (limiter.UncountedAllowance,
+// events/10 + 1, and at most its share were it counted) in any span of
+// the window, counted over its own counts however often it reads, so k
+// instances joining at once add at most k allowances to a key's bound;
+// then it carries what a counted copy would have left them. The caller
+// holds c.mu.
 func (s *Syncer) shareRank(now time.Time, rank int, lag time.Duration) int {
 	k := s.c.streak
 	if s.c.shape.Sliding && !k.counted && (k.since.IsZero() || now.Sub(k.since) < s.iv.Write+2*s.iv.Read+lag) {
-		return limiter.RankUncounted
+		return limiter.Uncounted(rank)
 	}
 	return rank
 }

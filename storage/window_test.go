@@ -569,72 +569,130 @@ func TestWindowZoneKeyAloneOnOneInstanceThenOnAllGetsOneQuota(t *testing.T) {
 func TestWindowZoneRandomSchedulesHoldTheBound(t *testing.T) {
 	const events = 30
 	const seeds = 120
-	window := 4 * time.Second
-	L := int64(subWindowOf(window))
-	h := limiter.HashString("k")
 	spans := map[int]int{}
 	for seed := range uint64(seeds) {
-		rng := rand.New(rand.NewPCG(seed, 99))
-		k := 3 + rng.IntN(3)
-		start := t0
-		nodes := newWindowNodesOf(t, k, events, window, true, sameClock, start.Add(-testIntervals.Read))
-		stagger := rng.IntN(2) == 0
-		type event struct {
-			at   int64
-			node int // the node that syncs, or -1
-			on   int // the nodes that are sent a burst: bit i for node i
-		}
-		var schedule []event
-		end := start.UnixNano() + int64(30*time.Second)
-		for i := range k {
-			phase := int64(0)
-			if stagger {
-				phase = int64(i) * int64(testIntervals.Read) / int64(k)
-			}
-			for s := start.UnixNano() + phase; s < end; s += int64(testIntervals.Read) {
-				schedule = append(schedule, event{at: s, node: i})
-			}
-		}
-		for range 60 {
-			at := start.UnixNano() + rng.Int64N(end-start.UnixNano())
-			if rng.IntN(2) == 0 {
-				at = at/L*L + rng.Int64N(int64(20*time.Millisecond))
-			}
-			schedule = append(schedule, event{at: at, node: -1, on: rng.IntN(1 << k)})
-		}
-		slices.SortStableFunc(schedule, func(a, b event) int { return cmp.Compare(a.at, b.at) })
-		var log []time.Time
-		for _, e := range schedule {
-			now := time.Unix(0, e.at)
-			if e.node >= 0 {
-				nodes[e.node].s.Write(bg, now)
-				nodes[e.node].s.Read(bg, now)
-				continue
-			}
-			w := 1 + rng.Int64N(3)
-			for i, n := range nodes {
-				if e.on&(1<<i) == 0 {
-					continue
-				}
-				if rng.IntN(10) == 0 {
-					n.c.Reset(limiter.HashString(fmt.Sprint("other-", rng.IntN(5))), now)
-				}
-				for range 1 + rng.IntN(events) {
-					if d, _ := n.c.TakeHash(h, w, now); d.Allowed {
-						for range w {
-							log = append(log, now)
-						}
-					}
-				}
-			}
-		}
-		ws := worstSpan(log, window)
+		ws, k, stagger, _ := randomSchedule(t, seed, events, false)
 		spans[ws]++
 		if bound := events*11/10 + 1; ws > bound {
 			t.Errorf("seed %d (%d instances, staggered %v): a span held %d, over 1.1 × %d + 1 = %d", seed, k, stagger, ws, events, bound)
 		}
 	}
-	t.Logf("%d schedules, the most in a span of %v (grants: schedules): %v", seeds, window, spans)
+	t.Logf("%d schedules, the most in a span of 4s (grants: schedules): %v", seeds, spans)
+}
+
+// The random schedules of TestWindowZoneRandomSchedulesHoldTheBound with
+// the last instance joining at a random moment: it syncs from then on, and
+// is sent its part of the bursts from its first read on. It grants at most
+// its allowance A (events/10 + 1) until the others count it, on top of
+// what the others hold: a span holds at most 1.1 × events + 1 (the worst
+// without a joiner is 32 of 30; N + A is 34).
+func TestWindowZoneRandomSchedulesWithAJoinerHoldTheBound(t *testing.T) {
+	const events = 30
+	const seeds = 120
+	allow := int(limiter.UncountedAllowance(events))
+	spans := map[int]int{}
+	uncounted, most := 0, 0
+	for seed := range uint64(seeds) {
+		ws, k, stagger, early := randomSchedule(t, seed, events, true)
+		spans[ws]++
+		uncounted += early
+		most = max(most, early)
+		if bound := events*11/10 + 1; ws > bound {
+			t.Errorf("seed %d (%d instances, one joining, staggered %v): a span held %d, over 1.1 × %d + 1 = %d", seed, k, stagger, ws, events, bound)
+		}
+	}
+	t.Logf("%d schedules with a joiner, the most in a span of 4s (grants: schedules): %v; the joiner granted %d while uncounted (at most %d in one, A = %d)", seeds, spans, uncounted, most, allow)
+	if uncounted == 0 || most > allow {
+		t.Errorf("the joiners granted %d in all while uncounted, at most %d in one schedule: want some, at most A = %d", uncounted, most, allow)
+	}
+}
+
+// randomSchedule runs the random schedule of seed (see
+// TestWindowZoneRandomSchedulesHoldTheBound), the last instance joining
+// at a random moment if joiner is set, and returns the most grants of the
+// key in a span of the window, the instances, whether their syncs were
+// staggered, and what the joiner granted in the write and two read
+// intervals after it joined (uncounted).
+func randomSchedule(t *testing.T, seed uint64, events int, joiner bool) (worst, k int, stagger bool, early int) {
+	t.Helper()
+	window := 4 * time.Second
+	L := int64(subWindowOf(window))
+	h := limiter.HashString("k")
+	rng := rand.New(rand.NewPCG(seed, 99))
+	k = 3 + rng.IntN(3)
+	start := t0
+	formed := k
+	if joiner {
+		formed--
+	}
+	nodes := newWindowNodesOf(t, formed, int64(events), window, true, sameClock, start.Add(-testIntervals.Read))
+	end := start.UnixNano() + int64(30*time.Second)
+	joinAt := int64(0)
+	if joiner {
+		nodes = append(nodes, newJoiner(t, nodes[0].s.st, "z-joiner", int64(events), window, nodes[0].s.log))
+		joinAt = start.UnixNano() + int64(5*time.Second) + rng.Int64N(int64(15*time.Second))
+	}
+	stagger = rng.IntN(2) == 0
+	type event struct {
+		at   int64
+		node int // the node that syncs, or -1
+		on   int // the nodes that are sent a burst: bit i for node i
+	}
+	var schedule []event
+	for i := range k {
+		phase := int64(0)
+		if stagger {
+			phase = int64(i) * int64(testIntervals.Read) / int64(k)
+		}
+		first := start.UnixNano() + phase
+		if joiner && i == k-1 {
+			first = joinAt
+		}
+		for s := first; s < end; s += int64(testIntervals.Read) {
+			schedule = append(schedule, event{at: s, node: i})
+		}
+	}
+	for range 60 {
+		at := start.UnixNano() + rng.Int64N(end-start.UnixNano())
+		if rng.IntN(2) == 0 {
+			at = at/L*L + rng.Int64N(int64(20*time.Millisecond))
+		}
+		on := rng.IntN(1 << k)
+		if joiner && at < joinAt {
+			on &^= 1 << (k - 1) // it serves from its first read on
+		}
+		schedule = append(schedule, event{at: at, node: -1, on: on})
+	}
+	slices.SortStableFunc(schedule, func(a, b event) int { return cmp.Compare(a.at, b.at) })
+	var log []time.Time
+	for _, e := range schedule {
+		now := time.Unix(0, e.at)
+		if e.node >= 0 {
+			nodes[e.node].s.Write(bg, now)
+			nodes[e.node].s.Read(bg, now)
+			continue
+		}
+		w := 1 + rng.Int64N(3)
+		for i, n := range nodes {
+			if e.on&(1<<i) == 0 {
+				continue
+			}
+			if rng.IntN(10) == 0 {
+				n.c.Reset(limiter.HashString(fmt.Sprint("other-", rng.IntN(5))), now)
+			}
+			for range 1 + rng.IntN(events) {
+				if d, _ := n.c.TakeHash(h, w, now); d.Allowed {
+					for range w {
+						log = append(log, now)
+					}
+					if joiner && i == k-1 && e.at < joinAt+int64(testIntervals.Write+2*testIntervals.Read) {
+						early += int(w)
+					}
+				}
+			}
+		}
+	}
+	return worstSpan(log, window), k, stagger, early
 }
 
 // A key's last request of a window may be granted on any instance: the
