@@ -60,7 +60,8 @@ func (n *node) lastSuccessOf(zone, op string) time.Time {
 func waitSynced(t *testing.T, nodes []*node) { waitSyncedZone(t, nodes, "shared") }
 
 // joinWait is how long after its first snapshot a window zone's instance
-// takes its share of a key (storage's Syncer.shareRank): the others have
+// takes its share of a key, not only its allowance (storage's
+// Syncer.shareRank): the others have
 // read it and published since, and it has read that; a read interval more
 // through an aggregate. The tests' intervals are 100 ms.
 const joinWait = 100*time.Millisecond + 3*100*time.Millisecond
