@@ -287,7 +287,7 @@ func (s *Sketch) look(h uint64, weight int64, now time.Time, peers *SketchSum, c
 	e, t = s.clock(now)
 	s.columns(h, cols)
 	s.read(cols, e, t, v)
-	peers.addTo(cols, e, v)
+	peers.addTo(cols, e, q, v)
 	return q, w, e, t
 }
 

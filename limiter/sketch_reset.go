@@ -80,14 +80,20 @@ func (t *SketchSum) ForgetHash(h uint64, at time.Time) {
 			continue
 		}
 		// A count of window epoch is held less def (curr), which
-		// subtracting m from keeps.
+		// subtracting m from keeps; in a sliding copy made by
+		// WithShares it holds what the copy leaves the others too,
+		// which is no key's count and stays.
 		var bias uint32
 		if k == t.ring-1 {
 			bias = t.def
 		}
 		m := uint32(math.MaxUint32)
 		for i := 0; i < t.rows; i++ {
-			m = min(m, t.counts[cols[i]+uint64(k)]+bias)
+			n := t.counts[cols[i]+uint64(k)] + bias
+			if k == t.ring-1 {
+				n -= t.kept(int(cols[i]) / t.ring)
+			}
+			m = min(m, n)
 		}
 		for i := 0; i < t.rows; i++ {
 			t.counts[cols[i]+uint64(k)] -= m
@@ -104,11 +110,21 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 	}
 	c := *t
 	c.counts = slices.Clone(t.counts) // c.used stays t's: no sum is added to once read
+	if t.ring == 2 {
+		// A weighted copy's reservations, carried by the next
+		// WithShares, are measured against the counts as they were:
+		// the next re-balance starts afresh.
+		c.shares = nil
+	}
+	// A sliding copy keeps what it leaves the others (its shares are
+	// read, never written): a reset of one key must not hand this
+	// instance every other key's shares, and the room their counts free,
+	// until the next read re-balances. In the key's own cells it still
+	// leaves them their shares of the room its forgotten counts would
+	// have freed, until then: taken out there, the room of every key
+	// sharing a cell with it would be this instance's whole on that row,
+	// which is all a decision needs to pass.
 	c.ForgetHash(h, at)
-	// The reservations WithShares carries, and what it leaves the others
-	// of the counts that leave the view, are measured against the counts
-	// as they were: the next re-balance starts afresh.
-	c.shares = nil
 	return &c
 }
 

@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"errors"
 	"math"
 	"math/bits"
 	"slices"
@@ -13,10 +14,13 @@ import (
 // the quota at now (the quota less s's and the sum's estimate of the cell,
 // evaluated as a request's is). The shares are what is left divided by n,
 // the remainder going one each to the instances of rank 0 to remainder − 1
-// (rank is this instance's, from 0 to n − 1), so that they add up to what
-// is left. So n instances that decide on the same counts grant a key at
-// most what the cluster had left for it, and a key hit on all of them at
-// once gets about its quota, not n of them. Every cell gets its
+// (rank is this instance's, from 0 to n − 1; a sliding sketch's ranks turn
+// by one each sub-window, see turned), so that they add up to what is
+// left; an instance the others do not count yet passes Uncounted(rank)
+// and takes no share, only its allowance. So n instances that decide on
+// the same counts grant a key at most what the cluster had left for it
+// (plus an allowance per uncounted instance), and a key hit on all of them
+// at once gets about its quota, not n of them. Every cell gets its
 // reservation: a decision passes when any of the key's rows fits, so a
 // key is let off its share (a key only this instance counts) by deciding
 // on the sum without shares, never cell by cell (KeyCells, CellZero).
@@ -66,13 +70,35 @@ import (
 // instance's share of the counts, own and the peers', that have left its
 // view since (freedAt, added as the key's cells are read: no allocation,
 // no lock), and the next copy carries that as a reservation (carry).
-// With n < 2 there is no copy (below): a sole instance's decisions stay
-// exact.
+// A sliding copy decided on under a quota other than the one it shared (a
+// reload since) frees at most the quota now, and leaves the others their
+// shares of a raise (raised). With n < 2 there is no copy (below): a sole
+// instance's decisions stay exact.
 //
 // A nil sum, or n < 2, gives the sum itself. t is a sum (NewSketchSum,
 // SketchSumOfBinary), not a copy made by WithShares: every cell it does
 // not count something in is taken to hold zero.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
+	return t.WithSharesSole(s, n, rank, now, prev, hold, nil, nil)
+}
+
+// WithSharesSole is WithShares for a sliding sketch some of whose cells
+// only this instance counts (sole: bit i%64 of word i/64 for cell i; nil
+// for none), and the others have not counted for long. In such a cell
+// there is no grant of the others' to wait for: what it leaves them is
+// all but its share, rounded up (settleSole), of what the quota has left
+// over the own counts they have seen, those of seen, a snapshot of s
+// (AppendSnapshot) that every
+// other instance has read since it was taken (nil for none), in the
+// sub-windows still in the view. Their shares of the key are computed on
+// no less, and they take them if the key turns up there at once: a key
+// let off its share whole would get them besides. So a key that only
+// reaches this instance gets its share of what is left at each read that
+// follows a publish of its grants, where the reservation carried afresh
+// at each own grant would hold it at its first share. A weighted sketch
+// ignores sole and seen (its cluster decides such a key on the sum
+// without shares).
+func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration, sole []uint64, seen []byte) *SketchSum {
 	if t == nil || n < 2 {
 		return t
 	}
@@ -112,19 +138,36 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 		}
 	}
 	b := shareBalance{
-		n: uint64(n), rank: uint64(rank), q: uint64(s.quota.Load()),
+		n: uint64(n), q: uint64(s.quota.Load()),
 		at: uint32(((e-origin)*s.window + el) / unit), hold: uint32(min((int64(hold)+unit-1)/unit+1, 1<<32-1)),
 	}
+	b.rank, b.as = shareRank(n, rank)
+	b.turned = b.rank
+	if b.rank == b.n {
+		b.allow = uint64(UncountedAllowance(int64(b.q)))
+	}
+	if s.ring > 2 {
+		b.sliding, b.turned, b.as = true, turned(b.rank, uint64(e), b.n), turned(b.as, uint64(e), b.n)
+	}
+	// A copy made while the others did not count this instance left them
+	// all: what they may still grant of it is what a counted copy would
+	// have left them.
+	b.joined = p != nil && p.rank >= p.n && b.rank < b.n
 
 	// Every cell that counts nothing anywhere and held the previous
 	// default is in the same state: it is settled once, here, and the
 	// cells that are not are settled one by one below.
-	st := &shareState{origin: origin, n: b.n, rank: b.rank}
+	st := &shareState{origin: origin, n: b.n, rank: b.rank, q: b.q}
+	if s.ring > 2 {
+		for d := range st.turns {
+			st.turns[d] = turned(b.rank, uint64(e+int64(d)), b.n)
+		}
+	}
 	if p != nil {
 		held, since := b.carry(p.def, p.defSince, 0, 0, uint64(p.def), 0, 0)
-		st.def, st.defSince = b.settle(b.q, held, since)
+		st.def, st.defSince = b.settle(b.q, 0, held, since)
 	} else {
-		st.def, st.defSince = b.settle(b.q, 0, b.at)
+		st.def, st.defSince = b.settle(b.q, 0, 0, b.at)
 	}
 	c.def = st.def // every cell not written below: 0 + def
 
@@ -150,7 +193,12 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	}
 	w, rest := uint64(s.window), uint64(s.window)-uint64(el)
 	r := int(s.ring)
-	j := 0 // p.cells[j] is the first of the previous copy's cells not passed yet
+	if r == 2 || len(sole)*64 < len(t.counts)/r {
+		sole = nil
+	}
+	soleCells, soleSeen := t.seenCounts(seen, sole, e)
+	js := 0 // soleCells[js] is the first sole cell not passed yet
+	j := 0  // p.cells[j] is the first of the previous copy's cells not passed yet
 	for i := range setCells(marks) {
 		// A sliding sketch's older sub-windows count in full: they are
 		// summed into ownPrev and peerPrev, and weighed whole (rest w).
@@ -186,7 +234,7 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			if j < len(p.cells) && int(p.cells[j].i) == i {
 				pc := &p.cells[j]
 				pk, ps, po = pc.keep, pc.since, pc.owned
-				freed = p.freedAt(j, int(e-prev.epoch))
+				freed = p.freedAt(j, int(e-prev.epoch), b.q)
 			}
 			held, since = b.carry(pk, ps, po, freed, uint64(prev.curr(i)), peerSince, ownSince)
 		}
@@ -200,7 +248,15 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 			hi, lo := sketchNum(ownPrev+peerPrev, ownCurr+peerCurr, w, rest)
 			est = sketchCeil(hi, lo, w)
 		}
-		keep, since := b.settle(b.q-min(est, b.q), held, since)
+		var keep uint32
+		if sole != nil && sole[i/64]&(1<<(i%64)) != 0 {
+			for js < len(soleCells) && soleCells[js] < i {
+				js++
+			}
+			keep, since = b.settleSole(b.q-min(peerPrev+peerCurr+soleSeen[js], b.q), ownPrev+ownCurr)
+		} else {
+			keep, since = b.settle(b.q-min(est, b.q), ownPrev+ownCurr, held, since)
+		}
 		owned := uint32(min(ownCurr, MaxSketchQuota))
 		if keep == st.def && owned == 0 && peerPrev|peerCurr|ownPrev == 0 && since <= st.defSince {
 			// As every cell that counts nothing, its hold having
@@ -222,6 +278,39 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 	}
 	c.shares = st
 	return &c
+}
+
+// seenCounts returns the cells sole marks, in increasing order, and what
+// the snapshot seen counts in each over the sub-windows of window e's
+// view. A snapshot that does not fit the sum, is not well formed, or is
+// nil counts nothing.
+func (t *SketchSum) seenCounts(seen []byte, sole []uint64, e int64) (cells []int, counts []uint64) {
+	if sole == nil {
+		return nil, nil
+	}
+	cells = slices.Collect(setCells(sole))
+	counts = make([]uint64, len(cells))
+	if seen == nil {
+		return cells, counts
+	}
+	var h sketchHeader
+	begin := func(got sketchHeader) error {
+		if got.ring != t.ring || got.window != t.window || got.epoch > e {
+			return errors.New("not a snapshot of this sum's sketch, of now or before")
+		}
+		h = got
+		return t.fits(got)
+	}
+	if walkSketchBinary(seen, t.rows*t.width, begin, nil) != nil {
+		return cells, counts
+	}
+	at := cellCursor{idx: cells}
+	_ = walkSketchBinary(seen, t.rows*t.width, begin, func(k, i int, c uint32) {
+		if v := at.find(k, i); v >= 0 && h.epoch-int64(h.ring)+1+int64(k) > e-int64(t.ring) {
+			counts[v-k*len(cells)] += uint64(c)
+		}
+	})
+	return cells, counts
 }
 
 // A shareState is what a copy made by WithShares left the other instances:
@@ -246,8 +335,81 @@ type shareState struct {
 	// two loads.
 	pos []int32
 	// n and rank are the instances the copy shares among and this one's
-	// rank (WithShares).
+	// rank (WithShares; n for an instance the others do not count yet,
+	// which takes no share, only its allowance, settled in the cells'
+	// keep: see Uncounted).
 	n, rank uint64
+	// q is the quota the copy shared: a decision on a later one shares
+	// what it adds (raised) and frees no more room than it holds
+	// (freedAt).
+	q uint64
+	// turns holds, for a sliding sketch, the rank shareOf takes d
+	// sub-windows after the copy's window (turned), at index d.
+	turns [1 << sketchSlidingBits]uint64
+}
+
+// Uncounted is the rank WithShares takes for an instance ranked rank
+// among the n it finds live that the others do not count yet (one that
+// joined the cluster since their last reads): their shares cover all that
+// is left, so it takes no share of it, nor of the room that frees, and
+// leaves every cell's whole room to them but its allowance: at most
+// UncountedAllowance of the quota, less what it counts in the cell over
+// the sub-windows in the view (at least its own grants of a key in the
+// last window: a cell counts every key that maps to it), and never more
+// than its share were it counted (ranked rank, turned by the window as a
+// counted one's is, or rounded up in a cell only it counts, as
+// settleSole's). So a key gets at most the allowance from it in any span
+// of the window, however often it re-balances while uncounted: each copy
+// leaves it the allowance less what the view already counts, and the view
+// reaches a window back. What it grants of the allowance comes on top of
+// what the counted instances' shares cover: k instances uncounted at once
+// add at most k × UncountedAllowance to a key's bound.
+func Uncounted(rank int) int { return -1 - max(rank, 0) }
+
+// UncountedAllowance is what an instance the others do not count yet
+// (Uncounted) may grant a key of quota q in any span of the window: q/10 +
+// 1, the slack of the cluster's bound of 1.1 × q + 1 (⌊1.1 × q⌋ + 1 = q +
+// ⌊q/10⌋ + 1). A request heavier than that waits until it is counted.
+func UncountedAllowance(q int64) int64 { return max(q, 0)/10 + 1 }
+
+// shareRank is WithShares' rank as shareOf takes it, n for an uncounted
+// instance (Uncounted, or a rank of n or more), and the rank an uncounted
+// one would take were it counted (that of Uncounted's argument, capped at
+// n − 1; n for a rank of n or more).
+func shareRank(n, rank int) (r, as uint64) {
+	switch {
+	case rank >= n:
+		return uint64(n), uint64(n)
+	case rank < 0:
+		return uint64(n), uint64(min(-1-rank, n-1))
+	}
+	return uint64(rank), uint64(rank)
+}
+
+// shareOf is the share of x of the instance of rank r among n: x/n, and
+// one more for the x mod n instances of the lowest ranks, so that the n
+// shares add up to x. A rank of n (RankUncounted) takes nothing.
+func shareOf(x, n, r uint64) uint64 {
+	if r >= n {
+		return 0
+	}
+	share := x / n
+	if r < x%n {
+		share++
+	}
+	return share
+}
+
+// turned is rank turned by turn among n (n stays n): the rank shareOf
+// takes in the sub-window turn, for a sliding sketch (turn 0 for a
+// weighted one). Every instance gets the remainder in its turn, where a
+// fixed order left the last-ranked one a key's last request of every
+// window.
+func turned(rank, turn, n uint64) uint64 {
+	if rank >= n {
+		return n
+	}
+	return (rank + turn%n) % n
 }
 
 // freedAt is what listed cell j leaves the other instances, d sub-windows
@@ -256,17 +418,30 @@ type shareState struct {
 // what is left. A whole sub-window's counts leave every instance's view at
 // the same instant, between two reads: taken whole, that room would be
 // granted once per instance to a key hit on all of them at once.
-func (st *shareState) freedAt(j, d int) uint64 {
+//
+// The room was measured against the quota of the copy: under a lower one
+// (a reload since) it frees at most the quota, so that the key is not
+// held on the old quota's room until a re-balance carries that.
+func (st *shareState) freedAt(j, d int, q uint64) uint64 {
 	f := len(st.freed) / max(len(st.cells), 1)
 	if d < 1 || d > f {
 		return 0
 	}
-	gone := uint64(st.freed[j*f+d-1])
-	share := gone / st.n
-	if st.rank < gone%st.n {
-		share++
+	gone := min(uint64(st.freed[j*f+d-1]), q)
+	return gone - shareOf(gone, st.n, st.turns[d])
+}
+
+// raised is what this instance leaves the others, d sub-windows after the
+// copy's window, of a quota q higher than the one the copy shared: all
+// but its share of the difference, which the others are as free to grant
+// as it is. Without it each instance would take the whole raise, once per
+// instance.
+func (st *shareState) raised(d int, q uint64) uint64 {
+	if q <= st.q || d >= len(st.turns) {
+		return 0
 	}
-	return gone - share
+	x := q - st.q
+	return x - shareOf(x, st.n, st.turns[d])
 }
 
 // addFreed adds to the view, d sub-windows after the copy's window, what
@@ -275,16 +450,29 @@ func (st *shareState) freedAt(j, d int) uint64 {
 // sub-window: it stays occupied until the next read re-balances, which
 // carries it (carry). cols are the key's (ring × cell index). It does not
 // allocate.
-func (st *shareState) addFreed(cols *sketchCols, d, ring int, v *sketchView) {
+func (st *shareState) addFreed(cols *sketchCols, d, ring int, q uint64, v *sketchView) {
+	up := st.raised(d, q)
 	for r := 0; r < v.n; r++ {
-		j := int(st.pos[cols[r]/uint64(ring)]) - 1
-		if j < 0 {
-			continue
+		x := up
+		if j := int(st.pos[cols[r]/uint64(ring)]) - 1; j >= 0 {
+			x += st.freedAt(j, d, q)
 		}
-		x := st.freedAt(j, d)
 		v.sub[r][len(v.sub[r])-1] += x
 		v.rows[r].curr += x
 	}
+}
+
+// kept is what a sliding copy made by WithShares leaves the others in
+// cell i, in its count of window epoch: 0 in any other sum.
+func (t *SketchSum) kept(i int) uint32 {
+	st := t.shares
+	if st == nil || st.pos == nil {
+		return 0
+	}
+	if j := st.pos[i] - 1; j >= 0 {
+		return st.cells[j].keep
+	}
+	return st.def
 }
 
 // sketchShareChain is how many sub-windows a sliding sketch's copies made
@@ -328,6 +516,19 @@ type shareCell struct {
 type shareBalance struct {
 	n, rank, q uint64
 	at, hold   uint32
+	// turned is the rank shareOf takes (turned by the window, for a
+	// sliding sketch); sliding is set for a sliding sketch, whose holds
+	// are capped (settle).
+	turned  uint64
+	sliding bool
+	// For an instance the others do not count yet (rank n, Uncounted):
+	// as is the rank, turned as turned is, whose share caps its
+	// allowance, and allow is the allowance (UncountedAllowance); 0 for
+	// a counted one.
+	as, allow uint64
+	// joined is set when the previous copy was made while the others
+	// did not count this instance (Uncounted) and this one is not.
+	joined bool
 }
 
 // carry returns what a reservation of pk, made or seen used at ps, while
@@ -341,6 +542,9 @@ type shareBalance struct {
 // it until hold passes; then nothing.
 func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCurr uint64) (held uint64, since uint32) {
 	kept := uint64(pk) + freed
+	if b.joined {
+		kept -= shareOf(kept, b.n, b.turned)
+	}
 	if kept == 0 {
 		return 0, b.at
 	}
@@ -358,17 +562,23 @@ func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCu
 
 // settle returns what a cell with left of the quota leaves the others, and
 // since when: all but this instance's share, the n shares adding up to
-// left (the remainder of the division going one each to the instances
-// ranked first, so the last requests of a key spread over the instances
-// still pass), or what they were left before, held since since, if more:
+// left (shareOf: the remainder of the division going one each to the
+// instances first in turn, so the last requests of a key spread over the
+// instances still pass), or what they were left before, held since since, if more:
 // what they may still grant unseen is not shared again, nor left them
 // twice.
-func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32) {
-	share := left / b.n
-	if b.rank < left%b.n {
-		share++
+//
+// A sliding sketch's hold is capped at what n − 1 shares of the quota now
+// can be: a hold made under a higher quota (a reload lowered it since)
+// would otherwise deny the key here for as long as it is held.
+//
+// own is what the own sketch counts in the cell over the sub-windows in
+// the view: an uncounted instance takes its allowance less that (mine).
+func (b shareBalance) settle(left, own, held uint64, since uint32) (keep, from uint32) {
+	k := left - b.mine(shareOf(left, b.n, b.turned), left, own)
+	if b.sliding {
+		held = min(held, b.q-b.mine(shareOf(b.q, b.n, b.turned), b.q, 0))
 	}
-	k := left - share
 	if held >= k {
 		k = held
 	} else {
@@ -378,6 +588,41 @@ func (b shareBalance) settle(left, held uint64, since uint32) (keep, from uint32
 		return 0, 0
 	}
 	return uint32(k), since
+}
+
+// mine is what this instance takes of a cell with left of the quota, its
+// share being share, and own what the own sketch counts in it over the
+// sub-windows in the view: share, or for an instance the others do not
+// count yet (Uncounted) its allowance less own, at most the share it
+// would take were it counted. The view reaches a window back, so what it
+// grants of that between two reads, with own, stays within the allowance
+// in any span of the window; a re-balance hands it nothing more.
+func (b shareBalance) mine(share, left, own uint64) uint64 {
+	if b.rank < b.n {
+		return share
+	}
+	return min(shareOf(left, b.n, b.as), b.allow-min(own, b.allow))
+}
+
+// settleSole returns what a cell only this instance counts, with left of
+// the quota over the own counts the others have seen, leaves them, and
+// since when (now): all but this instance's share, which takes the
+// division's remainder whatever the turn. The others split what they see
+// left by turns: a key that only reaches this instance would otherwise get
+// its last units only in its turn, n − 1 sub-windows apart, and the
+// others, if the key turns up there at once, take at most one unit of the
+// remainder this one took too.
+//
+// An uncounted instance takes its allowance (mine), at most that share.
+func (b shareBalance) settleSole(left, own uint64) (keep, from uint32) {
+	share := (left + b.n - 1) / b.n
+	if b.rank == b.n {
+		share = min(share, b.allow-min(own, b.allow))
+	}
+	if k := min(left-share, MaxSketchQuota); k != 0 {
+		return uint32(k), b.at
+	}
+	return 0, 0
 }
 
 // AppendCounted appends a bitmap of the cells in which s counts something

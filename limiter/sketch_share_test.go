@@ -272,3 +272,250 @@ func TestSlidingWithSharesSplitOnlyTheRoomFreed(t *testing.T) {
 		t.Errorf("the instances may grant %d together, want the %d the cell has left", total, quota-4)
 	}
 }
+
+// The n shares of what is left add up to it, each x/n or one more, and the
+// remainder goes to every instance in its turn: over n turns each gets
+// x mod n units of it, not always the first ranks. An instance the others
+// do not count yet (Uncounted) takes no share.
+func TestShareOfGivesEveryInstanceTheRemainderInTurn(t *testing.T) {
+	for n := uint64(1); n <= 5; n++ {
+		for x := uint64(0); x <= 23; x++ {
+			extra := make([]uint64, n)
+			for turn := uint64(1_000_000_000_000); turn < 1_000_000_000_000+n; turn++ {
+				sum := uint64(0)
+				for rank := range n {
+					s := shareOf(x, n, turned(rank, turn, n))
+					if s != x/n && s != x/n+1 {
+						t.Fatalf("n %d x %d rank %d turn %d: share %d", n, x, rank, turn, s)
+					}
+					sum += s
+					extra[rank] += s - x/n
+				}
+				if sum != x {
+					t.Fatalf("n %d x %d turn %d: the shares add up to %d", n, x, turn, sum)
+				}
+				if s := shareOf(x, n, turned(first(shareRank(int(n), Uncounted(1))), turn, n)); s != 0 {
+					t.Fatalf("n %d x %d: an uncounted instance's share %d", n, x, s)
+				}
+			}
+			for rank, e := range extra {
+				if e != x%n {
+					t.Fatalf("n %d x %d: rank %d got %d of the remainder over %d turns, want %d", n, x, rank, e, n, x%n)
+				}
+			}
+		}
+	}
+}
+
+// burstBeforeExpiry has each of on take an equal part of the quota of the
+// cluster's key a third into a sub-window, and returns an instant 7
+// sub-windows later (the burst still counts) and 10 ms after the burst
+// left the view.
+func (c *slidingCluster) burstBeforeExpiry(on []*Sketch) (read, after time.Time) {
+	c.t.Helper()
+	L := sketchSubWindow(c.window)
+	burst := time.Unix(0, (1_700_000_000*int64(time.Second)/L+1)*L+L/3)
+	for _, s := range on {
+		for range c.quota / int64(len(on)) {
+			if d, _ := s.TakeHashWith(c.h, 1, burst, nil); !d.Allowed {
+				c.t.Fatal("a part of the first burst was denied")
+			}
+		}
+	}
+	return burst.Add(time.Duration(7 * L)), burst.Add(time.Duration(8*L - L/3 + 10*int64(time.Millisecond)))
+}
+
+// A sliding copy made under one quota and decided on under another (a
+// reload between two reads) shares the difference when the quota was
+// raised, as it shares what a key has left, and frees no more room than
+// the new quota holds when it was lowered.
+func TestSlidingCopySharesAQuotaChange(t *testing.T) {
+	const quota, n = 30, 3
+	window := 4 * time.Second
+	for _, q := range []int64{10, 60} {
+		c := newSlidingCluster(t, n, quota, window)
+		read, after := c.burstBeforeExpiry(c.sk)
+		var copies []*SketchSum
+		for i, s := range c.sk {
+			copies = append(copies, c.peersOf(i, read).WithShares(s, n, i, read, nil, 2*time.Second))
+		}
+		total := int64(0)
+		for i, s := range c.sk {
+			if err := s.SetQuota(q); err != nil {
+				t.Fatal(err)
+			}
+			total += s.PeekHashWith(c.h, 1, after, copies[i]).Remaining
+		}
+		t.Logf("quota %d → %d between the copies and the decisions: the instances may grant %d together once the burst left the view", quota, q, total)
+		if total != q {
+			t.Errorf("quota %d → %d: the instances may grant %d together, want the new quota %d", quota, q, total, q)
+		}
+	}
+}
+
+// A reset of one key takes it out of a sliding copy without dropping what
+// the copy leaves the others of the room the other keys' counts free.
+func TestSlidingCopyLessAKeyKeepsTheOthersShares(t *testing.T) {
+	const quota, n = 30, 3
+	window := 4 * time.Second
+	c := newSlidingCluster(t, n, quota, window)
+	read, after := c.burstBeforeExpiry(c.sk)
+	shared := c.peersOf(0, read).WithShares(c.sk[0], n, 0, read, nil, 2*time.Second)
+	want := c.sk[0].PeekHashWith(c.h, 1, after, shared).Remaining
+	less := shared.WithoutHash(c.h^0x5555, after.Add(-time.Millisecond)) // may share a cell with c.h
+	if got := c.sk[0].PeekHashWith(c.h, 1, after, less).Remaining; got != want {
+		t.Errorf("another key reset: %d remaining, want the share %d as before", got, want)
+	}
+	if r := c.sk[0].PeekHashWith(c.h, 1, after, shared.WithoutHash(c.h, after.Add(-time.Millisecond))).Remaining; r == 0 {
+		t.Error("the key reset itself is still held to nothing")
+	}
+}
+
+// first is the first of a pair.
+func first[A, B any](a A, _ B) A { return a }
+
+// An instance the others do not count yet (Uncounted) leaves them all a
+// key has left and all the room a sub-window frees, but its allowance: a
+// fresh key gets UncountedAllowance from it at once (no more than its share
+// were it counted), and no more in any span of the window however often it
+// re-balances meanwhile; a request heavier than the allowance waits. Before,
+// it took nothing: every key was denied until the others counted it.
+func TestUncountedInstanceTakesItsAllowanceOnce(t *testing.T) {
+	const quota, n = 30, 4
+	window := 4 * time.Second
+	allow := UncountedAllowance(quota)
+	if allow != 4 {
+		t.Fatalf("UncountedAllowance(%d) = %d, want 4 (1.1 × 30 + 1 = 34 = 30 + 4)", quota, allow)
+	}
+	c := newSlidingCluster(t, n, quota, window)
+	read, after := c.burstBeforeExpiry(c.sk[:n-1])
+	j := c.sk[n-1]
+	shared := c.peersOf(n-1, read).WithShares(j, n, Uncounted(n-1), read, nil, 2*time.Second)
+	if r := j.PeekHashWith(c.h, 1, after, shared).Remaining; r != 0 {
+		t.Errorf("once the burst left the view: %d remaining, want 0 (the room freed is the others')", r)
+	}
+	fresh := HashString("fresh")
+	if d := j.PeekHashWith(fresh, allow+1, read, shared); d.Allowed {
+		t.Errorf("a request of weight %d, over the allowance, passed", allow+1)
+	}
+	// Re-balanced every 100 ms for two windows, a request every 10 ms.
+	var log []time.Time
+	prev := shared
+	for at := read; at.Before(read.Add(2 * window)); at = at.Add(10 * time.Millisecond) {
+		if at.Sub(read)%(100*time.Millisecond) == 0 && at != read {
+			prev = c.peersOf(n-1, at).WithShares(j, n, Uncounted(n-1), at, prev, 2*time.Second)
+		}
+		if d, _ := j.TakeHashWith(fresh, 1, at, prev); d.Allowed {
+			log = append(log, at)
+		}
+	}
+	most := 0
+	for i := range log {
+		in := 0
+		for k := i; k >= 0 && log[i].Sub(log[k]) < window; k-- {
+			in++
+		}
+		most = max(most, in)
+	}
+	t.Logf("an uncounted instance, 80 re-balances over 2 windows: %d granted, at most %d in a span of %v (allowance %d)", len(log), most, window, allow)
+	if len(log) == 0 || !log[0].Equal(read) {
+		t.Errorf("a fresh key was not granted at once at %v (grants at %v)", read, log)
+	}
+	if most != int(allow) {
+		t.Errorf("at most %d granted in a span of the window, want the allowance %d", most, allow)
+	}
+	if len(log) < 2*int(allow) {
+		t.Errorf("%d granted over two windows, want the allowance once a window (%d)", len(log), 2*allow)
+	}
+}
+
+// An uncounted instance's allowance is never more than the share it would
+// take were it counted: of a key that has 2 left among 4 instances, its
+// share (turned by the sub-window) is 0 or 1, never the allowance of 4.
+func TestUncountedAllowanceIsAtMostItsShare(t *testing.T) {
+	const quota, n = 30, 4
+	window := 4 * time.Second
+	c := newSlidingCluster(t, n, quota, window)
+	at := time.Unix(1_700_000_000, 0)
+	for range quota - 2 {
+		if d, _ := c.sk[0].TakeHashWith(c.h, 1, at, nil); !d.Allowed {
+			t.Fatal("a grant of the first burst was denied")
+		}
+	}
+	L := time.Duration(sketchSubWindow(window))
+	for d := range n {
+		now := at.Add(time.Duration(d) * L)
+		got := c.sk[n-1].PeekHashWith(c.h, 1, now, c.peersOf(n-1, now).WithShares(c.sk[n-1], n, Uncounted(n-1), now, nil, time.Second)).Remaining
+		want := int64(shareOf(2, n, turned(n-1, uint64(now.UnixNano()/int64(L)), n)))
+		if got != want {
+			t.Errorf("sub-window %d: an uncounted instance may grant %d of the 2 left, want its share %d", d, got, want)
+		}
+	}
+}
+
+// In a cell only this instance counts (sole), a copy leaves the others
+// what they may still take: all but this instance's share of what the
+// quota has left over the own counts they have read; not the hold of the
+// previous copy, carried afresh at each own grant, nor nothing.
+func TestWithSharesSoleLeavesTheOthersWhatTheySaw(t *testing.T) {
+	const quota, n = 30, 3
+	window := time.Minute
+	L := sketchSubWindow(window)
+	hold := 4 * time.Second
+	c := newSlidingCluster(t, n, quota, window)
+	s := c.sk[0]
+	early := time.Unix(0, (1_700_000_000*int64(time.Second)/L+1)*L)
+	// A copy before any grant leaves the others 20 of 30; this instance
+	// then grants 12, and 3 more within the hold (unseen).
+	prev := c.peersOf(0, early.Add(-time.Millisecond)).WithShares(s, n, 0, early.Add(-time.Millisecond), nil, hold)
+	s.Add(c.h, 12, early)
+	read := early.Add(time.Duration(2 * L))
+	seen, _ := s.AppendSnapshot(nil, read.Add(-2*time.Second)) // what the others have read
+	s.Add(c.h, 3, read.Add(-time.Second))
+	var cols [MaxSketchRows]int
+	sole := make([]uint64, (s.rows*int(s.width)+63)/64)
+	for _, i := range cols[:s.KeyCells(c.h, &cols)] {
+		sole[i/64] |= 1 << (i % 64)
+	}
+	// The others saw 12: they may take 30 − 12 less this one's share,
+	// 12; this one has 30 − 15 − 12 = 3 left.
+	if r := s.PeekHashWith(c.h, 1, read, c.peersOf(0, read).WithSharesSole(s, n, 0, read, prev, hold, sole, seen)).Remaining; r != 3 {
+		t.Errorf("sole: %d remaining, want 3", r)
+	}
+	// Not sole, the 20 left the others is held afresh at each own grant.
+	if r := s.PeekHashWith(c.h, 1, read, c.peersOf(0, read).WithShares(s, n, 0, read, prev, hold)).Remaining; r != 0 {
+		t.Errorf("not sole: %d remaining, want 0", r)
+	}
+}
+
+// A reset takes a key's counts out of a sliding copy, not what the copy
+// leaves the others in its cells: every key sharing a cell with it keeps
+// its share there (a decision passes on any row that fits, so a row
+// without the reservation would let them off their share whole).
+func TestSlidingCopyLessAKeyKeepsTheReservationsInItsCells(t *testing.T) {
+	const quota, n = 30, 3
+	window := 4 * time.Second
+	var sk [2]*Sketch // this instance's and a peer's, all keys in one cell
+	for i := range sk {
+		s, err := NewSketch(SketchConfig{Quota: quota, Window: window, Rows: 1, Width: 1, Sliding: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sk[i] = s
+	}
+	own, peer := sk[0], sk[1]
+	now := time.Unix(1_700_000_000, 0)
+	peer.Add(1, 6, now) // key 1 and key 2 share the one cell
+	sum := own.NewSketchSum(now)
+	snap, _ := peer.AppendSnapshot(nil, now)
+	if _, err := sum.AddBinary(snap); err != nil {
+		t.Fatal(err)
+	}
+	shared := sum.WithShares(own, n, 0, now, nil, 2*time.Second)
+	less := shared.WithoutHash(1, now)
+	// The copy leaves the others 24 less this instance's share of it, 16;
+	// key 1's 6 forgotten, key 2 has 30 − 16 here, not 30.
+	if r := own.PeekHashWith(2, 1, now, less).Remaining; r != quota-16 {
+		t.Errorf("another key reset: %d remaining, want %d", r, quota-16)
+	}
+}

@@ -220,9 +220,10 @@ func (t *SketchSum) olderSlot(e int64) int {
 	return int(k)
 }
 
-// addTo adds the sum's counts of the key's cells to v, a view of window e.
-// A nil sum adds nothing.
-func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
+// addTo adds the sum's counts of the key's cells to v, a view of window e,
+// and for a sliding copy made by WithShares what it leaves the others
+// under the quota q (addFreed). A nil sum adds nothing.
+func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 	if t == nil {
 		return
 	}
@@ -247,9 +248,10 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, v *sketchView) {
 			}
 			v.rows[i].curr += sum
 		}
-		if d > 0 && t.shares != nil && t.shares.freed != nil {
-			// A copy made by WithShares d sub-windows ago.
-			t.shares.addFreed(cols, int(d), t.ring, v)
+		if st := t.shares; st != nil && st.freed != nil && (d > 0 || d == 0 && q > st.q) {
+			// A copy made by WithShares d sub-windows ago, or under a
+			// lower quota.
+			t.shares.addFreed(cols, int(d), t.ring, q, v)
 		}
 		return
 	}
@@ -286,7 +288,7 @@ func (s *Sketch) TakeHashWith(h uint64, weight int64, now time.Time, peers *Sket
 	}
 	s.add(&cols, e, w)
 	s.read(&cols, e, t, &v)
-	peers.addTo(&cols, e, &v)
+	peers.addTo(&cols, e, q, &v)
 	if !v.fits(q) {
 		s.sub(&cols, e, w)
 		v.remove(w)

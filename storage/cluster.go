@@ -45,7 +45,9 @@ type Cluster struct {
 	// each key (limiter.SketchSum.WithShares); else peers itself.
 	shared atomic.Pointer[limiter.SketchSum]
 	// sole marks the cells only this instance counts (Syncer.sole): a key
-	// all of whose cells it marks decides on peers, without shares.
+	// all of whose cells it marks decides on peers, without shares. A
+	// window zone's is not read by decisions: its shares leave those
+	// cells what the others may still take (replaceView).
 	sole atomic.Pointer[[]uint64]
 	// split is set when bursts are split (SplitBursts); shareWait is the
 	// read interval, after which shares are re-balanced (nanoseconds).
@@ -87,6 +89,10 @@ type Cluster struct {
 	// secret is what this instance's keys are hashed under (HashedUnder),
 	// 0 before the first config set it.
 	secret uint64
+
+	// streak is this instance's run of snapshots the others count it live
+	// by (Syncer.noteStreak): guarded by mu.
+	streak streak
 
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so
@@ -245,10 +251,13 @@ func (c *Cluster) shareDenial(d limiter.Decision) limiter.Decision {
 
 // decisionSum is the peers' sum a decision on the key with hash h reads:
 // with shares, unless all of the key's cells are this instance's alone.
+// A window zone's always has shares: it leaves the others, in the cells
+// that are this instance's alone, what they may still take of the key
+// rather than nothing (see replaceView).
 func (c *Cluster) decisionSum(h uint64) *limiter.SketchSum {
 	shared := c.shared.Load()
 	sole := c.sole.Load()
-	if sole == nil || len(*sole) == 0 {
+	if sole == nil || len(*sole) == 0 || c.shape.Sliding {
 		return shared
 	}
 	var cells [limiter.MaxSketchRows]int

@@ -27,7 +27,13 @@
 // snapshot back out of it (aggregate.go), so that what an instance reads per
 // interval does not grow with the fleet. With bursts split (SplitBursts),
 // each instance grants a key at most its share of what the cluster has left
-// for it, over the instances live (share.go). A key reset (Cluster.Reset,
+// for it, over the instances live (share.go); a window zone's instance that
+// the others do not count yet (it joined since their reads, for a write and
+// two read intervals from its first publish) takes none, only an allowance
+// of events/10 + 1 per key in any span of the window (at most its share),
+// so k instances joining at once add at most k allowances to a key's
+// bound, and a key only one instance counts is held there to what the others'
+// shares of it leave, not let off its share. A key reset (Cluster.Reset,
 // resets.go) spreads through the snapshots' lists of resets. A peer is
 // trusted no further than a valid peer could go (trust.go): entries are
 // size-checked before they are loaded (backend.go), snapshots dated too far

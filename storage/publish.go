@@ -40,6 +40,7 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 		s.failed(OpWrite, now, err)
 		return
 	}
+	s.noteStreak(name, now, now, false)
 	s.ok(OpWrite, now)
 }
 
@@ -78,6 +79,8 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 		// Its counts become this instance's: an aggregate that summed it
 		// has them taken out (aggregate.go).
 		s.noteOwnLocked(Key(c.shape.Zone, s.instance), writtenOf(snap.written, data), data)
+		// The others may count this instance live by its last state.
+		s.noteStreak(s.instance, snap.written, now, true)
 	}
 	n := now.UnixNano()
 	if err == nil {

@@ -261,8 +261,8 @@ func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank i
 	// the shares.
 	shared, sole := sum, []uint64(nil)
 	if c.split.Load() {
-		shared = sum.WithShares(c.sketch, live, rank, now, c.shared.Load(), shareHold(s.iv)+2*(lag+late))
 		sole = s.sole(now, sum, lag)
+		shared = sum.WithSharesSole(c.sketch, live, s.shareRank(now, rank, lag), now, c.shared.Load(), shareHold(s.iv)+2*(lag+late), sole, s.seenSnapshot(now, lag))
 	}
 
 	c.rmu.Lock()

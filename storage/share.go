@@ -155,3 +155,79 @@ func (s *Syncer) sole(now time.Time, sum *limiter.SketchSum, lag time.Duration) 
 	s.c.counted.Store(int64(8 * (len(s.counted[0].bits) + len(s.counted[1].bits) + len(s.countedNow))))
 	return sole
 }
+
+// A streak is a run of this instance's snapshots under one name, each
+// written within liveWrites write intervals of the last: while it lasts,
+// the others count the instance live (sight), from their first read after
+// its first snapshot on (since), or for as long as this process can tell
+// (counted: a streak it took over at a restart).
+type streak struct {
+	name        string
+	since, last time.Time
+	counted     bool
+}
+
+// noteStreak notes that this instance's snapshot under name, written at
+// written, is in the storage at now: a published one, or, restored, its
+// last one found at a start. A snapshot after a gap the others take it
+// for dead in, or under another name (identity.go), begins a new streak;
+// a restored one that is not too old continues the streak of the process
+// that published it, which the others count already. The caller holds
+// c.mu.
+func (s *Syncer) noteStreak(name string, written, now time.Time, restored bool) {
+	k := &s.c.streak
+	switch {
+	case now.Sub(written) > liveWrites*s.iv.Write:
+		*k = streak{} // too old for the others to count it live
+		return
+	case restored:
+		*k = streak{name: name, counted: true}
+	case k.name != name || k.last.IsZero() || written.Sub(k.last) > liveWrites*s.iv.Write:
+		*k = streak{name: name, since: written}
+	}
+	k.last = written
+}
+
+// shareRank is the rank this instance takes in the shares
+// (limiter.SketchSum.WithShares) at a read at now, ranked rank among the
+// instances it finds live: for a window zone, limiter.Uncounted(rank)
+// while the others may not count it yet (token-bucket zones and quotas
+// keep their rank: their bound is the weighted estimate's). Their shares
+// then cover all a key has left, and a share taken besides, or of the room
+// a sub-window frees, would be granted on top of the quota: by every
+// instance that joins at once. The others count it from their first read
+// of its first snapshot of the streak on, a read interval after it (plus
+// lag, an aggregate's, see replaceView), and what they granted on the
+// shares of before is published at their next write and read here at the
+// next read: until then (a write and two read intervals, plus lag) it
+// grants a key no more than its allowance (limiter.UncountedAllowance,
+// events/10 + 1, and at most its share were it counted) in any span of
+// the window, counted over its own counts however often it reads, so k
+// instances joining at once add at most k allowances to a key's bound;
+// then it carries what a counted copy would have left them. The caller
+// holds c.mu.
+func (s *Syncer) shareRank(now time.Time, rank int, lag time.Duration) int {
+	k := s.c.streak
+	if s.c.shape.Sliding && !k.counted && (k.since.IsZero() || now.Sub(k.since) < s.iv.Write+2*s.iv.Read+lag) {
+		return limiter.Uncounted(rank)
+	}
+	return rank
+}
+
+// seenSnapshot returns this instance's newest snapshot that every other
+// instance has read since it was published, by a read at now (a read
+// interval on, plus lag, an aggregate's: see replaceView), or nil: what
+// the others' shares of a key only this instance counts are computed on
+// (limiter.SketchSum.WithSharesSole). The caller holds c.mu.
+func (s *Syncer) seenSnapshot(now time.Time, lag time.Duration) []byte {
+	by := now.Add(-s.iv.Read - lag).UnixNano()
+	for _, o := range s.c.own {
+		if o.w.at <= by {
+			if snap, err := decodeSnapshot(o.data, MitigationSlots, MaxResets); err == nil {
+				return snap.sketch
+			}
+			return nil
+		}
+	}
+	return nil
+}

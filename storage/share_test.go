@@ -2,10 +2,12 @@ package storage
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/certmagic"
+	"go.uber.org/zap"
 
 	"github.com/floodgate-rl/floodgate/limiter"
 )
@@ -521,5 +523,238 @@ func TestAReadThatMissesALatePeerKeepsItsLateness(t *testing.T) {
 				t.Fatalf("granted %d of a limit of 10, want 10", granted)
 			}
 		})
+	}
+}
+
+// newJoiner returns a node of a window zone ("w", events per window,
+// bursts split) named name that syncs through st, not synced yet.
+func newJoiner(t *testing.T, st certmagic.Storage, name string, events int64, window time.Duration, log *zap.Logger) *node {
+	t.Helper()
+	c, err := newCluster(Shape{Zone: "w", Window: window, Width: 256, Sliding: true}, events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := &node{c: c}
+	j.s = NewSyncer(c, st, name, testIntervals, log)
+	j.s.proc = newProcess()
+	c.SplitBursts(true, testIntervals.Read)
+	return j
+}
+
+// Instances that join a window zone's cluster between two of the others'
+// reads are not counted by them yet (Syncer.shareRank): the others' shares
+// cover all a key has left, and the room a sub-window frees, so a joiner
+// grants only its allowance (limiter.UncountedAllowance, A = events/10 + 1,
+// at most its share were it counted). A burst on every instance just after
+// a burst's sub-window left the view gets one quota (the room that frees
+// is the others'), and a fresh key hit on every instance at once gets at
+// most N + k × A with k joiners: 1.1 × N + 1 with one. Each joiner grants
+// the fresh key min(A, its share) at once. Before the allowance, a joiner
+// granted nothing at all until counted (every key of the zone denied for
+// write + 2 × read interval, about 20 s by default); before that, each
+// took its share besides the others' (37 in a span with one joiner, 51
+// with three, 72 with six). A joiner takes its share once the others have
+// counted it and published since.
+func TestWindowZoneJoinersGrantTheirAllowanceUntilCounted(t *testing.T) {
+	const events = 30
+	window := 4 * time.Second
+	allow := int(limiter.UncountedAllowance(events))
+	for _, joining := range []int{1, 3, 6} {
+		nodes := newWindowNodesOf(t, 3, events, window, true, sameClock, t0)
+		st := nodes[0].s.st
+		h := limiter.HashString("k")
+		log, at := expiryScene(nodes, h, events, window)
+		all := nodes
+		for i := range joining {
+			j := newJoiner(t, st, fmt.Sprint("joiner-", i), events, window, nodes[0].s.log)
+			// It publishes and reads 200 ms after the others' last read:
+			// it finds them, they have not found it.
+			j.s.Write(bg, at.Add(-110*time.Millisecond))
+			j.s.Read(bg, at.Add(-110*time.Millisecond))
+			all = append(all, j)
+		}
+		var per, perFresh []int
+		var freshLog []time.Time
+		fresh := limiter.HashString("fresh")
+		for _, n := range all {
+			per = append(per, burstOnAll([]*node{n}, h, events, at, &log))
+			perFresh = append(perFresh, burstOnAll([]*node{n}, fresh, events, at, &freshLog))
+		}
+		slices.SortFunc(log, time.Time.Compare)
+		w, wf := worstSpan(log, window), worstSpan(freshLog, window)
+		t.Logf("%d joining between reads (live as each sees it: %d and %d): the burst after the expiry got %v, at most %d in a span; a fresh key's burst got %v, %d in all (allowance %d)",
+			joining, nodes[0].c.Live(), all[len(all)-1].c.Live(), per, w, perFresh, wf, allow)
+		if bound := events*11/10 + 1; w > bound {
+			t.Errorf("%d joining: a span held %d grants, over 1.1 × %d + 1 = %d", joining, w, events, bound)
+		}
+		bound := events + joining*allow
+		if joining == 1 && bound != events*11/10+1 {
+			t.Fatalf("N + A = %d, not 1.1 × N + 1 = %d", bound, events*11/10+1)
+		}
+		if wf > bound {
+			t.Errorf("%d joining: a fresh key got %d in a span, over N + %d × A = %d", joining, wf, joining, bound)
+		}
+		for i, n := range all[len(nodes):] {
+			if want := min(allow, events/int(n.c.Live())); perFresh[len(nodes)+i] < want {
+				t.Errorf("%d joining: joiner %d granted %d of a fresh key at once, want min(A, its share) = %d", joining, i, perFresh[len(nodes)+i], want)
+			}
+		}
+		// Once counted, and what the others granted on their shares of
+		// before read here, a joiner takes its share of a fresh key
+		// (its reads come on the others' ticks, 200 ms after it joined).
+		later := at.Add(joinWait(testIntervals) + testIntervals.Read)
+		for s := at.Add(-310 * time.Millisecond).Add(testIntervals.Read); !s.After(later); s = s.Add(testIntervals.Read) {
+			syncAll(s, all...)
+		}
+		j := all[len(all)-1]
+		if got := burstOnAll([]*node{j}, limiter.HashString("later"), events, later.Add(time.Millisecond), new([]time.Time)); got < events/len(all) {
+			t.Errorf("%d joining: a joiner counted by the others got %d of a fresh key, want its share, %d", joining, got, events/len(all))
+		}
+	}
+}
+
+// An instance the others do not count yet re-balances at each of its
+// reads, but its own grants count against its allowance across them: a
+// joiner hit with a key's request every 10 ms, reading every 250 ms (and
+// writing every write interval) while uncounted, grants the key the
+// allowance A once in the window, not A per read. Before the allowance it
+// granted nothing.
+func TestWindowZoneJoinerReadingOftenGetsItsAllowanceOnce(t *testing.T) {
+	const events = 30
+	allow := int(limiter.UncountedAllowance(events))
+	nodes := newWindowNodesOf(t, 3, events, testWindow, true, sameClock, t0)
+	j := newJoiner(t, nodes[0].s.st, "joiner", events, testWindow, nodes[0].s.log)
+	start := t0.Add(testIntervals.Read / 2)
+	j.s.Write(bg, start)
+	counted := start.Add(testIntervals.Write + 2*testIntervals.Read)
+	h := limiter.HashString("k")
+	var log []time.Time
+	reads, next := 0, t0.Add(testIntervals.Read)
+	for at := start; at.Before(counted); at = at.Add(10 * time.Millisecond) {
+		if !at.Before(next) {
+			syncAll(next, nodes...) // the others sync on their ticks
+			next = next.Add(testIntervals.Read)
+		}
+		if at.Sub(start)%(250*time.Millisecond) == 0 {
+			if at.Sub(start)%testIntervals.Write == 0 {
+				j.s.Write(bg, at)
+			}
+			j.s.Read(bg, at)
+			reads++
+		}
+		if d, _ := j.c.TakeHash(h, 1, at); d.Allowed {
+			log = append(log, at)
+		}
+	}
+	t.Logf("uncounted for %v, %d reads: %d granted (allowance %d), the first %v after its first read", counted.Sub(start), reads, len(log), allow, firstAfter(log, start))
+	if len(log) != allow {
+		t.Errorf("an uncounted joiner granted a key %d in %v (%d reads), want its allowance %d once", len(log), counted.Sub(start), reads, allow)
+	}
+}
+
+// firstAfter is how long after start the first of log came, or -1.
+func firstAfter(log []time.Time, start time.Time) time.Duration {
+	if len(log) == 0 {
+		return -1
+	}
+	return log[0].Sub(start)
+}
+
+// A cluster whose instances all start at once (a fresh deploy): each is
+// uncounted by the others until they have read it and published since, so
+// none takes a share; each grants its allowance, from its first read that
+// finds the others on (before it, finding no other, it decides alone), where before every key of the zone was denied on
+// every instance for write + 2 × read interval. A request of one key every
+// 50 ms on each instance from that read on, for two windows: every
+// instance grants it within its first read interval, and a span of the
+// window holds at most N + 3 × A (three joining at once).
+func TestWindowZoneFreshClusterServesEveryKeyAtOnce(t *testing.T) {
+	const events, size = 30, 3
+	allow := int(limiter.UncountedAllowance(events))
+	window := 4 * time.Second
+	st := newMemStorage()
+	var nodes []*node
+	for i := range size {
+		nodes = append(nodes, newJoiner(t, st, string(rune('a'+i)), events, window, zap.NewNop()))
+	}
+	start := t0
+	// Each reads at its start (finding nobody) and publishes first a
+	// write interval on, as a Syncer does.
+	for _, n := range nodes {
+		n.s.Read(bg, start)
+	}
+	// Before that, each finds no other and decides alone (no shares).
+	early := burstOnAll(nodes, limiter.HashString("early"), events, start, new([]time.Time))
+	split := start.Add(testIntervals.Write)
+	syncAll(split, nodes...)
+	for _, n := range nodes {
+		if n.c.Live() != size {
+			t.Fatalf("at the first read after the first publishes, live %d, want %d", n.c.Live(), size)
+		}
+	}
+	h := limiter.HashString("k")
+	var log []time.Time
+	firsts := make([]time.Duration, size)
+	next := split.Add(testIntervals.Read)
+	for at := split; at.Before(split.Add(2 * window)); at = at.Add(50 * time.Millisecond) {
+		if !at.Before(next) {
+			syncAll(next, nodes...)
+			next = next.Add(testIntervals.Read)
+		}
+		for i, n := range nodes {
+			if d, _ := n.c.TakeHash(h, 1, at); d.Allowed {
+				log = append(log, at)
+				if firsts[i] == 0 {
+					firsts[i] = at.Sub(split) + 1 // 1 ns: granted at the split itself
+				}
+			}
+		}
+	}
+	w := worstSpan(log, window)
+	t.Logf("a fresh cluster of %d: a burst of %d on each before any publish got %d; the first grant of each instance %v after the first read that split (+1 ns), %d granted over %v, at most %d in a span of %v (N + 3 × A = %d)",
+		size, events, early, firsts, len(log), 2*window, w, window, events+size*allow)
+	for i, f := range firsts {
+		if f == 0 || f > testIntervals.Read {
+			t.Errorf("instance %d: first grant %v after the split, want within a read interval (%v)", i, f, testIntervals.Read)
+		}
+	}
+	if w > events+size*allow {
+		t.Errorf("a span of %v held %d grants, over N + 3 × A = %d", window, w, events+size*allow)
+	}
+	if len(log) < 2*events {
+		t.Errorf("%d granted over two windows at 20 requests a second per instance, want at least %d", len(log), 2*events)
+	}
+}
+
+// A restart is no join: an instance of a window zone that restores its own
+// last snapshot, published within ten write intervals, takes its share at
+// its first read, as the process before it did; one under a new name
+// takes only its allowance until the others count it.
+func TestWindowZoneRestartTakesItsShareAtOnce(t *testing.T) {
+	const events = 30
+	window := time.Minute
+	nodes := newWindowNodesOf(t, 3, events, window, true, sameClock, t0)
+	for _, name := range []string{"a", "new"} {
+		c, err := newCluster(Shape{Zone: "w", Window: window, Width: 256, Sliding: true}, events)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &node{c: c}
+		n.s = NewSyncer(c, nodes[0].s.st, name, testIntervals, nodes[0].s.log)
+		n.s.proc = newProcess()
+		c.SplitBursts(true, testIntervals.Read)
+		at := t0.Add(testIntervals.Read / 2)
+		if err := n.s.Restore(bg, at); err != nil {
+			t.Fatal(err)
+		}
+		n.s.Read(bg, at)
+		got := burstOnAll([]*node{n}, limiter.HashString("fresh"), events, at, new([]time.Time))
+		t.Logf("%q started %v after the last sync: %d of a fresh key's %d at once (live %d)", name, at.Sub(t0), got, events, c.Live())
+		if want := events / 3; name == "a" && got < want {
+			t.Errorf("a restart got %d of a fresh key, want its share %d", got, want)
+		}
+		if want := int(limiter.UncountedAllowance(events)); name == "new" && got != want {
+			t.Errorf("a new instance got %d of a fresh key before the others counted it, want its allowance %d", got, want)
+		}
 	}
 }

@@ -45,30 +45,26 @@ func atOnce(t *testing.T, nodes []*node, key string, clients, perClient int) int
 
 // lastSuccess returns when the node's zone "shared" last succeeded at op
 // (read or write), from its metrics.
-func (n *node) lastSuccess(op string) time.Time {
+func (n *node) lastSuccess(op string) time.Time { return n.lastSuccessOf("shared", op) }
+
+// lastSuccessOf returns when the node's cluster state named zone (a
+// quota's is "<zone>/<window> quota") last succeeded at op.
+func (n *node) lastSuccessOf(zone, op string) time.Time {
 	n.t.Helper()
-	secs := n.metric(`caddy_rate_limit_cluster_last_success_timestamp_seconds{op="` + op + `",zone="shared"}`)
+	secs := n.metric(fmt.Sprintf(`caddy_rate_limit_cluster_last_success_timestamp_seconds{op=%q,zone=%q}`, op, zone))
 	return time.Unix(0, int64(secs*1e9))
 }
 
 // waitSynced waits until every node has read every other's snapshot, in
-// any storage: every node writes after now, then every node reads after
-// all those writes (the metric holds when the last successful op began).
-// Twice, so that the metric's resolution (a float64 of seconds, about a
-// quarter of a microsecond) cannot matter.
-func waitSynced(t *testing.T, nodes []*node) {
-	t.Helper()
-	since := time.Now()
-	for _, n := range nodes {
-		waitFor(t, 10*time.Second, fmt.Sprintf("node %d publishing", n.i), func() bool { return n.lastSuccess("write").After(since) })
-	}
-	for range 2 {
-		since = time.Now()
-		for _, n := range nodes {
-			waitFor(t, 10*time.Second, fmt.Sprintf("node %d reading", n.i), func() bool { return n.lastSuccess("read").After(since) })
-		}
-	}
-}
+// any storage, and takes its share (see waitSyncedZone).
+func waitSynced(t *testing.T, nodes []*node) { waitSyncedZone(t, nodes, "shared") }
+
+// joinWait is how long after its first snapshot a window zone's instance
+// takes its share of a key, not only its allowance (storage's
+// Syncer.shareRank): the others have
+// read it and published since, and it has read that; a read interval more
+// through an aggregate. The tests' intervals are 100 ms.
+const joinWait = 100*time.Millisecond + 3*100*time.Millisecond
 
 // A fresh key hit on three instances at the same instant gets at most 1.1×
 // its limit (+1) with bursts split (the default), where with bursts free

@@ -297,6 +297,7 @@ func TestMemoryPartsMatchSizing(t *testing.T) {
 func TestClusterViewInZonesKeyAndReset(t *testing.T) {
 	store := t.TempDir()
 	nodes := startCluster(t, 2, fileStorage(store), opsBody)
+	waitSynced(t, nodes) // each takes its share of a key (bursts split)
 	a, b := nodes[0], nodes[1]
 	for range 5 {
 		a.get("erin")

@@ -1,8 +1,10 @@
 package cluster
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -164,4 +166,54 @@ func burstOnEach(nodes []*node, key string) [][]time.Time {
 		slices.SortFunc(by[i], time.Time.Compare)
 	}
 	return by
+}
+
+// A window zone's cluster deployed afresh: three processes started one
+// after the other, syncing every second, so that each is new to the others
+// (uncounted: storage's Syncer.shareRank) for a write and two read
+// intervals, 3 s, after its first publish. Right after every instance has
+// read every other's first snapshot (the shares are split from then on), a
+// fresh key sent to each instance at once gets something from every one:
+// an instance the others do not count yet grants its allowance (events/10
+// + 1, here 3, at most its share), where before the zone denied every key
+// on every uncounted instance until the others counted it. The burst stays
+// within the bound with three joining at once: limit + 3 × 3.
+func TestWindowZoneFreshClusterServesEveryInstanceAtOnce(t *testing.T) {
+	body := strings.NewReplacer("read_interval 100ms", "read_interval 1s", "write_interval 100ms", "write_interval 1s").Replace(zoneBody("1m", "1m"))
+	nodes := startCluster(t, 3, fileStorage(t.TempDir()), body)
+	var last time.Time
+	for _, n := range nodes {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d publishing", n.i), func() bool { return n.lastSuccess("write").Unix() > 0 })
+		last = maxTime(last, n.lastSuccess("write"))
+	}
+	for _, n := range nodes {
+		waitFor(t, 10*time.Second, fmt.Sprintf("node %d reading every first snapshot", n.i), func() bool { return n.lastSuccess("read").After(last) })
+	}
+	since := time.Since(last)
+	by := burstOnEach(nodes, "fresh-deploy")
+	var got []int
+	total := 0
+	for _, b := range by {
+		got = append(got, len(b))
+		total += len(b)
+	}
+	allow := limit/10 + 1
+	t.Logf("a fresh cluster of 3 (intervals 1 s), %v after the last first publish: a burst of %d on each instance got %v, %d in all (bound limit + 3 × %d = %d)",
+		since.Round(time.Millisecond), limit, got, total, allow, limit+3*allow)
+	for i, g := range got {
+		if g == 0 {
+			t.Errorf("node %d granted nothing of a fresh key right after it found the others", i)
+		}
+	}
+	if total > limit+3*allow {
+		t.Errorf("the burst got %d, want at most %d", total, limit+3*allow)
+	}
+}
+
+// maxTime is the later of a and b.
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
