@@ -126,7 +126,8 @@ enum stat {
 // DCID pass free, and quic-go opens a connection for each. So a client's
 // Initials under a new DCID and a token (after the server's first Initial,
 // when a Retry or NEW_TOKEN gave it a token) cost its connection a second
-// token. It is a fixed-size LRU map: an entry evicted by newer ones (about
+// token (through a Retry, a third: its ACK of the server's Initial under
+// the server's connection ID carries the token too). It is a fixed-size LRU map: an entry evicted by newer ones (about
 // INITIAL_IDS connections charged after it; the kernel's LRU lists are per
 // CPU, so a few fewer on a loaded host) lets its connection's next Initial
 // be charged again. Both err towards limiting: a connection costs one
