@@ -384,8 +384,9 @@ func alignedLines(n int) []byte {
 // Go copy of the program's free passes (quicPasses) lets them pass free,
 // under a few DCIDs and ports of each source so that connections repeat,
 // to either QUIC port, and a client's other long-header packets (Handshake,
-// 0-RTT, an Initial that opens no connection, or one in a short datagram),
-// which end a pass and charge nothing.
+// 0-RTT with something behind it, an Initial that opens no connection, or
+// one in a short datagram), which end a pass and charge nothing, and 0-RTT
+// packets alone in their datagrams, which end none.
 func TestProgramChargesAsLimiter(t *testing.T) {
 	for _, tc := range []struct {
 		l limiter.Limit
@@ -437,11 +438,17 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 				switch r.IntN(4) {
 				case 0: // a SYN
 				case 1: // a long-header packet that opens nothing: passed, nothing charged
-					q := endsPass(r, version, sport)
+					q, ends := endsPass(r, version, sport), true
+					if r.IntN(3) == 0 { // a 0-RTT packet alone in its datagram, which ends no pass
+						q, ends = zeroRTT(version, sport, 60+r.IntN(1141), 0), false
+						q.dport = uint16(443 + 8000*r.IntN(2))
+					}
 					if v := runAt(t, tb, q.frame(src, randomShape(r, src, true)), ns); v != xdpPass {
 						t.Fatalf("%v k=%d: long-header packet %d from %v that opens nothing: verdict %d, want pass", tc.l, tc.k, i, src, v)
 					}
-					passes.endPass(src, sport)
+					if ends {
+						passes.endPass(src, sport)
+					}
 					continue
 				default: // an Initial under one of a few DCIDs
 					q := v1Initial(binary.BigEndian.AppendUint64(nil, uint64(r.IntN(3)))...)

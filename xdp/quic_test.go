@@ -4,6 +4,7 @@ package xdp
 
 import (
 	"encoding/binary"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
@@ -37,6 +38,9 @@ type quicPacket struct {
 	// then, if not nil, is a long-header packet coalesced behind this one,
 	// whose Length then covers 40 bytes of payload.
 	then *quicPacket
+	// length, if not 0 and then is nil, is the Length field's value (a
+	// two-byte varint); 0: 1232, beyond the datagram.
+	length int
 }
 
 // handshakeBehind is the datagram a client sends once it has the server's
@@ -81,14 +85,14 @@ func typeIn(version uint32, v1type byte) byte {
 // the server's (as quic-go sends them), and the shapes that hide one from a
 // program that looks for it by type and place (quic-go's server reads every
 // packet of a datagram under the DCID, whatever their order): behind a
-// 0-RTT packet, behind two Initials, and a 0-RTT packet alone, an Initial
-// under a short DCID and no token, an Initial in a datagram under 1200
-// bytes.
+// 0-RTT packet, behind two Initials, and a 0-RTT packet with a byte behind
+// it (quic-go reads it as a packet coalesced behind), an Initial under a
+// short DCID and no token, an Initial in a datagram under 1200 bytes. A
+// 0-RTT packet alone in its datagram ends no pass (TestAResumingClients0RTTKeepsItsPass).
 func passEnders(version uint32, sport uint16) map[string]quicPacket {
 	server := []byte{0x5e, 0x7e, 0x70, 0x01}
 	hs := handshake(version, sport)
-	zeroRTT := quicPacket{version: version, typ: typeIn(version, 1), dcid: server, sport: sport}
-	hidden := zeroRTT
+	hidden := quicPacket{version: version, typ: typeIn(version, 1), dcid: server, sport: sport}
 	hidden.then = &quicPacket{version: version, typ: typeIn(version, 2), dcid: server}
 	ack := handshakeBehind(version, sport)
 	twice := ack
@@ -100,10 +104,19 @@ func passEnders(version uint32, sport uint16) map[string]quicPacket {
 		"a Handshake packet behind the Initial ACK":       ack,
 		"a Handshake packet behind a 0-RTT packet":        hidden,
 		"a Handshake packet behind the Initial ACK twice": twice,
-		"a 0-RTT packet alone":                            zeroRTT,
+		"a 0-RTT packet with a byte behind it":            zeroRTT(version, sport, 1200, 1),
 		"an Initial under a 4-byte DCID and no token":     short,
 		"an Initial under an 8-byte DCID in 1199 bytes":   small,
 	}
+}
+
+// zeroRTT is a resuming client's 0-RTT packet (under its first DCID, as
+// quic-go sends it before the server's reply) in a datagram of size bytes,
+// its Length covering all of it but the last behind bytes.
+func zeroRTT(version uint32, sport uint16, size, behind int) quicPacket {
+	q := quicPacket{version: version, typ: typeIn(version, 1), dcid: dcid(8, 1), scid: []byte{1, 2, 3, 4}, sport: sport, size: size}
+	q.length = size - behind - (7 + len(q.dcid) + len(q.scid) + 2) // the header, a two-byte Length
+	return q
 }
 
 // endsPass is one of passEnders, picked at random, to either QUIC port of
@@ -157,9 +170,12 @@ func (q quicPacket) packet() []byte {
 	p = append(p, q.dcid...)
 	p = append(p, byte(len(q.scid)))
 	p = append(p, q.scid...)
-	if initial := q.typ == 0 && q.version == quicV1 || q.typ == 1 && q.version == quicV2; initial || q.then == nil {
+	if initial := q.typ == 0 && q.version == quicV1 || q.typ == 1 && q.version == quicV2; initial {
 		p = append(p, 0x40|byte(len(q.token)>>8), byte(len(q.token))) // a two-byte varint
 		p = append(p, q.token...)
+	}
+	if q.then == nil && q.length > 0 {
+		return append(p, 0x40|byte(q.length>>8), byte(q.length))
 	}
 	if q.then == nil {
 		return append(p, 0x44, 0xd0) // Length: 1232, beyond the datagram as garbage is
@@ -751,6 +767,60 @@ func TestAClientsLongHeaderPacketEndsTheFreePass(t *testing.T) {
 	}
 	if c, want := counts(t, tb), uint64(3*len(cases)); c != (Counts{InitialsPassed: want}) {
 		t.Fatalf("counts %+v, want %d Initials passed (3 connections in each of %d cases)", c, want, len(cases))
+	}
+}
+
+// TestAResumingClients0RTTKeepsItsPass: a 0-RTT packet alone in its
+// datagram from a charged connection's address and port — its Length
+// covers the datagram to its end, or runs past it — ends no free pass, so
+// the client's retransmitted first Initial after it passes free; one with
+// anything behind it (a byte: quic-go reads what follows a packet's Length
+// as a coalesced packet, which could be a Handshake packet) ends it, in
+// version 1 and 2, from IPv4 and IPv6. (Any 0-RTT packet ended the pass:
+// a resuming client that sent 0-RTT data in datagrams of their own paid a
+// token for each retransmission of its first Initial, which quic-go sends
+// before the server's first reply when its stored RTT is short; a review
+// counted up to 4 tokens a dial.)
+func TestAResumingClients0RTTKeepsItsPass(t *testing.T) {
+	tb := quicZone(t, 100)
+	n := 0
+	for _, version := range []uint32{quicV1, quicV2} {
+		for _, src := range []netip.Addr{netip.MustParseAddr("198.51.90.7"), netip.MustParseAddr("2001:db8:90::7")} {
+			n++
+			t.Run(fmt.Sprintf("%#x from %v", version, src), func(t *testing.T) {
+				initial := v1Initial(dcid(8, 1)...)
+				if version == quicV2 {
+					initial.version, initial.typ = quicV2, 1
+				}
+				ns := int64(1e9)
+				steps := []struct {
+					name   string
+					q      quicPacket
+					charge bool
+				}{
+					{"the connection's first Initial", initial, true},
+					{"a 0-RTT packet alone in 1200 bytes", zeroRTT(version, 50000, 1200, 0), false},
+					{"a 0-RTT packet alone in 60 bytes", zeroRTT(version, 50000, 60, 0), false},
+					{"a 0-RTT packet whose Length runs a byte past its datagram", zeroRTT(version, 50000, 1200, -1), false},
+					{"the first Initial retransmitted: the same connection", initial, false},
+					{"a 0-RTT packet with a byte behind it", zeroRTT(version, 50000, 1200, 1), false},
+					{"an Initial under the DCID after it: a new connection", initial, true},
+					{"that one's second", initial, false},
+					{"a 0-RTT packet with a Handshake packet behind it", passEnders(version, 50000)["a Handshake packet behind a 0-RTT packet"], false},
+					{"a third connection under the DCID", initial, true},
+				}
+				for _, st := range steps {
+					ns += 1e6
+					v, charged := chargedBy(t, tb, st.q.frame(src, shape{}), ns)
+					if v != xdpPass || charged != st.charge {
+						t.Fatalf("%s: verdict %d, charged %v; want pass, charged %v", st.name, v, charged, st.charge)
+					}
+				}
+			})
+		}
+	}
+	if c, want := counts(t, tb), uint64(3*n); c != (Counts{InitialsPassed: want}) {
+		t.Fatalf("counts %+v, want %d Initials passed (3 connections in each of %d cases)", c, want, n)
 	}
 }
 

@@ -45,7 +45,8 @@
 // unless the program charged its connection already, which it remembers by
 // the client's address and port, the server's port and the DCID in a
 // fixed-size LRU map until the client's first other long-header packet
-// from that address and port (its Handshake packet, or 0-RTT), 5 s, or 16
+// from that address and port (its Handshake packet, or 0-RTT with
+// something coalesced behind it; a 0-RTT packet alone is not one), 5 s, or 16
 // Initials end the connection's free pass. Nothing in Go sees those
 // packets (Caddy's HTTP/3 does not go through the layer4 matcher), so the
 // program alone charges them, and drops what would carry an Initial past

@@ -126,7 +126,8 @@ enum stat {
 // DCID pass free, and quic-go opens a connection for each. So a client's
 // Initials under a new DCID and a token (after the server's first Initial,
 // when a Retry or NEW_TOKEN gave it a token) cost its connection a second
-// token. It is a fixed-size LRU map: an entry evicted by newer ones (about
+// token (through a Retry, a third: its ACK of the server's Initial under
+// the server's connection ID carries the token too). It is a fixed-size LRU map: an entry evicted by newer ones (about
 // INITIAL_IDS connections charged after it; the kernel's LRU lists are per
 // CPU, so a few fewer on a loaded host) lets its connection's next Initial
 // be charged again. Both err towards limiting: a connection costs one
@@ -136,7 +137,8 @@ enum stat {
 // An entry's free pass ends at the first of three (struct pass): the
 // client's first datagram from the entry's address and port that starts
 // with a long-header packet other than an Initial that opens a connection
-// (its Handshake packet, or a 0-RTT packet: ENDS_PASS, latest below),
+// (its Handshake packet, or a 0-RTT packet with something coalesced behind
+// it: ENDS_PASS, latest below),
 // HANDSHAKE_WINDOW after the charge, FREE_INITIALS Initials passed. Then the next Initial under the DCID is charged as a new
 // connection's (and, granted, starts a new pass). A client that opens its
 // connections one at a time from an address and port (as a browser or
@@ -769,8 +771,8 @@ static __always_inline int limited_syn(const struct params *p, const struct tcph
 // chains; for TCP alone the matcher charges what passes, so such packets
 // pass when no QUIC port is limited. Counted as dropped Initials.
 // ENDS_PASS is a client's long-header packet to a QUIC port that opens no
-// connection (its Handshake packet, a 0-RTT packet: see quic_packet), which
-// ends its connection's free pass.
+// connection (its Handshake packet, a 0-RTT packet with something behind
+// it: see quic_packet), which ends its connection's free pass.
 enum attempt { NONE, SYN, INITIAL, REFUSE, ENDS_PASS };
 
 // QUIC (RFC 9000, 9369). An Initial is a long-header packet (the first
@@ -783,11 +785,14 @@ enum attempt { NONE, SYN, INITIAL, REFUSE, ENDS_PASS };
 // token (the answer to a Retry, or a NEW_TOKEN's; quic-go makes a
 // connection even when it cannot decode the token). Any other long-header
 // packet of version 1 or 2 first in a datagram but a Retry (the server's)
-// — a Handshake or 0-RTT packet, an Initial under a shorter DCID and no
-// token (a client's ACK of the server's Initial) or in a smaller datagram
-// — passes and ends the client's free pass (see latest). A resuming
-// client's 0-RTT datagram ends its pass too, before its handshake: if its
-// first Initial is retransmitted after one, that costs a second token.
+// — a Handshake packet, a 0-RTT packet with anything behind it, an
+// Initial under a shorter DCID and no token (a client's ACK of the
+// server's Initial) or in a smaller datagram — passes and ends the
+// client's free pass (see latest). A 0-RTT packet alone in its datagram
+// passes and ends nothing (zero_rtt): a resuming client sends it before
+// its handshake, and then may retransmit its first Initial. Only 0-RTT is
+// let so: every other such packet a client sends after the server's first
+// Initial, when its first Initial is retransmitted no more.
 // Every other packet — a short header, Retry, version negotiation
 // (version 0), an unknown version, an Initial whose DCID or SCID is longer
 // than 20 bytes — passes untouched: the server drops or routes it without
@@ -799,6 +804,7 @@ enum attempt { NONE, SYN, INITIAL, REFUSE, ENDS_PASS };
 #define MAX_CID 20
 #define QUIC_HEAD (1 + 4 + 1 + MAX_CID + 1 + MAX_CID + 8)
 #define QUIC_INITIAL 0   // long-header types, numbered as in version 1
+#define QUIC_0RTT 1
 #define QUIC_RETRY 3
 // MAX_HEADERS bounds where a UDP header may start, for the verifier: the
 // Ethernet, VLAN, IP and extension headers the program walks take less.
@@ -839,6 +845,41 @@ static __always_inline __u64 varint(const __u8 *b, __s64 *n)
 	return v;
 }
 
+// zero_rtt is a 0-RTT packet's kind, first in a datagram of len bytes of
+// QUIC at q: ENDS_PASS if anything follows the packet's Length (a packet
+// coalesced behind it, which quic-go reads under its DCID, whatever its
+// type: a Handshake packet hidden so), NONE if nothing does. A resuming
+// client sends its 0-RTT data before the server's reply, in datagrams of
+// their own (quic-go coalesces 0-RTT only behind its Initial), so such a
+// datagram says nothing of the handshake's progress, and its first Initial
+// retransmitted after one is no new connection. quic-go reads nothing past
+// a packet's Length but a coalesced packet, and drops the rest of the
+// datagram at a Length that runs past it. A 0-RTT packet has no token
+// field: its Length follows the SCID. One too short to hold a Length and
+// an 8-byte read is no client's (a packet number and a 16-byte AEAD tag
+// follow a real one's Length) and ends the pass.
+static __always_inline int zero_rtt(const __u8 *q, __s64 len, const void *end)
+{
+	if ((const void *)(q + 7) > end)
+		return ENDS_PASS;
+	__u32 dlen = q[5];
+	if (dlen > MAX_CID)
+		return NONE;
+	const __u8 *sl = q + 6 + dlen;
+	if ((const void *)(sl + 1) > end)
+		return ENDS_PASS;
+	__u32 slen = sl[0];
+	if (slen > MAX_CID)
+		return NONE;
+	const __u8 *ll = sl + 1 + slen;
+	if ((const void *)(ll + 8) > end)
+		return ENDS_PASS;
+	__s64 n;
+	__u64 length = varint(ll, &n);
+	__s64 behind = len - (ll - q) - n - (__s64)length; // length < 2^62
+	return behind > 0 ? ENDS_PASS : NONE;
+}
+
 // quic_packet looks at the UDP datagram at offset off in the packet:
 // INITIAL for a QUIC Initial that can open a connection, with its DCID
 // written into id; ENDS_PASS for a client's other long-header packet as
@@ -872,6 +913,8 @@ __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct i
 	// is no client's long-header packet.
 	if (type < 0 || type == QUIC_RETRY)
 		return NONE;
+	if (type == QUIC_0RTT)
+		return zero_rtt(q, (__s64)len - (__s64)sizeof(*udp), end);
 	if (type != QUIC_INITIAL)
 		return ENDS_PASS;
 	// QUIC_HEAD bytes hold every field read here, at their longest: the
