@@ -68,6 +68,21 @@ func (d *Distributed) intervals(window time.Duration) storage.Intervals {
 	return iv
 }
 
+// windowTooShort reports whether a window zone's window is too short for
+// its instances' reads to hold the cluster's bound (docs/cluster.md,
+// "Between reads"): each instance's shares, and the room a sub-window
+// frees that it leaves the others, are known only for about a window after
+// its read, and with fewer than shortWindowReads reads per window (as a
+// sync through an aggregate lags a read interval more) a burst after the
+// view expired finds the whole limit free on every instance, up to
+// events on each (a 500 ms window with reads every second: 90 of 30 in a
+// span on three instances).
+func windowTooShort(window time.Duration, iv storage.Intervals) bool {
+	return window < shortWindowReads*iv.Read
+}
+
+const shortWindowReads = 2
+
 // parseDistributed reads a distributed block; the dispenser is on its name.
 func parseDistributed(d *caddyfile.Dispenser) (*Distributed, error) {
 	if d.NextArg() {
@@ -342,6 +357,10 @@ func (z *zone) distribute(ctx caddy.Context, d *Distributed, st zoneStorage, sec
 	// A window zone's cluster count is sliding, as its own window is: no
 	// span of the window grants a key more than events (docs/cluster.md).
 	rate := storage.Shape{Zone: z.name, Window: z.limit.Window, Width: clusterWidth(z.tkey.lines), Sliding: z.window > 0}
+	if rate.Sliding && windowTooShort(rate.Window, z.dist.iv) {
+		ctx.Logger().Warn("a window zone's window is shorter than two read intervals: the cluster cannot hold it to 1.1 × events + 1, each instance may grant a key up to events (docs/cluster.md)",
+			zap.String("zone", z.name), zap.Duration("window", rate.Window), zap.Duration("read_interval", z.dist.iv.Read))
+	}
 	counts := []syncedCount{{shape: rate, events: z.limit.Events}}
 	for i, k := range z.skeys {
 		counts = append(counts, syncedCount{shape: storage.Shape{Zone: quotaClusterName(z.quotaNames[i]), Window: k.window, Width: k.width}, events: k.quota})

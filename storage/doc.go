@@ -29,7 +29,9 @@
 // each instance grants a key at most its share of what the cluster has left
 // for it, over the instances live (share.go); a window zone's instance that
 // the others do not count yet (it joined since their reads, for a write and
-// two read intervals from its first publish) takes none, only an allowance
+// two read intervals from its first publish; a restart whose last snapshot
+// they may have dropped; one whose publishes failed for long enough that
+// they may drop it) takes none, only an allowance
 // of events/10 + 1 per key in any span of the window (at most its share),
 // so k instances joining at once add at most k allowances to a key's
 // bound, and a key only one instance counts is held there to what the others'

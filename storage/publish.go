@@ -79,7 +79,8 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 		// Its counts become this instance's: an aggregate that summed it
 		// has them taken out (aggregate.go).
 		s.noteOwnLocked(Key(c.shape.Zone, s.instance), writtenOf(snap.written, data), data)
-		// The others may count this instance live by its last state.
+		// The others may count this instance live by its last state
+		// (if it is recent enough on any clock, see noteStreak).
 		s.noteStreak(s.instance, snap.written, now, true)
 	}
 	n := now.UnixNano()

@@ -169,24 +169,37 @@ type streak struct {
 
 // noteStreak notes that this instance's snapshot under name, written at
 // written, is in the storage at now: a published one, or, restored, its
-// last one found at a start. A snapshot after a gap the others take it
-// for dead in, or under another name (identity.go), begins a new streak;
-// a restored one that is not too old continues the streak of the process
-// that published it, which the others count already. The caller holds
+// last one found at a start. A snapshot after a gap the others may take it
+// for dead in (streakGap), or under another name (identity.go), begins a
+// new streak; a restored one continues the streak of the process that
+// published it, which the others count already, only while they surely
+// still do: written on another host's clock, up to MaxClockSkew off this
+// one's, it must be at most streakGap − MaxClockSkew old here and not
+// dated ahead. Otherwise it begins no streak, and this instance takes its
+// allowance until its own published streak is counted. The caller holds
 // c.mu.
 func (s *Syncer) noteStreak(name string, written, now time.Time, restored bool) {
 	k := &s.c.streak
+	gap := s.streakGap()
 	switch {
-	case now.Sub(written) > liveWrites*s.iv.Write:
-		*k = streak{} // too old for the others to count it live
-		return
 	case restored:
+		if age := now.Sub(written); age < 0 || age > gap-MaxClockSkew {
+			*k = streak{}
+			return
+		}
 		*k = streak{name: name, counted: true}
-	case k.name != name || k.last.IsZero() || written.Sub(k.last) > liveWrites*s.iv.Write:
+	case k.name != name || k.last.IsZero() || written.Sub(k.last) > gap:
 		*k = streak{name: name, since: written}
 	}
 	k.last = written
 }
+
+// streakGap is the longest this instance may go without a published
+// snapshot and still be sure the others count it live until its next read:
+// they drop a peer whose latest snapshot they found liveWrites write
+// intervals ago (sight), and found it no sooner than it was written; its
+// shares taken at a read stand for a read interval.
+func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv.Read }
 
 // shareRank is the rank this instance takes in the shares
 // (limiter.SketchSum.WithShares) at a read at now, ranked rank among the
@@ -204,11 +217,23 @@ func (s *Syncer) noteStreak(name string, written, now time.Time, restored bool) 
 // events/10 + 1, and at most its share were it counted) in any span of
 // the window, counted over its own counts however often it reads, so k
 // instances joining at once add at most k allowances to a key's bound;
-// then it carries what a counted copy would have left them. The caller
-// holds c.mu.
+// then it carries what a counted copy would have left them. So too while
+// its last published snapshot is older than streakGap (its writes fail,
+// its reads do not): the others may have dropped it from their live count
+// and share among one fewer, and it takes its share again only as a new
+// streak, once its publishes resume and the others have counted them.
+// The caller holds c.mu.
 func (s *Syncer) shareRank(now time.Time, rank int, lag time.Duration) int {
 	k := s.c.streak
-	if s.c.shape.Sliding && !k.counted && (k.since.IsZero() || now.Sub(k.since) < s.iv.Write+2*s.iv.Read+lag) {
+	if !s.c.shape.Sliding {
+		return rank
+	}
+	if k.last.IsZero() || now.Sub(k.last) > s.streakGap() {
+		// Its publishes fail (or never began): the others may count it
+		// dead before its next read, and share among one fewer.
+		return limiter.Uncounted(rank)
+	}
+	if !k.counted && now.Sub(k.since) < s.iv.Write+2*s.iv.Read+lag {
 		return limiter.Uncounted(rank)
 	}
 	return rank

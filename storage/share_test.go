@@ -1,8 +1,10 @@
 package storage
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -726,35 +728,157 @@ func TestWindowZoneFreshClusterServesEveryKeyAtOnce(t *testing.T) {
 	}
 }
 
-// A restart is no join: an instance of a window zone that restores its own
-// last snapshot, published within ten write intervals, takes its share at
-// its first read, as the process before it did; one under a new name
-// takes only its allowance until the others count it.
+// A restart is no join when the others surely count it still: an
+// instance of a window zone that restores its own last snapshot, written
+// at most liveWrites write intervals, less a read interval and
+// MaxClockSkew (the old process's clock may be that far off), before,
+// takes its share at its first read, as the process before it did. One
+// whose snapshot may be older on the others' clocks, as with write
+// intervals of a second, and one under a new name, take only their
+// allowance until the others count them.
 func TestWindowZoneRestartTakesItsShareAtOnce(t *testing.T) {
 	const events = 30
 	window := time.Minute
 	nodes := newWindowNodesOf(t, 3, events, window, true, sameClock, t0)
-	for _, name := range []string{"a", "new"} {
+	long := Intervals{Read: testIntervals.Read, Write: 10 * time.Second, PurgeAge: testIntervals.PurgeAge}
+	for _, tc := range []struct {
+		name string
+		iv   Intervals
+		want int
+	}{
+		{"a", long, events / 3},
+		{"a", testIntervals, int(limiter.UncountedAllowance(events))},
+		{"new", long, int(limiter.UncountedAllowance(events))},
+	} {
 		c, err := newCluster(Shape{Zone: "w", Window: window, Width: 256, Sliding: true}, events)
 		if err != nil {
 			t.Fatal(err)
 		}
 		n := &node{c: c}
-		n.s = NewSyncer(c, nodes[0].s.st, name, testIntervals, nodes[0].s.log)
+		n.s = NewSyncer(c, nodes[0].s.st, tc.name, tc.iv, nodes[0].s.log)
 		n.s.proc = newProcess()
-		c.SplitBursts(true, testIntervals.Read)
+		c.SplitBursts(true, tc.iv.Read)
 		at := t0.Add(testIntervals.Read / 2)
 		if err := n.s.Restore(bg, at); err != nil {
 			t.Fatal(err)
 		}
 		n.s.Read(bg, at)
 		got := burstOnAll([]*node{n}, limiter.HashString("fresh"), events, at, new([]time.Time))
-		t.Logf("%q started %v after the last sync: %d of a fresh key's %d at once (live %d)", name, at.Sub(t0), got, events, c.Live())
-		if want := events / 3; name == "a" && got < want {
-			t.Errorf("a restart got %d of a fresh key, want its share %d", got, want)
+		t.Logf("%q (write interval %v) started %v after the last sync: %d of a fresh key's %d at once (live %d)", tc.name, tc.iv.Write, at.Sub(t0), got, events, c.Live())
+		if got != tc.want {
+			t.Errorf("%q with a write interval of %v got %d of a fresh key, want %d", tc.name, tc.iv.Write, got, tc.want)
 		}
-		if want := int(limiter.UncountedAllowance(events)); name == "new" && got != want {
-			t.Errorf("a new instance got %d of a fresh key before the others counted it, want its allowance %d", got, want)
+	}
+}
+
+// writeFailing fails only Store while down is set: an instance whose
+// publishes fail but that keeps reading and serving.
+type writeFailing struct {
+	certmagic.Storage
+	down atomic.Bool
+}
+
+func (f *writeFailing) Store(ctx context.Context, k string, v []byte) error {
+	if f.down.Load() {
+		return errDown
+	}
+	return f.Storage.Store(ctx, k, v)
+}
+
+// An instance whose writes fail for longer than the others wait for its
+// snapshots keeps reading and serving: the others drop it from their live
+// count and share a key among one fewer, so it takes only its allowance,
+// and takes its share again once its publishes resume and are counted.
+func TestWindowInstanceWhoseWritesFailTakesOnlyItsAllowance(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	for _, size := range []int{2, 3, 4} {
+		st := newMemStorage()
+		down := &writeFailing{Storage: st}
+		var nodes []*node
+		for i := range size {
+			var s certmagic.Storage = st
+			if i == size-1 {
+				s = down
+			}
+			nodes = append(nodes, newJoiner(t, s, string(rune('a'+i)), events, time.Minute, zap.NewNop()))
+		}
+		now := t0
+		for range 6 {
+			syncAll(now, nodes...)
+			now = now.Add(testIntervals.Read)
+		}
+		down.down.Store(true)
+		for range 15 {
+			syncAll(now, nodes...)
+			now = now.Add(testIntervals.Read)
+		}
+		if l := nodes[0].c.Live(); l != size-1 {
+			t.Fatalf("%d instances: the first counts %d live, want %d (the failing one dropped)", size, l, size-1)
+		}
+		var log []time.Time
+		var per []int
+		for _, n := range nodes {
+			per = append(per, burstOnAll([]*node{n}, limiter.HashString("fresh"), events, now.Add(-testIntervals.Read/2), &log))
+		}
+		if w := worstSpan(log, time.Minute); w > bound || per[size-1] > int(limiter.UncountedAllowance(events)) {
+			t.Errorf("%d instances, the last one's writes failing: grants %v, %d in a span; want at most %d, the failing one its allowance %d", size, per, w, bound, limiter.UncountedAllowance(events))
+		}
+		// Its writes work again: after a write and two reads it is
+		// counted, and takes its share of another key.
+		down.down.Store(false)
+		for range 4 {
+			syncAll(now, nodes...)
+			now = now.Add(testIntervals.Read)
+		}
+		if got, want := burstOnAll(nodes[size-1:], limiter.HashString("later"), events, now.Add(-testIntervals.Read/2), new([]time.Time)), events/size; got != want {
+			t.Errorf("%d instances, writes back: the last one grants %d of a fresh key, want its share %d", size, got, want)
+		}
+	}
+}
+
+// An instance restarted under its name restores a snapshot its old
+// process wrote on another host's clock: it is counted at once only when
+// the others surely still count it, whatever the two clocks; otherwise it
+// takes its allowance until its own streak is counted.
+func TestWindowRestartOnSkewedClockTakesOnlyItsAllowance(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	for _, skew := range []time.Duration{0, 3 * time.Second, 30 * time.Second, 55 * time.Second} {
+		st := newMemStorage()
+		var nodes []*node
+		for i := range 3 {
+			nodes = append(nodes, newJoiner(t, st, string(rune('a'+i)), events, time.Minute, zap.NewNop()))
+		}
+		// The old host of c is ahead by skew.
+		clock := func(n *node, at time.Time) time.Time {
+			if n == nodes[2] {
+				return at.Add(skew)
+			}
+			return at
+		}
+		now := t0
+		for range 6 {
+			syncAt(nodes, nodes, clock, now)
+			now = now.Add(testIntervals.Read)
+		}
+		// c is down until the others drop it.
+		for range 12 {
+			syncAt(nodes[:2], nodes[:2], clock, now)
+			now = now.Add(testIntervals.Read)
+		}
+		c := newJoiner(t, st, "c", events, time.Minute, zap.NewNop())
+		if err := c.s.Restore(bg, now); err != nil {
+			t.Fatal(err)
+		}
+		c.s.Read(bg, now)
+		var log []time.Time
+		var per []int
+		for _, n := range []*node{nodes[0], nodes[1], c} {
+			per = append(per, burstOnAll([]*node{n}, limiter.HashString("fresh"), events, now.Add(10*time.Millisecond), &log))
+		}
+		if w := worstSpan(log, time.Minute); w > bound {
+			t.Errorf("old host ahead by %v: grants %v, %d in a span, over %d", skew, per, w, bound)
 		}
 	}
 }

@@ -776,3 +776,31 @@ func TestWindowZoneRequestHeavierThanAShareIsDeniedUnblocked(t *testing.T) {
 		}
 	}
 }
+
+// A window zone holds 1.1 × N + 1 in a span with as few as two reads per
+// window (the threshold under which provisioning warns), bursts on every
+// instance at and around each sub-window's end; with a window shorter than
+// the read interval, its views expire between reads and every instance
+// finds the whole limit free (docs/cluster.md, "Between reads").
+func TestWindowZoneOfTwoReadsHoldsTheBound(t *testing.T) {
+	const events = 30
+	for _, window := range []time.Duration{2 * testIntervals.Read, 3 * testIntervals.Read, time.Minute, 30 * 24 * time.Hour} {
+		nodes := newWindowNodesOf(t, 3, events, window, true, sameClock, t0)
+		h := limiter.HashString("k")
+		var log []time.Time
+		L := subWindowOf(window)
+		for r := range 40 {
+			at := t0.Add(time.Duration(r) * testIntervals.Read / 4)
+			if r%4 == 0 {
+				syncAll(at, nodes...)
+			}
+			for _, off := range []time.Duration{0, L / 2, L, L + 1} {
+				burstOnAll(nodes, h, events, at.Add(off), &log)
+			}
+		}
+		slices.SortFunc(log, time.Time.Compare)
+		if w := worstSpan(log, window); w > events*11/10+1 || len(log) < events {
+			t.Errorf("window %v: %d granted, %d in a span; want at least %d, at most %d", window, len(log), w, events, events*11/10+1)
+		}
+	}
+}
