@@ -72,7 +72,10 @@ import (
 // no lock), and the next copy carries that as a reservation (carry).
 // A sliding copy decided on under a quota other than the one it shared (a
 // reload since) frees at most the quota now, and leaves the others their
-// shares of a raise (raised). With n < 2 there is no copy (below): a sole
+// shares of a raise (raised); the next copy carries that as it carries
+// the room that freed, or it would share the raise afresh before the
+// others have published what they granted of it, and each instance would
+// take its share again. With n < 2 there is no copy (below): a sole
 // instance's decisions stay exact.
 //
 // A nil sum, or n < 2, gives the sum itself. t is a sum (NewSketchSum,
@@ -163,8 +166,19 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 			st.turns[d] = turned(b.rank, uint64(e+int64(d)), b.n)
 		}
 	}
+	// What the previous copy left the others of a raise since it was
+	// made (raised): they may have granted their shares of it since,
+	// unseen yet, so it is carried as the room that frees is (freed),
+	// in every cell. Without it the first copy under the new quota
+	// shared the raise afresh, and each instance took its share of it
+	// again on top of what it had granted of the others' before the
+	// read.
+	var up uint64
+	if p != nil && s.ring > 2 {
+		up = p.raised(int(e-prev.epoch), b.q)
+	}
 	if p != nil {
-		held, since := b.carry(p.def, p.defSince, 0, 0, uint64(p.def), 0, 0)
+		held, since := b.carry(p.def, p.defSince, 0, up, uint64(p.def), 0, 0)
 		st.def, st.defSince = b.settle(b.q, 0, held, since)
 	} else {
 		st.def, st.defSince = b.settle(b.q, 0, 0, b.at)
@@ -227,14 +241,14 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 		var held uint64
 		since := b.at
 		if p != nil {
-			pk, ps, po, freed := p.def, p.defSince, uint32(0), uint64(0)
+			pk, ps, po, freed := p.def, p.defSince, uint32(0), up
 			for j < len(p.cells) && int(p.cells[j].i) < i {
 				j++
 			}
 			if j < len(p.cells) && int(p.cells[j].i) == i {
 				pc := &p.cells[j]
 				pk, ps, po = pc.keep, pc.since, pc.owned
-				freed = p.freedAt(j, int(e-prev.epoch), b.q)
+				freed += p.freedAt(j, int(e-prev.epoch), b.q)
 			}
 			held, since = b.carry(pk, ps, po, freed, uint64(prev.curr(i)), peerSince, ownSince)
 		}

@@ -353,6 +353,56 @@ func TestSlidingCopySharesAQuotaChange(t *testing.T) {
 	}
 }
 
+// A copy made after a raise carries what the copy before it left the
+// others of the raise (raised), as it carries the room that freed: a read
+// that comes before the others have published their grants of it does not
+// share it afresh. Each instance takes its share of the old quota and of
+// the raise, then re-balances on the others' counts of before (in the same
+// sub-window, and in the next): the key gets the new quota in all. Before,
+// the re-balanced copies left the others only what the old quota's copy
+// had, and each instance took its share of the new quota again over its
+// own grants: 100 of 60 for three instances, 40 after the re-balance.
+func TestSlidingCopyAfterARaiseCarriesTheOthersSharesOfIt(t *testing.T) {
+	const quota, q, n = 30, 60, 3
+	window := 4 * time.Second
+	L := sketchSubWindow(window)
+	for _, later := range []time.Duration{100 * time.Millisecond, time.Duration(L)} {
+		c := newSlidingCluster(t, n, quota, window)
+		read := time.Unix(0, (1_700_000_000*int64(time.Second)/L+1)*L+L/3)
+		var sums, copies []*SketchSum
+		for i, s := range c.sk {
+			sums = append(sums, c.peersOf(i, read))
+			copies = append(copies, sums[i].WithShares(s, n, i, read, nil, 2*time.Second))
+		}
+		takeAll := func(i int, at time.Time, with *SketchSum) int64 {
+			got := int64(0)
+			for range 2 * q {
+				if d, _ := c.sk[i].TakeHashWith(c.h, 1, at, with); d.Allowed {
+					got++
+				}
+			}
+			return got
+		}
+		var first, again int64
+		for i, s := range c.sk {
+			if err := s.SetQuota(q); err != nil {
+				t.Fatal(err)
+			}
+			first += takeAll(i, read.Add(10*time.Millisecond), copies[i])
+		}
+		at := read.Add(later)
+		for i, s := range c.sk {
+			// The others' counts as of the first read: they have not
+			// published their grants yet.
+			again += takeAll(i, at, sums[i].WithShares(s, n, i, at, copies[i], 2*time.Second))
+		}
+		t.Logf("quota %d → %d, a re-balance %v after the first read on the others' counts of then: %d granted before it, %d after", quota, q, later, first, again)
+		if first != q || again != 0 {
+			t.Errorf("re-balanced %v later: %d granted before, %d after, want the new quota %d before and nothing more", later, first, again, q)
+		}
+	}
+}
+
 // A reset of one key takes it out of a sliding copy without dropping what
 // the copy leaves the others of the room the other keys' counts free.
 func TestSlidingCopyLessAKeyKeepsTheOthersShares(t *testing.T) {

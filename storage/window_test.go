@@ -607,6 +607,46 @@ func TestWindowZoneRandomSchedulesWithAJoinerHoldTheBound(t *testing.T) {
 	}
 }
 
+// The random schedules of TestWindowZoneRandomSchedulesHoldTheBound with
+// a reload of the zone from 30 to 60 or to 10 events, on every instance at
+// once or each at its own moment within a read interval: a span that
+// starts after the last instance's reload holds at most 1.1 × the new
+// events + 1, and any span, across the reload too, 1.1 × the higher of the
+// two + 1 (the view reaches a window back over the reload: what was
+// granted before it counts against the new limit). Before, the first copy
+// an instance made under a raised limit shared the raise afresh, without
+// what it had left the others of it since the reload (limiter's
+// shareState.raised), and took its share of it again: a raise from 30 to
+// 60 got up to 76 of 60 in a span after it (3 of the 120 schedules over
+// 67), and 87 in a span across it.
+func TestWindowZoneRandomSchedulesWithAReloadHoldTheNewBound(t *testing.T) {
+	const events = 30
+	const seeds = 60
+	window := 4 * time.Second
+	for _, to := range []int64{60, 10} {
+		for _, staggered := range []bool{false, true} {
+			after, across := map[int]int{}, map[int]int{}
+			for seed := range uint64(seeds) {
+				log, k, stagger, _, at := randomScheduleReloaded(t, seed, events, false, &scheduleReload{to: to, staggered: staggered})
+				since := slices.IndexFunc(log, func(x time.Time) bool { return x.UnixNano() >= at[1] })
+				if since < 0 {
+					since = len(log)
+				}
+				wa, wx := worstSpan(log[since:], window), worstSpan(log, window)
+				after[wa]++
+				across[wx]++
+				if bound := int(to)*11/10 + 1; wa > bound {
+					t.Errorf("seed %d (%d instances, syncs staggered %v), reload 30 → %d (staggered %v): a span after it held %d, over 1.1 × %d + 1 = %d", seed, k, stagger, to, staggered, wa, to, bound)
+				}
+				if bound := int(max(to, events))*11/10 + 1; wx > bound {
+					t.Errorf("seed %d (%d instances, syncs staggered %v), reload 30 → %d (staggered %v): a span held %d, over %d", seed, k, stagger, to, staggered, wx, bound)
+				}
+			}
+			t.Logf("reload 30 → %d, staggered %v: %d schedules, the most in a span of 4s after the reload (grants: schedules) %v, in any span %v", to, staggered, seeds, after, across)
+		}
+	}
+}
+
 // randomSchedule runs the random schedule of seed (see
 // TestWindowZoneRandomSchedulesHoldTheBound), the last instance joining
 // at a random moment if joiner is set, and returns the most grants of the
@@ -614,6 +654,24 @@ func TestWindowZoneRandomSchedulesWithAJoinerHoldTheBound(t *testing.T) {
 // staggered, and what the joiner granted in the write and two read
 // intervals after it joined (uncounted).
 func randomSchedule(t *testing.T, seed uint64, events int, joiner bool) (worst, k int, stagger bool, early int) {
+	t.Helper()
+	log, k, stagger, early, _ := randomScheduleReloaded(t, seed, events, joiner, nil)
+	return worstSpan(log, 4*time.Second), k, stagger, early
+}
+
+// A scheduleReload is a reload of the random schedules' zone to events
+// to, on every instance between 10 and 20 s into the schedule: all at the
+// same instant, or each at its own moment within a read interval.
+type scheduleReload struct {
+	to        int64
+	staggered bool
+}
+
+// randomScheduleReloaded is randomSchedule, with the reload rl (nil for
+// none), returning the grants of the key in order and the moments of the
+// first and the last instance's reload. The reload's moments are drawn
+// apart, so that a schedule is the same with or without it.
+func randomScheduleReloaded(t *testing.T, seed uint64, events int, joiner bool, rl *scheduleReload) (log []time.Time, k int, stagger bool, early int, reloaded [2]int64) {
 	t.Helper()
 	window := 4 * time.Second
 	L := int64(subWindowOf(window))
@@ -637,8 +695,23 @@ func randomSchedule(t *testing.T, seed uint64, events int, joiner bool) (worst, 
 		at   int64
 		node int // the node that syncs, or -1
 		on   int // the nodes that are sent a burst: bit i for node i
+		// reload is set for node's reload (then -1 - node in node).
+		reload bool
 	}
 	var schedule []event
+	if rl != nil {
+		rr := rand.New(rand.NewPCG(seed, 98))
+		base := start.UnixNano() + int64(10*time.Second) + rr.Int64N(int64(10*time.Second))
+		reloaded = [2]int64{base, base}
+		for i := range k {
+			at := base
+			if rl.staggered {
+				at += rr.Int64N(int64(testIntervals.Read))
+			}
+			reloaded[1] = max(reloaded[1], at)
+			schedule = append(schedule, event{at: at, node: i, reload: true})
+		}
+	}
 	for i := range k {
 		phase := int64(0)
 		if stagger {
@@ -664,9 +737,14 @@ func randomSchedule(t *testing.T, seed uint64, events int, joiner bool) (worst, 
 		schedule = append(schedule, event{at: at, node: -1, on: on})
 	}
 	slices.SortStableFunc(schedule, func(a, b event) int { return cmp.Compare(a.at, b.at) })
-	var log []time.Time
 	for _, e := range schedule {
 		now := time.Unix(0, e.at)
+		if e.reload {
+			if err := nodes[e.node].c.SetQuota(rl.to); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
 		if e.node >= 0 {
 			nodes[e.node].s.Write(bg, now)
 			nodes[e.node].s.Read(bg, now)
@@ -692,7 +770,7 @@ func randomSchedule(t *testing.T, seed uint64, events int, joiner bool) (worst, 
 			}
 		}
 	}
-	return worstSpan(log, window), k, stagger, early
+	return log, k, stagger, early, reloaded
 }
 
 // A key's last request of a window may be granted on any instance: the
