@@ -10,10 +10,13 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// failingStorage fails every operation while down is set.
+// failingStorage fails every operation while down is set, or only Store
+// if writesOnly: an instance whose publishes fail but that keeps reading
+// and serving.
 type failingStorage struct {
 	certmagic.Storage
-	down atomic.Bool
+	down       atomic.Bool
+	writesOnly bool
 }
 
 func (f *failingStorage) Store(ctx context.Context, k string, v []byte) error {
@@ -24,14 +27,14 @@ func (f *failingStorage) Store(ctx context.Context, k string, v []byte) error {
 }
 
 func (f *failingStorage) Load(ctx context.Context, k string) ([]byte, error) {
-	if f.down.Load() {
+	if f.down.Load() && !f.writesOnly {
 		return nil, errDown
 	}
 	return f.Storage.Load(ctx, k)
 }
 
 func (f *failingStorage) List(ctx context.Context, p string, r bool) ([]string, error) {
-	if f.down.Load() {
+	if f.down.Load() && !f.writesOnly {
 		return nil, errDown
 	}
 	return f.Storage.List(ctx, p, r)

@@ -1,10 +1,8 @@
 package storage
 
 import (
-	"context"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -771,20 +769,6 @@ func TestWindowZoneRestartTakesItsShareAtOnce(t *testing.T) {
 	}
 }
 
-// writeFailing fails only Store while down is set: an instance whose
-// publishes fail but that keeps reading and serving.
-type writeFailing struct {
-	certmagic.Storage
-	down atomic.Bool
-}
-
-func (f *writeFailing) Store(ctx context.Context, k string, v []byte) error {
-	if f.down.Load() {
-		return errDown
-	}
-	return f.Storage.Store(ctx, k, v)
-}
-
 // An instance whose writes fail for longer than the others wait for its
 // snapshots keeps reading and serving: the others drop it from their live
 // count and share a key among one fewer, so it takes only its allowance,
@@ -794,7 +778,7 @@ func TestWindowInstanceWhoseWritesFailTakesOnlyItsAllowance(t *testing.T) {
 	bound := events*11/10 + 1
 	for _, size := range []int{2, 3, 4} {
 		st := newMemStorage()
-		down := &writeFailing{Storage: st}
+		down := &failingStorage{Storage: st, writesOnly: true}
 		var nodes []*node
 		for i := range size {
 			var s certmagic.Storage = st
