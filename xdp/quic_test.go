@@ -86,7 +86,8 @@ func typeIn(version uint32, v1type byte) byte {
 // program that looks for it by type and place (quic-go's server reads every
 // packet of a datagram under the DCID, whatever their order): behind a
 // 0-RTT packet, behind two Initials, and a 0-RTT packet with a byte behind
-// it (quic-go reads it as a packet coalesced behind), an Initial under a
+// it (quic-go reads it as a packet coalesced behind) or too short to hold
+// its Length and what follows (no client's), an Initial under a
 // short DCID and no token, an Initial in a datagram under 1200 bytes. A
 // 0-RTT packet alone in its datagram ends no pass (TestAResumingClients0RTTKeepsItsPass).
 func passEnders(version uint32, sport uint16) map[string]quicPacket {
@@ -100,13 +101,14 @@ func passEnders(version uint32, sport uint16) map[string]quicPacket {
 	short := quicPacket{version: version, typ: typeIn(version, 0), dcid: server, sport: sport}
 	small := quicPacket{version: version, typ: typeIn(version, 0), dcid: dcid(8, 1), sport: sport, size: 1199}
 	return map[string]quicPacket{
-		"a Handshake packet alone":                        hs,
-		"a Handshake packet behind the Initial ACK":       ack,
-		"a Handshake packet behind a 0-RTT packet":        hidden,
-		"a Handshake packet behind the Initial ACK twice": twice,
-		"a 0-RTT packet with a byte behind it":            zeroRTT(version, sport, 1200, 1),
-		"an Initial under a 4-byte DCID and no token":     short,
-		"an Initial under an 8-byte DCID in 1199 bytes":   small,
+		"a Handshake packet alone":                         hs,
+		"a Handshake packet behind the Initial ACK":        ack,
+		"a Handshake packet behind a 0-RTT packet":         hidden,
+		"a Handshake packet behind the Initial ACK twice":  twice,
+		"a 0-RTT packet with a byte behind it":             zeroRTT(version, sport, 1200, 1),
+		"a 0-RTT packet cut short before its Length's end": zeroRTT(version, sport, 24, 1),
+		"an Initial under a 4-byte DCID and no token":      short,
+		"an Initial under an 8-byte DCID in 1199 bytes":    small,
 	}
 }
 

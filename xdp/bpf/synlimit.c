@@ -845,6 +845,35 @@ static __always_inline __u64 varint(const __u8 *b, __s64 *n)
 	return v;
 }
 
+// after_cids returns where the field after the connection IDs of the
+// long-header packet at q starts (a 0-RTT packet's Length, an Initial's
+// token length), with 8 bytes of it within the packet, or NULL: with
+// *too_long set when a connection ID is longer than MAX_CID (no QUIC
+// packet of versions 1 and 2), unset when the packet ends first.
+static __always_inline const __u8 *after_cids(const __u8 *q, const void *end, int *too_long)
+{
+	*too_long = 0;
+	if ((const void *)(q + 6) > end)
+		return 0;
+	__u32 dlen = q[5];
+	if (dlen > MAX_CID) {
+		*too_long = 1;
+		return 0;
+	}
+	const __u8 *sl = q + 6 + dlen;
+	if ((const void *)(sl + 1) > end)
+		return 0;
+	__u32 slen = sl[0];
+	if (slen > MAX_CID) {
+		*too_long = 1;
+		return 0;
+	}
+	const __u8 *f = sl + 1 + slen;
+	if ((const void *)(f + 8) > end)
+		return 0;
+	return f;
+}
+
 // zero_rtt is a 0-RTT packet's kind, first in a datagram of len bytes of
 // QUIC at q: ENDS_PASS if anything follows the packet's Length (a packet
 // coalesced behind it, which quic-go reads under its DCID, whatever its
@@ -860,20 +889,10 @@ static __always_inline __u64 varint(const __u8 *b, __s64 *n)
 // follow a real one's Length) and ends the pass.
 static __always_inline int zero_rtt(const __u8 *q, __s64 len, const void *end)
 {
-	if ((const void *)(q + 7) > end)
-		return ENDS_PASS;
-	__u32 dlen = q[5];
-	if (dlen > MAX_CID)
-		return NONE;
-	const __u8 *sl = q + 6 + dlen;
-	if ((const void *)(sl + 1) > end)
-		return ENDS_PASS;
-	__u32 slen = sl[0];
-	if (slen > MAX_CID)
-		return NONE;
-	const __u8 *ll = sl + 1 + slen;
-	if ((const void *)(ll + 8) > end)
-		return ENDS_PASS;
+	int too_long;
+	const __u8 *ll = after_cids(q, end, &too_long);
+	if (!ll)
+		return too_long ? NONE : ENDS_PASS;
 	__s64 n;
 	__u64 length = varint(ll, &n);
 	__s64 behind = len - (ll - q) - n - (__s64)length; // length < 2^62
@@ -923,20 +942,14 @@ __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct i
 	// its length says, so one of 1200 bytes that holds fewer is not one.
 	if (len < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
 		return ENDS_PASS;
-	__u32 dlen = q[5];
-	if (dlen > MAX_CID)
-		return NONE;
-	const __u8 *sl = q + 6 + dlen;
-	if ((const void *)(sl + 1) > end)
-		return NONE;
-	__u32 slen = sl[0];
-	if (slen > MAX_CID)
-		return NONE;
 	// The token's length, a variable-length integer of 1, 2, 4 or 8
-	// bytes: only whether it is zero matters.
-	const __u8 *tl = sl + 1 + slen;
-	if ((const void *)(tl + 8) > end) // it is, within QUIC_HEAD; the verifier is told here
+	// bytes: only whether it is zero matters. It is within QUIC_HEAD;
+	// after_cids tells the verifier so.
+	int too_long;
+	const __u8 *tl = after_cids(q, end, &too_long);
+	if (!tl)
 		return NONE;
+	__u32 dlen = q[5];
 	// Both loops are branch-free (before(i, n) is all ones if i < n): a
 	// branch per byte on a length read from the packet would multiply the
 	// paths the verifier walks by the lengths.
