@@ -569,3 +569,44 @@ func TestSlidingCopyLessAKeyKeepsTheReservationsInItsCells(t *testing.T) {
 		t.Errorf("another key reset: %d remaining, want %d", r, quota-16)
 	}
 }
+
+// A sum of a later sub-window than the reader's (an aggregate written on a
+// clock ahead of the reader's, by up to the tolerated skew) is shared as
+// of the reader's sub-window, its later counts counted as granted now:
+// the instances that read it together may grant a key what it has left,
+// not that once each. Before, a copy of another sub-window than now's was
+// the sum itself, without shares: three readers of an aggregate one
+// sub-window ahead could grant a fresh key 30 of 30 each (90), and two of
+// three did in a cluster whose aggregator's clock was 2 s ahead (64 of 30
+// in a span).
+func TestSlidingWithSharesOfASumAheadShares(t *testing.T) {
+	const quota, n = 30, 3
+	window := time.Minute
+	L := time.Duration(sketchSubWindow(window))
+	now := time.Unix(0, (1_700_000_000*int64(time.Second)/int64(L)+1)*int64(L)).Add(-time.Second)
+	for _, ahead := range []time.Duration{2 * time.Second, 3 * L, 9 * L} {
+		c := newSlidingCluster(t, n+1, quota, window)
+		agg := c.sk[n] // the aggregator, its clock ahead
+		for range 6 {
+			if d, _ := agg.TakeHashWith(c.h, 1, now.Add(ahead), nil); !d.Allowed {
+				t.Fatal("the aggregator's grant was denied")
+			}
+		}
+		sum := agg.NewSketchSum(now.Add(ahead))
+		snap, _ := agg.AppendSnapshot(nil, now.Add(ahead))
+		if _, err := sum.AddBinary(snap); err != nil {
+			t.Fatal(err)
+		}
+		total := int64(0)
+		var per []int64
+		for rank, s := range c.sk[:n] {
+			r := s.PeekHashWith(c.h, 1, now, sum.WithShares(s, n, rank, now, nil, 2*time.Second)).Remaining
+			per = append(per, r)
+			total += r
+		}
+		t.Logf("a sum %v ahead: the %d readers may grant %v, %d together (6 of %d granted)", ahead, n, per, total, quota)
+		if total != quota-6 {
+			t.Errorf("a sum %v ahead: the readers may grant %d together, want the %d the key has left", ahead, total, quota-6)
+		}
+	}
+}
