@@ -40,6 +40,7 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 		s.failed(OpWrite, now, err)
 		return
 	}
+	s.proc.noteLanded(key, writtenOf(now, s.buf))
 	s.noteStreak(name, now, now, false)
 	s.ok(OpWrite, now)
 }

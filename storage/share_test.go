@@ -821,6 +821,54 @@ func TestWindowInstanceWhoseWritesFailTakesOnlyItsAllowance(t *testing.T) {
 	}
 }
 
+// An instance whose writes fail for a few write intervals, fewer than
+// the others wait for its snapshots, is still one instance: it does not
+// take the snapshot it stored before the failures, which it tried to
+// overwrite since, for another process's, so it neither moves to an alias
+// nor counts its own past state as a live peer, and a key is shared among
+// three, not four, once its writes work again. Before, its fourth failed
+// write pushed the stored snapshot out of what the process remembered
+// storing: it counted 4 live, published under an alias, and the others
+// counted 4 too (its old snapshot and the alias's): a fresh key got 7, 8
+// and 4 on the three, 19 of 30.
+func TestWindowInstanceWhoseWritesFailCountsItselfOnce(t *testing.T) {
+	const events = 30
+	st := newMemStorage()
+	down := &failingStorage{Storage: st, writesOnly: true}
+	nodes := []*node{newJoiner(t, st, "a", events, time.Minute, zap.NewNop()), newJoiner(t, st, "b", events, time.Minute, zap.NewNop()),
+		newJoiner(t, down, "c", events, time.Minute, zap.NewNop())}
+	now := t0
+	for range 6 {
+		syncAll(now, nodes...)
+		now = now.Add(testIntervals.Read)
+	}
+	var lives []string
+	var per []int
+	for s := range 12 {
+		down.down.Store(s < 8)
+		syncAll(now, nodes...)
+		lives = append(lives, fmt.Sprintf("%d/%d/%d", nodes[0].c.Live(), nodes[1].c.Live(), nodes[2].c.Live()))
+		if s == 9 { // its writes have worked again for a second
+			for _, n := range nodes {
+				per = append(per, burstOnAll([]*node{n}, limiter.HashString("fresh"), events, now.Add(testIntervals.Read/2), new([]time.Time)))
+			}
+		}
+		now = now.Add(testIntervals.Read)
+	}
+	t.Logf("c's writes failing 8 s: live on a, b, c each second %v; conflicts %d; then a fresh key on all: %v", lives, nodes[2].c.Conflicts(), per)
+	for s, l := range lives {
+		if l != "3/3/3" {
+			t.Errorf("second %d: live %s on a/b/c, want 3/3/3", s, l)
+		}
+	}
+	if nodes[2].c.Conflicts() != 0 || nodes[2].s.proc.name("c") != "c" {
+		t.Errorf("c took its own snapshot for another process's: %d conflicts, publishing as %q", nodes[2].c.Conflicts(), nodes[2].s.proc.name("c"))
+	}
+	if want := []int{10, 10, 10}; !slices.Equal(per, want) {
+		t.Errorf("a fresh key on all three once c's writes work again: %v, want %v", per, want)
+	}
+}
+
 // An instance restarted under its name restores a snapshot its old
 // process wrote on another host's clock: it is counted at once only when
 // the others surely still count it, whatever the two clocks; otherwise it
