@@ -78,9 +78,14 @@ import (
 // the room that freed, or it would share the raise afresh before the
 // others have published what they granted of it, and each instance would
 // take its share again. With n < 2 there is no copy (below): a sole
-// instance's decisions stay exact.
+// instance's decisions stay exact. An uncounted one (Uncounted) takes its
+// allowance however few instances it finds live (n of 1 or less counts as
+// 1): one that cannot see the others (its clock ahead makes their
+// snapshots look old, or every instance's publishes fail) must not take
+// the whole quota beside them.
 //
-// A nil sum, or n < 2, gives the sum itself. t is a sum (NewSketchSum,
+// A nil sum, or n < 2 with a rank of 0 or more, gives the sum itself. t is
+// a sum (NewSketchSum,
 // SketchSumOfBinary), not a copy made by WithShares: every cell it does
 // not count something in is taken to hold zero.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
@@ -104,9 +109,10 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 // ignores sole and seen (its cluster decides such a key on the sum
 // without shares).
 func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration, sole []uint64, seen []byte) *SketchSum {
-	if t == nil || n < 2 {
+	if t == nil || n < 2 && rank >= 0 {
 		return t
 	}
+	n = max(n, 1)
 	e, el := s.clock(now)
 	if d := e - t.epoch; d != 0 && t.ring > 2 {
 		// A sliding sum of another sub-window (an aggregate's: read a

@@ -610,3 +610,52 @@ func TestSlidingWithSharesOfASumAheadShares(t *testing.T) {
 		}
 	}
 }
+
+// An instance the others do not count yet (Uncounted) takes its allowance
+// even when it finds no other live, the peers' sum holding their counts
+// all the same: the allowance less what it granted the key in the view,
+// never the whole quota, and re-balancing hands it nothing more. Before,
+// a copy for fewer than two instances was the sum itself, and such an
+// instance granted a fresh key 30 of 30 beside the others' (60 in a span
+// with a joiner whose clock ahead made the others' snapshots look dead,
+// 90 with three instances whose writes all failed).
+func TestUncountedInstanceAloneTakesItsAllowance(t *testing.T) {
+	const quota = 30
+	window := 4 * time.Second
+	allow := UncountedAllowance(quota)
+	c := newSlidingCluster(t, 2, quota, window)
+	at := time.Unix(1_700_000_000, 0)
+	peer, j := c.sk[0], c.sk[1]
+	for range 10 {
+		if d, _ := peer.TakeHashWith(c.h, 1, at, nil); !d.Allowed {
+			t.Fatal("the peer's grant was denied")
+		}
+	}
+	for _, n := range []int{1, 0} {
+		shared := c.peersOf(1, at).WithShares(j, n, Uncounted(0), at, nil, time.Second)
+		if r := j.PeekHashWith(HashString("fresh"), 1, at, shared).Remaining; r != allow {
+			t.Errorf("n %d: an uncounted instance alone may grant a fresh key %d, want its allowance %d", n, r, allow)
+		}
+		if r := j.PeekHashWith(c.h, 1, at, shared).Remaining; r != allow {
+			t.Errorf("n %d: an uncounted instance alone may grant a key with 20 left %d, want its allowance %d", n, r, allow)
+		}
+	}
+	granted := 0
+	var prev *SketchSum
+	for k := range 20 {
+		now := at.Add(time.Duration(k) * 100 * time.Millisecond)
+		prev = c.peersOf(1, now).WithShares(j, 1, Uncounted(0), now, prev, time.Second)
+		for range quota {
+			if d, _ := j.TakeHashWith(HashString("fresh"), 1, now, prev); d.Allowed {
+				granted++
+			}
+		}
+	}
+	t.Logf("an uncounted instance alone, 20 re-balances within 2 s of a 4 s window: %d granted of a fresh key (allowance %d)", granted, allow)
+	if granted != int(allow) {
+		t.Errorf("an uncounted instance alone granted %d of a fresh key over 20 re-balances, want its allowance %d", granted, allow)
+	}
+	if sum := c.peersOf(1, at); sum.WithShares(j, 1, 0, at, nil, time.Second) != sum {
+		t.Error("a counted instance alone: the sum was copied")
+	}
+}

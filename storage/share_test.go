@@ -869,6 +869,102 @@ func TestWindowInstanceWhoseWritesFailCountsItselfOnce(t *testing.T) {
 	}
 }
 
+// A joiner whose clock is ahead of the others' by more than the ten write
+// intervals they publish within (but within the tolerated skew) finds
+// their snapshots, at its first read, older than a live peer's: it counts
+// no other live, yet takes only its allowance, as the others may be live
+// (Syncer.shareRank). Before, it decided alone: 30 of a fresh key beside
+// the others' 15 and 15, 60 of 30 at once.
+func TestWindowJoinerWithItsClockAheadTakesItsAllowance(t *testing.T) {
+	const events = 30
+	allow := int(limiter.UncountedAllowance(events))
+	for _, skew := range []time.Duration{11 * time.Second, 59 * time.Second} {
+		st := newMemStorage()
+		nodes := []*node{newJoiner(t, st, "a", events, time.Minute, zap.NewNop()), newJoiner(t, st, "b", events, time.Minute, zap.NewNop())}
+		now := t0
+		for range 6 {
+			syncAll(now, nodes...)
+			now = now.Add(testIntervals.Read)
+		}
+		j := newJoiner(t, st, "c", events, time.Minute, zap.NewNop())
+		clock := func(n *node, at time.Time) time.Time {
+			if n == j {
+				return at.Add(skew)
+			}
+			return at
+		}
+		nodes = append(nodes, j)
+		syncAt(nodes, nodes, clock, now)
+		var per []int
+		var log []time.Time
+		for _, n := range nodes {
+			per = append(per, burstOnAll([]*node{n}, limiter.HashString("fresh"), events, clock(n, now.Add(testIntervals.Read/2)), &log))
+		}
+		t.Logf("a joiner %v ahead, at its first read (live %d): a fresh key on a, b and it: %v", skew, j.c.Live(), per)
+		if j.c.Live() != 1 {
+			t.Fatalf("a joiner %v ahead counts %d live at its first read, want 1 (the others' snapshots look old on its clock)", skew, j.c.Live())
+		}
+		if got := per[0] + per[1] + per[2]; got > events*11/10+1 || per[2] > allow {
+			t.Errorf("a joiner %v ahead: %v, %d of %d at once; want at most %d, the joiner its allowance %d", skew, per, got, events, events*11/10+1, allow)
+		}
+	}
+}
+
+// Every instance's writes fail at once, their reads working: each soon
+// finds no other live (no snapshot is replaced), and each, its publishes
+// stale, keeps to its allowance, since the others it counted live before
+// may be granting unseen as it does (Syncer.shareRank). A fresh key hit on
+// all three every second gets its quota before the outage, 3 × A = 12 for
+// as long as it lasts past ten write intervals, and the quota again once
+// the writes work and the instances count each other. Before, each
+// decided alone from about ten write intervals into the outage: 90 of 30.
+// A cluster of one whose writes fail keeps its limit: it was alone when
+// its publishes last worked.
+func TestWindowClusterWhoseWritesAllFailKeepsToTheAllowance(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	for _, size := range []int{3, 1} {
+		var downs []*failingStorage
+		var nodes []*node
+		st := newMemStorage()
+		for i := range size {
+			down := &failingStorage{Storage: st, writesOnly: true}
+			downs = append(downs, down)
+			nodes = append(nodes, newJoiner(t, down, string(rune('a'+i)), events, time.Minute, zap.NewNop()))
+		}
+		now := t0
+		for range 6 {
+			syncAll(now, nodes...)
+			now = now.Add(testIntervals.Read)
+		}
+		var line []int
+		for s := range 48 {
+			for _, d := range downs {
+				d.down.Store(s < 40)
+			}
+			syncAll(now, nodes...)
+			got := burstOnAll(nodes, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time))
+			line = append(line, got)
+			now = now.Add(testIntervals.Read)
+		}
+		t.Logf("%d instances, every one's writes failing for 40 s: a fresh key on all, each second: %v", size, line)
+		for s, got := range line {
+			switch {
+			case got > bound:
+				t.Errorf("%d instances, second %d of the outage: %d of %d, over 1.1 × N + 1 = %d", size, s, got, events, bound)
+			case size == 1 && got != events:
+				t.Errorf("one instance, second %d of the outage: %d of %d, want its whole limit", s, got, events)
+			}
+		}
+		if size > 1 && line[39] != size*int(limiter.UncountedAllowance(events)) {
+			t.Errorf("%d instances, late in the outage: %d, want each one's allowance, %d", size, line[39], size*int(limiter.UncountedAllowance(events)))
+		}
+		if size > 1 && line[47] != events {
+			t.Errorf("%d instances, writes back: %d, want the quota %d", size, line[47], events)
+		}
+	}
+}
+
 // An instance restarted under its name restores a snapshot its old
 // process wrote on another host's clock: it is counted at once only when
 // the others surely still count it, whatever the two clocks; otherwise it
