@@ -272,11 +272,17 @@ func (s *Syncer) shareRank(now time.Time, live, rank int, lag time.Duration) int
 // instance has read since it was published, by a read at now (a read
 // interval on, plus lag, an aggregate's: see replaceView), or nil: what
 // the others' shares of a key only this instance counts are computed on
-// (limiter.SketchSum.WithSharesSole). The caller holds c.mu.
+// (limiter.SketchSum.WithSharesSole). Only one whose store succeeded:
+// taking one whose store failed for seen, an instance whose writes failed
+// counted its unpublished grants of a key pinned to it as the others'
+// knowledge, took its share of what was left over them at every read, and
+// a burst on the others then got their shares of what they saw left
+// besides (38 of 30 in a span, its writes failing for 7 s). The caller
+// holds c.mu.
 func (s *Syncer) seenSnapshot(now time.Time, lag time.Duration) []byte {
 	by := now.Add(-s.iv.Read - lag).UnixNano()
 	for _, o := range s.c.own {
-		if o.w.at <= by {
+		if o.w.at <= by && o.landed {
 			if snap, err := decodeSnapshot(o.data, MitigationSlots, MaxResets); err == nil {
 				return snap.sketch
 			}

@@ -965,6 +965,53 @@ func TestWindowClusterWhoseWritesAllFailKeepsToTheAllowance(t *testing.T) {
 	}
 }
 
+// A key pinned to one instance is shared on the own counts the others
+// have read (Syncer.seenSnapshot): while that instance's writes fail (for
+// less than the others wait for its snapshots), its grants since its last
+// publish are not theirs to know, and it must not take them for known.
+// Ten requests a second of the key on it alone, its writes failing from
+// the third second, then a burst on the two others: at most 1.1 × N + 1 in
+// a span. Before, it took its failed snapshots for seen and its share of
+// what was left over them at every read (the whole quota within a few
+// reads), and the others their shares of what they saw left besides: 35
+// and 38 of 30 with its writes failing 5 and 7 s.
+func TestWindowPinnedKeyWhileItsWritesFailKeepsTheBound(t *testing.T) {
+	const events = 30
+	for _, failFor := range []int{5, 7} {
+		st := newMemStorage()
+		down := &failingStorage{Storage: st, writesOnly: true}
+		nodes := []*node{newJoiner(t, st, "a", events, time.Minute, zap.NewNop()), newJoiner(t, st, "b", events, time.Minute, zap.NewNop()),
+			newJoiner(t, down, "c", events, time.Minute, zap.NewNop())}
+		now := t0
+		for range 6 {
+			syncAll(now, nodes...)
+			now = now.Add(testIntervals.Read)
+		}
+		h := limiter.HashString("pinned")
+		var log []time.Time
+		pinned, burst := 0, 0
+		for s := range 12 {
+			down.down.Store(s >= 2 && s < 2+failFor)
+			syncAll(now, nodes...)
+			for k := range 10 {
+				pinned += burstOnAll(nodes[2:], h, 1, now.Add(time.Duration(k)*100*time.Millisecond), &log)
+			}
+			if s == 1+failFor {
+				burst = burstOnAll(nodes[:2], h, events, now.Add(950*time.Millisecond), &log)
+			}
+			now = now.Add(testIntervals.Read)
+		}
+		w := worstSpan(log, time.Minute)
+		t.Logf("c's writes failing %d s: c granted the key pinned to it %d, a and b %d in a burst at the end: %d in a span", failFor, pinned, burst, w)
+		if bound := events*11/10 + 1; w > bound {
+			t.Errorf("c's writes failing %d s: %d in a span, over 1.1 × %d + 1 = %d", failFor, w, events, bound)
+		}
+		if pinned < events/3 {
+			t.Errorf("c's writes failing %d s: c granted the key pinned to it %d, want at least its share %d", failFor, pinned, events/3)
+		}
+	}
+}
+
 // An instance restarted under its name restores a snapshot its old
 // process wrote on another host's clock: it is counted at once only when
 // the others surely still count it, whatever the two clocks; otherwise it
