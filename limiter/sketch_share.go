@@ -63,7 +63,7 @@ import (
 // being counted from the window the chain of carrying copies began in;
 // a sum of another sub-window (an aggregate's, read late or written on a
 // clock ahead) is shifted to now's, what it counts after now counted as
-// granted now. A
+// granted now, as a weighted sum of another window is. A
 // weighted sketch's copies carry within one window: its edge is W apart.
 // A sub-window's counts leave every instance's view at the same instant,
 // between two reads, and that room, taken whole, would be granted once per
@@ -114,21 +114,19 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 	}
 	n = max(n, 1)
 	e, el := s.clock(now)
-	if d := e - t.epoch; d != 0 && t.ring > 2 {
-		// A sliding sum of another sub-window (an aggregate's: read a
+	if d := e - t.epoch; d != 0 {
+		// A sum of another window or sub-window (an aggregate's: read a
 		// read interval or two after it was written, or written on a
 		// clock ahead of this one's): the same counts, as of window e.
 		// Left unshared, it had every instance that read it decide
-		// alone until its next read (30 of 30 on each of two, from an
-		// aggregator 2 s ahead, a sub-window's edge between them).
+		// alone until its next read (30 of 30 on each of three, from
+		// an aggregator 2 s ahead, a sub-window's edge between them; a
+		// token-bucket zone's, from an aggregate written before a
+		// window's edge and read after it).
 		t = t.shifted(d)
 	}
 	c := *t
 	c.shares = nil
-	if e != t.epoch {
-		c.counts = slices.Clone(t.counts)
-		return &c // a weighted sum of another window: nothing to share on
-	}
 	// Every cell t counts something in is in use, below, and written
 	// there unless it counts nothing after all (subtracting can leave a
 	// cell at zero); every other cell holds zero in t too. c.used stays
@@ -518,7 +516,7 @@ func (s *Sketch) carries(prev, origin, e int64) bool {
 		e-origin < math.MaxInt64/s.window-1
 }
 
-// shifted returns a copy of the sliding sum as of d windows later (d < 0:
+// shifted returns a copy of the sum as of d windows later (d < 0:
 // earlier): its counts of windows the new one holds, those of the newest
 // d zero, and for d < 0 its counts of the windows after the new one's
 // counted in the new one's, as if granted now (a sum written on a clock

@@ -659,3 +659,50 @@ func TestUncountedInstanceAloneTakesItsAllowance(t *testing.T) {
 		t.Error("a counted instance alone: the sum was copied")
 	}
 }
+
+// A token-bucket zone's (weighted) sum of another window than the
+// reader's, an aggregate written before a window's edge and read after it,
+// or written on a clock ahead across it, is shared as of the reader's
+// window too: the readers together may grant a key what it has left, not
+// that once each. Before, such a copy was the sum itself: each reader
+// could grant all the key had left (24 of 30 each, 72), or all of the
+// quota from a sum ahead (90), in the first read interval of a window.
+func TestWithSharesOfASumOfAnotherWindowShares(t *testing.T) {
+	const quota, n = 30, 3
+	window := time.Minute
+	edge := time.Unix(0, (1_700_000_000*int64(time.Second)/int64(window)+1)*int64(window))
+	for _, c := range []struct {
+		name        string
+		read, wrote time.Duration // from the edge
+	}{{"written before the edge, read after", time.Second, -time.Second}, {"written ahead, across the edge", -time.Second, time.Second}} {
+		var sk []*Sketch
+		for range n + 1 {
+			s, err := NewSketch(SketchConfig{Quota: quota, Window: window, Rows: 4, Width: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sk = append(sk, s)
+		}
+		h := HashString("k")
+		agg, wrote, read := sk[n], edge.Add(c.wrote), edge.Add(c.read)
+		agg.TakeHashWith(h, 6, wrote, nil)
+		sum := agg.NewSketchSum(wrote)
+		snap, _ := agg.AppendSnapshot(nil, wrote)
+		if _, err := sum.AddBinary(snap); err != nil {
+			t.Fatal(err)
+		}
+		var per []int64
+		total := int64(0)
+		for rank, s := range sk[:n] {
+			r := s.PeekHashWith(h, 1, read, sum.WithShares(s, n, rank, read, nil, 2*time.Second)).Remaining
+			per, total = append(per, r), total+r
+		}
+		t.Logf("%s: the %d readers may grant %v, %d together (6 of %d granted)", c.name, n, per, total, quota)
+		if total > quota-6 {
+			t.Errorf("%s: the readers may grant %d together, want at most the %d the key has left", c.name, total, quota-6)
+		}
+		if total < quota-6-1 {
+			t.Errorf("%s: the readers may grant %d together, want about the %d the key has left", c.name, total, quota-6)
+		}
+	}
+}
