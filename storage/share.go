@@ -68,10 +68,10 @@ func (p sighting) live(now int64, most time.Duration) bool {
 // late, and a share released before it does would be granted twice. A
 // cluster that publishes on time keeps the configured hold.
 //
-// It also notes (unsure) whether the read found, for the first time, a
-// peer that looks dead here but whose snapshot is at most liveWrites write
-// intervals old on a clock MaxClockSkew behind this one's: this
-// instance's clock may be ahead, and the peer live.
+// It also notes (unsure) whether the read found a peer, never seen
+// publishing another snapshot, that looks dead here but whose snapshot is
+// at most liveWrites write intervals old on a clock MaxClockSkew behind
+// this one's: this instance's clock may be ahead, and the peer live.
 func (s *Syncer) endSight(now time.Time) time.Duration {
 	most := liveWrites * s.iv.Write
 	n := now.UnixNano()
@@ -233,7 +233,8 @@ func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv
 //
 // An uncounted instance that finds no other live (live < 2) takes its
 // allowance all the same while another may be granting unseen: a peer
-// first found that looks dead only on a clock ahead (unsure, endSight: a
+// never seen publishing that looks dead only on a clock ahead (unsure,
+// endSight: a
 // joiner whose clock is ahead by more than liveWrites write intervals took
 // the whole quota beside the others'), or, while its publishes are stale,
 // any instance it found live at its last read before they were (every

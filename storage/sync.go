@@ -107,8 +107,8 @@ type Syncer struct {
 	// sighted holds, for each peer a read found, the latest snapshot of
 	// it and when on this instance's clock (see sight).
 	sighted map[string]sighting
-	// unsure is set by a read (endSight) that found, for the first time,
-	// a peer's snapshot that looks dead on this instance's clock but is
+	// unsure is set by a read (endSight) that found a peer's snapshot,
+	// never seen replaced, that looks dead on this instance's clock but is
 	// recent on a clock up to MaxClockSkew behind it (see shareRank).
 	unsure bool
 }
