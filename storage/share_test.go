@@ -821,6 +821,23 @@ func TestWindowInstanceWhoseWritesFailTakesOnlyItsAllowance(t *testing.T) {
 	}
 }
 
+// withFailingWriter returns three window-zone instances a, b and c
+// (events a minute, bursts split) that count each other, c's writes
+// failing while down.down is set, and the time of their next sync.
+func withFailingWriter(t *testing.T, events int64) (nodes []*node, down *failingStorage, next time.Time) {
+	t.Helper()
+	st := newMemStorage()
+	down = &failingStorage{Storage: st, writesOnly: true}
+	nodes = []*node{newJoiner(t, st, "a", events, time.Minute, zap.NewNop()), newJoiner(t, st, "b", events, time.Minute, zap.NewNop()),
+		newJoiner(t, down, "c", events, time.Minute, zap.NewNop())}
+	next = t0
+	for range 6 {
+		syncAll(next, nodes...)
+		next = next.Add(testIntervals.Read)
+	}
+	return nodes, down, next
+}
+
 // An instance whose writes fail for a few write intervals, fewer than
 // the others wait for its snapshots, is still one instance: it does not
 // take the snapshot it stored before the failures, which it tried to
@@ -833,15 +850,7 @@ func TestWindowInstanceWhoseWritesFailTakesOnlyItsAllowance(t *testing.T) {
 // and 4 on the three, 19 of 30.
 func TestWindowInstanceWhoseWritesFailCountsItselfOnce(t *testing.T) {
 	const events = 30
-	st := newMemStorage()
-	down := &failingStorage{Storage: st, writesOnly: true}
-	nodes := []*node{newJoiner(t, st, "a", events, time.Minute, zap.NewNop()), newJoiner(t, st, "b", events, time.Minute, zap.NewNop()),
-		newJoiner(t, down, "c", events, time.Minute, zap.NewNop())}
-	now := t0
-	for range 6 {
-		syncAll(now, nodes...)
-		now = now.Add(testIntervals.Read)
-	}
+	nodes, down, now := withFailingWriter(t, events)
 	var lives []string
 	var per []int
 	for s := range 12 {
@@ -978,15 +987,7 @@ func TestWindowClusterWhoseWritesAllFailKeepsToTheAllowance(t *testing.T) {
 func TestWindowPinnedKeyWhileItsWritesFailKeepsTheBound(t *testing.T) {
 	const events = 30
 	for _, failFor := range []int{5, 7} {
-		st := newMemStorage()
-		down := &failingStorage{Storage: st, writesOnly: true}
-		nodes := []*node{newJoiner(t, st, "a", events, time.Minute, zap.NewNop()), newJoiner(t, st, "b", events, time.Minute, zap.NewNop()),
-			newJoiner(t, down, "c", events, time.Minute, zap.NewNop())}
-		now := t0
-		for range 6 {
-			syncAll(now, nodes...)
-			now = now.Add(testIntervals.Read)
-		}
+		nodes, down, now := withFailingWriter(t, events)
 		h := limiter.HashString("pinned")
 		var log []time.Time
 		pinned, burst := 0, 0
