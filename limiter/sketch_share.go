@@ -61,7 +61,9 @@ import (
 // sum still holds the previous copy's window), what the others used since
 // being their counts of that window and the ones after it, and times
 // being counted from the window the chain of carrying copies began in;
-// a sum of an earlier sub-window (an aggregate's) is shifted to now's. A
+// a sum of another sub-window (an aggregate's, read late or written on a
+// clock ahead) is shifted to now's, what it counts after now counted as
+// granted now, as a weighted sum of another window is. A
 // weighted sketch's copies carry within one window: its edge is W apart.
 // A sub-window's counts leave every instance's view at the same instant,
 // between two reads, and that room, taken whole, would be granted once per
@@ -76,9 +78,14 @@ import (
 // the room that freed, or it would share the raise afresh before the
 // others have published what they granted of it, and each instance would
 // take its share again. With n < 2 there is no copy (below): a sole
-// instance's decisions stay exact.
+// instance's decisions stay exact. An uncounted one (Uncounted) takes its
+// allowance however few instances it finds live (n of 1 or less counts as
+// 1): one that cannot see the others (its clock ahead makes their
+// snapshots look old, or every instance's publishes fail) must not take
+// the whole quota beside them.
 //
-// A nil sum, or n < 2, gives the sum itself. t is a sum (NewSketchSum,
+// A nil sum, or n < 2 with a rank of 0 or more, gives the sum itself. t is
+// a sum (NewSketchSum,
 // SketchSumOfBinary), not a copy made by WithShares: every cell it does
 // not count something in is taken to hold zero.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
@@ -102,21 +109,24 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 // ignores sole and seen (its cluster decides such a key on the sum
 // without shares).
 func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration, sole []uint64, seen []byte) *SketchSum {
-	if t == nil || n < 2 {
+	if t == nil || n < 2 && rank >= 0 {
 		return t
 	}
+	n = max(n, 1)
 	e, el := s.clock(now)
-	if d := e - t.epoch; d > 0 && d < int64(t.ring)-1 && t.ring > 2 {
-		// A sliding sum of a sub-window or a few before (an
-		// aggregate's): the same counts, as of window e.
-		t = t.shifted(int(d))
+	if d := e - t.epoch; d != 0 {
+		// A sum of another window or sub-window (an aggregate's: read a
+		// read interval or two after it was written, or written on a
+		// clock ahead of this one's): the same counts, as of window e.
+		// Left unshared, it had every instance that read it decide
+		// alone until its next read (30 of 30 on each of three, from
+		// an aggregator 2 s ahead, a sub-window's edge between them; a
+		// token-bucket zone's, from an aggregate written before a
+		// window's edge and read after it).
+		t = t.shifted(d)
 	}
 	c := *t
 	c.shares = nil
-	if e != t.epoch {
-		c.counts = slices.Clone(t.counts)
-		return &c // a sum of another window: nothing to share on
-	}
 	// Every cell t counts something in is in use, below, and written
 	// there unless it counts nothing after all (subtracting can leave a
 	// cell at zero); every other cell holds zero in t too. c.used stays
@@ -506,15 +516,34 @@ func (s *Sketch) carries(prev, origin, e int64) bool {
 		e-origin < math.MaxInt64/s.window-1
 }
 
-// shifted returns a copy of the sliding sum as of d windows later: its
-// counts of windows the new one holds, those of the d newest zero. It
-// reads only the cells the sum counts something in.
-func (t *SketchSum) shifted(d int) *SketchSum {
+// shifted returns a copy of the sum as of d windows later (d < 0:
+// earlier): its counts of windows the new one holds, those of the newest
+// d zero, and for d < 0 its counts of the windows after the new one's
+// counted in the new one's, as if granted now (a sum written on a clock
+// ahead: what it counts there was granted, and the counts of the windows
+// it has dropped, older than its own, are zero). It reads only the cells
+// the sum counts something in.
+func (t *SketchSum) shifted(d int64) *SketchSum {
 	c := *t
-	c.epoch += int64(d)
+	c.epoch += d
 	c.counts = make([]uint32, len(t.counts))
+	r := int64(t.ring)
 	for i := range setCells(t.used) {
-		copy(c.counts[t.ring*i:t.ring*i+t.ring-d], t.counts[t.ring*i+d:t.ring*i+t.ring])
+		src, dst := t.counts[t.ring*i:][:t.ring], c.counts[t.ring*i:][:t.ring]
+		if d >= 0 {
+			if d < r {
+				copy(dst, src[d:])
+			}
+			continue
+		}
+		if -d < r {
+			copy(dst[-d:], src[:r+d])
+		}
+		var later uint64
+		for _, n := range src[max(r+d, 0):] {
+			later += uint64(n)
+		}
+		dst[r-1] = uint32(min(uint64(dst[r-1])+later, MaxSketchQuota))
 	}
 	return &c
 }

@@ -569,3 +569,140 @@ func TestSlidingCopyLessAKeyKeepsTheReservationsInItsCells(t *testing.T) {
 		t.Errorf("another key reset: %d remaining, want %d", r, quota-16)
 	}
 }
+
+// A sum of a later sub-window than the reader's (an aggregate written on a
+// clock ahead of the reader's, by up to the tolerated skew) is shared as
+// of the reader's sub-window, its later counts counted as granted now:
+// the instances that read it together may grant a key what it has left,
+// not that once each. Before, a copy of another sub-window than now's was
+// the sum itself, without shares: three readers of an aggregate one
+// sub-window ahead could grant a fresh key 30 of 30 each (90), and two of
+// three did in a cluster whose aggregator's clock was 2 s ahead (64 of 30
+// in a span).
+func TestSlidingWithSharesOfASumAheadShares(t *testing.T) {
+	const quota, n = 30, 3
+	window := time.Minute
+	L := time.Duration(sketchSubWindow(window))
+	now := time.Unix(0, (1_700_000_000*int64(time.Second)/int64(L)+1)*int64(L)).Add(-time.Second)
+	for _, ahead := range []time.Duration{2 * time.Second, 3 * L, 9 * L} {
+		c := newSlidingCluster(t, n+1, quota, window)
+		agg := c.sk[n] // the aggregator, its clock ahead
+		for range 6 {
+			if d, _ := agg.TakeHashWith(c.h, 1, now.Add(ahead), nil); !d.Allowed {
+				t.Fatal("the aggregator's grant was denied")
+			}
+		}
+		sum := agg.NewSketchSum(now.Add(ahead))
+		snap, _ := agg.AppendSnapshot(nil, now.Add(ahead))
+		if _, err := sum.AddBinary(snap); err != nil {
+			t.Fatal(err)
+		}
+		total := int64(0)
+		var per []int64
+		for rank, s := range c.sk[:n] {
+			r := s.PeekHashWith(c.h, 1, now, sum.WithShares(s, n, rank, now, nil, 2*time.Second)).Remaining
+			per = append(per, r)
+			total += r
+		}
+		t.Logf("a sum %v ahead: the %d readers may grant %v, %d together (6 of %d granted)", ahead, n, per, total, quota)
+		if total != quota-6 {
+			t.Errorf("a sum %v ahead: the readers may grant %d together, want the %d the key has left", ahead, total, quota-6)
+		}
+	}
+}
+
+// An instance the others do not count yet (Uncounted) takes its allowance
+// even when it finds no other live, the peers' sum holding their counts
+// all the same: the allowance less what it granted the key in the view,
+// never the whole quota, and re-balancing hands it nothing more. Before,
+// a copy for fewer than two instances was the sum itself, and such an
+// instance granted a fresh key 30 of 30 beside the others' (60 in a span
+// with a joiner whose clock ahead made the others' snapshots look dead,
+// 90 with three instances whose writes all failed).
+func TestUncountedInstanceAloneTakesItsAllowance(t *testing.T) {
+	const quota = 30
+	window := 4 * time.Second
+	allow := UncountedAllowance(quota)
+	c := newSlidingCluster(t, 2, quota, window)
+	at := time.Unix(1_700_000_000, 0)
+	peer, j := c.sk[0], c.sk[1]
+	for range 10 {
+		if d, _ := peer.TakeHashWith(c.h, 1, at, nil); !d.Allowed {
+			t.Fatal("the peer's grant was denied")
+		}
+	}
+	for _, n := range []int{1, 0} {
+		shared := c.peersOf(1, at).WithShares(j, n, Uncounted(0), at, nil, time.Second)
+		if r := j.PeekHashWith(HashString("fresh"), 1, at, shared).Remaining; r != allow {
+			t.Errorf("n %d: an uncounted instance alone may grant a fresh key %d, want its allowance %d", n, r, allow)
+		}
+		if r := j.PeekHashWith(c.h, 1, at, shared).Remaining; r != allow {
+			t.Errorf("n %d: an uncounted instance alone may grant a key with 20 left %d, want its allowance %d", n, r, allow)
+		}
+	}
+	granted := 0
+	var prev *SketchSum
+	for k := range 20 {
+		now := at.Add(time.Duration(k) * 100 * time.Millisecond)
+		prev = c.peersOf(1, now).WithShares(j, 1, Uncounted(0), now, prev, time.Second)
+		for range quota {
+			if d, _ := j.TakeHashWith(HashString("fresh"), 1, now, prev); d.Allowed {
+				granted++
+			}
+		}
+	}
+	t.Logf("an uncounted instance alone, 20 re-balances within 2 s of a 4 s window: %d granted of a fresh key (allowance %d)", granted, allow)
+	if granted != int(allow) {
+		t.Errorf("an uncounted instance alone granted %d of a fresh key over 20 re-balances, want its allowance %d", granted, allow)
+	}
+	if sum := c.peersOf(1, at); sum.WithShares(j, 1, 0, at, nil, time.Second) != sum {
+		t.Error("a counted instance alone: the sum was copied")
+	}
+}
+
+// A token-bucket zone's (weighted) sum of another window than the
+// reader's, an aggregate written before a window's edge and read after it,
+// or written on a clock ahead across it, is shared as of the reader's
+// window too: the readers together may grant a key what it has left, not
+// that once each. Before, such a copy was the sum itself: each reader
+// could grant all the key had left (24 of 30 each, 72), or all of the
+// quota from a sum ahead (90), in the first read interval of a window.
+func TestWithSharesOfASumOfAnotherWindowShares(t *testing.T) {
+	const quota, n = 30, 3
+	window := time.Minute
+	edge := time.Unix(0, (1_700_000_000*int64(time.Second)/int64(window)+1)*int64(window))
+	for _, c := range []struct {
+		name        string
+		read, wrote time.Duration // from the edge
+	}{{"written before the edge, read after", time.Second, -time.Second}, {"written ahead, across the edge", -time.Second, time.Second}} {
+		var sk []*Sketch
+		for range n + 1 {
+			s, err := NewSketch(SketchConfig{Quota: quota, Window: window, Rows: 4, Width: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sk = append(sk, s)
+		}
+		h := HashString("k")
+		agg, wrote, read := sk[n], edge.Add(c.wrote), edge.Add(c.read)
+		agg.TakeHashWith(h, 6, wrote, nil)
+		sum := agg.NewSketchSum(wrote)
+		snap, _ := agg.AppendSnapshot(nil, wrote)
+		if _, err := sum.AddBinary(snap); err != nil {
+			t.Fatal(err)
+		}
+		var per []int64
+		total := int64(0)
+		for rank, s := range sk[:n] {
+			r := s.PeekHashWith(h, 1, read, sum.WithShares(s, n, rank, read, nil, 2*time.Second)).Remaining
+			per, total = append(per, r), total+r
+		}
+		t.Logf("%s: the %d readers may grant %v, %d together (6 of %d granted)", c.name, n, per, total, quota)
+		if total > quota-6 {
+			t.Errorf("%s: the readers may grant %d together, want at most the %d the key has left", c.name, total, quota-6)
+		}
+		if total < quota-6-1 {
+			t.Errorf("%s: the readers may grant %d together, want about the %d the key has left", c.name, total, quota-6)
+		}
+	}
+}

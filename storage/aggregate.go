@@ -72,15 +72,18 @@ func AggregateKey(zone string) string { return Prefix + "_aggregate/" + url.Path
 // An ownSnapshot is one this instance stored (or restored), for taking its
 // contribution out of an aggregate.
 type ownSnapshot struct {
-	key  string
-	w    written
-	data []byte
+	key string
+	w   written
+	// landed is set once its store succeeded (or it was restored): the
+	// others may not have read one whose store failed (seenSnapshot).
+	landed bool
+	data   []byte
 }
 
 // noteOwnLocked remembers data, stored under key, as one of the last
 // snapshots of this Cluster: as many as this Syncer writes while an
 // aggregate is fresh and then some (ownKept). The caller holds c.mu.
-func (s *Syncer) noteOwnLocked(key string, w written, data []byte) {
+func (s *Syncer) noteOwnLocked(key string, w written, data []byte, landed bool) {
 	c := s.c
 	n := ownKept(s.iv)
 	var reuse []byte
@@ -88,7 +91,7 @@ func (s *Syncer) noteOwnLocked(key string, w written, data []byte) {
 		reuse = c.own[len(c.own)-1].data
 		c.own = c.own[:n-1]
 	}
-	c.own = slices.Insert(c.own, 0, ownSnapshot{key: key, w: w, data: append(reuse[:0], data...)})
+	c.own = slices.Insert(c.own, 0, ownSnapshot{key: key, w: w, data: append(reuse[:0], data...), landed: landed})
 }
 
 // ownKept is how many of its last snapshots an instance remembers: those

@@ -302,3 +302,36 @@ func TestAggregateWithWritesMoreFrequentThanReads(t *testing.T) {
 
 // aggregatingLog is what an instance logs when it becomes the aggregator.
 const aggregatingLog = "this instance aggregates the zone's cluster state"
+
+// The aggregator publishes a sum of its own time's window: read after a
+// window's edge that it published before, it is of the previous window,
+// for up to a read interval each window. A token-bucket zone's readers
+// (a weighted count) share on it as of their own window, as a window
+// zone's do: a fresh key hit on all four instances each second across an
+// edge gets at most 1.1 × N + 1. Before, the copy of another window was
+// the sum itself, without shares: 98 of 30 in the second after the edge.
+func TestAggregateOfThePreviousWindowKeepsTheShares(t *testing.T) {
+	const events = 30
+	window := time.Minute
+	for _, sliding := range []bool{false, true} {
+		edge := time.Unix(0, (t0.UnixNano()/int64(window)+2)*int64(window))
+		start := edge.Add(-5 * time.Second)
+		nodes := newWindowNodesOf(t, 4, events, window, sliding, sameClock, start)
+		var bursts []int
+		for k, at := 0, start.Add(testIntervals.Read); at.Before(edge.Add(3 * time.Second)); k, at = k+1, at.Add(testIntervals.Read) {
+			// The aggregator syncs half a read interval before the others.
+			syncAt(nodes[:1], nodes[:1], sameClock, at.Add(-testIntervals.Read/2))
+			syncAt(nodes[1:], nodes[1:], sameClock, at)
+			bursts = append(bursts, burstOnAll(nodes, limiter.HashString(fmt.Sprint("fresh", k)), events, at.Add(100*time.Millisecond), new([]time.Time)))
+		}
+		t.Logf("sliding %v, aggregators %v: a fresh key hit on all 4 each second across a window's edge: %v", sliding, aggregators(nodes), bursts)
+		if got := aggregators(nodes); len(got) != 1 || got[0] != nodes[0].s.instance {
+			t.Fatalf("aggregators %v, want %s", got, nodes[0].s.instance)
+		}
+		for k, got := range bursts {
+			if bound := events*11/10 + 1; got > bound {
+				t.Errorf("sliding %v, second %d: a fresh key got %d of %d at once, over 1.1 × N + 1 = %d", sliding, k, got, events, bound)
+			}
+		}
+	}
+}

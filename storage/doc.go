@@ -34,7 +34,10 @@
 // they may drop it) takes none, only an allowance
 // of events/10 + 1 per key in any span of the window (at most its share),
 // so k instances joining at once add at most k allowances to a key's
-// bound, and a key only one instance counts is held there to what the others'
+// bound; it does even when it finds no other live, unless it was alone at
+// its last read while it published and finds no peer that may be live on
+// a clock behind (so every instance's writes failing gives k allowances,
+// a cluster of one keeps its limit), and a key only one instance counts is held there to what the others'
 // shares of it leave, not let off its share. A key reset (Cluster.Reset,
 // resets.go) spreads through the snapshots' lists of resets. A peer is
 // trusted no further than a valid peer could go (trust.go): entries are

@@ -20,7 +20,8 @@ import (
 // granted, and the cluster grants a key once per process.
 //
 // This process remembers the snapshots it stored under each key, by time
-// and checksum (process.writes). At each read it also loads its own key: a
+// and checksum (process.writes: the last few it tried to store and the
+// last it surely did). At each read it also loads its own key: a
 // snapshot there that it did not store was stored by another process under
 // its id. It then logs an error once, counts it (Cluster.Conflicts), and
 // from then on publishes every zone as <instance id>-<process nonce>, a
@@ -46,11 +47,26 @@ type process struct {
 	// stored (or tried to) under it: syncers of two configs overlap during
 	// a reload, and a store that timed out may still have landed. One entry
 	// per zone and name published under.
-	writes map[string]*[4]written
+	writes map[string]*writes
 	// aliased is set once another process was found publishing under the
 	// instance id: the id is the process's, so every zone then publishes
 	// under the alias.
 	aliased bool
+}
+
+// writes is what the process stored under one key: the last few
+// snapshots it tried to store, newest first, and the last one it surely
+// stored (its store succeeded). A run of failed stores longer than tried
+// pushes the snapshot the storage holds out of tried, but never out of
+// landed: else the process took its own snapshot for another process's
+// (checkOwn), published under an alias from then on, and counted its own
+// past state, under the id, as a live peer (4 live of 3 instances, whose
+// shares were then smaller, after four failed writes). Only a store that
+// failed but landed, and was then followed by four more failed ones, is
+// still taken for another process's.
+type writes struct {
+	tried  [4]written
+	landed written
 }
 
 // written identifies a stored snapshot: its time and checksum. Two
@@ -67,24 +83,34 @@ func writtenOf(at time.Time, data []byte) written {
 func newProcess() *process {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return &process{nonce: hex.EncodeToString(b[:]), writes: make(map[string]*[4]written)}
+	return &process{nonce: hex.EncodeToString(b[:]), writes: make(map[string]*writes)}
 }
 
 // thisProcess is the process the Syncers of a running Caddy belong to.
 var thisProcess = newProcess()
 
 // noteWrite notes that the process stores data, a snapshot written at at,
-// under key.
+// under key, before it tries to: a store that fails may still land.
 func (p *process) noteWrite(key string, at time.Time, data []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.writes[key]
 	if r == nil {
-		r = new([4]written)
+		r = new(writes)
 		p.writes[key] = r
 	}
-	copy(r[1:], r[:3])
-	r[0] = writtenOf(at, data)
+	copy(r.tried[1:], r.tried[:3])
+	r.tried[0] = writtenOf(at, data)
+}
+
+// noteLanded notes that the store of w under key succeeded: the storage
+// holds it until the process's next store there.
+func (p *process) noteLanded(key string, w written) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if r := p.writes[key]; r != nil {
+		r.landed = w
+	}
 }
 
 // stored reports whether this process has stored a snapshot under key.
@@ -100,7 +126,10 @@ func (p *process) ours(key string, w written) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if r := p.writes[key]; r != nil {
-		for _, e := range r {
+		if r.landed == w && w != (written{}) {
+			return true
+		}
+		for _, e := range r.tried {
 			if e == w {
 				return true
 			}

@@ -35,11 +35,13 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	key := Key(c.shape.Zone, name)
 	s.buf = appendSnapshot(s.buf[:0], name, now, s.sk, s.blocks, s.resets)
 	s.proc.noteWrite(key, now, s.buf)
-	s.noteOwnLocked(key, writtenOf(now, s.buf), s.buf)
+	s.noteOwnLocked(key, writtenOf(now, s.buf), s.buf, false)
 	if err := s.st.Store(ctx, key, s.buf); err != nil {
 		s.failed(OpWrite, now, err)
 		return
 	}
+	c.own[0].landed = true
+	s.proc.noteLanded(key, writtenOf(now, s.buf))
 	s.noteStreak(name, now, now, false)
 	s.ok(OpWrite, now)
 }
@@ -78,7 +80,7 @@ func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {
 	if err == nil {
 		// Its counts become this instance's: an aggregate that summed it
 		// has them taken out (aggregate.go).
-		s.noteOwnLocked(Key(c.shape.Zone, s.instance), writtenOf(snap.written, data), data)
+		s.noteOwnLocked(Key(c.shape.Zone, s.instance), writtenOf(snap.written, data), data, true)
 		// The others may count this instance live by its last state
 		// (if it is recent enough on any clock, see noteStreak).
 		s.noteStreak(s.instance, snap.written, now, true)

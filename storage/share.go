@@ -67,10 +67,16 @@ func (p sighting) live(now int64, most time.Duration) bool {
 // shares' hold: a grant of a peer that publishes late becomes visible
 // late, and a share released before it does would be granted twice. A
 // cluster that publishes on time keeps the configured hold.
+//
+// It also notes (unsure) whether the read found a peer, never seen
+// publishing another snapshot, that looks dead here but whose snapshot is
+// at most liveWrites write intervals old on a clock MaxClockSkew behind
+// this one's: this instance's clock may be ahead, and the peer live.
 func (s *Syncer) endSight(now time.Time) time.Duration {
 	most := liveWrites * s.iv.Write
 	n := now.UnixNano()
 	var late time.Duration
+	s.unsure = false
 	for name, p := range s.sighted {
 		if time.Duration(n-p.found) > most {
 			delete(s.sighted, name)
@@ -78,6 +84,8 @@ func (s *Syncer) endSight(now time.Time) time.Duration {
 		}
 		if p.live(n, most) {
 			late = max(late, min(time.Duration(n-p.at)-p.every, most))
+		} else if p.found == n && !p.replaced && p.live(n, most+MaxClockSkew) {
+			s.unsure = true
 		}
 	}
 	return late
@@ -203,7 +211,7 @@ func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv
 
 // shareRank is the rank this instance takes in the shares
 // (limiter.SketchSum.WithShares) at a read at now, ranked rank among the
-// instances it finds live: for a window zone, limiter.Uncounted(rank)
+// live instances it finds: for a window zone, limiter.Uncounted(rank)
 // while the others may not count it yet (token-bucket zones and quotas
 // keep their rank: their bound is the weighted estimate's). Their shares
 // then cover all a key has left, and a share taken besides, or of the room
@@ -222,32 +230,60 @@ func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv
 // its reads do not): the others may have dropped it from their live count
 // and share among one fewer, and it takes its share again only as a new
 // streak, once its publishes resume and the others have counted them.
+//
+// An uncounted instance that finds no other live (live < 2) takes its
+// allowance all the same while another may be granting unseen: a peer
+// never seen publishing that looks dead only on a clock ahead (unsure,
+// endSight: a
+// joiner whose clock is ahead by more than liveWrites write intervals took
+// the whole quota beside the others'), or, while its publishes are stale,
+// any instance it found live at its last read before they were (every
+// instance's writes failing, each soon finds no other live, as each is
+// found dead by the others: 90 of 30 in a span on three when each decided
+// alone). It cannot tell those others dead from failing as it does, so it
+// keeps to its allowance until its publishes resume. One that was alone
+// then, and finds nobody now, is taken to be alone and decides alone: a
+// cluster of one whose writes fail keeps its limit, not its allowance.
+// (Another instance started during the outage, whose writes fail too and
+// that finds no recent snapshot, decides alone as well: two such give up
+// to 2 × events.)
 // The caller holds c.mu.
-func (s *Syncer) shareRank(now time.Time, rank int, lag time.Duration) int {
-	k := s.c.streak
-	if !s.c.shape.Sliding {
+func (s *Syncer) shareRank(now time.Time, live, rank int, lag time.Duration) int {
+	c := s.c
+	k := c.streak
+	if !c.shape.Sliding {
 		return rank
 	}
-	if k.last.IsZero() || now.Sub(k.last) > s.streakGap() {
-		// Its publishes fail (or never began): the others may count it
-		// dead before its next read, and share among one fewer.
-		return limiter.Uncounted(rank)
+	// Its publishes fail (or never began): the others may count it dead
+	// before its next read, and share among one fewer.
+	stale := k.last.IsZero() || now.Sub(k.last) > s.streakGap()
+	if !stale {
+		c.streakLive = live
 	}
-	if !k.counted && now.Sub(k.since) < s.iv.Write+2*s.iv.Read+lag {
-		return limiter.Uncounted(rank)
+	if !stale && (k.counted || now.Sub(k.since) >= s.iv.Write+2*s.iv.Read+lag) {
+		return rank
 	}
-	return rank
+	if live < 2 && !s.unsure && !(stale && c.streakLive >= 2) {
+		return rank // alone, as far as it can tell
+	}
+	return limiter.Uncounted(rank)
 }
 
 // seenSnapshot returns this instance's newest snapshot that every other
 // instance has read since it was published, by a read at now (a read
 // interval on, plus lag, an aggregate's: see replaceView), or nil: what
 // the others' shares of a key only this instance counts are computed on
-// (limiter.SketchSum.WithSharesSole). The caller holds c.mu.
+// (limiter.SketchSum.WithSharesSole). Only one whose store succeeded:
+// taking one whose store failed for seen, an instance whose writes failed
+// counted its unpublished grants of a key pinned to it as the others'
+// knowledge, took its share of what was left over them at every read, and
+// a burst on the others then got their shares of what they saw left
+// besides (38 of 30 in a span, its writes failing for 7 s). The caller
+// holds c.mu.
 func (s *Syncer) seenSnapshot(now time.Time, lag time.Duration) []byte {
 	by := now.Add(-s.iv.Read - lag).UnixNano()
 	for _, o := range s.c.own {
-		if o.w.at <= by {
+		if o.w.at <= by && o.landed {
 			if snap, err := decodeSnapshot(o.data, MitigationSlots, MaxResets); err == nil {
 				return snap.sketch
 			}

@@ -821,6 +821,198 @@ func TestWindowInstanceWhoseWritesFailTakesOnlyItsAllowance(t *testing.T) {
 	}
 }
 
+// withFailingWriter returns three window-zone instances a, b and c
+// (events a minute, bursts split) that count each other, c's writes
+// failing while down.down is set, and the time of their next sync.
+func withFailingWriter(t *testing.T, events int64) (nodes []*node, down *failingStorage, next time.Time) {
+	t.Helper()
+	st := newMemStorage()
+	down = &failingStorage{Storage: st, writesOnly: true}
+	nodes = []*node{newJoiner(t, st, "a", events, time.Minute, zap.NewNop()), newJoiner(t, st, "b", events, time.Minute, zap.NewNop()),
+		newJoiner(t, down, "c", events, time.Minute, zap.NewNop())}
+	next = t0
+	for range 6 {
+		syncAll(next, nodes...)
+		next = next.Add(testIntervals.Read)
+	}
+	return nodes, down, next
+}
+
+// An instance whose writes fail for a few write intervals, fewer than
+// the others wait for its snapshots, is still one instance: it does not
+// take the snapshot it stored before the failures, which it tried to
+// overwrite since, for another process's, so it neither moves to an alias
+// nor counts its own past state as a live peer, and a key is shared among
+// three, not four, once its writes work again. Before, its fourth failed
+// write pushed the stored snapshot out of what the process remembered
+// storing: it counted 4 live, published under an alias, and the others
+// counted 4 too (its old snapshot and the alias's): a fresh key got 7, 8
+// and 4 on the three, 19 of 30.
+func TestWindowInstanceWhoseWritesFailCountsItselfOnce(t *testing.T) {
+	const events = 30
+	nodes, down, now := withFailingWriter(t, events)
+	var lives []string
+	var per []int
+	for s := range 12 {
+		down.down.Store(s < 8)
+		syncAll(now, nodes...)
+		lives = append(lives, fmt.Sprintf("%d/%d/%d", nodes[0].c.Live(), nodes[1].c.Live(), nodes[2].c.Live()))
+		if s == 9 { // its writes have worked again for a second
+			for _, n := range nodes {
+				per = append(per, burstOnAll([]*node{n}, limiter.HashString("fresh"), events, now.Add(testIntervals.Read/2), new([]time.Time)))
+			}
+		}
+		now = now.Add(testIntervals.Read)
+	}
+	t.Logf("c's writes failing 8 s: live on a, b, c each second %v; conflicts %d; then a fresh key on all: %v", lives, nodes[2].c.Conflicts(), per)
+	for s, l := range lives {
+		if l != "3/3/3" {
+			t.Errorf("second %d: live %s on a/b/c, want 3/3/3", s, l)
+		}
+	}
+	if nodes[2].c.Conflicts() != 0 || nodes[2].s.proc.name("c") != "c" {
+		t.Errorf("c took its own snapshot for another process's: %d conflicts, publishing as %q", nodes[2].c.Conflicts(), nodes[2].s.proc.name("c"))
+	}
+	if want := []int{10, 10, 10}; !slices.Equal(per, want) {
+		t.Errorf("a fresh key on all three once c's writes work again: %v, want %v", per, want)
+	}
+}
+
+// A joiner whose clock is ahead of the others' by more than the ten write
+// intervals they publish within (but within the tolerated skew) finds
+// their snapshots, at its first read, older than a live peer's: it counts
+// no other live, yet takes only its allowance, as the others may be live
+// (Syncer.shareRank). Before, it decided alone: 30 of a fresh key beside
+// the others' 15 and 15, 60 of 30 at once.
+func TestWindowJoinerWithItsClockAheadTakesItsAllowance(t *testing.T) {
+	const events = 30
+	allow := int(limiter.UncountedAllowance(events))
+	for _, skew := range []time.Duration{11 * time.Second, 59 * time.Second} {
+		st := newMemStorage()
+		nodes := []*node{newJoiner(t, st, "a", events, time.Minute, zap.NewNop()), newJoiner(t, st, "b", events, time.Minute, zap.NewNop())}
+		now := t0
+		for range 6 {
+			syncAll(now, nodes...)
+			now = now.Add(testIntervals.Read)
+		}
+		j := newJoiner(t, st, "c", events, time.Minute, zap.NewNop())
+		clock := func(n *node, at time.Time) time.Time {
+			if n == j {
+				return at.Add(skew)
+			}
+			return at
+		}
+		nodes = append(nodes, j)
+		syncAt(nodes, nodes, clock, now)
+		var per []int
+		var log []time.Time
+		for _, n := range nodes {
+			per = append(per, burstOnAll([]*node{n}, limiter.HashString("fresh"), events, clock(n, now.Add(testIntervals.Read/2)), &log))
+		}
+		t.Logf("a joiner %v ahead, at its first read (live %d): a fresh key on a, b and it: %v", skew, j.c.Live(), per)
+		if j.c.Live() != 1 {
+			t.Fatalf("a joiner %v ahead counts %d live at its first read, want 1 (the others' snapshots look old on its clock)", skew, j.c.Live())
+		}
+		if got := per[0] + per[1] + per[2]; got > events*11/10+1 || per[2] > allow {
+			t.Errorf("a joiner %v ahead: %v, %d of %d at once; want at most %d, the joiner its allowance %d", skew, per, got, events, events*11/10+1, allow)
+		}
+	}
+}
+
+// Every instance's writes fail at once, their reads working: each soon
+// finds no other live (no snapshot is replaced), and each, its publishes
+// stale, keeps to its allowance, since the others it counted live before
+// may be granting unseen as it does (Syncer.shareRank). A fresh key hit on
+// all three every second gets its quota before the outage, 3 × A = 12 for
+// as long as it lasts past ten write intervals, and the quota again once
+// the writes work and the instances count each other. Before, each
+// decided alone from about ten write intervals into the outage: 90 of 30.
+// A cluster of one whose writes fail keeps its limit: it was alone when
+// its publishes last worked.
+func TestWindowClusterWhoseWritesAllFailKeepsToTheAllowance(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	for _, size := range []int{3, 1} {
+		var downs []*failingStorage
+		var nodes []*node
+		st := newMemStorage()
+		for i := range size {
+			down := &failingStorage{Storage: st, writesOnly: true}
+			downs = append(downs, down)
+			nodes = append(nodes, newJoiner(t, down, string(rune('a'+i)), events, time.Minute, zap.NewNop()))
+		}
+		now := t0
+		for range 6 {
+			syncAll(now, nodes...)
+			now = now.Add(testIntervals.Read)
+		}
+		var line []int
+		for s := range 48 {
+			for _, d := range downs {
+				d.down.Store(s < 40)
+			}
+			syncAll(now, nodes...)
+			got := burstOnAll(nodes, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time))
+			line = append(line, got)
+			now = now.Add(testIntervals.Read)
+		}
+		t.Logf("%d instances, every one's writes failing for 40 s: a fresh key on all, each second: %v", size, line)
+		for s, got := range line {
+			switch {
+			case got > bound:
+				t.Errorf("%d instances, second %d of the outage: %d of %d, over 1.1 × N + 1 = %d", size, s, got, events, bound)
+			case size == 1 && got != events:
+				t.Errorf("one instance, second %d of the outage: %d of %d, want its whole limit", s, got, events)
+			}
+		}
+		if size > 1 && line[39] != size*int(limiter.UncountedAllowance(events)) {
+			t.Errorf("%d instances, late in the outage: %d, want each one's allowance, %d", size, line[39], size*int(limiter.UncountedAllowance(events)))
+		}
+		if size > 1 && line[47] != events {
+			t.Errorf("%d instances, writes back: %d, want the quota %d", size, line[47], events)
+		}
+	}
+}
+
+// A key pinned to one instance is shared on the own counts the others
+// have read (Syncer.seenSnapshot): while that instance's writes fail (for
+// less than the others wait for its snapshots), its grants since its last
+// publish are not theirs to know, and it must not take them for known.
+// Ten requests a second of the key on it alone, its writes failing from
+// the third second, then a burst on the two others: at most 1.1 × N + 1 in
+// a span. Before, it took its failed snapshots for seen and its share of
+// what was left over them at every read (the whole quota within a few
+// reads), and the others their shares of what they saw left besides: 35
+// and 38 of 30 with its writes failing 5 and 7 s.
+func TestWindowPinnedKeyWhileItsWritesFailKeepsTheBound(t *testing.T) {
+	const events = 30
+	for _, failFor := range []int{5, 7} {
+		nodes, down, now := withFailingWriter(t, events)
+		h := limiter.HashString("pinned")
+		var log []time.Time
+		pinned, burst := 0, 0
+		for s := range 12 {
+			down.down.Store(s >= 2 && s < 2+failFor)
+			syncAll(now, nodes...)
+			for k := range 10 {
+				pinned += burstOnAll(nodes[2:], h, 1, now.Add(time.Duration(k)*100*time.Millisecond), &log)
+			}
+			if s == 1+failFor {
+				burst = burstOnAll(nodes[:2], h, events, now.Add(950*time.Millisecond), &log)
+			}
+			now = now.Add(testIntervals.Read)
+		}
+		w := worstSpan(log, time.Minute)
+		t.Logf("c's writes failing %d s: c granted the key pinned to it %d, a and b %d in a burst at the end: %d in a span", failFor, pinned, burst, w)
+		if bound := events*11/10 + 1; w > bound {
+			t.Errorf("c's writes failing %d s: %d in a span, over 1.1 × %d + 1 = %d", failFor, w, events, bound)
+		}
+		if pinned < events/3 {
+			t.Errorf("c's writes failing %d s: c granted the key pinned to it %d, want at least its share %d", failFor, pinned, events/3)
+		}
+	}
+}
+
 // An instance restarted under its name restores a snapshot its old
 // process wrote on another host's clock: it is counted at once only when
 // the others surely still count it, whatever the two clocks; otherwise it

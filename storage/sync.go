@@ -107,6 +107,10 @@ type Syncer struct {
 	// sighted holds, for each peer a read found, the latest snapshot of
 	// it and when on this instance's clock (see sight).
 	sighted map[string]sighting
+	// unsure is set by a read (endSight) that found a peer's snapshot,
+	// never seen replaced, that looks dead on this instance's clock but is
+	// recent on a clock up to MaxClockSkew behind it (see shareRank).
+	unsure bool
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start

@@ -882,3 +882,50 @@ func TestWindowZoneOfTwoReadsHoldsTheBound(t *testing.T) {
 		}
 	}
 }
+
+// An aggregator whose clock is ahead of the others' (within the tolerated
+// skew) publishes, for the seconds between its crossing of a sub-window's
+// edge and theirs, a sum of a later sub-window than the one they read it
+// in. Its readers share on it as of their own sub-window: a fresh key hit
+// on all four instances at once, every second across a sub-window's edge, gets at
+// most 1.1 × N + 1. Before, a copy of another sub-window was the sum
+// itself, without shares, and each reader granted the key alone: 98 of 30
+// (the three readers' 30 each and the aggregator's share of 8) in the
+// seconds before the edge.
+func TestWindowZoneAggregatorClockAheadKeepsTheShares(t *testing.T) {
+	const events = 30
+	window := time.Minute
+	sub := window / limiter.SketchSubWindows
+	edge := time.Unix(0, (t0.UnixNano()/int64(sub)+3)*int64(sub))
+	for _, skew := range []time.Duration{2 * time.Second, 5 * time.Second} {
+		var ahead *node
+		clock := func(n *node, at time.Time) time.Time {
+			if n == ahead {
+				return at.Add(skew)
+			}
+			return at
+		}
+		start := edge.Add(-sub / 2)
+		nodes := newWindowNodesOf(t, 4, events, window, true, sameClock, start.Add(-2*joinWait(testIntervals)))
+		ahead = nodes[0] // the first to read: the aggregator
+		formed(nodes, clock, start)
+		worst, bursts := 0, []int{}
+		for k, at := 0, start.Add(testIntervals.Read); at.Before(edge.Add(sub)); k, at = k+1, at.Add(testIntervals.Read) {
+			syncAt(nodes, nodes, clock, at)
+			var log []time.Time
+			got := 0
+			for _, n := range nodes {
+				got += burstOnAll([]*node{n}, limiter.HashString(fmt.Sprint("fresh", skew, k)), events, clock(n, at.Add(100*time.Millisecond)), &log)
+			}
+			bursts = append(bursts, got)
+			worst = max(worst, got)
+		}
+		t.Logf("aggregator %v ahead (aggregators %v): a fresh key hit on all 4 each second across a sub-window's edge: %v, at most %d", skew, aggregators(nodes), bursts, worst)
+		if got := aggregators(nodes); len(got) != 1 || got[0] != ahead.s.instance {
+			t.Fatalf("aggregators %v, want the instance ahead, %s", got, ahead.s.instance)
+		}
+		if bound := events*11/10 + 1; worst > bound {
+			t.Errorf("aggregator %v ahead: a fresh key got %d of %d at once, over 1.1 × N + 1 = %d", skew, worst, events, bound)
+		}
+	}
+}
