@@ -385,8 +385,10 @@ func alignedLines(n int) []byte {
 // under a few DCIDs and ports of each source so that connections repeat,
 // to either QUIC port, and a client's other long-header packets (Handshake,
 // 0-RTT with something behind it, an Initial that opens no connection, or
-// one in a short datagram), which end a pass and charge nothing, and 0-RTT
-// packets alone in their datagrams, which end none.
+// one in a short datagram), which end the pass of the connection latest
+// from their address, port and SCID and charge nothing, and 0-RTT packets
+// alone in their datagrams, which end none; each under one of a few SCIDs
+// (none among them), Initials too.
 func TestProgramChargesAsLimiter(t *testing.T) {
 	for _, tc := range []struct {
 		l limiter.Limit
@@ -418,6 +420,9 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 		ns := int64(0)
 		granted, denied, free := 0, 0, 0
 		passes := newQUICPasses()
+		// The SCIDs of a source's packets: a few, none among them, so that
+		// a packet that opens nothing ends a pass under its SCID or none.
+		scids := [][]byte{nil, clientSCID, dcid(8, 70)}
 		for i := range 6000 {
 			ns += r.Int64N(int64(step) + 1)
 			src := sources[r.IntN(len(sources))]
@@ -435,28 +440,30 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 					version = quicV2
 				}
 				var id quicID
+				var scid string
 				switch r.IntN(4) {
 				case 0: // a SYN
 				case 1: // a long-header packet that opens nothing: passed, nothing charged
-					q, ends := endsPass(r, version, sport), true
+					scid := scids[r.IntN(len(scids))]
+					q, ends := endsPass(r, version, sport, scid), true
 					if r.IntN(3) == 0 { // a 0-RTT packet alone in its datagram, which ends no pass
-						q, ends = zeroRTT(version, sport, 60+r.IntN(1141), 0), false
+						q, ends = zeroRTT(version, sport, scid, 60+r.IntN(1141), 0), false
 						q.dport = uint16(443 + 8000*r.IntN(2))
 					}
 					if v := runAt(t, tb, q.frame(src, randomShape(r, src, true)), ns); v != xdpPass {
 						t.Fatalf("%v k=%d: long-header packet %d from %v that opens nothing: verdict %d, want pass", tc.l, tc.k, i, src, v)
 					}
 					if ends {
-						passes.endPass(src, sport)
+						passes.endPass(src, sport, scid)
 					}
 					continue
 				default: // an Initial under one of a few DCIDs
 					q := v1Initial(binary.BigEndian.AppendUint64(nil, uint64(r.IntN(3)))...)
-					q.sport, q.dport = sport, uint16(443+8000*r.IntN(2))
+					q.sport, q.dport, q.scid = sport, uint16(443+8000*r.IntN(2)), scids[r.IntN(len(scids))]
 					if version == quicV2 {
 						q.version, q.typ = quicV2, 1
 					}
-					id = quicID{src.As16(), sport, q.dport, string(q.dcid)}
+					id, scid = quicID{src.As16(), sport, q.dport, string(q.dcid)}, string(q.scid)
 					frame = q.frame(src, randomShape(r, src, true))
 				}
 				v := runAt(t, tb, frame, ns)
@@ -464,7 +471,7 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 					t.Fatalf("verdict %d", v)
 				}
 				got = v == xdpPass
-				if id.dcid != "" && passes.initial(id, ns) {
+				if id.dcid != "" && passes.initial(id, scid, ns) {
 					if !got {
 						t.Fatalf("%v k=%d: Initial %d from %v at %dns, within its connection's pass: dropped", tc.l, tc.k, i, src, ns)
 					}
@@ -475,7 +482,7 @@ func TestProgramChargesAsLimiter(t *testing.T) {
 					continue
 				}
 				if id.dcid != "" && got {
-					passes.charged(id, ns)
+					passes.charged(id, scid, ns)
 				}
 			}
 			want := ref.Allow(key.Bytes(), 1, tb.Buckets.Base().Add(time.Duration(ns))).Allowed
@@ -520,37 +527,49 @@ type quicID struct {
 type quicPasses struct {
 	at     map[quicID]int64 // when the connection was charged
 	free   map[quicID]int   // the Initials passed free since
-	latest map[quicID]quicID
+	latest map[quicClient]quicID
 	ended  int // passes a Handshake packet ended
 }
 
-func newQUICPasses() *quicPasses {
-	return &quicPasses{at: map[quicID]int64{}, free: map[quicID]int{}, latest: map[quicID]quicID{}}
+// quicClient is a key of the program's map latest: a client's address,
+// port and SCID.
+type quicClient struct {
+	src   [16]byte
+	sport uint16
+	scid  string
 }
 
-func client(id quicID) quicID { return quicID{src: id.src, sport: id.sport} }
+func newQUICPasses() *quicPasses {
+	return &quicPasses{at: map[quicID]int64{}, free: map[quicID]int{}, latest: map[quicClient]quicID{}}
+}
 
-// initial reports whether an Initial of id passes free at ns.
-func (p *quicPasses) initial(id quicID, ns int64) bool {
+func clientOf(id quicID, scid string) quicClient {
+	return quicClient{src: id.src, sport: id.sport, scid: scid}
+}
+
+// initial reports whether an Initial of id under SCID scid passes free at
+// ns.
+func (p *quicPasses) initial(id quicID, scid string, ns int64) bool {
 	at, ok := p.at[id]
 	if !ok || ns-at >= 5e9 || p.free[id] >= 16 {
 		return false
 	}
 	p.free[id]++
-	p.latest[client(id)] = id
+	p.latest[clientOf(id, scid)] = id
 	return true
 }
 
-// charged notes that an Initial of id was charged, and granted, at ns.
-func (p *quicPasses) charged(id quicID, ns int64) {
+// charged notes that an Initial of id under SCID scid was charged, and
+// granted, at ns.
+func (p *quicPasses) charged(id quicID, scid string, ns int64) {
 	p.at[id], p.free[id] = ns, 0
-	p.latest[client(id)] = id
+	p.latest[clientOf(id, scid)] = id
 }
 
 // endPass notes a client's long-header packet that opens no connection
-// (endsPass) from src and sport.
-func (p *quicPasses) endPass(src netip.Addr, sport uint16) {
-	if id, ok := p.latest[quicID{src: src.As16(), sport: sport}]; ok {
+// (endsPass) from src and sport under SCID scid.
+func (p *quicPasses) endPass(src netip.Addr, sport uint16, scid []byte) {
+	if id, ok := p.latest[quicClient{src: src.As16(), sport: sport, scid: string(scid)}]; ok {
 		if _, live := p.at[id]; live {
 			p.ended++
 		}

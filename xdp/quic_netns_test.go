@@ -11,8 +11,12 @@ import (
 	"crypto/x509"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"io"
 	"math/big"
 	"net"
+	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -221,8 +225,9 @@ func dialQUIC(t *testing.T, v *netnstest.VethPair, port uint16) (*quic.Transport
 	return dialQUICThrough(t, v, port, func(c net.PacketConn) net.PacketConn { return c })
 }
 
-// dialQUICThrough is dialQUIC with the client's socket wrapped by wrap.
-func dialQUICThrough(t *testing.T, v *netnstest.VethPair, port uint16, wrap func(net.PacketConn) net.PacketConn) (*quic.Transport, *quic.Conn) {
+// clientSocket opens a UDP socket in v's client namespace, on a port the
+// kernel picks, closed when the test ends.
+func clientSocket(t *testing.T, v *netnstest.VethPair) *net.UDPConn {
 	t.Helper()
 	var cpc *net.UDPConn
 	if err := netnstest.In(v.Client, func() error {
@@ -232,7 +237,14 @@ func dialQUICThrough(t *testing.T, v *netnstest.VethPair, port uint16, wrap func
 	}); err != nil {
 		t.Fatal(err)
 	}
-	ctr := &quic.Transport{Conn: wrap(cpc)}
+	t.Cleanup(func() { cpc.Close() })
+	return cpc
+}
+
+// dialQUICThrough is dialQUIC with the client's socket wrapped by wrap.
+func dialQUICThrough(t *testing.T, v *netnstest.VethPair, port uint16, wrap func(net.PacketConn) net.PacketConn) (*quic.Transport, *quic.Conn) {
+	t.Helper()
+	ctr := &quic.Transport{Conn: wrap(clientSocket(t, v))}
 	t.Cleanup(func() { ctr.Close() })
 	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -247,14 +259,15 @@ func dialQUICThrough(t *testing.T, v *netnstest.VethPair, port uint16, wrap func
 // TestARealHandshakeEndsItsFreePass: a real quic-go connection through
 // the program costs one token, and its client's Handshake packet ends the
 // connection's free pass: the program's map latest holds the connection's
-// id for the client's address and port, initials no longer holds it, and
+// id for the client's address, port and SCID (quic-go's 4 bytes),
+// initials no longer holds it, and
 // an Initial under the connection's DCID from the client's socket after
 // the handshake (what a client that reuses its first DCID sends for its
 // next connection) is charged: dropped, on a burst of one, and quic-go
 // opens nothing for it. (The entry stayed, and let 16 such Initials pass
 // free.) The same holds for a client that hides its Handshake packets
-// behind junk 0-RTT packets (netnstest.HandshakeHider), which quic-go's
-// server reads past.
+// behind junk 0-RTT packets under its SCID (netnstest.HandshakeHider),
+// which quic-go's server reads past.
 // (Such a client kept its pass: with a DCID it reused, 17 HTTP/3
 // connections a token in Caddy.)
 func TestARealHandshakeEndsItsFreePass(t *testing.T) {
@@ -287,11 +300,9 @@ func realHandshakeEndsItsFreePass(t *testing.T, wrap func(net.PacketConn) net.Pa
 		}
 	}
 	sport := uint16(ctr.Conn.LocalAddr().(*net.UDPAddr).Port)
-	key := synlimitClient{Saddr: v.ClientIP.As16()}
-	binary.BigEndian.PutUint16(key.Sport[:], sport)
-	var id synlimitInitialId
-	if err := tb.latest.Lookup(&key, &id); err != nil {
-		t.Fatalf("the program's latest Initial from the client's address and port: %v", err)
+	key, id := latestFrom(t, tb, v.ClientIP, sport)
+	if key.ScidLen != 4 {
+		t.Fatalf("the connection's SCID in latest: %x, want quic-go's 4 bytes", key.Scid[:key.ScidLen])
 	}
 	// The client's Handshake packet may leave after Dial returns: wait for
 	// its effect, 5 s at most.
@@ -324,6 +335,29 @@ func realHandshakeEndsItsFreePass(t *testing.T, wrap func(net.PacketConn) net.Pa
 	if c != (Counts{InitialsPassed: 1, InitialsDropped: 1}) || opened.Load() != before {
 		t.Fatalf("an Initial under the connection's DCID from its socket, after its handshake: counts %+v, quic-go opened %d; want 1 Initial passed, 1 dropped, none opened", c, opened.Load()-before)
 	}
+}
+
+// latestFrom is the one entry of tb's map latest from addr and port (its
+// key holds the SCID of the connection's Initials), and fails the test if
+// there is none or more than one.
+func latestFrom(t *testing.T, tb *Table, addr netip.Addr, port uint16) (synlimitClient, synlimitInitialId) {
+	t.Helper()
+	var (
+		key, k synlimitClient
+		id, v  synlimitInitialId
+		n      int
+	)
+	it := tb.latest.Iterate()
+	for it.Next(&k, &v) {
+		if k.Saddr == addr.As16() && binary.BigEndian.Uint16(k.Sport[:]) == port {
+			key, id = k, v
+			n++
+		}
+	}
+	if err := it.Err(); err != nil || n != 1 {
+		t.Fatalf("the program's latest Initial from %v port %d: %d entries, %v; want 1", addr, port, n, err)
+	}
+	return key, id
 }
 
 // initialCounter is a client's UDP socket that counts the datagrams it
@@ -360,25 +394,13 @@ func TestAFairClientsRetransmittedInitialsPassFree(t *testing.T) {
 			v := netnstest.NewVethPair(t)
 			tb := newTestTable(t, testConfig(limiter.Limit{Events: 1, Window: time.Hour}))
 			_, port := udpBehind(t, v, tb) // bound, never read: the server that never answers
-			var ic *initialCounter
-			ctr, err := func() (*quic.Transport, error) {
-				var cpc *net.UDPConn
-				err := netnstest.In(v.Client, func() error {
-					var err error
-					cpc, err = net.ListenUDP("udp4", &net.UDPAddr{IP: v.ClientIP.AsSlice()})
-					return err
-				})
-				ic = &initialCounter{PacketConn: cpc}
-				return &quic.Transport{Conn: ic}, err
-			}()
-			if err != nil {
-				t.Fatal(err)
-			}
+			ic := &initialCounter{PacketConn: clientSocket(t, v)}
+			ctr := &quic.Transport{Conn: ic}
 			defer ctr.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			start := time.Now()
-			_, err = ctr.Dial(ctx, &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)},
+			_, err := ctr.Dial(ctx, &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)},
 				&tls.Config{InsecureSkipVerify: true, NextProtos: []string{"t"}, CurvePreferences: tc.curves}, &quic.Config{})
 			if err == nil {
 				t.Fatal("a handshake with a server that never answers succeeded")
@@ -387,6 +409,134 @@ func TestAFairClientsRetransmittedInitialsPassFree(t *testing.T) {
 			t.Logf("%s: %d first-flight Initials in %v (%v); program %+v", tc.name, n, time.Since(start).Round(time.Millisecond), err, c)
 			if n < 2 || c != (Counts{InitialsPassed: 1}) {
 				t.Fatalf("%d Initials of one connection: counts %+v, want 1 Initial charged and passed, none dropped", n, c)
+			}
+		})
+	}
+}
+
+// slowReader is a UDP socket whose reader gets each datagram delay late: a
+// host slow to answer (load, a busy event loop), seen after the program.
+type slowReader struct {
+	net.PacketConn
+	delay atomic.Int64 // nanoseconds
+}
+
+func (s *slowReader) ReadFrom(b []byte) (int, net.Addr, error) {
+	n, a, err := s.PacketConn.ReadFrom(b)
+	time.Sleep(time.Duration(s.delay.Load()))
+	return n, a, err
+}
+
+// TestDialsOverOneSocketPayOneTokenEach: a real quic-go client that dials
+// connection after connection over one UDP socket (as quic-go's http3
+// client does), each resuming with a session ticket and sending a 20 KB
+// request as 0-RTT data, pays one token a dial, with the client or the
+// server reading every datagram 150 ms late. Each connection has an SCID
+// of its own, and the previous connection's Handshake packets that arrive
+// after the next one's first Initial (its close, its answers to the
+// server's retransmissions: the late reader confirms the handshake late)
+// end no pass of the new connection, whose retransmitted first Initial
+// passes free. (They ended the pass of whichever connection's Initial
+// passed latest from the socket's address and port: up to 4 tokens a
+// dial, 32 for the 10 dials with the client reading late, 33 with the
+// server.)
+func TestDialsOverOneSocketPayOneTokenEach(t *testing.T) {
+	const dials = 10
+	for _, tc := range []struct {
+		name           string
+		server, client time.Duration
+	}{
+		{"the client reading 150 ms late", 0, 150 * time.Millisecond},
+		{"the server reading 150 ms late", 150 * time.Millisecond, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := netnstest.NewVethPair(t)
+			tb := newTestTable(t, testConfig(limiter.Limit{Events: 1000, Window: time.Hour}))
+			spc, port := udpBehind(t, v, tb)
+			sr := &slowReader{PacketConn: spc}
+			str := &quic.Transport{Conn: sr}
+			t.Cleanup(func() { str.Close() })
+			ln, err := str.ListenEarly(&tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, NextProtos: []string{"t"}}, &quic.Config{Allow0RTT: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { ln.Close() })
+			go func() {
+				for {
+					c, err := ln.Accept(context.Background())
+					if err != nil {
+						return
+					}
+					go func() {
+						s, err := c.AcceptStream(context.Background())
+						if err != nil {
+							return
+						}
+						_, _ = io.Copy(io.Discard, s)
+						_, _ = s.Write([]byte("ok"))
+						s.Close()
+					}()
+				}
+			}()
+			cr := &slowReader{PacketConn: clientSocket(t, v)}
+			ctr := &quic.Transport{Conn: cr}
+			t.Cleanup(func() { ctr.Close() })
+			srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(port)}
+			tlsConf := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"t"}, ServerName: "t",
+				ClientSessionCache: tls.NewLRUClientSessionCache(4), CurvePreferences: []tls.CurveID{tls.X25519}}
+			// dial makes one connection, sends 20 KB on a stream (0-RTT data
+			// when it resumes), reads the answer, and closes.
+			dial := func() (used0RTT bool, err error) {
+				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+				defer cancel()
+				conn, err := ctr.DialEarly(ctx, srv, tlsConf, &quic.Config{HandshakeIdleTimeout: 4 * time.Second})
+				if err != nil {
+					return false, err
+				}
+				defer conn.CloseWithError(0, "")
+				s, err := conn.OpenStream()
+				if err != nil {
+					return false, err
+				}
+				if _, err := s.Write(make([]byte, 20000)); err != nil {
+					return false, err
+				}
+				s.Close()
+				if b, err := io.ReadAll(s); err != nil || string(b) != "ok" {
+					return false, fmt.Errorf("the answer %q: %v", b, err)
+				}
+				return conn.ConnectionState().Used0RTT, nil
+			}
+			// The first dial, with no delay, gets the session ticket the
+			// others resume with.
+			if _, err := dial(); err != nil {
+				t.Fatalf("the first dial: %v", err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			sr.delay.Store(int64(tc.server))
+			cr.delay.Store(int64(tc.client))
+			prev, resumed := counts(t, tb).InitialsPassed, 0
+			var tokens []uint64
+			for i := range dials {
+				used, err := dial()
+				if err != nil {
+					t.Fatalf("dial %d: %v (tokens of the dials before: %v)", i+1, err, tokens)
+				}
+				if used {
+					resumed++
+				}
+				time.Sleep(200 * time.Millisecond) // for the connection's last packets
+				c := counts(t, tb)
+				tokens = append(tokens, c.InitialsPassed-prev)
+				prev = c.InitialsPassed
+			}
+			c := counts(t, tb)
+			t.Logf("%s: %d dials over one socket (and a first), %d with 0-RTT data; tokens a dial %v; program %+v", tc.name, dials, resumed, tokens, c)
+			if resumed == 0 {
+				t.Fatal("no dial sent 0-RTT data")
+			}
+			if !slices.Equal(tokens, slices.Repeat([]uint64{1}, dials)) || c != (Counts{InitialsPassed: 1 + dials}) {
+				t.Fatalf("tokens a dial %v, program %+v; want 1 a dial, %d Initials passed, none dropped", tokens, c, 1+dials)
 			}
 		})
 	}

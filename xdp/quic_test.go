@@ -43,29 +43,46 @@ type quicPacket struct {
 	length int
 }
 
+// clientSCID is the source connection ID (SCID) of the tests' client
+// connections, on every long-header packet they send (RFC 9000 §7.2: a
+// client keeps its SCID through the handshake; quic-go's is 4 random
+// bytes a connection).
+var clientSCID = []byte{1, 2, 3, 4}
+
 // handshakeBehind is the datagram a client sends once it has the server's
 // first Initial and Handshake packets (RFC 9000 §7.2, §12.2): an Initial
 // under the server's connection ID (here 4 bytes, as quic-go's), no
 // token, acknowledging the server's, coalesced before a Handshake packet
-// with its Finished, padded to 1200 bytes; of the given version (the
-// Handshake type is 2 in version 1, 3 in version 2).
+// with its Finished, padded to 1200 bytes, both under clientSCID; of the
+// given version (the Handshake type is 2 in version 1, 3 in version 2).
 func handshakeBehind(version uint32, sport uint16) quicPacket {
 	initial, handshake := byte(0), byte(2)
 	if version == quicV2 {
 		initial, handshake = 1, 3
 	}
-	return quicPacket{version: version, typ: initial, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}, sport: sport,
-		then: &quicPacket{version: version, typ: handshake, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}}}
+	return quicPacket{version: version, typ: initial, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}, scid: clientSCID, sport: sport,
+		then: &quicPacket{version: version, typ: handshake, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}, scid: clientSCID}}
 }
 
 // handshake is a client's Handshake packet alone in its datagram, as it
-// sends one after its first.
+// sends one after its first, under clientSCID.
 func handshake(version uint32, sport uint16) quicPacket {
 	typ := byte(2)
 	if version == quicV2 {
 		typ = 3
 	}
-	return quicPacket{version: version, typ: typ, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}, sport: sport, size: 60}
+	return quicPacket{version: version, typ: typ, dcid: []byte{0x5e, 0x7e, 0x70, 0x01}, scid: clientSCID, sport: sport, size: 60}
+}
+
+// under is q with every packet in its datagram under SCID scid (q's own
+// Length, if set, is kept: zeroRTT's are made with their SCID).
+func (q quicPacket) under(scid []byte) quicPacket {
+	q.scid = scid
+	if q.then != nil {
+		then := q.then.under(scid)
+		q.then = &then
+	}
+	return q
 }
 
 // typeIn is the long-header type bits of v1type (numbered as in version
@@ -79,18 +96,19 @@ func typeIn(version uint32, v1type byte) byte {
 }
 
 // passEnders are the datagrams a client's connection sends from its
-// address and port that open no connection but start with a long-header
-// packet, each of which ends the free pass of the connection latest from
-// there: a Handshake packet alone or behind the Initial that acknowledges
+// address and port, under its SCID scid, that open no connection but start
+// with a long-header packet, each of which ends the free pass of the
+// connection latest from there under scid: a Handshake packet alone or
+// behind the Initial that acknowledges
 // the server's (as quic-go sends them), and the shapes that hide one from a
 // program that looks for it by type and place (quic-go's server reads every
 // packet of a datagram under the DCID, whatever their order): behind a
 // 0-RTT packet, behind two Initials, and a 0-RTT packet with a byte behind
-// it (quic-go reads it as a packet coalesced behind) or too short to hold
-// its Length and what follows (no client's), an Initial under a
+// it (quic-go reads it as a packet coalesced behind), an Initial under a
 // short DCID and no token, an Initial in a datagram under 1200 bytes. A
-// 0-RTT packet alone in its datagram ends no pass (TestAResumingClients0RTTKeepsItsPass).
-func passEnders(version uint32, sport uint16) map[string]quicPacket {
+// 0-RTT packet alone in its datagram ends no pass, nor does a datagram
+// too short for quic-go to decrypt anything in (TestAResumingClients0RTTKeepsItsPass).
+func passEnders(version uint32, sport uint16, scid []byte) map[string]quicPacket {
 	server := []byte{0x5e, 0x7e, 0x70, 0x01}
 	hs := handshake(version, sport)
 	hidden := quicPacket{version: version, typ: typeIn(version, 1), dcid: server, sport: sport}
@@ -101,30 +119,38 @@ func passEnders(version uint32, sport uint16) map[string]quicPacket {
 	short := quicPacket{version: version, typ: typeIn(version, 0), dcid: server, sport: sport}
 	small := quicPacket{version: version, typ: typeIn(version, 0), dcid: dcid(8, 1), sport: sport, size: 1199}
 	return map[string]quicPacket{
-		"a Handshake packet alone":                         hs,
-		"a Handshake packet behind the Initial ACK":        ack,
-		"a Handshake packet behind a 0-RTT packet":         hidden,
-		"a Handshake packet behind the Initial ACK twice":  twice,
-		"a 0-RTT packet with a byte behind it":             zeroRTT(version, sport, 1200, 1),
-		"a 0-RTT packet cut short before its Length's end": zeroRTT(version, sport, 24, 1),
-		"an Initial under a 4-byte DCID and no token":      short,
-		"an Initial under an 8-byte DCID in 1199 bytes":    small,
+		"a Handshake packet alone":                        hs.under(scid),
+		"a Handshake packet behind the Initial ACK":       ack.under(scid),
+		"a Handshake packet behind a 0-RTT packet":        hidden.under(scid),
+		"a Handshake packet behind the Initial ACK twice": twice.under(scid),
+		"a 0-RTT packet with a byte behind it":            zeroRTT(version, sport, scid, 1200, 1),
+		"an Initial under a 4-byte DCID and no token":     short.under(scid),
+		"an Initial under an 8-byte DCID in 1199 bytes":   small.under(scid),
 	}
 }
 
 // zeroRTT is a resuming client's 0-RTT packet (under its first DCID, as
-// quic-go sends it before the server's reply) in a datagram of size bytes,
-// its Length covering all of it but the last behind bytes.
-func zeroRTT(version uint32, sport uint16, size, behind int) quicPacket {
-	q := quicPacket{version: version, typ: typeIn(version, 1), dcid: dcid(8, 1), scid: []byte{1, 2, 3, 4}, sport: sport, size: size}
+// quic-go sends it before the server's reply) under SCID scid in a
+// datagram of size bytes, its Length covering all of it but the last
+// behind bytes.
+func zeroRTT(version uint32, sport uint16, scid []byte, size, behind int) quicPacket {
+	q := quicPacket{version: version, typ: typeIn(version, 1), dcid: dcid(8, 1), scid: scid, sport: sport, size: size}
 	q.length = size - behind - (7 + len(q.dcid) + len(q.scid) + 2) // the header, a two-byte Length
 	return q
 }
 
-// endsPass is one of passEnders, picked at random, to either QUIC port of
-// quicTable.
-func endsPass(r *rand.Rand, version uint32, sport uint16) quicPacket {
-	m := passEnders(version, sport)
+// tooShort is q in a datagram that ends 19 bytes after its SCID starts:
+// too short to hold anything quic-go decrypts (a packet's 20 bytes after
+// its Length, RFC 9001 §5.4.2).
+func tooShort(q quicPacket) quicPacket {
+	q.size = 7 + len(q.dcid) + 19
+	return q
+}
+
+// endsPass is one of passEnders under scid, picked at random, to either
+// QUIC port of quicTable.
+func endsPass(r *rand.Rand, version uint32, sport uint16, scid []byte) quicPacket {
+	m := passEnders(version, sport, scid)
 	names := slices.Sorted(maps.Keys(m))
 	q := m[names[r.IntN(len(names))]]
 	q.dport = uint16(443 + 8000*r.IntN(2))
@@ -134,7 +160,7 @@ func endsPass(r *rand.Rand, version uint32, sport uint16) quicPacket {
 // v1Initial is a version 1 Initial of connection dcid, as a client sends
 // its first (DCID of 8 bytes or more, no token, padded to 1200 bytes).
 func v1Initial(dcid ...byte) quicPacket {
-	return quicPacket{version: quicV1, dcid: dcid, scid: []byte{1, 2, 3, 4}}
+	return quicPacket{version: quicV1, dcid: dcid, scid: clientSCID}
 }
 
 // datagram is q's UDP datagram (header and payload).
@@ -724,13 +750,13 @@ func TestAClientsLongHeaderPacketEndsTheFreePass(t *testing.T) {
 	}
 	var cases []endCase
 	for _, version := range []uint32{quicV1, quicV2} {
-		for _, name := range slices.Sorted(maps.Keys(passEnders(version, 0))) {
+		for _, name := range slices.Sorted(maps.Keys(passEnders(version, 0, clientSCID))) {
 			v := "v1"
 			if version == quicV2 {
 				v = "v2"
 			}
 			cases = append(cases, endCase{v + ", " + name, version,
-				func(sport uint16) quicPacket { return passEnders(version, sport)[name] }})
+				func(sport uint16) quicPacket { return passEnders(version, sport, clientSCID)[name] }})
 		}
 	}
 	for i, tc := range cases {
@@ -782,7 +808,13 @@ func TestAClientsLongHeaderPacketEndsTheFreePass(t *testing.T) {
 // a resuming client that sent 0-RTT data in datagrams of their own paid a
 // token for each retransmission of its first Initial, which quic-go sends
 // before the server's first reply when its stored RTT is short; a review
-// counted up to 4 tokens a dial.)
+// counted up to 4 tokens a dial.) Nor does a datagram that ends less than
+// 20 bytes after its first packet's SCID starts, 0-RTT or Handshake: it
+// holds nothing quic-go decrypts (a packet holds 20 bytes after its
+// Length, RFC 9001 §5.4.2; quic-go drops a shorter one), and the program
+// reads the SCID, which names the connection whose pass a packet ends, 20
+// bytes at a time. (It ended the pass when the program did not read the
+// SCID.)
 func TestAResumingClients0RTTKeepsItsPass(t *testing.T) {
 	tb := quicZone(t, 100)
 	n := 0
@@ -801,14 +833,16 @@ func TestAResumingClients0RTTKeepsItsPass(t *testing.T) {
 					charge bool
 				}{
 					{"the connection's first Initial", initial, true},
-					{"a 0-RTT packet alone in 1200 bytes", zeroRTT(version, 50000, 1200, 0), false},
-					{"a 0-RTT packet alone in 60 bytes", zeroRTT(version, 50000, 60, 0), false},
-					{"a 0-RTT packet whose Length runs a byte past its datagram", zeroRTT(version, 50000, 1200, -1), false},
+					{"a 0-RTT packet alone in 1200 bytes", zeroRTT(version, 50000, clientSCID, 1200, 0), false},
+					{"a 0-RTT packet alone in 60 bytes", zeroRTT(version, 50000, clientSCID, 60, 0), false},
+					{"a 0-RTT packet whose Length runs a byte past its datagram", zeroRTT(version, 50000, clientSCID, 1200, -1), false},
+					{"a 0-RTT packet cut short before its Length's end", zeroRTT(version, 50000, clientSCID, 24, 1), false},
+					{"a Handshake packet in a datagram ending 19 bytes after its SCID starts", tooShort(handshake(version, 50000)), false},
 					{"the first Initial retransmitted: the same connection", initial, false},
-					{"a 0-RTT packet with a byte behind it", zeroRTT(version, 50000, 1200, 1), false},
+					{"a 0-RTT packet with a byte behind it", zeroRTT(version, 50000, clientSCID, 1200, 1), false},
 					{"an Initial under the DCID after it: a new connection", initial, true},
 					{"that one's second", initial, false},
-					{"a 0-RTT packet with a Handshake packet behind it", passEnders(version, 50000)["a Handshake packet behind a 0-RTT packet"], false},
+					{"a 0-RTT packet with a Handshake packet behind it", passEnders(version, 50000, clientSCID)["a Handshake packet behind a 0-RTT packet"], false},
 					{"a third connection under the DCID", initial, true},
 				}
 				for _, st := range steps {
@@ -886,8 +920,10 @@ func TestAFreePassEndsAfterTheHandshakeWindow(t *testing.T) {
 }
 
 // TestConnectionsAtOnceFromOnePortErrTowardsLimiting: of several
-// connections from one address and port at once, a Handshake packet ends
-// the pass of the one whose Initial passed latest — its own, when the
+// connections from one address and port under one SCID at once (which no
+// quic-go client sends: each of its connections has an SCID of its own,
+// TestAnOlderConnectionsHandshakeLeavesTheNewOnesPass), a Handshake packet
+// ends the pass of the one whose Initial passed latest — its own, when the
 // client opens them one at a time — and the others' passes run on to their
 // window: a Handshake packet never ends nothing. Here a retransmission of
 // the first connection's Initial makes it the latest again, and the
@@ -944,5 +980,91 @@ func TestAClientReusingItsDCIDPaysForEachConnection(t *testing.T) {
 	want = append(want, xdpDrop, xdpDrop, xdpDrop, xdpPass)
 	if c := counts(t, tb); !slices.Equal(v, want) || c != (Counts{InitialsPassed: 3, InitialsDropped: 3}) {
 		t.Fatalf("four connections under one DCID, on a burst of three: verdicts %v, counts %+v; want %v, 3 Initials passed and 3 dropped", v, c, want)
+	}
+}
+
+// TestAnOlderConnectionsHandshakeLeavesTheNewOnesPass: a client that dials
+// connection after connection over one UDP socket (as quic-go's http3
+// client does), each under an SCID of its own, pays one token a
+// connection: the previous connection's Handshake packets from the same
+// address and port — its close, its answers to the server's
+// retransmissions, late when the client reads late — end no pass of the
+// new connection, whose retransmitted first Initial passes free; the new
+// connection's own Handshake packet ends its pass. Connections open at
+// once end their own passes, whichever Initial passed latest. A client
+// with a zero-length SCID (quic-go's single-use quic.Dial) ends its pass
+// with its Handshake packet as before; a Handshake packet under an SCID
+// that none of the port's connections has ends none (quic-go's server
+// does not check a Handshake packet's SCID: a client that sends its
+// Handshake packets so keeps its pass, to its window or its 16 free
+// Initials, as one that sends them from another port does). (A client's
+// long-header packet that opened nothing ended the pass of the connection
+// latest from its address and port, whatever its SCID: a quic-go client
+// reading 150 ms late paid up to 4 tokens a dial, 32 for 10 dials in
+// TestDialsOverOneSocketPayOneTokenEach.)
+func TestAnOlderConnectionsHandshakeLeavesTheNewOnesPass(t *testing.T) {
+	tb := quicZone(t, 100)
+	sx, sy, other := []byte{0xa1, 0xa2, 0xa3, 0xa4}, []byte{0xb1, 0xb2, 0xb3, 0xb4}, []byte{0xc1, 0xc2, 0xc3, 0xc4}
+	type step struct {
+		name   string
+		q      quicPacket
+		charge bool
+	}
+	n := 0
+	for _, version := range []uint32{quicV1, quicV2} {
+		initial := func(scid []byte, seed byte) quicPacket {
+			q := v1Initial(dcid(8, seed)...).under(scid)
+			q.typ = typeIn(version, 0)
+			q.version = version
+			return q
+		}
+		hs := func(scid []byte) quicPacket { return handshakeBehind(version, 50000).under(scid) }
+		x, y := initial(sx, 1), initial(sy, 50)
+		for _, tc := range []struct {
+			name  string
+			steps []step
+		}{
+			{"one after another", []step{
+				{"X's first Initial", x, true},
+				{"X's Handshake packet", hs(sx), false},
+				{"Y's first Initial", y, true},
+				{"X's Handshake packet, late", hs(sx), false},
+				{"X's Handshake packet alone, late", handshake(version, 50000).under(sx), false},
+				{"Y's retransmission: the same connection", y, false},
+				{"a Handshake packet under an SCID no connection has", hs(other), false},
+				{"Y's retransmission again", y, false},
+				{"Y's Handshake packet", hs(sy), false},
+				{"an Initial under Y's DCID: a new connection", y, true},
+				{"an Initial under X's DCID: a new connection", x, true},
+			}},
+			{"at once", []step{
+				{"X's first Initial", x, true},
+				{"Y's first Initial", y, true},
+				{"X's Handshake packet", hs(sx), false},
+				{"Y's retransmission", y, false},
+				{"an Initial under X's DCID: a new connection", x, true},
+				{"Y's Handshake packet", hs(sy), false},
+				{"an Initial under Y's DCID: a new connection", y, true},
+			}},
+			{"zero-length SCIDs", []step{
+				{"X's first Initial", initial(nil, 1), true},
+				{"X's retransmission", initial(nil, 1), false},
+				{"X's Handshake packet", hs(nil), false},
+				{"an Initial under X's DCID: a new connection", initial(nil, 1), true},
+			}},
+		} {
+			n++
+			src := netip.AddrFrom4([4]byte{198, 51, byte(100 + n), 7})
+			t.Run(fmt.Sprintf("%#x, %s", version, tc.name), func(t *testing.T) {
+				ns := int64(1e9)
+				for _, st := range tc.steps {
+					ns += 1e6
+					v, charged := chargedBy(t, tb, st.q.frame(src, shape{}), ns)
+					if v != xdpPass || charged != st.charge {
+						t.Fatalf("%s: verdict %d, charged %v; want pass, charged %v", st.name, v, charged, st.charge)
+					}
+				}
+			})
+		}
 	}
 }

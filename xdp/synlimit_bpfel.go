@@ -14,10 +14,12 @@ import (
 )
 
 type synlimitClient struct {
-	_     structs.HostLayout
-	Saddr [16]uint8
-	Sport [2]uint8
-	Pad   [2]uint8
+	_       structs.HostLayout
+	Saddr   [16]uint8
+	Sport   [2]uint8
+	ScidLen uint8
+	Scid    [20]uint8
+	Pad     uint8
 }
 
 type synlimitFlow struct {

@@ -45,9 +45,10 @@
 // unless the program charged its connection already, which it remembers by
 // the client's address and port, the server's port and the DCID in a
 // fixed-size LRU map until the client's first other long-header packet
-// from that address and port (its Handshake packet, or 0-RTT with
-// something coalesced behind it; a 0-RTT packet alone is not one), 5 s, or 16
-// Initials end the connection's free pass. Nothing in Go sees those
+// from that address and port under the connection's source connection ID
+// (its Handshake packet, or 0-RTT with something coalesced behind it; a
+// 0-RTT packet alone is not one), 5 s, or 16 Initials end the
+// connection's free pass. Nothing in Go sees those
 // packets (Caddy's HTTP/3 does not go through the layer4 matcher), so the
 // program alone charges them, and drops what would carry an Initial past
 // it uncharged: a first fragment of a datagram to a QUIC port, a packet
@@ -115,8 +116,9 @@ type Table struct {
 	marks   *ebpf.Map
 	// initials is the programs' map of the QUIC connections they charged,
 	// and latest their map of the connection latest from each client
-	// address and port (whose Handshake packet, or another long-header
-	// packet that opens no connection, ends its free pass), kept
+	// address, port and source connection ID (whose Handshake packet, or
+	// another long-header packet that opens no connection, under that ID
+	// ends its free pass), kept
 	// across SetLimit as marks is: a handshake under way when the limit
 	// changes is not charged again.
 	initials, latest *ebpf.Map

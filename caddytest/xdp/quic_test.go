@@ -277,7 +277,8 @@ func TestXDPLimitsQUICInitialsInCaddy(t *testing.T) {
 
 // TestAHiddenHandshakeEndsTheFreePassInCaddy: a real HTTP/3 client whose
 // socket hides each of its Handshake packets behind a junk 0-RTT packet
-// (netnstest.HandshakeHider; Caddy's quic-go reads past the junk) is
+// under its SCID (netnstest.HandshakeHider; Caddy's quic-go reads past
+// the junk) is
 // served, and its connection's free pass ends all the same: an Initial
 // under the connection's first DCID from its socket afterwards is charged
 // as a new connection's, dropped on a burst of one. (The program found a

@@ -20,8 +20,9 @@
 // for a QUIC Initial that can open a connection (quic_packet, below), and
 // remembers the connection in initials so that the client's next Initials
 // of it (a ClientHello split over two, a retransmission) pass uncharged,
-// until the client's first other long-header packet (its Handshake packet)
-// or HANDSHAKE_WINDOW ends that.
+// until the client's first other long-header packet under the same source
+// connection ID (its Handshake packet), HANDSHAKE_WINDOW or FREE_INITIALS
+// ends that.
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -135,22 +136,25 @@ enum stat {
 // unremembered and uncharged.
 //
 // An entry's free pass ends at the first of three (struct pass): the
-// client's first datagram from the entry's address and port that starts
-// with a long-header packet other than an Initial that opens a connection
-// (its Handshake packet, or a 0-RTT packet with something coalesced behind
-// it: ENDS_PASS, latest below),
-// HANDSHAKE_WINDOW after the charge, FREE_INITIALS Initials passed. Then the next Initial under the DCID is charged as a new
-// connection's (and, granted, starts a new pass). A client that opens its
-// connections one at a time from an address and port (as a browser or
-// quic-go does) pays one token for each, even if it sends every one under
-// the same DCID (quic-go retires a client's first DCID a few round trips
-// after the handshake, and then takes an Initial under it for a new
-// connection; a free pass without an end let such a client open up to 16
-// for a token). The hostile client's bound is 1 + FREE_INITIALS
+// client's first datagram from the entry's address and port, under the
+// SCID of the Initial that made the entry the latest, that starts with a
+// long-header packet other than an Initial that opens a connection (its
+// Handshake packet, or a 0-RTT packet with something coalesced behind it:
+// ENDS_PASS, latest below), HANDSHAKE_WINDOW after the charge,
+// FREE_INITIALS Initials passed. Then the next Initial under the DCID is
+// charged as a new connection's (and, granted, starts a new pass). A
+// client that opens its connections from an address and port (as a
+// browser or quic-go does, one after another or several at once, each
+// under a SCID of its own) pays one token for each, even if it sends every
+// one under the same DCID (quic-go retires a client's first DCID a few
+// round trips after the handshake, and then takes an Initial under it for
+// a new connection; a free pass without an end let such a client open up
+// to 16 for a token). The hostile client's bound is 1 + FREE_INITIALS
 // connections a token, within HANDSHAKE_WINDOW of the charge: one that
 // receives the server's replies and sends its Handshake packets from
-// another address or port (quic-go's server takes them), or interleaves
-// the handshakes of several connections from one address and port. A
+// another address or port, or under another SCID than its Initials'
+// (quic-go's server takes them), or interleaves the handshakes of several
+// connections from one address, port and SCID. A
 // blind spoofer completes no handshake, so it ends no pass and quic-go
 // routes its Initials under a DCID to the connection the first opened for
 // as long as that connection lives (the bound holds for it too). The
@@ -167,6 +171,17 @@ struct initial_id {
 	__u8 dcid[20];
 	__u8 pad[7];    // zero: the key is hashed and compared whole
 } __attribute__((aligned(8))); // compared in words: note_latest
+
+// quic_attempt is a client's long-header packet as the program reads it:
+// the id of its connection (an Initial's, or the address and ports alone)
+// and the packet's SCID, which keys latest with the address and port.
+struct quic_attempt {
+	struct initial_id id;
+	__u8 scid_len;
+	__u8 scid[20]; // zero past scid_len
+	__u8 pad;
+	__u16 scid_at; // an Initial's: where its SCID's length byte is (read_scid)
+};
 
 #define INITIAL_IDS 65536
 
@@ -200,27 +215,46 @@ struct {
 	__uint(max_entries, INITIAL_IDS);
 } initials SEC(".maps");
 
-// latest holds, for a client's address and port, the id of the Initial
-// most recently charged or passed free from them, so that the client's
-// Handshake packet from there deletes its entry in initials (end_pass):
-// RFC 9000 §7.2, a client sends Handshake packets only after the server's
-// first Initial, and from then on sends every packet under the server's
-// connection ID, never again an Initial under its first DCID. Any
-// datagram from there that starts with another long-header packet than an
-// Initial that opens a connection does the same (ENDS_PASS): quic-go's
-// server reads every packet of a datagram under the first one's DCID,
-// whatever their type and order, so a Handshake packet looked for by type
-// and place could be hidden behind a junk 0-RTT packet or a second
-// Initial. The entry stays (an Initial charged or passed from there
-// overwrites it), so that such a packet never races an Initial's write
-// into deleting the wrong pointer; it is as large as initials, and an
-// entry evicted from it leaves its pass to end by time or count. A packet
-// from another address or port ends nothing of the client's: each has its
-// own latest.
+// latest holds, for a client's address, port and source connection ID
+// (SCID), the id of the Initial most recently charged or passed free from
+// them under that SCID, so that the client's Handshake packet from there
+// under that SCID deletes its entry in initials (end_pass): RFC 9000 §7.2,
+// a client sends Handshake packets only after the server's first Initial,
+// and from then on sends every packet under the server's connection ID,
+// never again an Initial under its first DCID; and it keeps its SCID on
+// every long-header packet of the connection (§7.2, §17.2: the server
+// answers to it, and checks it against the initial_source_connection_id
+// transport parameter, §7.3). Any datagram from there that starts with
+// another long-header packet than an Initial that opens a connection does
+// the same (ENDS_PASS): quic-go's server reads every packet of a datagram
+// under the first one's DCID, whatever their type and order, so a
+// Handshake packet looked for by type and place could be hidden behind a
+// junk 0-RTT packet or a second Initial. The SCID is in the key so that
+// one connection's packets end its own pass and no other's: quic-go (as
+// http3's client) dials connection after connection over one UDP socket,
+// each under a fresh random SCID (4 bytes), and the previous connection's
+// late Handshake packets from the same port (its close, its answers to
+// the server's retransmissions) ended the new connection's pass, keyed by
+// address and port alone, so that the new one's retransmitted Initial was
+// charged again: up to 4 tokens a dial, 40 for 12 with the client reading
+// 150 ms late. A client with a zero-length SCID (quic-go's single-use
+// quic.Dial, one connection per socket) has one entry per address and
+// port, as before. quic-go's server does not check the SCID of a
+// Handshake packet, so a client can keep its pass by sending its
+// Handshake packets under another SCID, as it can by sending them from
+// another port: the pass then ends by time or count (initials). The entry
+// stays (an Initial charged or passed from there overwrites it), so that
+// such a packet never races an Initial's write into deleting the wrong
+// pointer; it is as large as initials, and an entry evicted from it leaves
+// its pass to end by time or count. A packet from another address, port
+// or SCID ends nothing of the client's connection: each has its own
+// latest.
 struct client {
 	__u8 saddr[16];
 	__u8 sport[2];
-	__u8 pad[2];
+	__u8 scid_len; // scid_len and scid as in struct quic_attempt, copied whole
+	__u8 scid[20];
+	__u8 pad;      // zero: the key is hashed and compared whole
 };
 
 struct {
@@ -646,45 +680,51 @@ static __always_inline void mark(const struct flow *f)
 	bpf_map_update_elem(&charged, f, &one, BPF_ANY);
 }
 
-// note_latest makes id its address and port's latest (see latest); if
-// only, only if it is not already, which one lookup tells: a split
-// ClientHello's second Initial, free, finds its first's id there, and an
-// update costs some 100 ns more than a lookup.
-static __always_inline void note_latest(const struct initial_id *id, int only)
+// latest_key is the key in latest of qa's address, port and SCID.
+static __always_inline void latest_key(struct client *c, const struct quic_attempt *qa)
+{
+	__builtin_memcpy(c->saddr, qa->id.saddr, 16);
+	__builtin_memcpy(c->sport, qa->id.sport, 2);
+	__builtin_memcpy(&c->scid_len, &qa->scid_len, 1 + sizeof(qa->scid));
+}
+
+// note_latest makes qa's id the latest of its address, port and SCID (see
+// latest); if only, only if it is not already, which one lookup tells: a
+// split ClientHello's second Initial, free, finds its first's id there,
+// and an update costs some 100 ns more than a lookup.
+static __always_inline void note_latest(const struct quic_attempt *qa, int only)
 {
 	struct client c = {};
-	__builtin_memcpy(c.saddr, id->saddr, 16);
-	__builtin_memcpy(c.sport, id->sport, 2);
+	latest_key(&c, qa);
 	if (only) {
-		const __u64 *last = bpf_map_lookup_elem(&latest, &c), *w = (const __u64 *)id;
+		const __u64 *last = bpf_map_lookup_elem(&latest, &c), *w = (const __u64 *)&qa->id;
 		if (last) {
 			__u64 diff = 0;
 #pragma clang loop unroll(full)
-			for (int i = 0; i < sizeof(*id) / 8; i++)
+			for (int i = 0; i < sizeof(qa->id) / 8; i++)
 				diff |= last[i] ^ w[i];
 			if (!diff)
 				return;
 		}
 	}
-	bpf_map_update_elem(&latest, &c, id, BPF_ANY);
+	bpf_map_update_elem(&latest, &c, &qa->id, BPF_ANY);
 }
 
-// remember records that the QUIC connection of id was charged here at now
+// remember records that the QUIC connection of qa was charged here at now
 // (see initials), with none of its free Initials passed yet.
-static __always_inline void remember(const struct initial_id *id, __u64 now)
+static __always_inline void remember(const struct quic_attempt *qa, __u64 now)
 {
 	struct pass ps = {.at = now};
-	bpf_map_update_elem(&initials, id, &ps, BPF_ANY);
-	note_latest(id, 0);
+	bpf_map_update_elem(&initials, &qa->id, &ps, BPF_ANY);
+	note_latest(qa, 0);
 }
 
-// end_pass ends the free pass of the Initial latest from the address and
-// port of id (an ENDS_PASS packet's): see latest.
-static __always_inline void end_pass(const struct initial_id *id)
+// end_pass ends the free pass of the Initial latest from the address,
+// port and SCID of qa (an ENDS_PASS packet's): see latest.
+static __always_inline void end_pass(const struct quic_attempt *qa)
 {
 	struct client c = {};
-	__builtin_memcpy(c.saddr, id->saddr, 16);
-	__builtin_memcpy(c.sport, id->sport, 2);
+	latest_key(&c, qa);
 	const struct initial_id *last = bpf_map_lookup_elem(&latest, &c);
 	if (!last)
 		return;
@@ -772,7 +812,8 @@ static __always_inline int limited_syn(const struct params *p, const struct tcph
 // pass when no QUIC port is limited. Counted as dropped Initials.
 // ENDS_PASS is a client's long-header packet to a QUIC port that opens no
 // connection (its Handshake packet, a 0-RTT packet with something behind
-// it: see quic_packet), which ends its connection's free pass.
+// it: see quic_packet), which ends the free pass of its connection, the
+// one latest from its address, port and SCID.
 enum attempt { NONE, SYN, INITIAL, REFUSE, ENDS_PASS };
 
 // QUIC (RFC 9000, 9369). An Initial is a long-header packet (the first
@@ -787,16 +828,18 @@ enum attempt { NONE, SYN, INITIAL, REFUSE, ENDS_PASS };
 // packet of version 1 or 2 first in a datagram but a Retry (the server's)
 // — a Handshake packet, a 0-RTT packet with anything behind it, an
 // Initial under a shorter DCID and no token (a client's ACK of the
-// server's Initial) or in a smaller datagram — passes and ends the
-// client's free pass (see latest). A 0-RTT packet alone in its datagram
+// server's Initial) or in a smaller datagram — passes and ends the free
+// pass of the client's connection under its SCID (see latest). A 0-RTT
+// packet alone in its datagram
 // passes and ends nothing (zero_rtt): a resuming client sends it before
 // its handshake, and then may retransmit its first Initial. Only 0-RTT is
 // let so: every other such packet a client sends after the server's first
 // Initial, when its first Initial is retransmitted no more.
 // Every other packet — a short header, Retry, version negotiation
-// (version 0), an unknown version, an Initial whose DCID or SCID is longer
-// than 20 bytes — passes untouched: the server drops or routes it without
-// a handshake.
+// (version 0), an unknown version, a long-header packet whose DCID or SCID
+// is longer than 20 bytes, or whose datagram ends less than 20 bytes after
+// its SCID starts (quic_packet) — passes untouched: the server drops or
+// routes it without a handshake.
 #define QUIC_V1 0x00000001
 #define QUIC_V2 0x6b3343cf
 #define MIN_INITIAL_DATAGRAM 1200
@@ -847,71 +890,79 @@ static __always_inline __u64 varint(const __u8 *b, __s64 *n)
 
 // after_cids returns where the field after the connection IDs of the
 // long-header packet at q starts (a 0-RTT packet's Length, an Initial's
-// token length), with 8 bytes of it within the packet, or NULL: with
-// *too_long set when a connection ID is longer than MAX_CID (no QUIC
-// packet of versions 1 and 2), unset when the packet ends first.
-static __always_inline const __u8 *after_cids(const __u8 *q, const void *end, int *too_long)
+// token length), with 8 bytes of it within the packet, and in *scid where
+// the SCID's length byte is, with MAX_CID bytes after it within the
+// packet; or NULL for a connection ID longer than MAX_CID (no QUIC packet
+// of versions 1 and 2), or a packet that ends before those bytes.
+static __always_inline const __u8 *after_cids(const __u8 *q, const void *end, const __u8 **scid)
 {
-	*too_long = 0;
 	if ((const void *)(q + 6) > end)
 		return 0;
 	__u32 dlen = q[5];
-	if (dlen > MAX_CID) {
-		*too_long = 1;
+	if (dlen > MAX_CID)
 		return 0;
-	}
 	const __u8 *sl = q + 6 + dlen;
-	if ((const void *)(sl + 1) > end)
+	if ((const void *)(sl + 1 + MAX_CID) > end)
 		return 0;
 	__u32 slen = sl[0];
-	if (slen > MAX_CID) {
-		*too_long = 1;
+	if (slen > MAX_CID)
 		return 0;
-	}
 	const __u8 *f = sl + 1 + slen;
 	if ((const void *)(f + 8) > end)
 		return 0;
+	*scid = sl;
 	return f;
 }
 
 // zero_rtt is a 0-RTT packet's kind, first in a datagram of len bytes of
-// QUIC at q: ENDS_PASS if anything follows the packet's Length (a packet
-// coalesced behind it, which quic-go reads under its DCID, whatever its
-// type: a Handshake packet hidden so), NONE if nothing does. A resuming
-// client sends its 0-RTT data before the server's reply, in datagrams of
-// their own (quic-go coalesces 0-RTT only behind its Initial), so such a
-// datagram says nothing of the handshake's progress, and its first Initial
-// retransmitted after one is no new connection. quic-go reads nothing past
-// a packet's Length but a coalesced packet, and drops the rest of the
-// datagram at a Length that runs past it. A 0-RTT packet has no token
-// field: its Length follows the SCID. One too short to hold a Length and
-// an 8-byte read is no client's (a packet number and a 16-byte AEAD tag
-// follow a real one's Length) and ends the pass.
-static __always_inline int zero_rtt(const __u8 *q, __s64 len, const void *end)
+// QUIC at q, whose Length starts at ll (with 8 bytes readable): ENDS_PASS
+// if anything follows the packet's Length (a packet coalesced behind it,
+// which quic-go reads under its DCID, whatever its type: a Handshake
+// packet hidden so), NONE if nothing does. A resuming client sends its
+// 0-RTT data before the server's reply, in datagrams of their own (quic-go
+// coalesces 0-RTT only behind its Initial), so such a datagram says
+// nothing of the handshake's progress, and its first Initial retransmitted
+// after one is no new connection. quic-go reads nothing past a packet's
+// Length but a coalesced packet, and drops the rest of the datagram at a
+// Length that runs past it. A 0-RTT packet has no token field: its Length
+// follows the SCID.
+static __always_inline int zero_rtt(const __u8 *q, __s64 len, const __u8 *ll)
 {
-	int too_long;
-	const __u8 *ll = after_cids(q, end, &too_long);
-	if (!ll)
-		return too_long ? NONE : ENDS_PASS;
 	__s64 n;
 	__u64 length = varint(ll, &n);
 	__s64 behind = len - (ll - q) - n - (__s64)length; // length < 2^62
 	return behind > 0 ? ENDS_PASS : NONE;
 }
 
+// copy_scid writes the SCID whose length byte is at sl (≤ MAX_CID, with
+// MAX_CID bytes after it within the packet: after_cids) into qa, zero
+// past its length. The copy is branch-free (before(i, n) is all ones if
+// i < n): a branch per byte on a length read from the packet would
+// multiply the paths the verifier walks by the lengths.
+static __always_inline void copy_scid(struct quic_attempt *qa, const __u8 *sl)
+{
+	__u32 slen = sl[0];
+	qa->scid_len = slen;
+#pragma clang loop unroll(full)
+	for (int i = 0; i < MAX_CID; i++)
+		qa->scid[i] = sl[1 + i] & before(i, slen);
+}
+
 // quic_packet looks at the UDP datagram at offset off in the packet:
 // INITIAL for a QUIC Initial that can open a connection, with its DCID
-// written into id; ENDS_PASS for a client's other long-header packet as
-// above; NONE for anything else. ip_len is the datagram's length as its IP
-// header says (see ip_len). It is a global function (see parse), so the
-// verifier walks it once, not once for each path through the headers to
-// it: inlined, with a walk to a coalesced Handshake packet the program
-// once made, it walked more than a million instructions.
-__noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct initial_id *id)
+// written into qa's id and where its SCID is into qa's scid_at; ENDS_PASS
+// for a client's other long-header packet as above, with its SCID written
+// into qa; NONE for anything else.
+// ip_len is the datagram's length as its IP header says (see ip_len). It
+// is a global function (see parse), so the verifier walks it once, not
+// once for each path through the headers to it: inlined, with a walk to a
+// coalesced Handshake packet the program once made, it walked more than a
+// million instructions.
+__noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct quic_attempt *qa)
 {
 	const void *data = (void *)(long)ctx->data;
 	const void *end = (void *)(long)ctx->data_end;
-	if (!id || off > MAX_HEADERS)
+	if (!qa || off > MAX_HEADERS)
 		return NONE;
 	const struct udphdr *udp = data + off;
 	if ((const void *)(udp + 1) > end)
@@ -932,47 +983,75 @@ __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct i
 	// is no client's long-header packet.
 	if (type < 0 || type == QUIC_RETRY)
 		return NONE;
-	if (type == QUIC_0RTT)
-		return zero_rtt(q, (__s64)len - (__s64)sizeof(*udp), end);
-	if (type != QUIC_INITIAL)
-		return ENDS_PASS;
-	// QUIC_HEAD bytes hold every field read here, at their longest: the
-	// first byte, version, both connection IDs with their lengths, and an
-	// 8-byte token length. The kernel delivers no datagram shorter than
-	// its length says, so one of 1200 bytes that holds fewer is not one.
-	if (len < sizeof(*udp) + MIN_INITIAL_DATAGRAM || (const void *)(q + QUIC_HEAD) > end)
-		return ENDS_PASS;
-	// The token's length, a variable-length integer of 1, 2, 4 or 8
-	// bytes: only whether it is zero matters. It is within QUIC_HEAD;
-	// after_cids tells the verifier so.
-	int too_long;
-	const __u8 *tl = after_cids(q, end, &too_long);
-	if (!tl)
+	// The SCID: every packet quic-go decrypts holds 20 bytes after its
+	// Length (RFC 9001 §5.4.2: the packet number and the header
+	// protection's sample; quic-go drops a shorter packet undecrypted), so
+	// a datagram that ends less than MAX_CID bytes after its first packet's
+	// SCID starts holds nothing quic-go reads, nor room for a packet
+	// coalesced behind, and passes as NONE, as does one whose connection
+	// IDs are longer than MAX_CID (no packet of versions 1 and 2) or that
+	// ends before the field after them.
+	const __u8 *sl;
+	const __u8 *after = after_cids(q, end, &sl);
+	if (!after)
 		return NONE;
-	__u32 dlen = q[5];
-	// Both loops are branch-free (before(i, n) is all ones if i < n): a
-	// branch per byte on a length read from the packet would multiply the
-	// paths the verifier walks by the lengths.
-	__s64 n;
-	__u64 token = varint(tl, &n);
-	if (dlen < MIN_NEW_DCID && !token)
-		return ENDS_PASS;
-	id->dcid_len = dlen;
-	const __u8 *d = q + 6;
+	int kind = ENDS_PASS;
+	if (type == QUIC_0RTT) {
+		kind = zero_rtt(q, (__s64)len - (__s64)sizeof(*udp), after);
+	} else if (type == QUIC_INITIAL && len >= sizeof(*udp) + MIN_INITIAL_DATAGRAM &&
+		   (const void *)(q + QUIC_HEAD) <= end) {
+		// QUIC_HEAD bytes hold every field read here, at their longest:
+		// the first byte, version, both connection IDs with their lengths,
+		// and an 8-byte token length. The kernel delivers no datagram
+		// shorter than its length says, so one of 1200 bytes that holds
+		// fewer is not one.
+		__u32 dlen = q[5];
+		// The token's length, a variable-length integer of 1, 2, 4 or 8
+		// bytes, at after: only whether it is zero matters.
+		__s64 n;
+		__u64 token = varint(after, &n);
+		if (dlen >= MIN_NEW_DCID || token) {
+			struct initial_id *id = &qa->id;
+			id->dcid_len = dlen;
+			const __u8 *d = q + 6;
+			// Branch-free, as copy_scid.
 #pragma clang loop unroll(full)
-	for (int i = 0; i < MAX_CID; i++)
-		id->dcid[i] = d[i] & before(i, dlen); // within QUIC_HEAD
-	return INITIAL;
+			for (int i = 0; i < MAX_CID; i++)
+				id->dcid[i] = d[i] & before(i, dlen); // within QUIC_HEAD
+			// Its SCID is read only if it passes (read_scid): the flood's
+			// Initials, dropped, need none.
+			qa->scid_at = off + sizeof(*udp) + 6 + dlen;
+			return INITIAL;
+		}
+	}
+	if (kind == ENDS_PASS)
+		copy_scid(qa, sl);
+	return kind;
 }
 
+// read_scid copies the SCID of the Initial qa (quic_packet's INITIAL) out
+// of the packet: the program reads it only for an Initial that passes,
+// to note it in latest.
+static __always_inline void read_scid(struct xdp_md *ctx, struct quic_attempt *qa)
+{
+	const __u8 *data = (void *)(long)ctx->data;
+	const void *end = (void *)(long)ctx->data_end;
+	__u32 at = qa->scid_at;
+	if (at > MAX_HEADERS + 64) // never: a bound for the verifier
+		return;
+	const __u8 *sl = data + at;
+	if ((const void *)(sl + 1 + MAX_CID) > end) // never: quic_packet read it
+		return;
+	copy_scid(qa, sl);
+}
 
-// attempt_id is a SYN's flow or an Initial's id: one or the other, in
-// the same bytes (the program's stack, with the table's decision below it,
-// holds no more), both starting with the source address.
+// attempt_id is a SYN's flow or a QUIC packet's id and SCID: one or the
+// other, in the same bytes (the program's stack, with the table's decision
+// below it, holds no more), both starting with the source address.
 union attempt_id {
 	__u8 saddr[16];
 	struct flow f;
-	struct initial_id id;
+	struct quic_attempt q;
 };
 
 // attempt looks at the transport header at l4 (protocol proto): a limited
@@ -984,7 +1063,7 @@ union attempt_id {
 static __always_inline int attempt(struct xdp_md *ctx, const struct params *p, __u8 proto, const void *l4, __u32 ip_len, int first_frag, const void *end, union attempt_id *a)
 {
 	struct flow *f = &a->f;
-	struct initial_id *id = &a->id;
+	struct initial_id *id = &a->q.id;
 	if (proto == IPPROTO_TCP) {
 		const struct tcphdr *tcp = l4;
 		if ((const void *)(tcp + 1) > end || !limited_syn(p, tcp))
@@ -1004,7 +1083,7 @@ static __always_inline int attempt(struct xdp_md *ctx, const struct params *p, _
 		return NONE;
 	if (first_frag)
 		return REFUSE;
-	int kind = quic_packet(ctx, (const void *)udp - (void *)(long)ctx->data, ip_len, id);
+	int kind = quic_packet(ctx, (const void *)udp - (void *)(long)ctx->data, ip_len, &a->q);
 	if (kind != NONE) {
 		__builtin_memcpy(id->sport, &udp->source, 2);
 		__builtin_memcpy(id->dport, &udp->dest, 2);
@@ -1227,16 +1306,17 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 		return XDP_DROP;
 	}
 	if (pd.kind == ENDS_PASS) {
-		end_pass(&pd.a.id);
+		end_pass(&pd.a.q);
 		return XDP_PASS;
 	}
 	// An Initial of a connection charged already passes free, within its
 	// pass (see initials).
 	if (pd.kind == INITIAL) {
-		struct pass *ps = bpf_map_lookup_elem(&initials, &pd.a.id);
+		struct pass *ps = bpf_map_lookup_elem(&initials, &pd.a.q.id);
 		if (ps && pass_clock(p, at_probe) - ps->at < HANDSHAKE_WINDOW && ps->free < FREE_INITIALS &&
 		    __sync_fetch_and_add(&ps->free, 1) < FREE_INITIALS) {
-			note_latest(&pd.a.id, 1);
+			read_scid(ctx, &pd.a.q);
+			note_latest(&pd.a.q, 1);
 			return XDP_PASS;
 		}
 	}
@@ -1248,8 +1328,10 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 			mark(&pd.a.f);
 		count(v == GRANT ? STAT_PASSED : STAT_DROPPED);
 	} else {
-		if (v == GRANT)
-			remember(&pd.a.id, pass_clock(p, at_probe));
+		if (v == GRANT) {
+			read_scid(ctx, &pd.a.q);
+			remember(&pd.a.q, pass_clock(p, at_probe));
+		}
 		count(v == GRANT ? STAT_QUIC_PASSED : STAT_QUIC_DROPPED);
 	}
 	return v == GRANT ? XDP_PASS : XDP_DROP;
