@@ -136,7 +136,24 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 // snapshot's cells of those keys as they go by, in a few bytes per key and
 // row.
 func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int64, err error) {
-	return t.applyBinary(data, forget, true)
+	return t.applyBinary(data, forget, 0, true)
+}
+
+// AddBinaryLater adds a snapshot as AddBinaryForgetting does, each of its
+// windows counted as the window shift after it (before it for shift < 0):
+// a snapshot written on a clock behind this one's is placed on this one's
+// (shift > 0), one written ahead moved back (shift < 0), by a reader that
+// measured how far (storage: an instance's peers). A sliding sum counts
+// what that places after its own window in its own, as granted now, where
+// such counts (of a clock ahead) were dropped.
+func (t *SketchSum) AddBinaryLater(data []byte, forget []Forget, shift int64) (epoch int64, err error) {
+	return t.applyBinary(data, forget, shift, true)
+}
+
+// SubtractBinaryLater takes out what AddBinaryLater of the same snapshot,
+// keys and shift added (SubtractBinaryForgetting).
+func (t *SketchSum) SubtractBinaryLater(data []byte, forget []Forget, shift int64) (epoch int64, err error) {
+	return t.applyBinary(data, forget, shift, false)
 }
 
 // SubtractBinaryForgetting takes out of the sum what AddBinaryForgetting
@@ -146,7 +163,7 @@ func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int
 // instance's own contribution out of an aggregate costs what that
 // contribution holds, not the table's size.
 func (t *SketchSum) SubtractBinaryForgetting(data []byte, forget []Forget) (epoch int64, err error) {
-	return t.applyBinary(data, forget, false)
+	return t.applyBinary(data, forget, 0, false)
 }
 
 // forgotten returns the cells of the keys in forget (sorted, without

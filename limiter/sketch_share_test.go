@@ -706,3 +706,76 @@ func TestWithSharesOfASumOfAnotherWindowShares(t *testing.T) {
 		}
 	}
 }
+
+// A sliding snapshot taken on a clock ahead of the reader's counts grants
+// in sub-windows after the reader's: added as is (shift 0) they count as
+// granted now, where they were dropped and the reader granted the key its
+// whole quota again beside them; moved back by a measured shift they fall
+// in the reader's sub-window they were granted in, and leave its view
+// then. A sum (an aggregate) is placed likewise (Later), and what
+// AddBinaryLater added SubtractBinaryLater takes out.
+func TestSlidingSnapshotPlacedOnTheReadersClock(t *testing.T) {
+	const quota, window = 30, time.Minute
+	newSk := func() *Sketch {
+		s, err := NewSketch(SketchConfig{Quota: quota, Window: window, Rows: 4, Width: 64, Sliding: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	peer, reader := newSk(), newSk()
+	sub := peer.Slot()
+	start := time.Unix(0, WindowNumber(time.Unix(1_700_000_000, 0), sub)*int64(sub)) // a sub-window's
+	now := start.Add(sub / 2)
+	h := uint64(0x9e3779b97f4a7c15)
+	ahead := now.Add(2 * sub) // the peer's clock: two sub-windows ahead
+	for range quota {
+		if d, _ := peer.TakeHashWith(h, 1, ahead, nil); !d.Allowed {
+			t.Fatal("the peer denied its own quota")
+		}
+	}
+	snap, _ := peer.AppendSnapshot(nil, ahead)
+	passes := func(sum *SketchSum, at time.Time) bool { return reader.PeekHashWith(h, 1, at, sum).Allowed }
+
+	for _, c := range []struct {
+		shift int64
+		free  time.Duration // from now on the peer's grants have left the reader's view
+	}{
+		{0, 8 * sub},  // after the reader's sub-window: counted in it
+		{-2, 8 * sub}, // placed where they were granted
+		{-3, 7 * sub}, // a shift too far back frees them a sub-window early
+	} {
+		sum := reader.NewSketchSum(now)
+		if _, err := sum.AddBinaryLater(snap, nil, c.shift); err != nil {
+			t.Fatal(err)
+		}
+		if passes(sum, now) {
+			t.Errorf("shift %d: the reader grants a key the peer, ahead, granted its whole quota", c.shift)
+		}
+		// The sum read later stands for the peer's counts of then.
+		// A sub-window's counts leave the view 8 sub-windows on (the
+		// extra wait of the sliding sketch, 8L − W).
+		if at := start.Add(c.free); passes(sum, at.Add(-1)) || !passes(sum, at) {
+			t.Errorf("shift %d: the peer's grants do not leave the reader's view at %v", c.shift, c.free)
+		}
+		if _, err := sum.SubtractBinaryLater(snap, nil, c.shift); err != nil {
+			t.Fatal(err)
+		}
+		if !passes(sum, now) {
+			t.Errorf("shift %d: SubtractBinaryLater left counts in the sum", c.shift)
+		}
+	}
+
+	// A sum of the peer's clock (an aggregate of its sub-windows), placed
+	// on the reader's: two sub-windows back, the grants are the reader's
+	// now's; not moved, read on the reader's clock, they are counted now.
+	for _, shift := range []int64{0, -2} {
+		agg := peer.NewSketchSum(ahead)
+		if _, err := agg.AddBinary(snap); err != nil {
+			t.Fatal(err)
+		}
+		if got := agg.Later(shift, now); passes(got, now) || got.Epoch() > WindowNumber(now, sub) {
+			t.Errorf("an aggregate of a clock two sub-windows ahead, moved %d: passes %v, epoch %d after the reader's %d", shift, passes(got, now), got.Epoch(), WindowNumber(now, sub))
+		}
+	}
+}

@@ -117,7 +117,7 @@ func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
 // shape or window, or not well formed, is rejected with an error and adds
 // nothing.
 func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
-	return t.applyBinary(data, nil, true)
+	return t.applyBinary(data, nil, 0, true)
 }
 
 // applyBinary adds the snapshot in binary form data (untrusted input) to
@@ -126,8 +126,10 @@ func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
 // known), less the snapshot's own counts of the keys in forget
 // (AddBinaryForgetting), and returns its window number. A snapshot of
 // another shape or window, or not well formed, is rejected with an error
-// and changes nothing. It visits only the snapshot's cells.
-func (t *SketchSum) applyBinary(data []byte, forget []Forget, add bool) (epoch int64, err error) {
+// and changes nothing. It visits only the snapshot's cells. Its windows
+// are counted shift windows later (AddBinaryLater); a sliding sum counts
+// those after its own window in its own.
+func (t *SketchSum) applyBinary(data []byte, forget []Forget, shift int64, add bool) (epoch int64, err error) {
 	if t.def != 0 {
 		return 0, errors.New("sketch sum: a copy made by WithShares is not added to")
 	}
@@ -146,7 +148,17 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, add bool) (epoch i
 	epoch = h.epoch
 	// The snapshot's window epoch − ring + 1 + k goes to the sum's slot
 	// k + epoch − t.epoch, if the sum holds it.
-	slot := func(k int) int { return k + int(max(min(epoch-t.epoch, 2*int64(t.ring)), -2*int64(t.ring))) }
+	shift = max(min(shift, 1<<40), -1<<40) // far beyond any ring; no overflow below
+	slot := func(k int) int { return k + int(max(min(epoch+shift-t.epoch, 2*int64(t.ring)), -2*int64(t.ring))) }
+	if t.ring > 2 {
+		// What a sliding snapshot counts after the sum's window (a clock
+		// ahead of this one's) was granted by now: dropped, a peer's
+		// grants of its newest sub-windows went unseen here until this
+		// clock caught up.
+		slot = func(k int) int {
+			return min(k+int(max(min(epoch+shift-t.epoch, 2*int64(t.ring)), -2*int64(t.ring))), t.ring-1)
+		}
+	}
 	if h.ring != t.ring {
 		// A weighted snapshot of the sliding sketch's window (a peer of
 		// an older version): see olderSlot.
@@ -386,6 +398,23 @@ func (s *Sketch) SketchSumOfBinary(data []byte) (*SketchSum, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// Later returns the sum with each of its windows counted as the window
+// shift after it (before it for shift < 0), as AddBinaryLater places a
+// snapshot: an aggregate summed on another instance's clock, placed on
+// the reader's. What that places after now's window is counted in now's,
+// as granted now (a decision on a sum dated after its window would drop
+// it). The sum may be changed in place and returned.
+func (t *SketchSum) Later(shift int64, now time.Time) *SketchSum {
+	if t.ring <= 2 {
+		return t
+	}
+	t.epoch += max(min(shift, 1<<40), -1<<40)
+	if e := WindowNumber(now, t.window); t.epoch > e {
+		return t.shifted(e - t.epoch)
+	}
+	return t
 }
 
 // Epoch is the number of the sum's current window (WindowNumber).

@@ -20,12 +20,15 @@ import (
 // reads the sum of every live snapshot (its own included) as one
 // aggregate under AggregateKey, with the union of their blocks, the resets
 // the sum has had applied, and the list of the instances it summed (name,
-// write time and checksum of the snapshot it took). Every other instance
+// write time and checksum of the snapshot it took, and for a window zone
+// by how many sub-windows it moved its counts onto its own clock,
+// clockShift). Every other instance
 // then loads that one entry instead of every snapshot, and takes its own
 // contribution back out: it keeps the last few snapshots it stored
 // (Cluster.own), finds the one the list names, and subtracts it as the
-// aggregator added it, so it is left with exactly the peers' sum the
-// aggregator read. The live instances and this one's rank among them, for
+// aggregator added it (moved as listed), so it is left with exactly the
+// peers' sum the aggregator read, which it then places on its own clock
+// as it places a peer's snapshot. The live instances and this one's rank among them, for
 // the burst shares, come from the list. So each instance reads about one
 // sketch per interval, bounded by the sketch's size, whatever N; the
 // aggregator alone reads every snapshot, as every instance did before.
@@ -175,7 +178,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 				return aggregateForeign
 			}
 			s.forget = appendForgets(s.forget[:0], s.aggLatest, snap.resets, s.listed)
-			if _, err := sum.SubtractBinaryForgetting(snap.sketch, s.forget); err != nil {
+			if _, err := sum.SubtractBinaryLater(snap.sketch, s.forget, m.shift); err != nil {
 				return aggregateForeign
 			}
 			continue
@@ -199,6 +202,10 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		}
 	}
 	late := s.endSight(now)
+	// The sum is of the aggregator's sub-windows, its members placed on
+	// its clock: placed on this one's as a peer's snapshot is.
+	sum = sum.Later(s.clockShift(now, a.instance, a.written.UnixNano()), now)
+	s.forgetClocks(now)
 	srcs := []*snapshot{&a.snapshot}
 	seq := s.learnResets(now, srcs)
 	// Resets known here that the aggregate does not list: the aggregator
@@ -230,7 +237,7 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 	a := aggregate{snapshot: snapshot{instance: s.proc.name(s.instance), written: now}}
 	untils := make(map[uint64]int64)
 	note := func(snap *snapshot) {
-		a.members = append(a.members, member{name: snap.instance, w: written{at: snap.written.UnixNano(), sum: snap.sum}})
+		a.members = append(a.members, member{name: snap.instance, w: written{at: snap.written.UnixNano(), sum: snap.sum}, shift: snap.shift})
 		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
 		for _, b := range snap.blocks {
 			if !forgotten(s.forget, b.hash) {

@@ -14,11 +14,16 @@ import (
 //	    sketch snapshot of that time's window, the union of their blocks,
 //	    and the resets (each key's latest) applied to the sum
 //	uvarint n, then n × (uvarint len(name), name, varint written,
-//	    4-byte little-endian checksum of the snapshot summed)
+//	    4-byte little-endian checksum of the snapshot summed,
+//	    and in version 2 varint shift: by how many sub-windows the
+//	    aggregator moved its counts, placing them on its clock)
 //	4-byte little-endian CRC-32C of everything before it
+//
+// Version 1, still read (every shift 0), is written when every shift is 0,
+// so that an instance of an older version still reads it.
 const (
 	aggregateMagic   = "FGAG"
-	aggregateVersion = 1
+	aggregateVersion = 2
 )
 
 // An aggregate is the sum of a zone's live snapshots, as published by its
@@ -28,16 +33,24 @@ type aggregate struct {
 	members []member
 }
 
-// A member is an instance whose snapshot an aggregate summed, and which.
+// A member is an instance whose snapshot an aggregate summed, and which,
+// and by how many sub-windows its counts were moved (clockShift).
 type member struct {
-	name string
-	w    written
+	name  string
+	w     written
+	shift int64
 }
 
 func appendAggregate(dst []byte, a *aggregate) []byte {
 	start := len(dst)
+	v := byte(1)
+	for _, m := range a.members {
+		if m.shift != 0 {
+			v = aggregateVersion
+		}
+	}
 	dst = append(dst, aggregateMagic...)
-	dst = append(dst, aggregateVersion)
+	dst = append(dst, v)
 	dst = appendSnapshotBody(dst, a.instance, a.written, a.sketch, a.blocks, a.resets)
 	dst = binary.AppendUvarint(dst, uint64(len(a.members)))
 	for _, m := range a.members {
@@ -45,6 +58,9 @@ func appendAggregate(dst []byte, a *aggregate) []byte {
 		dst = append(dst, m.name...)
 		dst = binary.AppendVarint(dst, m.w.at)
 		dst = binary.LittleEndian.AppendUint32(dst, m.w.sum)
+		if v > 1 {
+			dst = binary.AppendVarint(dst, m.shift)
+		}
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
@@ -57,8 +73,9 @@ func decodeAggregate(data []byte) (*aggregate, error) {
 	if len(data) < len(aggregateMagic)+1+4 || string(data[:len(aggregateMagic)]) != aggregateMagic {
 		return nil, fmt.Errorf("not a floodgate cluster aggregate")
 	}
-	if v := data[len(aggregateMagic)]; v != aggregateVersion {
-		return nil, fmt.Errorf("aggregate version %d, want %d", v, aggregateVersion)
+	v := data[len(aggregateMagic)]
+	if v < 1 || v > aggregateVersion {
+		return nil, fmt.Errorf("aggregate version %d, want 1 to %d", v, aggregateVersion)
 	}
 	body := data[:len(data)-4]
 	if sum := binary.LittleEndian.Uint32(data[len(body):]); sum != crc32.Checksum(body, castagnoli) {
@@ -98,7 +115,13 @@ func decodeAggregate(data []byte) (*aggregate, error) {
 		if err != nil {
 			return nil, err
 		}
-		a.members = append(a.members, member{name: string(name), w: written{at: at, sum: binary.LittleEndian.Uint32(sum)}})
+		var shift int64
+		if v > 1 {
+			if shift, err = r.varint("member shift"); err != nil {
+				return nil, err
+			}
+		}
+		a.members = append(a.members, member{name: string(name), w: written{at: at, sum: binary.LittleEndian.Uint32(sum)}, shift: shift})
 	}
 	if r.off != len(body) {
 		return nil, fmt.Errorf("aggregate has %d trailing bytes", len(body)-r.off)
@@ -110,5 +133,5 @@ func decodeAggregate(data []byte) (*aggregate, error) {
 // s: a snapshot's largest, and the longest list of members.
 func maxAggregateSize(s Shape) int64 {
 	const v = binary.MaxVarintLen64
-	return maxSnapshotSize(s) + v + MaxAggregateMembers*(v+maxInstanceLen+v+4)
+	return maxSnapshotSize(s) + v + MaxAggregateMembers*(v+maxInstanceLen+v+4+v)
 }

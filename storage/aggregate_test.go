@@ -3,6 +3,7 @@ package storage
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -332,6 +333,35 @@ func TestAggregateOfThePreviousWindowKeepsTheShares(t *testing.T) {
 			if bound := events*11/10 + 1; got > bound {
 				t.Errorf("sliding %v, second %d: a fresh key got %d of %d at once, over 1.1 × N + 1 = %d", sliding, k, got, events, bound)
 			}
+		}
+	}
+}
+
+// An aggregate lists by how many sub-windows its aggregator moved each
+// member's counts onto its clock (clockShift), for the member to take its
+// own snapshot out as it was added. One that moved none is written in
+// version 1, which an instance of an older version still reads; either
+// version decodes to what was written.
+func TestAggregateListsItsMembersShifts(t *testing.T) {
+	base := aggregate{snapshot: snapshot{instance: "x", written: t0}}
+	for _, c := range []struct {
+		shifts  []int64
+		version byte
+	}{{[]int64{0, 0}, 1}, {[]int64{0, -3}, 2}, {[]int64{2, 0}, 2}} {
+		a := base
+		for i, sh := range c.shifts {
+			a.members = append(a.members, member{name: fmt.Sprint("m", i), w: written{at: int64(i), sum: 7}, shift: sh})
+		}
+		data := appendAggregate(nil, &a)
+		if v := data[len(aggregateMagic)]; v != c.version {
+			t.Errorf("shifts %v: written in version %d, want %d", c.shifts, v, c.version)
+		}
+		got, err := decodeAggregate(data)
+		if err != nil {
+			t.Fatalf("shifts %v: %v", c.shifts, err)
+		}
+		if !slices.Equal(got.members, a.members) {
+			t.Errorf("shifts %v: decoded members %+v, want %+v", c.shifts, got.members, a.members)
 		}
 	}
 }

@@ -20,7 +20,12 @@
 // rate_limit/<zone>/<instance>; every read interval it reads every other
 // snapshot under rate_limit/<zone>/ and replaces the sum with a new one built
 // from them (read.go), so a snapshot is never counted twice and a dead
-// instance's counts age out with its windows. From AggregateFrom live
+// instance's counts age out with its windows. A window zone's reader places
+// each peer's snapshot on its own clock (clocks.go): by how far ahead the
+// peer's clock has at least been seen, from when the reader found its
+// snapshots new, so that clocks apart by up to MaxClockSkew leave a peer's
+// counts in the reader's view for W less at most a read interval (and less
+// than a sub-window), where a reader ahead by s dropped them s early. From AggregateFrom live
 // instances on, one of them, elected through the storage's lock and kept the
 // only one by its claim (aggregator.go), publishes the sum of every snapshot
 // as one aggregate, and the others read that instead and take their own

@@ -79,6 +79,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 		}
 	}
 	late := s.endSight(now)
+	s.forgetClocks(now)
 	if s.agg.elect(ctx, now, live, len(added), found) {
 		s.publishAggregate(ctx, now, sum, added, mine)
 	}
@@ -158,6 +159,7 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 			}
 			continue
 		}
+		snap.shift = s.clockShift(now, name, snap.written.UnixNano())
 		if stream {
 			if s.teaches(now, snap) {
 				if len(s.snaps) > 0 {
@@ -189,11 +191,12 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 }
 
 // addTo adds snap's sketch to sum, less its counts of the keys of the
-// resets known here that it does not list, and reports whether it could
-// (a sketch that is not well formed is skipped and counted).
+// resets known here that it does not list, placed on this instance's
+// clock (snap.shift), and reports whether it could (a sketch that is not
+// well formed is skipped and counted).
 func (s *Syncer) addTo(sum *limiter.SketchSum, snap *snapshot) bool {
 	s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
-	if _, err := sum.AddBinaryForgetting(snap.sketch, s.forget); err != nil {
+	if _, err := sum.AddBinaryLater(snap.sketch, s.forget, snap.shift); err != nil {
 		s.skipped(Key(s.c.shape.Zone, snap.instance), err)
 		return false
 	}

@@ -41,6 +41,9 @@ type snapshot struct {
 	resets []reset
 	// sum is the stored form's checksum.
 	sum uint32
+	// shift is by how many sub-windows a read moved its counts to place
+	// them on the reader's clock (clockShift); not stored.
+	shift int64
 }
 
 // block is a key over its cluster limit and when it may pass again.

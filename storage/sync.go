@@ -107,6 +107,9 @@ type Syncer struct {
 	// sighted holds, for each peer a read found, the latest snapshot of
 	// it and when on this instance's clock (see sight).
 	sighted map[string]sighting
+	// clocks holds what was measured of each peer's clock, for placing
+	// its snapshots on this one's (clockShift).
+	clocks map[string]*peerClock
 	// unsure is set by a read (endSight) that found a peer's snapshot,
 	// never seen replaced, that looks dead on this instance's clock but is
 	// recent on a clock up to MaxClockSkew behind it (see shareRank).

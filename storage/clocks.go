@@ -1,0 +1,141 @@
+package storage
+
+import (
+	"time"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+)
+
+// Peers' clocks, for a window zone's sub-windows.
+//
+// A snapshot counts its grants by sub-window (W/7) of its writer's clock.
+// Placed by those numbers on a reader whose clock is ahead by s (or from a
+// writer behind by s), its counts leave the reader's view s early, and the
+// reader shares out room the key has not got back: in plain steady traffic
+// with one instance of four 5 s ahead on a 10 s window, a key got 38 to
+// 42 of 30 in a span, 51 to 54 on a 1 m window 59 s ahead. What a writer
+// ahead counted after the reader's sub-window was dropped outright. So a
+// reader places each peer's snapshot on its own clock: by how far ahead
+// of its own clock the peer's has at least been seen (peerClock.ahead),
+// every snapshot existing when it is found, and within a tolerance
+// (clockTolerance), so that the counts are never taken as older than
+// they are by more than it.
+
+// clockSamples is how many of a peer's snapshots, each found new, its
+// clock is measured on: the latest few, so that a clock set back or
+// slewed is followed within as many write intervals.
+const clockSamples = 8
+
+// peerClock is what this instance measured of a peer's clock: the write
+// time (on the peer's clock) of its latest snapshot found, and, for each
+// of the last clockSamples found new (another than the read before had
+// found), its write time less when this instance found it, on its own
+// clock. A snapshot exists when it is found, so that is never more than
+// how far the peer's clock is ahead of this one's (negative: behind),
+// and, found within a read interval of its write, never much less.
+type peerClock struct {
+	written, seen int64
+	samples       [clockSamples]int64
+	n             int // samples held, at most clockSamples; the next goes to n % clockSamples
+}
+
+// ahead is the most the peer's clock is known ahead of this one's (so
+// never more than it is): the largest sample. ok is false while no
+// snapshot of it has been found new.
+func (p *peerClock) ahead() (d time.Duration, ok bool) {
+	if p.n == 0 {
+		return 0, false
+	}
+	most := p.samples[0]
+	for _, s := range p.samples[1:min(p.n, clockSamples)] {
+		most = max(most, s)
+	}
+	return time.Duration(most), true
+}
+
+// clockShift notes that a read at now found the snapshot (or aggregate)
+// of instance name written at written on its clock, and returns by how
+// many sub-windows a window zone's reader moves its counts to place them
+// on its own clock (limiter.SketchSum.AddBinaryLater): later for a clock
+// behind this one's, earlier for one ahead; 0 for any other zone, and for
+// a peer none of whose snapshots has been found new yet (its first, which
+// may be old: a dead peer's counts would never age out here), whose
+// sub-windows are taken as this one's, as they were before.
+//
+// The peer's sub-window k holds grants made before its end, which on this
+// clock is at most ahead earlier (ahead: peerClock.ahead). For a clock
+// seen ahead it is counted as this one's sub-window k − ⌊ahead/W₇⌋ (W₇
+// the sub-window), which ends no earlier: the counts stay up to a
+// sub-window longer than W, never less. Moved back further, a peer's
+// grants of now would fall in an earlier sub-window than this one's, where
+// the shares do not see them use what they left that peer
+// (limiter.SketchSum.WithShares), and hold it besides: a 2 s skew on a
+// 10 s window halved what a steady stream got. For a clock seen behind it
+// is this one's k + ⌈(−ahead − τ)/W₇⌉ (none within the tolerance τ), whose
+// end is at most τ before that of the peer's: the counts leave the view
+// at most τ early, however far the clocks are apart within MaxClockSkew
+// (2τ through an aggregate: the aggregator places its members, and the
+// reader the aggregate).
+func (s *Syncer) clockShift(now time.Time, name string, written int64) int64 {
+	if !s.c.shape.Sliding {
+		return 0
+	}
+	if s.clocks == nil {
+		s.clocks = make(map[string]*peerClock)
+	}
+	n := now.UnixNano()
+	p := s.clocks[name]
+	switch {
+	case p == nil:
+		s.clocks[name] = &peerClock{written: written, seen: n}
+		return 0
+	case written < p.written:
+		// Set back: what was measured before no longer holds.
+		p.n = 0
+		fallthrough
+	case written != p.written:
+		p.samples[p.n%clockSamples] = written - n
+		p.n++
+		if p.n >= 2*clockSamples {
+			p.n -= clockSamples
+		}
+	}
+	p.written, p.seen = written, n
+	ahead, ok := p.ahead()
+	if !ok {
+		return 0
+	}
+	sub := s.c.sketch.Slot()
+	// Far beyond the ring either way: the limiter clamps it.
+	ahead = max(min(ahead, MaxClockSkew+s.iv.PurgeAge), -MaxClockSkew-s.iv.PurgeAge)
+	if ahead < 0 {
+		ahead = min(ahead+clockTolerance(s.iv, sub), 0)
+	}
+	return -limiter.WindowNumber(time.Unix(0, int64(ahead)), sub)
+}
+
+// clockTolerance is how much earlier than it should a peer's counts may
+// leave this instance's view (clockShift): less than a sub-window (sub),
+// and no more than a read interval. A snapshot is found up to a read
+// interval after its write (more through an aggregate), and with ticks
+// of one period that delay stays the same read after read: the measure
+// of a peer's clock may take it a read interval further behind than it
+// is. Were that corrected, every peer's counts would be kept a
+// sub-window longer than W in a cluster whose clocks agree; so skews
+// below the tolerance are not corrected, and above it the error left
+// stays below it. (Read intervals longer than a sub-window, W/7, may
+// still find a peer's snapshots late by more, and keep its counts a
+// sub-window longer: a request may wait W/7 more there.)
+func clockTolerance(iv Intervals, sub time.Duration) time.Duration {
+	return min(iv.Read, sub-1)
+}
+
+// forgetClocks forgets the peers no read has found for purge_age: their
+// snapshots are gone, and one that comes back is measured afresh.
+func (s *Syncer) forgetClocks(now time.Time) {
+	for name, p := range s.clocks {
+		if now.UnixNano()-p.seen > int64(s.iv.PurgeAge) {
+			delete(s.clocks, name)
+		}
+	}
+}
