@@ -277,7 +277,7 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 			for js < len(soleCells) && soleCells[js] < i {
 				js++
 			}
-			keep, since = b.settleSole(b.q-min(peerPrev+peerCurr+soleSeen[js], b.q), ownPrev+ownCurr)
+			keep, since = b.settleSole(b.q-min(peerPrev+peerCurr+soleSeen[js], b.q), soleSeen[js])
 		} else {
 			keep, since = b.settle(b.q-min(est, b.q), ownPrev+ownCurr, held, since)
 		}
@@ -656,11 +656,17 @@ func (b shareBalance) mine(share, left, own uint64) uint64 {
 // others, if the key turns up there at once, take at most one unit of the
 // remainder this one took too.
 //
-// An uncounted instance takes its allowance (mine), at most that share.
-func (b shareBalance) settleSole(left, own uint64) (keep, from uint32) {
+// The share is what this instance may grant over the own counts seen,
+// those in the view of the snapshot the others have read: so an uncounted
+// instance's is its allowance less seen (at most that share), and with
+// what it granted unseen it reaches the allowance in all. Less own, as
+// mine takes it of a left that counts every own grant, it counted those
+// unseen twice, and granted half its allowance (a key pinned to an
+// instance of a cluster whose writes all fail: 2 of 4 per window).
+func (b shareBalance) settleSole(left, seen uint64) (keep, from uint32) {
 	share := (left + b.n - 1) / b.n
 	if b.rank == b.n {
-		share = min(share, b.allow-min(own, b.allow))
+		share = min(share, b.allow-min(seen, b.allow))
 	}
 	if k := min(left-share, MaxSketchQuota); k != 0 {
 		return uint32(k), b.at

@@ -706,3 +706,38 @@ func TestWithSharesOfASumOfAnotherWindowShares(t *testing.T) {
 		}
 	}
 }
+
+// In a cell only this instance counts (sole), an uncounted instance
+// grants up to its allowance in all, the own counts it already has
+// included once: with 2 of a key granted in the view and none of it seen
+// by the others, 2 more of the allowance of 4, and as many with the first
+// of them seen. Before, its own counts were
+// taken off the allowance twice (once as what it may still take, once in
+// the decision), so it granted half its allowance: a key pinned to an
+// instance of a cluster whose writes all failed got 2 per window, not 4.
+func TestUncountedSoleCellTakesItsWholeAllowance(t *testing.T) {
+	const quota, n = 30, 3
+	window := time.Minute
+	L := sketchSubWindow(window)
+	c := newSlidingCluster(t, n, quota, window)
+	s := c.sk[0]
+	at := time.Unix(0, (1_700_000_000*int64(time.Second)/L+1)*L)
+	allow := UncountedAllowance(quota)
+	var cols [MaxSketchRows]int
+	sole := make([]uint64, (s.rows*int(s.width)+63)/64)
+	for _, i := range cols[:s.KeyCells(c.h, &cols)] {
+		sole[i/64] |= 1 << (i % 64)
+	}
+	var seen []byte
+	for own := range allow + 1 {
+		read := at.Add(time.Duration(own) * time.Second)
+		got := s.PeekHashWith(c.h, 1, read, c.peersOf(0, read).WithSharesSole(s, 1, Uncounted(0), read, nil, time.Second, sole, seen)).Remaining
+		if want := allow - own; got != want {
+			t.Errorf("an uncounted instance with %d of a sole key granted (%d bytes seen): %d remaining, want %d of its allowance %d", own, len(seen), got, want, allow)
+		}
+		s.Add(c.h, 1, read)
+		if own == 0 {
+			seen, _ = s.AppendSnapshot(nil, read)
+		}
+	}
+}
