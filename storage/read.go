@@ -116,7 +116,7 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 			continue
 		}
 		if name == own {
-			mine = s.checkOwn(ctx, key)
+			mine = s.checkOwn(ctx, key, now)
 			continue
 		}
 		data, err := s.load(ctx, key, maxSnapshotSize(c.shape))
