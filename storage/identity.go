@@ -78,8 +78,8 @@ type writes struct {
 // minTried is how many of its last tries under a key a process always
 // remembers, and maxTried how many at most: a run of failed writes longer
 // than that (5.7 hours at the default write interval; purge_age is
-// shorter unless set longer), after one that
-// failed but landed, is still taken for another process's.
+// shorter unless set longer), after one that failed but landed, is still
+// taken for another process's.
 const minTried, maxTried = 4, 4096
 
 // written identifies a stored snapshot: its time and checksum. Two
