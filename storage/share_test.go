@@ -838,6 +838,25 @@ func withFailingWriter(t *testing.T, events int64) (nodes []*node, down *failing
 	return nodes, down, next
 }
 
+// withWritersFailing returns size window-zone instances (events a
+// window, bursts split) that count each other, each one's writes failing
+// while its storage's down is set, and the time of their next sync.
+func withWritersFailing(t *testing.T, size int, events int64, window time.Duration) (nodes []*node, downs []*failingStorage, next time.Time) {
+	t.Helper()
+	st := newMemStorage()
+	for i := range size {
+		d := &failingStorage{Storage: st, writesOnly: true}
+		downs = append(downs, d)
+		nodes = append(nodes, newJoiner(t, d, string(rune('a'+i)), events, window, zap.NewNop()))
+	}
+	next = t0
+	for range 6 {
+		syncAll(next, nodes...)
+		next = next.Add(testIntervals.Read)
+	}
+	return nodes, downs, next
+}
+
 // An instance whose writes fail for a few write intervals, fewer than
 // the others wait for its snapshots, is still one instance: it does not
 // take the snapshot it stored before the failures, which it tried to
@@ -938,19 +957,7 @@ func TestWindowClusterWhoseWritesAllFailKeepsEachToItsShare(t *testing.T) {
 	const events = 30
 	bound := events*11/10 + 1
 	for _, size := range []int{3, 1} {
-		var downs []*failingStorage
-		var nodes []*node
-		st := newMemStorage()
-		for i := range size {
-			down := &failingStorage{Storage: st, writesOnly: true}
-			downs = append(downs, down)
-			nodes = append(nodes, newJoiner(t, down, string(rune('a'+i)), events, time.Minute, zap.NewNop()))
-		}
-		now := t0
-		for range 6 {
-			syncAll(now, nodes...)
-			now = now.Add(testIntervals.Read)
-		}
+		nodes, downs, now := withWritersFailing(t, size, events, time.Minute)
 		var line []int
 		for s := range 48 {
 			for _, d := range downs {
@@ -991,19 +998,7 @@ func TestWindowFairStreamThroughAWriteOutage(t *testing.T) {
 	const events, size = 30, 3
 	for _, window := range []time.Duration{10 * time.Second, time.Minute} {
 		for _, spread := range []bool{false, true} {
-			st := newMemStorage()
-			var downs []*failingStorage
-			var nodes []*node
-			for i := range size {
-				d := &failingStorage{Storage: st, writesOnly: true}
-				downs = append(downs, d)
-				nodes = append(nodes, newJoiner(t, d, string(rune('a'+i)), events, window, zap.NewNop()))
-			}
-			now := t0
-			for range 6 {
-				syncAll(now, nodes...)
-				now = now.Add(testIntervals.Read)
-			}
+			nodes, downs, now := withWritersFailing(t, size, events, window)
 			for _, d := range downs {
 				d.down.Store(true)
 			}
@@ -1054,19 +1049,7 @@ func TestWindowFairStreamThroughAWriteOutage(t *testing.T) {
 func TestWindowRestartDuringAWriteOutageTakesTheAllowance(t *testing.T) {
 	const events = 30
 	allow := int(limiter.UncountedAllowance(events))
-	st := newMemStorage()
-	var downs []*failingStorage
-	var nodes []*node
-	for i := range 3 {
-		d := &failingStorage{Storage: st, writesOnly: true}
-		downs = append(downs, d)
-		nodes = append(nodes, newJoiner(t, d, string(rune('a'+i)), events, time.Minute, zap.NewNop()))
-	}
-	now := t0
-	for range 6 {
-		syncAll(now, nodes...)
-		now = now.Add(testIntervals.Read)
-	}
+	nodes, downs, now := withWritersFailing(t, 3, events, time.Minute)
 	for _, d := range downs {
 		d.down.Store(true)
 	}
