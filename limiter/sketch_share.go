@@ -89,7 +89,7 @@ import (
 // SketchSumOfBinary), not a copy made by WithShares: every cell it does
 // not count something in is taken to hold zero.
 func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration) *SketchSum {
-	return t.WithSharesSole(s, n, rank, now, prev, hold, nil, nil)
+	return t.WithSharesSole(s, n, rank, 0, now, prev, hold, nil, nil)
 }
 
 // WithSharesSole is WithShares for a sliding sketch some of whose cells
@@ -108,7 +108,11 @@ func (t *SketchSum) WithShares(s *Sketch, n, rank int, now time.Time, prev *Sket
 // at each own grant would hold it at its first share. A weighted sketch
 // ignores sole and seen (its cluster decides such a key on the sum
 // without shares).
-func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *SketchSum, hold time.Duration, sole []uint64, seen []byte) *SketchSum {
+//
+// of is, for an uncounted instance, the instances whose share of the
+// quota it may take as its allowance where that is more
+// (UncountedShare): 0 for the allowance alone.
+func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, prev *SketchSum, hold time.Duration, sole []uint64, seen []byte) *SketchSum {
 	if t == nil || n < 2 && rank >= 0 {
 		return t
 	}
@@ -157,7 +161,7 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 	b.rank, b.as = shareRank(n, rank)
 	b.turned = b.rank
 	if b.rank == b.n {
-		b.allow = uint64(UncountedAllowance(int64(b.q)))
+		b.allow = uint64(UncountedShare(int64(b.q), of))
 	}
 	if s.ring > 2 {
 		b.sliding, b.turned, b.as = true, turned(b.rank, uint64(e), b.n), turned(b.as, uint64(e), b.n)
@@ -277,7 +281,7 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank int, now time.Time, prev *
 			for js < len(soleCells) && soleCells[js] < i {
 				js++
 			}
-			keep, since = b.settleSole(b.q-min(peerPrev+peerCurr+soleSeen[js], b.q), ownPrev+ownCurr)
+			keep, since = b.settleSole(b.q-min(peerPrev+peerCurr+soleSeen[js], b.q), soleSeen[js])
 		} else {
 			keep, since = b.settle(b.q-min(est, b.q), ownPrev+ownCurr, held, since)
 		}
@@ -395,6 +399,19 @@ func Uncounted(rank int) int { return -1 - max(rank, 0) }
 // 1, the slack of the cluster's bound of 1.1 × q + 1 (⌊1.1 × q⌋ + 1 = q +
 // ⌊q/10⌋ + 1). A request heavier than that waits until it is counted.
 func UncountedAllowance(q int64) int64 { return max(q, 0)/10 + 1 }
+
+// UncountedShare is what an uncounted instance that shared the quota q
+// with of instances at its last count (of ≥ 2) may grant a key in any span
+// of the window: its share of q then, rounded down, or its allowance if
+// more. Instances that each counted the same of, and take no more, grant
+// a key at most max(q, of × UncountedAllowance(q)) between them.
+func UncountedShare(q int64, of int) int64 {
+	a := UncountedAllowance(q)
+	if of >= 2 {
+		a = max(a, max(q, 0)/int64(of))
+	}
+	return a
+}
 
 // shareRank is WithShares' rank as shareOf takes it, n for an uncounted
 // instance (Uncounted, or a rank of n or more), and the rank an uncounted
@@ -656,11 +673,17 @@ func (b shareBalance) mine(share, left, own uint64) uint64 {
 // others, if the key turns up there at once, take at most one unit of the
 // remainder this one took too.
 //
-// An uncounted instance takes its allowance (mine), at most that share.
-func (b shareBalance) settleSole(left, own uint64) (keep, from uint32) {
+// The share is what this instance may grant over the own counts seen,
+// those in the view of the snapshot the others have read: so an uncounted
+// instance's is its allowance less seen (at most that share), and with
+// what it granted unseen it reaches the allowance in all. Less own, as
+// mine takes it of a left that counts every own grant, it counted those
+// unseen twice, and granted half its allowance (a key pinned to an
+// instance of a cluster whose writes all fail: 2 of 4 per window).
+func (b shareBalance) settleSole(left, seen uint64) (keep, from uint32) {
 	share := (left + b.n - 1) / b.n
 	if b.rank == b.n {
-		share = min(share, b.allow-min(own, b.allow))
+		share = min(share, b.allow-min(seen, b.allow))
 	}
 	if k := min(left-share, MaxSketchQuota); k != 0 {
 		return uint32(k), b.at

@@ -529,7 +529,7 @@ func TestWithSharesSoleLeavesTheOthersWhatTheySaw(t *testing.T) {
 	}
 	// The others saw 12: they may take 30 − 12 less this one's share,
 	// 12; this one has 30 − 15 − 12 = 3 left.
-	if r := s.PeekHashWith(c.h, 1, read, c.peersOf(0, read).WithSharesSole(s, n, 0, read, prev, hold, sole, seen)).Remaining; r != 3 {
+	if r := s.PeekHashWith(c.h, 1, read, c.peersOf(0, read).WithSharesSole(s, n, 0, 0, read, prev, hold, sole, seen)).Remaining; r != 3 {
 		t.Errorf("sole: %d remaining, want 3", r)
 	}
 	// Not sole, the 20 left the others is held afresh at each own grant.
@@ -776,6 +776,65 @@ func TestSlidingSnapshotPlacedOnTheReadersClock(t *testing.T) {
 		}
 		if got := agg.Later(shift, now); passes(got, now) || got.Epoch() > WindowNumber(now, sub) {
 			t.Errorf("an aggregate of a clock two sub-windows ahead, moved %d: passes %v, epoch %d after the reader's %d", shift, passes(got, now), got.Epoch(), WindowNumber(now, sub))
+		}
+	}
+}
+
+// In a cell only this instance counts (sole), an uncounted instance
+// grants up to its allowance in all, the own counts it already has
+// included once: with 2 of a key granted in the view and none of it seen
+// by the others, 2 more of the allowance of 4, and as many with the first
+// of them seen; the same of a larger allowance (UncountedShare), and of a
+// key the others count too. Before, its own counts were
+// taken off the allowance twice (once as what it may still take, once in
+// the decision), so it granted half its allowance: a key pinned to an
+// instance of a cluster whose writes all failed got 2 per window, not 4.
+func TestUncountedSoleCellTakesItsWholeAllowance(t *testing.T) {
+	const quota, n = 30, 3
+	window := time.Minute
+	L := sketchSubWindow(window)
+	at := time.Unix(0, (1_700_000_000*int64(time.Second)/L+1)*L)
+	for _, of := range []int{0, n} {
+		c := newSlidingCluster(t, n, quota, window)
+		s := c.sk[0]
+		allow := UncountedShare(quota, of)
+		var cols [MaxSketchRows]int
+		sole := make([]uint64, (s.rows*int(s.width)+63)/64)
+		for _, i := range cols[:s.KeyCells(c.h, &cols)] {
+			sole[i/64] |= 1 << (i % 64)
+		}
+		var seen []byte
+		for own := range allow + 1 {
+			read := at.Add(time.Duration(own) * time.Second)
+			for _, cells := range [][]uint64{sole, nil} {
+				got := s.PeekHashWith(c.h, 1, read, c.peersOf(0, read).WithSharesSole(s, 1, Uncounted(0), of, read, nil, time.Second, cells, seen)).Remaining
+				if want := allow - own; got != want {
+					t.Errorf("of %d, sole %v: an uncounted instance with %d of a key granted (%d bytes seen): %d remaining, want %d of its allowance %d", of, cells != nil, own, len(seen), got, want, allow)
+				}
+			}
+			s.Add(c.h, 1, read)
+			if own == 0 {
+				seen, _ = s.AppendSnapshot(nil, read)
+			}
+		}
+	}
+}
+
+// An uncounted instance that shared the quota with of instances takes
+// its share of it then, rounded down, where that is more than its
+// allowance: of instances that each take that much grant a key no more
+// than the quota between them, or their allowances if those add up to
+// more.
+func TestUncountedShare(t *testing.T) {
+	for _, c := range []struct{ q, of, want int64 }{
+		{30, 0, 4}, {30, 1, 4}, {30, 2, 15}, {30, 3, 10}, {30, 4, 7}, {30, 9, 4}, {10, 3, 3}, {1, 3, 1}, {0, 3, 1}, {-5, 3, 1},
+	} {
+		got := UncountedShare(c.q, int(c.of))
+		if got != c.want {
+			t.Errorf("UncountedShare(%d, %d) = %d, want %d", c.q, c.of, got, c.want)
+		}
+		if c.of >= 2 && c.q >= 0 && c.of*got > max(c.q, c.of*UncountedAllowance(c.q)) {
+			t.Errorf("UncountedShare(%d, %d) = %d: %d of them grant over max(q, of × allowance)", c.q, c.of, got, c.of)
 		}
 	}
 }

@@ -91,11 +91,13 @@ type Cluster struct {
 	secret uint64
 
 	// streak is this instance's run of snapshots the others count it live
-	// by (Syncer.noteStreak), and streakLive the instances it found live
-	// at its last read while its publishes were not stale (its streak
-	// lasted; Syncer.shareRank): guarded by mu.
-	streak     streak
-	streakLive int
+	// by (Syncer.noteStreak); streakLive the instances it found live at
+	// its last read while its publishes were not stale (its streak
+	// lasted), and streakShared as many if it was counted then, else 0
+	// (Syncer.shareRank): guarded by mu.
+	streak       streak
+	streakLive   int
+	streakShared int
 
 	// restored is set once this instance's own last snapshot has been
 	// loaded back, or found missing: until then nothing is published, so

@@ -41,9 +41,15 @@
 // so k instances joining at once add at most k allowances to a key's
 // bound; it does even when it finds no other live, unless it was alone at
 // its last read while it published and finds no peer that may be live on
-// a clock behind (so every instance's writes failing gives k allowances,
-// a cluster of one keeps its limit), and a key only one instance counts is held there to what the others'
-// shares of it leave, not let off its share. A key reset (Cluster.Reset,
+// a clock behind, nor, none of its publishes having landed, any peer's
+// snapshot younger than purge_age. One whose publishes went stale after
+// it was counted among n instances takes its share of the quota then,
+// events/n (the allowance if more), in place of the allowance: so every
+// instance's writes failing gives a key at most events from the n that
+// counted each other (n allowances if more), plus an allowance for each
+// instance started since, and a cluster of one keeps its limit. A key
+// only one instance counts is held there to what the others' shares of it
+// leave, not let off its share. A key reset (Cluster.Reset,
 // resets.go) spreads through the snapshots' lists of resets. A peer is
 // trusted no further than a valid peer could go (trust.go): entries are
 // size-checked before they are loaded (backend.go), snapshots dated too far

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,8 +21,8 @@ import (
 // granted, and the cluster grants a key once per process.
 //
 // This process remembers the snapshots it stored under each key, by time
-// and checksum (process.writes: the last few it tried to store and the
-// last it surely did). At each read it also loads its own key: a
+// and checksum (process.writes: the last few it tried to store, every
+// one since the last that landed, and that one). At each read it also loads its own key: a
 // snapshot there that it did not store was stored by another process under
 // its id. It then logs an error once, counts it (Cluster.Conflicts), and
 // from then on publishes every zone as <instance id>-<process nonce>, a
@@ -43,10 +44,10 @@ type process struct {
 	nonce string
 
 	mu sync.Mutex
-	// writes holds, per storage key, the last few snapshots this process
-	// stored (or tried to) under it: syncers of two configs overlap during
-	// a reload, and a store that timed out may still have landed. One entry
-	// per zone and name published under.
+	// writes holds, per storage key, the snapshots this process stored
+	// (or tried to) under it that the storage may hold: syncers of two
+	// configs overlap during a reload, and a store that timed out may
+	// still have landed. One entry per zone and name published under.
 	writes map[string]*writes
 	// aliased is set once another process was found publishing under the
 	// instance id: the id is the process's, so every zone then publishes
@@ -54,20 +55,32 @@ type process struct {
 	aliased bool
 }
 
-// writes is what the process stored under one key: the last few
-// snapshots it tried to store, newest first, and the last one it surely
-// stored (its store succeeded). A run of failed stores longer than tried
-// pushes the snapshot the storage holds out of tried, but never out of
-// landed: else the process took its own snapshot for another process's
-// (checkOwn), published under an alias from then on, and counted its own
-// past state, under the id, as a live peer (4 live of 3 instances, whose
-// shares were then smaller, after four failed writes). Only a store that
-// failed but landed, and was then followed by four more failed ones, is
-// still taken for another process's.
+// writes is what the process stored under one key: the snapshots it
+// tried to store, newest first, and the last one it surely stored (its
+// store succeeded). tried holds the last few tries (two syncers of a
+// reload overlap), and every one since the last that landed: a store that
+// failed may still have landed, and the storage holds it until a later
+// one lands, however many fail in between. Forgetting it, the process
+// took its own snapshot for another process's (checkOwn), counted a
+// conflict, logged an error, published under an alias from then on, and
+// counted its own past state, under the id, as a live peer (4 live of 3
+// instances, a fresh key 19 of 30 for seconds): after four failed stores
+// when it kept only the last four tries, after a failed store that landed
+// and four more when it kept the last that landed besides. A try older
+// than purge_age is forgotten, as checkOwn takes no snapshot that old for
+// another process's (the others delete it as a dead instance's), and at
+// most maxTried are kept.
 type writes struct {
-	tried  [4]written
+	tried  []written
 	landed written
 }
+
+// minTried is how many of its last tries under a key a process always
+// remembers, and maxTried how many at most: a run of failed writes longer
+// than that (5.7 hours at the default write interval; purge_age is
+// shorter unless set longer), after one that failed but landed, is still
+// taken for another process's.
+const minTried, maxTried = 4, 4096
 
 // written identifies a stored snapshot: its time and checksum. Two
 // processes' snapshots that agree on both are the same bytes.
@@ -90,8 +103,10 @@ func newProcess() *process {
 var thisProcess = newProcess()
 
 // noteWrite notes that the process stores data, a snapshot written at at,
-// under key, before it tries to: a store that fails may still land.
-func (p *process) noteWrite(key string, at time.Time, data []byte) {
+// under key, before it tries to: a store that fails may still land. It
+// forgets the tries it need not remember (writes), keep being the zone's
+// purge_age.
+func (p *process) noteWrite(key string, at time.Time, data []byte, keep time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.writes[key]
@@ -99,8 +114,19 @@ func (p *process) noteWrite(key string, at time.Time, data []byte) {
 		r = new(writes)
 		p.writes[key] = r
 	}
-	copy(r.tried[1:], r.tried[:3])
-	r.tried[0] = writtenOf(at, data)
+	r.tried = slices.Insert(r.tried, 0, writtenOf(at, data))
+	n := len(r.tried)
+	for n > minTried {
+		if o := r.tried[n-1]; n <= maxTried && o.at >= r.landed.at && at.UnixNano()-o.at <= int64(keep) {
+			break
+		}
+		n--
+	}
+	if cap(r.tried) > 2*n+minTried {
+		r.tried = slices.Clone(r.tried[:n]) // an outage's run, over
+	} else {
+		r.tried = r.tried[:n]
+	}
 }
 
 // noteLanded notes that the store of w under key succeeded: the storage
@@ -120,8 +146,8 @@ func (p *process) stored(key string) bool {
 	return p.writes[key] != nil
 }
 
-// ours reports whether w identifies one of the last snapshots this process
-// stored under key.
+// ours reports whether w identifies a snapshot this process stored, or
+// tried to, under key and still remembers (writes).
 func (p *process) ours(key string, w written) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -161,8 +187,11 @@ func (p *process) alias() bool {
 // checkOwn loads what is stored under this process's own key and, if
 // another process stored it, switches the process to its alias (see
 // above), logging an error the first time. It returns the snapshot if it
-// is this process's (for an aggregate), else nil. The caller holds c.mu.
-func (s *Syncer) checkOwn(ctx context.Context, key string) *snapshot {
+// is this process's (for an aggregate), else nil. A snapshot older than
+// purge_age at now is no other process's to worry about: the others
+// delete it as a dead instance's, and this process forgets its own tries
+// that old (writes). The caller holds c.mu.
+func (s *Syncer) checkOwn(ctx context.Context, key string, now time.Time) *snapshot {
 	if !s.proc.stored(key) {
 		return nil // nothing stored here yet: a restart finds its predecessor's
 	}
@@ -176,6 +205,9 @@ func (s *Syncer) checkOwn(ctx context.Context, key string) *snapshot {
 	}
 	if s.proc.ours(key, writtenOf(snap.written, data)) {
 		return snap
+	}
+	if now.Sub(snap.written) > s.iv.PurgeAge {
+		return nil
 	}
 	c := s.c
 	c.conflicts.Add(1)

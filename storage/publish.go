@@ -34,7 +34,7 @@ func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	name := s.proc.name(s.instance)
 	key := Key(c.shape.Zone, name)
 	s.buf = appendSnapshot(s.buf[:0], name, now, s.sk, s.blocks, s.resets)
-	s.proc.noteWrite(key, now, s.buf)
+	s.proc.noteWrite(key, now, s.buf, s.iv.PurgeAge)
 	s.noteOwnLocked(key, writtenOf(now, s.buf), s.buf, false)
 	if err := s.st.Store(ctx, key, s.buf); err != nil {
 		s.failed(OpWrite, now, err)

@@ -117,7 +117,7 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 			continue
 		}
 		if name == own {
-			mine = s.checkOwn(ctx, key)
+			mine = s.checkOwn(ctx, key, now)
 			continue
 		}
 		data, err := s.load(ctx, key, maxSnapshotSize(c.shape))
@@ -265,7 +265,8 @@ func (s *Syncer) replaceView(now time.Time, sum *limiter.SketchSum, live, rank i
 	shared, sole := sum, []uint64(nil)
 	if c.split.Load() {
 		sole = s.sole(now, sum, lag)
-		shared = sum.WithSharesSole(c.sketch, live, s.shareRank(now, live, rank, lag), now, c.shared.Load(), shareHold(s.iv)+2*(lag+late), sole, s.seenSnapshot(now, lag))
+		r, of := s.shareRank(now, live, rank, lag)
+		shared = sum.WithSharesSole(c.sketch, live, r, of, now, c.shared.Load(), shareHold(s.iv)+2*(lag+late), sole, s.seenSnapshot(now, lag))
 	}
 
 	c.rmu.Lock()

@@ -76,12 +76,13 @@ func (s *Syncer) endSight(now time.Time) time.Duration {
 	most := liveWrites * s.iv.Write
 	n := now.UnixNano()
 	var late time.Duration
-	s.unsure = false
+	s.unsure, s.peerFound = false, false
 	for name, p := range s.sighted {
 		if time.Duration(n-p.found) > most {
 			delete(s.sighted, name)
 			continue
 		}
+		s.peerFound = s.peerFound || p.found == n
 		if p.live(n, most) {
 			late = max(late, min(time.Duration(n-p.at)-p.every, most))
 		} else if p.found == n && !p.replaced && p.live(n, most+MaxClockSkew) {
@@ -234,39 +235,56 @@ func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv
 // An uncounted instance that finds no other live (live < 2) takes its
 // allowance all the same while another may be granting unseen: a peer
 // never seen publishing that looks dead only on a clock ahead (unsure,
-// endSight: a
-// joiner whose clock is ahead by more than liveWrites write intervals took
-// the whole quota beside the others'), or, while its publishes are stale,
-// any instance it found live at its last read before they were (every
-// instance's writes failing, each soon finds no other live, as each is
-// found dead by the others: 90 of 30 in a span on three when each decided
-// alone). It cannot tell those others dead from failing as it does, so it
-// keeps to its allowance until its publishes resume. One that was alone
-// then, and finds nobody now, is taken to be alone and decides alone: a
-// cluster of one whose writes fail keeps its limit, not its allowance.
-// (Another instance started during the outage, whose writes fail too and
-// that finds no recent snapshot, decides alone as well: two such give up
-// to 2 × events.)
+// endSight: a joiner whose clock is ahead by more than liveWrites write
+// intervals took the whole quota beside the others'), or, while its
+// publishes are stale, any instance it found live at its last read before
+// they were, or, while no publish of this process has ever landed, any
+// peer whose snapshot a read finds (peerFound: younger than purge_age). It
+// cannot tell those others dead from failing as it does.
+//
+// Every instance's writes failing, each soon finds no other live, as each
+// is found dead by the others (90 of 30 in a span on three when each
+// decided alone). One that was counted at its last read before its
+// publishes went stale, among of ≥ 2 instances then (streakShared), takes
+// its share of the quota among them (limiter.UncountedShare: events/of,
+// or its allowance if more) in place of the allowance, counted over its
+// own counts as the allowance is, until its publishes resume: those of
+// instances, each counting the same of, grant a key at most events
+// between them from then on (or of allowances, if more), as each grant
+// counts the instance's own grants of the key in the span, and each
+// leaves what the peers' last snapshots count of it to them. Its share
+// then, not the allowance: a stream of a key at the rate got a tenth of
+// it spread over three, for the whole outage. Instances started since
+// (none of whose publishes landed) take their allowances on top, as
+// joiners do. One that was alone then, and finds nobody now, is taken to
+// be alone and decides alone: a cluster of one whose writes fail keeps
+// its limit, not its allowance.
 // The caller holds c.mu.
-func (s *Syncer) shareRank(now time.Time, live, rank int, lag time.Duration) int {
+func (s *Syncer) shareRank(now time.Time, live, rank int, lag time.Duration) (r, of int) {
 	c := s.c
 	k := c.streak
 	if !c.shape.Sliding {
-		return rank
+		return rank, 0
 	}
 	// Its publishes fail (or never began): the others may count it dead
 	// before its next read, and share among one fewer.
 	stale := k.last.IsZero() || now.Sub(k.last) > s.streakGap()
+	counted := !stale && (k.counted || now.Sub(k.since) >= s.iv.Write+2*s.iv.Read+lag)
 	if !stale {
-		c.streakLive = live
+		c.streakLive, c.streakShared = live, 0
+		if counted {
+			c.streakShared = live
+		}
 	}
-	if !stale && (k.counted || now.Sub(k.since) >= s.iv.Write+2*s.iv.Read+lag) {
-		return rank
+	switch {
+	case counted:
+		return rank, 0
+	case stale && live < 2 && c.streakShared >= 2:
+		return limiter.Uncounted(rank), c.streakShared
+	case live >= 2 || s.unsure || stale && c.streakLive >= 2 || k.last.IsZero() && s.peerFound:
+		return limiter.Uncounted(rank), 0
 	}
-	if live < 2 && !s.unsure && !(stale && c.streakLive >= 2) {
-		return rank // alone, as far as it can tell
-	}
-	return limiter.Uncounted(rank)
+	return rank, 0 // alone, as far as it can tell
 }
 
 // seenSnapshot returns this instance's newest snapshot that every other

@@ -838,6 +838,25 @@ func withFailingWriter(t *testing.T, events int64) (nodes []*node, down *failing
 	return nodes, down, next
 }
 
+// withWritersFailing returns size window-zone instances (events a
+// window, bursts split) that count each other, each one's writes failing
+// while its storage's down is set, and the time of their next sync.
+func withWritersFailing(t *testing.T, size int, events int64, window time.Duration) (nodes []*node, downs []*failingStorage, next time.Time) {
+	t.Helper()
+	st := newMemStorage()
+	for i := range size {
+		d := &failingStorage{Storage: st, writesOnly: true}
+		downs = append(downs, d)
+		nodes = append(nodes, newJoiner(t, d, string(rune('a'+i)), events, window, zap.NewNop()))
+	}
+	next = t0
+	for range 6 {
+		syncAll(next, nodes...)
+		next = next.Add(testIntervals.Read)
+	}
+	return nodes, downs, next
+}
+
 // An instance whose writes fail for a few write intervals, fewer than
 // the others wait for its snapshots, is still one instance: it does not
 // take the snapshot it stored before the failures, which it tried to
@@ -921,31 +940,24 @@ func TestWindowJoinerWithItsClockAheadTakesItsAllowance(t *testing.T) {
 
 // Every instance's writes fail at once, their reads working: each soon
 // finds no other live (no snapshot is replaced), and each, its publishes
-// stale, keeps to its allowance, since the others it counted live before
-// may be granting unseen as it does (Syncer.shareRank). A fresh key hit on
-// all three every second gets its quota before the outage, 3 × A = 12 for
-// as long as it lasts past ten write intervals, and the quota again once
-// the writes work and the instances count each other. Before, each
-// decided alone from about ten write intervals into the outage: 90 of 30.
+// stale, keeps to its share of the quota among the instances it counted
+// when it was last counted itself (limiter.UncountedShare, 10 of 30 for
+// each of three), since the others may be granting unseen as it does
+// (Syncer.shareRank). A fresh key hit on all three every second gets its
+// quota before the outage, the three shares, 30, for as long as it lasts
+// past ten write intervals, and the quota again once the writes work and
+// the instances count each other (their allowances, 3 × A = 12, while the
+// others may count one dead, and while the new streaks are not counted).
+// Before, each decided alone from about ten write intervals into the
+// outage: 90 of 30; then each took its allowance only, 12, and a fair
+// stream got a tenth of what it asked (TestWindowFairStreamThroughAWriteOutage).
 // A cluster of one whose writes fail keeps its limit: it was alone when
 // its publishes last worked.
-func TestWindowClusterWhoseWritesAllFailKeepsToTheAllowance(t *testing.T) {
+func TestWindowClusterWhoseWritesAllFailKeepsEachToItsShare(t *testing.T) {
 	const events = 30
 	bound := events*11/10 + 1
 	for _, size := range []int{3, 1} {
-		var downs []*failingStorage
-		var nodes []*node
-		st := newMemStorage()
-		for i := range size {
-			down := &failingStorage{Storage: st, writesOnly: true}
-			downs = append(downs, down)
-			nodes = append(nodes, newJoiner(t, down, string(rune('a'+i)), events, time.Minute, zap.NewNop()))
-		}
-		now := t0
-		for range 6 {
-			syncAll(now, nodes...)
-			now = now.Add(testIntervals.Read)
-		}
+		nodes, downs, now := withWritersFailing(t, size, events, time.Minute)
 		var line []int
 		for s := range 48 {
 			for _, d := range downs {
@@ -959,17 +971,107 @@ func TestWindowClusterWhoseWritesAllFailKeepsToTheAllowance(t *testing.T) {
 		t.Logf("%d instances, every one's writes failing for 40 s: a fresh key on all, each second: %v", size, line)
 		for s, got := range line {
 			switch {
-			case got > bound:
-				t.Errorf("%d instances, second %d of the outage: %d of %d, over 1.1 × N + 1 = %d", size, s, got, events, bound)
+			case got > bound || s >= 10 && s < 40 && got > events:
+				t.Errorf("%d instances, second %d of the outage: %d of %d, over 1.1 × N + 1 = %d (or N, past ten write intervals)", size, s, got, events, bound)
 			case size == 1 && got != events:
 				t.Errorf("one instance, second %d of the outage: %d of %d, want its whole limit", s, got, events)
 			}
 		}
-		if size > 1 && line[39] != size*int(limiter.UncountedAllowance(events)) {
-			t.Errorf("%d instances, late in the outage: %d, want each one's allowance, %d", size, line[39], size*int(limiter.UncountedAllowance(events)))
+		if size > 1 && line[39] != events {
+			t.Errorf("%d instances, late in the outage: %d, want each one's share, %d in all", size, line[39], events)
 		}
 		if size > 1 && line[47] != events {
 			t.Errorf("%d instances, writes back: %d, want the quota %d", size, line[47], events)
+		}
+	}
+}
+
+// A stream of a key at exactly its rate (N/W), sent through a write
+// outage on every instance (reads working: a full disk, a read-only
+// replica), from 20 s into it for five windows: spread round robin over
+// the three, it gets about what it gets with the writes working (about
+// 80 %), pinned to one, at least that instance's share then (a third),
+// and never more than N in a span. Before, each instance kept to its
+// allowance, A = N/10 + 1, for the whole outage: 21 % and 16 % spread,
+// 10.7 % and 5.3 % pinned, with a 10 s and a 1 min window.
+func TestWindowFairStreamThroughAWriteOutage(t *testing.T) {
+	const events, size = 30, 3
+	for _, window := range []time.Duration{10 * time.Second, time.Minute} {
+		for _, spread := range []bool{false, true} {
+			nodes, downs, now := withWritersFailing(t, size, events, window)
+			for _, d := range downs {
+				d.down.Store(true)
+			}
+			start, next := now, now
+			h := limiter.HashString("fair")
+			step := window / events
+			var log []time.Time
+			sent := 0
+			for i, at := 0, start.Add(step/2); at.Before(start.Add(20*time.Second + 5*window)); i, at = i+1, at.Add(step) {
+				for !at.Before(next) {
+					syncAll(next, nodes...)
+					next = next.Add(testIntervals.Read)
+				}
+				n := nodes[0]
+				if spread {
+					n = nodes[i%size]
+				}
+				d, _ := n.c.TakeHash(h, 1, at)
+				if at.Sub(start) >= 20*time.Second {
+					sent++
+					if d.Allowed {
+						log = append(log, at)
+					}
+				}
+			}
+			got := float64(len(log)) / float64(sent)
+			t.Logf("window %v, spread %v, every write failing: %d of %d (%.1f%%), worst span %d", window, spread, len(log), sent, 100*got, worstSpan(log, window))
+			if w := worstSpan(log, window); w > events {
+				t.Errorf("window %v, spread %v: %d in a span, over the shares' sum %d", window, spread, w, events)
+			}
+			if want := map[bool]float64{false: 0.25, true: 0.75}[spread]; got < want {
+				t.Errorf("window %v, spread %v: %.1f%% of a stream at the rate, want at least %.0f%%", window, spread, 100*got, 100*want)
+			}
+		}
+	}
+}
+
+// Every instance's writes fail, and from second 80 of the outage (past
+// the ten write intervals and the minute a peer's snapshot may look live
+// on a clock behind) the instances are restarted one every 5 s, a new
+// process each, their writes failing from the start: a new one finds
+// every peer's snapshot dead (never replaced), and counted nobody before,
+// yet takes only its allowance, as its peers may be granting unseen
+// (Syncer.shareRank), beside the old processes' shares of before. A fresh
+// key hit on all three every second gets 30 (the shares), then 10 + 10 +
+// 4, 10 + 4 + 4 and 3 × A = 12 as they restart. Before, each new process
+// decided alone: 38, 64 and 90 of 30.
+func TestWindowRestartDuringAWriteOutageTakesTheAllowance(t *testing.T) {
+	const events = 30
+	allow := int(limiter.UncountedAllowance(events))
+	nodes, downs, now := withWritersFailing(t, 3, events, time.Minute)
+	for _, d := range downs {
+		d.down.Store(true)
+	}
+	var line []int
+	for s := range 100 {
+		if r := (s - 80) / 5; s >= 80 && (s-80)%5 == 0 && r < 3 {
+			i := 2 - r
+			nodes[i] = newJoiner(t, downs[i], string(rune('a'+i)), events, time.Minute, zap.NewNop())
+		}
+		syncAll(now, nodes...)
+		line = append(line, burstOnAll(nodes, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time)))
+		now = now.Add(testIntervals.Read)
+	}
+	t.Logf("writes failing on all three, restarted one every 5 s from second 80: a fresh key on all each second from 78: %v", line[78:])
+	for s, got := range line[78:] {
+		want := events // the shares of before
+		if s >= 2 {
+			restarted := min((s-2)/5+1, 3)
+			want = (3-restarted)*events/3 + restarted*allow
+		}
+		if got != want {
+			t.Errorf("second %d of the outage: a fresh key got %d of %d, want %d", 78+s, got, events, want)
 		}
 	}
 }

@@ -114,6 +114,9 @@ type Syncer struct {
 	// never seen replaced, that looks dead on this instance's clock but is
 	// recent on a clock up to MaxClockSkew behind it (see shareRank).
 	unsure bool
+	// peerFound is set by a read (endSight) that found a snapshot of
+	// another instance, younger than purge_age (see shareRank).
+	peerFound bool
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
