@@ -784,14 +784,21 @@ enum attempt { NONE, SYN, INITIAL, REFUSE, ENDS_PASS };
 // Initial, when its first Initial is retransmitted no more.
 // Every other packet — a short header, Retry, version negotiation
 // (version 0), an unknown version, a long-header packet whose DCID or SCID
-// is longer than 20 bytes, or whose datagram ends less than 20 bytes after
-// its SCID starts (quic_packet) — passes untouched: the server drops or
-// routes it without a handshake.
+// is longer than 20 bytes, or whose datagram ends less than
+// MIN_AFTER_SCID bytes after its SCID (quic_packet) — passes untouched:
+// the server drops or routes it without a handshake.
 #define QUIC_V1 0x00000001
 #define QUIC_V2 0x6b3343cf
 #define MIN_INITIAL_DATAGRAM 1200
 #define MIN_NEW_DCID 8
 #define MAX_CID 20
+// MIN_AFTER_SCID is how many bytes a datagram must hold after its first
+// packet's SCID for quic-go to read anything in it: the packet's Length
+// (a byte or more) and the 20 bytes every packet quic-go decrypts holds
+// after its Length (RFC 9001 §5.4.2: the packet number and the header
+// protection's sample; quic-go drops a shorter packet undecrypted). A
+// shorter datagram has no room for a packet coalesced behind either.
+#define MIN_AFTER_SCID (1 + 20)
 #define QUIC_HEAD (1 + 4 + 1 + MAX_CID + 1 + MAX_CID + 8)
 #define QUIC_INITIAL 0   // long-header types, numbered as in version 1
 #define QUIC_0RTT 1
@@ -837,10 +844,11 @@ static __always_inline __u64 varint(const __u8 *b, __s64 *n)
 
 // after_cids returns where the field after the connection IDs of the
 // long-header packet at q starts (a 0-RTT packet's Length, an Initial's
-// token length), with 8 bytes of it within the packet, and in *scid where
-// the SCID's length byte is, with MAX_CID bytes after it within the
-// packet; or NULL for a connection ID longer than MAX_CID (no QUIC packet
-// of versions 1 and 2), or a packet that ends before those bytes.
+// token length), with MIN_AFTER_SCID bytes from it within the packet, and
+// in *scid where the SCID's length byte is, with MAX_CID bytes after it
+// within the packet (fewer than the first, checked apart for the
+// verifier); or NULL for a connection ID longer than MAX_CID (no QUIC
+// packet of versions 1 and 2), or a packet that ends before those bytes.
 static __always_inline const __u8 *after_cids(const __u8 *q, const void *end, const __u8 **scid)
 {
 	if ((const void *)(q + 6) > end)
@@ -855,7 +863,7 @@ static __always_inline const __u8 *after_cids(const __u8 *q, const void *end, co
 	if (slen > MAX_CID)
 		return 0;
 	const __u8 *f = sl + 1 + slen;
-	if ((const void *)(f + 8) > end)
+	if ((const void *)(f + MIN_AFTER_SCID) > end) // 8 readable, for varint
 		return 0;
 	*scid = sl;
 	return f;
@@ -930,14 +938,12 @@ __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct q
 	// is no client's long-header packet.
 	if (type < 0 || type == QUIC_RETRY)
 		return NONE;
-	// The SCID: every packet quic-go decrypts holds 20 bytes after its
-	// Length (RFC 9001 §5.4.2: the packet number and the header
-	// protection's sample; quic-go drops a shorter packet undecrypted), so
-	// a datagram that ends less than MAX_CID bytes after its first packet's
-	// SCID starts holds nothing quic-go reads, nor room for a packet
-	// coalesced behind, and passes as NONE, as does one whose connection
-	// IDs are longer than MAX_CID (no packet of versions 1 and 2) or that
-	// ends before the field after them.
+	// A datagram that ends less than MIN_AFTER_SCID bytes after its first
+	// packet's SCID holds nothing quic-go reads and passes as NONE, as
+	// does one whose connection IDs are longer than MAX_CID (no packet of
+	// versions 1 and 2). (It ended passes from MAX_CID bytes after the
+	// SCID's start, or 8 after its end, whichever came later: 1 to 13
+	// bytes short of anything quic-go reads.)
 	const __u8 *sl;
 	const __u8 *after = after_cids(q, end, &sl);
 	if (!after)
