@@ -139,11 +139,16 @@ func zeroRTT(version uint32, sport uint16, scid []byte, size, behind int) quicPa
 	return q
 }
 
-// tooShort is q in a datagram that ends 19 bytes after its SCID starts:
-// too short to hold anything quic-go decrypts (a packet's 20 bytes after
-// its Length, RFC 9001 §5.4.2).
+// tooShort is q in a datagram that ends 20 bytes after its SCID: too
+// short to hold anything quic-go decrypts (a Length, and a packet's 20
+// bytes after it, RFC 9001 §5.4.2).
 func tooShort(q quicPacket) quicPacket {
-	q.size = 7 + len(q.dcid) + 19
+	return endingAfterSCID(q, 20)
+}
+
+// endingAfterSCID is q in a datagram that ends n bytes after its SCID.
+func endingAfterSCID(q quicPacket, n int) quicPacket {
+	q.size = 7 + len(q.dcid) + len(q.scid) + n // 1+4+1+DCID+1 bytes before the SCID
 	return q
 }
 
@@ -809,12 +814,8 @@ func TestAClientsLongHeaderPacketEndsTheFreePass(t *testing.T) {
 // token for each retransmission of its first Initial, which quic-go sends
 // before the server's first reply when its stored RTT is short; a review
 // counted up to 4 tokens a dial.) Nor does a datagram that ends less than
-// 20 bytes after its first packet's SCID starts, 0-RTT or Handshake: it
-// holds nothing quic-go decrypts (a packet holds 20 bytes after its
-// Length, RFC 9001 §5.4.2; quic-go drops a shorter one), and the program
-// reads the SCID, which names the connection whose pass a packet ends, 20
-// bytes at a time. (It ended the pass when the program did not read the
-// SCID.)
+// 21 bytes after its first packet's SCID, 0-RTT or Handshake: it holds
+// nothing quic-go decrypts (TestADatagramQUICGoCannotReadEndsNoPass).
 func TestAResumingClients0RTTKeepsItsPass(t *testing.T) {
 	tb := quicZone(t, 100)
 	n := 0
@@ -837,7 +838,7 @@ func TestAResumingClients0RTTKeepsItsPass(t *testing.T) {
 					{"a 0-RTT packet alone in 60 bytes", zeroRTT(version, 50000, clientSCID, 60, 0), false},
 					{"a 0-RTT packet whose Length runs a byte past its datagram", zeroRTT(version, 50000, clientSCID, 1200, -1), false},
 					{"a 0-RTT packet cut short before its Length's end", zeroRTT(version, 50000, clientSCID, 24, 1), false},
-					{"a Handshake packet in a datagram ending 19 bytes after its SCID starts", tooShort(handshake(version, 50000)), false},
+					{"a Handshake packet in a datagram ending 20 bytes after its SCID", tooShort(handshake(version, 50000)), false},
 					{"the first Initial retransmitted: the same connection", initial, false},
 					{"a 0-RTT packet with a byte behind it", zeroRTT(version, 50000, clientSCID, 1200, 1), false},
 					{"an Initial under the DCID after it: a new connection", initial, true},
@@ -1065,6 +1066,47 @@ func TestAnOlderConnectionsHandshakeLeavesTheNewOnesPass(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestADatagramQUICGoCannotReadEndsNoPass: a Handshake packet from a
+// charged connection's address, port and SCID ends its free pass from the
+// shortest datagram quic-go reads a packet in, 21 bytes after the SCID (a
+// Length, and a packet's 20 bytes after it: RFC 9001 §5.4.2; quic-go drops
+// a shorter packet undecrypted), and not in a datagram a byte shorter,
+// whatever the SCID's length, in version 1 and 2. (A datagram ended the
+// pass from 20 bytes after its SCID's start, or 8 after its end: for a
+// 4-byte SCID, 5 bytes short of anything quic-go reads.)
+func TestADatagramQUICGoCannotReadEndsNoPass(t *testing.T) {
+	src := netip.MustParseAddr("198.51.91.7")
+	tb := quicZone(t, 100)
+	ns := int64(1e9)
+	for i, version := range []uint32{quicV1, quicV2} {
+		for _, slen := range []int{0, 1, 4, 8, 12, 13, 16, 20} {
+			// A connection of its own for each: its own DCID and SCID.
+			scid := dcid(slen, byte(0x30+i))
+			initial := v1Initial(dcid(8, byte(slen+32*i))...).under(scid)
+			if version == quicV2 {
+				initial.version, initial.typ = quicV2, 1
+			}
+			hs := handshake(version, 50000).under(scid)
+			for _, st := range []struct {
+				name   string
+				q      quicPacket
+				charge bool
+			}{
+				{"the connection's first Initial", initial, true},
+				{"a Handshake packet ending 20 bytes after its SCID", endingAfterSCID(hs, 20), false},
+				{"the first Initial retransmitted", initial, false},
+				{"a Handshake packet ending 21 bytes after its SCID", endingAfterSCID(hs, 21), false},
+				{"an Initial under the DCID after it: a new connection", initial, true},
+			} {
+				ns += 1e6
+				if v, charged := chargedBy(t, tb, st.q.frame(src, shape{}), ns); v != xdpPass || charged != st.charge {
+					t.Fatalf("version %#x, SCID of %d bytes: %s: verdict %d, charged %v; want pass, charged %v", version, slen, st.name, v, charged, st.charge)
+				}
+			}
 		}
 	}
 }

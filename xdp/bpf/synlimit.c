@@ -170,17 +170,17 @@ struct initial_id {
 	__u8 dcid_len;
 	__u8 dcid[20];
 	__u8 pad[7];    // zero: the key is hashed and compared whole
-} __attribute__((aligned(8))); // compared in words: note_latest
+} __attribute__((aligned(8))); // compared in words: to_latest
 
 // quic_attempt is a client's long-header packet as the program reads it:
 // the id of its connection (an Initial's, or the address and ports alone)
-// and the packet's SCID, which keys latest with the address and port.
+// and where its SCID is in the packet, which keys latest with the address
+// and port. The SCID is read out of the packet only where latest is used
+// (latest_key), into the key, not kept here: this is on the program's
+// stack, under every call it makes (see to_latest).
 struct quic_attempt {
 	struct initial_id id;
-	__u8 scid_len;
-	__u8 scid[20]; // zero past scid_len
-	__u8 pad;
-	__u16 scid_at; // an Initial's: where its SCID's length byte is (read_scid)
+	__u16 scid_at; // where the SCID's length byte is, from the packet's start
 };
 
 #define INITIAL_IDS 65536
@@ -218,7 +218,7 @@ struct {
 // latest holds, for a client's address, port and source connection ID
 // (SCID), the id of the Initial most recently charged or passed free from
 // them under that SCID, so that the client's Handshake packet from there
-// under that SCID deletes its entry in initials (end_pass): RFC 9000 §7.2,
+// under that SCID deletes its entry in initials (to_latest): RFC 9000 §7.2,
 // a client sends Handshake packets only after the server's first Initial,
 // and from then on sends every packet under the server's connection ID,
 // never again an Initial under its first DCID; and it keeps its SCID on
@@ -252,8 +252,8 @@ struct {
 struct client {
 	__u8 saddr[16];
 	__u8 sport[2];
-	__u8 scid_len; // scid_len and scid as in struct quic_attempt, copied whole
-	__u8 scid[20];
+	__u8 scid_len;
+	__u8 scid[20]; // zero past scid_len
 	__u8 pad;      // zero: the key is hashed and compared whole
 };
 
@@ -680,59 +680,6 @@ static __always_inline void mark(const struct flow *f)
 	bpf_map_update_elem(&charged, f, &one, BPF_ANY);
 }
 
-// latest_key is the key in latest of qa's address, port and SCID.
-static __always_inline void latest_key(struct client *c, const struct quic_attempt *qa)
-{
-	__builtin_memcpy(c->saddr, qa->id.saddr, 16);
-	__builtin_memcpy(c->sport, qa->id.sport, 2);
-	__builtin_memcpy(&c->scid_len, &qa->scid_len, 1 + sizeof(qa->scid));
-}
-
-// note_latest makes qa's id the latest of its address, port and SCID (see
-// latest); if only, only if it is not already, which one lookup tells: a
-// split ClientHello's second Initial, free, finds its first's id there,
-// and an update costs some 100 ns more than a lookup.
-static __always_inline void note_latest(const struct quic_attempt *qa, int only)
-{
-	struct client c = {};
-	latest_key(&c, qa);
-	if (only) {
-		const __u64 *last = bpf_map_lookup_elem(&latest, &c), *w = (const __u64 *)&qa->id;
-		if (last) {
-			__u64 diff = 0;
-#pragma clang loop unroll(full)
-			for (int i = 0; i < sizeof(qa->id) / 8; i++)
-				diff |= last[i] ^ w[i];
-			if (!diff)
-				return;
-		}
-	}
-	bpf_map_update_elem(&latest, &c, &qa->id, BPF_ANY);
-}
-
-// remember records that the QUIC connection of qa was charged here at now
-// (see initials), with none of its free Initials passed yet.
-static __always_inline void remember(const struct quic_attempt *qa, __u64 now)
-{
-	struct pass ps = {.at = now};
-	bpf_map_update_elem(&initials, &qa->id, &ps, BPF_ANY);
-	note_latest(qa, 0);
-}
-
-// end_pass ends the free pass of the Initial latest from the address,
-// port and SCID of qa (an ENDS_PASS packet's): see latest.
-static __always_inline void end_pass(const struct quic_attempt *qa)
-{
-	struct client c = {};
-	latest_key(&c, qa);
-	const struct initial_id *last = bpf_map_lookup_elem(&latest, &c);
-	if (!last)
-		return;
-	struct initial_id k;
-	__builtin_memcpy(&k, last, sizeof(k)); // a key off the map's value, which may change meanwhile
-	bpf_map_delete_elem(&initials, &k);
-}
-
 // pass_clock is the time for initials' passes: nanoseconds on the table's
 // clock, the coarse one (a pass is timed in seconds), or probes[0].ns for
 // the tests' synlimit_at.
@@ -837,14 +784,21 @@ enum attempt { NONE, SYN, INITIAL, REFUSE, ENDS_PASS };
 // Initial, when its first Initial is retransmitted no more.
 // Every other packet — a short header, Retry, version negotiation
 // (version 0), an unknown version, a long-header packet whose DCID or SCID
-// is longer than 20 bytes, or whose datagram ends less than 20 bytes after
-// its SCID starts (quic_packet) — passes untouched: the server drops or
-// routes it without a handshake.
+// is longer than 20 bytes, or whose datagram ends less than
+// MIN_AFTER_SCID bytes after its SCID (quic_packet) — passes untouched:
+// the server drops or routes it without a handshake.
 #define QUIC_V1 0x00000001
 #define QUIC_V2 0x6b3343cf
 #define MIN_INITIAL_DATAGRAM 1200
 #define MIN_NEW_DCID 8
 #define MAX_CID 20
+// MIN_AFTER_SCID is how many bytes a datagram must hold after its first
+// packet's SCID for quic-go to read anything in it: the packet's Length
+// (a byte or more) and the 20 bytes every packet quic-go decrypts holds
+// after its Length (RFC 9001 §5.4.2: the packet number and the header
+// protection's sample; quic-go drops a shorter packet undecrypted). A
+// shorter datagram has no room for a packet coalesced behind either.
+#define MIN_AFTER_SCID (1 + 20)
 #define QUIC_HEAD (1 + 4 + 1 + MAX_CID + 1 + MAX_CID + 8)
 #define QUIC_INITIAL 0   // long-header types, numbered as in version 1
 #define QUIC_0RTT 1
@@ -890,10 +844,11 @@ static __always_inline __u64 varint(const __u8 *b, __s64 *n)
 
 // after_cids returns where the field after the connection IDs of the
 // long-header packet at q starts (a 0-RTT packet's Length, an Initial's
-// token length), with 8 bytes of it within the packet, and in *scid where
-// the SCID's length byte is, with MAX_CID bytes after it within the
-// packet; or NULL for a connection ID longer than MAX_CID (no QUIC packet
-// of versions 1 and 2), or a packet that ends before those bytes.
+// token length), with MIN_AFTER_SCID bytes from it within the packet, and
+// in *scid where the SCID's length byte is, with MAX_CID bytes after it
+// within the packet (fewer than the first, checked apart for the
+// verifier); or NULL for a connection ID longer than MAX_CID (no QUIC
+// packet of versions 1 and 2), or a packet that ends before those bytes.
 static __always_inline const __u8 *after_cids(const __u8 *q, const void *end, const __u8 **scid)
 {
 	if ((const void *)(q + 6) > end)
@@ -908,7 +863,7 @@ static __always_inline const __u8 *after_cids(const __u8 *q, const void *end, co
 	if (slen > MAX_CID)
 		return 0;
 	const __u8 *f = sl + 1 + slen;
-	if ((const void *)(f + 8) > end)
+	if ((const void *)(f + MIN_AFTER_SCID) > end) // 8 readable, for varint
 		return 0;
 	*scid = sl;
 	return f;
@@ -935,24 +890,24 @@ static __always_inline int zero_rtt(const __u8 *q, __s64 len, const __u8 *ll)
 }
 
 // copy_scid writes the SCID whose length byte is at sl (≤ MAX_CID, with
-// MAX_CID bytes after it within the packet: after_cids) into qa, zero
-// past its length. The copy is branch-free (before(i, n) is all ones if
+// MAX_CID bytes after it within the packet: after_cids) into the key c,
+// zero past its length. The copy is branch-free (before(i, n) is all ones if
 // i < n): a branch per byte on a length read from the packet would
 // multiply the paths the verifier walks by the lengths.
-static __always_inline void copy_scid(struct quic_attempt *qa, const __u8 *sl)
+static __always_inline void copy_scid(struct client *c, const __u8 *sl)
 {
 	__u32 slen = sl[0];
-	qa->scid_len = slen;
+	c->scid_len = slen;
 #pragma clang loop unroll(full)
 	for (int i = 0; i < MAX_CID; i++)
-		qa->scid[i] = sl[1 + i] & before(i, slen);
+		c->scid[i] = sl[1 + i] & before(i, slen);
 }
 
 // quic_packet looks at the UDP datagram at offset off in the packet:
 // INITIAL for a QUIC Initial that can open a connection, with its DCID
-// written into qa's id and where its SCID is into qa's scid_at; ENDS_PASS
-// for a client's other long-header packet as above, with its SCID written
-// into qa; NONE for anything else.
+// written into qa's id; ENDS_PASS for a client's other long-header packet
+// as above; NONE for anything else. For either of the first two, where
+// its SCID is goes into qa's scid_at.
 // ip_len is the datagram's length as its IP header says (see ip_len). It
 // is a global function (see parse), so the verifier walks it once, not
 // once for each path through the headers to it: inlined, with a walk to a
@@ -983,14 +938,12 @@ __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct q
 	// is no client's long-header packet.
 	if (type < 0 || type == QUIC_RETRY)
 		return NONE;
-	// The SCID: every packet quic-go decrypts holds 20 bytes after its
-	// Length (RFC 9001 §5.4.2: the packet number and the header
-	// protection's sample; quic-go drops a shorter packet undecrypted), so
-	// a datagram that ends less than MAX_CID bytes after its first packet's
-	// SCID starts holds nothing quic-go reads, nor room for a packet
-	// coalesced behind, and passes as NONE, as does one whose connection
-	// IDs are longer than MAX_CID (no packet of versions 1 and 2) or that
-	// ends before the field after them.
+	// A datagram that ends less than MIN_AFTER_SCID bytes after its first
+	// packet's SCID holds nothing quic-go reads and passes as NONE, as
+	// does one whose connection IDs are longer than MAX_CID (no packet of
+	// versions 1 and 2). (It ended passes from MAX_CID bytes after the
+	// SCID's start, or 8 after its end, whichever came later: 1 to 13
+	// bytes short of anything quic-go reads.)
 	const __u8 *sl;
 	const __u8 *after = after_cids(q, end, &sl);
 	if (!after)
@@ -1018,36 +971,93 @@ __noinline int quic_packet(struct xdp_md *ctx, __u32 off, __u32 ip_len, struct q
 #pragma clang loop unroll(full)
 			for (int i = 0; i < MAX_CID; i++)
 				id->dcid[i] = d[i] & before(i, dlen); // within QUIC_HEAD
-			// Its SCID is read only if it passes (read_scid): the flood's
-			// Initials, dropped, need none.
-			qa->scid_at = off + sizeof(*udp) + 6 + dlen;
-			return INITIAL;
+			kind = INITIAL;
 		}
 	}
-	if (kind == ENDS_PASS)
-		copy_scid(qa, sl);
+	// The SCID is read only where latest is used (latest_key): the
+	// flood's Initials, dropped, need none.
+	qa->scid_at = off + sizeof(*udp) + 6 + q[5];
 	return kind;
 }
 
-// read_scid copies the SCID of the Initial qa (quic_packet's INITIAL) out
-// of the packet: the program reads it only for an Initial that passes,
-// to note it in latest.
-static __always_inline void read_scid(struct xdp_md *ctx, struct quic_attempt *qa)
+// latest_key writes the key in latest of qa's address, port and SCID into
+// c, the SCID read out of the packet where quic_packet found it; it
+// returns 0, or -1 if it cannot read it (never: a bound for the verifier).
+static __always_inline int latest_key(struct xdp_md *ctx, struct client *c, const struct quic_attempt *qa)
 {
 	const __u8 *data = (void *)(long)ctx->data;
 	const void *end = (void *)(long)ctx->data_end;
 	__u32 at = qa->scid_at;
-	if (at > MAX_HEADERS + 64) // never: a bound for the verifier
-		return;
+	if (at > MAX_HEADERS + 64)
+		return -1;
 	const __u8 *sl = data + at;
-	if ((const void *)(sl + 1 + MAX_CID) > end) // never: quic_packet read it
-		return;
-	copy_scid(qa, sl);
+	if ((const void *)(sl + 1 + MAX_CID) > end) // quic_packet read as much
+		return -1;
+	__builtin_memcpy(c->saddr, qa->id.saddr, 16);
+	__builtin_memcpy(c->sport, qa->id.sport, 2);
+	copy_scid(c, sl);
+	return 0;
 }
 
-// attempt_id is a SYN's flow or a QUIC packet's id and SCID: one or the
-// other, in the same bytes (the program's stack, with the table's decision
-// below it, holds no more), both starting with the source address.
+// What to_latest does for a QUIC packet.
+enum latest_op {
+	PASSED_FREE, // an Initial passed free within its pass
+	CHARGED,     // an Initial that took a token
+	ENDED,       // an ENDS_PASS packet
+};
+
+// to_latest does what the QUIC packet qa does to latest and initials:
+// PASSED_FREE makes the Initial's id the latest of its address, port and
+// SCID, if it is not already, which one lookup tells (a split
+// ClientHello's second Initial, free, finds its first's id there, and an
+// update costs some 100 ns more than a lookup); CHARGED records that the
+// Initial's connection was charged here at now (see initials), with none
+// of its free Initials passed yet, and makes it the latest; ENDED ends
+// the free pass of the Initial latest from the packet's address, port and
+// SCID (see latest). It is a function of its own so that the key, with
+// its SCID, is in a frame of its own, which only the QUIC packets that
+// pass call: the program's frame lies under every call the program makes,
+// denied_at's on a dropped SYN included, and a chain of calls must fit
+// 512 bytes of stack with each frame rounded up to 32 bytes (Linux before
+// 6.9, or with the JIT off; TestEveryCallChainFitsTheStackOfOlderKernels).
+// It is static: the verifier checks it at each of its three calls, with op
+// known.
+static __noinline int to_latest(struct xdp_md *ctx, const struct quic_attempt *qa, __u64 now, int op)
+{
+	struct client c = {};
+	if (latest_key(ctx, &c, qa))
+		return 0;
+	if (op == ENDED) {
+		const struct initial_id *last = bpf_map_lookup_elem(&latest, &c);
+		if (!last)
+			return 0;
+		struct initial_id k;
+		__builtin_memcpy(&k, last, sizeof(k)); // a key off the map's value, which may change meanwhile
+		bpf_map_delete_elem(&initials, &k);
+		return 0;
+	}
+	if (op == CHARGED) {
+		struct pass ps = {.at = now};
+		bpf_map_update_elem(&initials, &qa->id, &ps, BPF_ANY);
+	} else {
+		const __u64 *last = bpf_map_lookup_elem(&latest, &c), *w = (const __u64 *)&qa->id;
+		if (last) {
+			__u64 diff = 0;
+#pragma clang loop unroll(full)
+			for (int i = 0; i < sizeof(qa->id) / 8; i++)
+				diff |= last[i] ^ w[i];
+			if (!diff)
+				return 0;
+		}
+	}
+	bpf_map_update_elem(&latest, &c, &qa->id, BPF_ANY);
+	return 0;
+}
+
+// attempt_id is a SYN's flow or a QUIC packet's id and where its SCID is:
+// one or the other, in the same bytes (the program's stack, with the
+// table's decision below it, holds no more: see to_latest), both starting
+// with the source address.
 union attempt_id {
 	__u8 saddr[16];
 	struct flow f;
@@ -1306,7 +1316,7 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 		return XDP_DROP;
 	}
 	if (pd.kind == ENDS_PASS) {
-		end_pass(&pd.a.q);
+		to_latest(ctx, &pd.a.q, 0, ENDED);
 		return XDP_PASS;
 	}
 	// An Initial of a connection charged already passes free, within its
@@ -1315,8 +1325,7 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 		struct pass *ps = bpf_map_lookup_elem(&initials, &pd.a.q.id);
 		if (ps && pass_clock(p, at_probe) - ps->at < HANDSHAKE_WINDOW && ps->free < FREE_INITIALS &&
 		    __sync_fetch_and_add(&ps->free, 1) < FREE_INITIALS) {
-			read_scid(ctx, &pd.a.q);
-			note_latest(&pd.a.q, 1);
+			to_latest(ctx, &pd.a.q, 0, PASSED_FREE);
 			return XDP_PASS;
 		}
 	}
@@ -1329,8 +1338,7 @@ static __always_inline int decide_syn(struct xdp_md *ctx, int at_probe)
 		count(v == GRANT ? STAT_PASSED : STAT_DROPPED);
 	} else {
 		if (v == GRANT) {
-			read_scid(ctx, &pd.a.q);
-			remember(&pd.a.q, pass_clock(p, at_probe));
+			to_latest(ctx, &pd.a.q, pass_clock(p, at_probe), CHARGED);
 		}
 		count(v == GRANT ? STAT_QUIC_PASSED : STAT_QUIC_DROPPED);
 	}
