@@ -42,7 +42,9 @@
 // bound; it does even when it finds no other live, unless it was alone at
 // its last read while it published and finds no peer that may be live on
 // a clock behind, nor, none of its publishes having landed, any peer's
-// snapshot younger than purge_age. One whose publishes went stale after
+// snapshot, of whatever age (an instance whose publishes are stale
+// deletes none past purge_age: the snapshots of a cluster whose writes all
+// fail stay for the processes started during it to find). One whose publishes went stale after
 // it was counted among n instances takes its share of the quota then,
 // events/n (the allowance if more), in place of the allowance: so every
 // instance's writes failing gives a key at most events from the n that

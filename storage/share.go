@@ -76,7 +76,7 @@ func (s *Syncer) endSight(now time.Time) time.Duration {
 	most := liveWrites * s.iv.Write
 	n := now.UnixNano()
 	var late time.Duration
-	s.unsure, s.peerFound = false, false
+	s.unsure, s.peerFound, s.oldPeer = false, s.oldPeer, false
 	for name, p := range s.sighted {
 		if time.Duration(n-p.found) > most {
 			delete(s.sighted, name)
@@ -210,6 +210,14 @@ func (s *Syncer) noteStreak(name string, written, now time.Time, restored bool) 
 // shares taken at a read stand for a read interval.
 func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv.Read }
 
+// publishStale is whether this instance's last published snapshot (of
+// its streak) is older than streakGap at now, or none landed: the others
+// may count it dead before its next read. The caller holds c.mu.
+func (s *Syncer) publishStale(now time.Time) bool {
+	k := s.c.streak
+	return k.last.IsZero() || now.Sub(k.last) > s.streakGap()
+}
+
 // shareRank is the rank this instance takes in the shares
 // (limiter.SketchSum.WithShares) at a read at now, ranked rank among the
 // live instances it finds: for a window zone, limiter.Uncounted(rank)
@@ -239,7 +247,10 @@ func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv
 // intervals took the whole quota beside the others'), or, while its
 // publishes are stale, any instance it found live at its last read before
 // they were, or, while no publish of this process has ever landed, any
-// peer whose snapshot a read finds (peerFound: younger than purge_age). It
+// peer whose snapshot a read finds (peerFound: of whatever age; one older
+// than purge_age is deleted only by an instance whose own publishes land,
+// see sumSnapshots, so in an outage on every instance the snapshots stay,
+// while the old processes keep their shares for as long as it lasts). It
 // cannot tell those others dead from failing as it does.
 //
 // Every instance's writes failing, each soon finds no other live, as each
@@ -268,7 +279,7 @@ func (s *Syncer) shareRank(now time.Time, live, rank int, lag time.Duration) (r,
 	}
 	// Its publishes fail (or never began): the others may count it dead
 	// before its next read, and share among one fewer.
-	stale := k.last.IsZero() || now.Sub(k.last) > s.streakGap()
+	stale := s.publishStale(now)
 	counted := !stale && (k.counted || now.Sub(k.since) >= s.iv.Write+2*s.iv.Read+lag)
 	if !stale {
 		c.streakLive, c.streakShared = live, 0

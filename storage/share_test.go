@@ -1045,33 +1045,43 @@ func TestWindowFairStreamThroughAWriteOutage(t *testing.T) {
 // (Syncer.shareRank), beside the old processes' shares of before. A fresh
 // key hit on all three every second gets 30 (the shares), then 10 + 10 +
 // 4, 10 + 4 + 4 and 3 × A = 12 as they restart. Before, each new process
-// decided alone: 38, 64 and 90 of 30.
+// decided alone: 38, 64 and 90 of 30. So too with a purge_age (1 min)
+// shorter than the outage so far: the peers' snapshots, older than it,
+// are not read, but they are still there (nobody's delete of them lands
+// either) and still peers to a process none of whose publishes landed.
+// Before, each new process decided alone there: 50, 70 and 90 of 30.
 func TestWindowRestartDuringAWriteOutageTakesTheAllowance(t *testing.T) {
 	const events = 30
 	allow := int(limiter.UncountedAllowance(events))
-	nodes, downs, now := withWritersFailing(t, 3, events, time.Minute)
-	for _, d := range downs {
-		d.down.Store(true)
-	}
-	var line []int
-	for s := range 100 {
-		if r := (s - 80) / 5; s >= 80 && (s-80)%5 == 0 && r < 3 {
-			i := 2 - r
-			nodes[i] = newJoiner(t, downs[i], string(rune('a'+i)), events, time.Minute, zap.NewNop())
+	for _, purge := range []time.Duration{testIntervals.PurgeAge, time.Minute} {
+		nodes, downs, now := withWritersFailing(t, 3, events, time.Minute)
+		for _, n := range nodes {
+			n.s.iv.PurgeAge = purge
 		}
-		syncAll(now, nodes...)
-		line = append(line, burstOnAll(nodes, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time)))
-		now = now.Add(testIntervals.Read)
-	}
-	t.Logf("writes failing on all three, restarted one every 5 s from second 80: a fresh key on all each second from 78: %v", line[78:])
-	for s, got := range line[78:] {
-		want := events // the shares of before
-		if s >= 2 {
-			restarted := min((s-2)/5+1, 3)
-			want = (3-restarted)*events/3 + restarted*allow
+		for _, d := range downs {
+			d.down.Store(true)
 		}
-		if got != want {
-			t.Errorf("second %d of the outage: a fresh key got %d of %d, want %d", 78+s, got, events, want)
+		var line []int
+		for s := range 100 {
+			if r := (s - 80) / 5; s >= 80 && (s-80)%5 == 0 && r < 3 {
+				i := 2 - r
+				nodes[i] = newJoiner(t, downs[i], string(rune('a'+i)), events, time.Minute, zap.NewNop())
+				nodes[i].s.iv.PurgeAge = purge
+			}
+			syncAll(now, nodes...)
+			line = append(line, burstOnAll(nodes, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time)))
+			now = now.Add(testIntervals.Read)
+		}
+		t.Logf("purge_age %v, writes failing on all three, restarted one every 5 s from second 80: a fresh key on all each second from 78: %v", purge, line[78:])
+		for s, got := range line[78:] {
+			want := events // the shares of before
+			if s >= 2 {
+				restarted := min((s-2)/5+1, 3)
+				want = (3-restarted)*events/3 + restarted*allow
+			}
+			if got != want {
+				t.Errorf("purge_age %v, second %d of the outage: a fresh key got %d of %d, want %d", purge, 78+s, got, events, want)
+			}
 		}
 	}
 }
