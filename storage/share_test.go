@@ -1036,6 +1036,53 @@ func TestWindowFairStreamThroughAWriteOutage(t *testing.T) {
 	}
 }
 
+// A partial write outage that becomes full: the last instance's writes
+// fail from second 0, the others' from second p. The others drop it ten
+// write intervals on and, counted themselves until their own writes fail,
+// keep their shares among one fewer; the last one saw them publish after
+// its own publishes stopped, so may have been dropped, and takes its
+// allowance, not its share among all (Syncer.shareRank). A fresh key hit
+// on every instance each second gets at most 1.1 × N + 1 throughout: with
+// three, 15 + 15 + 4 = 34 once every write fails. Before, the last one
+// kept its share among three and the others theirs among two: 15 + 15 +
+// 10 = 40 of 30 (37 with four), for as long as the outage lasted.
+func TestWindowPartialWriteOutageBecomingFullKeepsTheBound(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	allow := int(limiter.UncountedAllowance(events))
+	for _, size := range []int{3, 4} {
+		for _, p := range []int{5, 20} {
+			nodes, downs, now := withWritersFailing(t, size, events, time.Minute)
+			var line [][]int
+			for s := range 60 {
+				for i, d := range downs {
+					d.down.Store(i == size-1 || s >= p)
+				}
+				syncAll(now, nodes...)
+				per := make([]int, size)
+				for i, n := range nodes {
+					per[i] = burstOnAll([]*node{n}, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time))
+				}
+				line = append(line, per)
+				now = now.Add(testIntervals.Read)
+			}
+			t.Logf("%d instances, the last one's writes failing from 0, the others' from %d s: a fresh key on each, each second: %v", size, p, line)
+			for s, per := range line {
+				got := 0
+				for _, g := range per {
+					got += g
+				}
+				if got > bound {
+					t.Errorf("%d instances, writes failing from %d s, second %d: %v, %d of %d, over 1.1 × N + 1 = %d", size, p, s, per, got, events, bound)
+				}
+				if s >= p+12 && per[size-1] != allow {
+					t.Errorf("%d instances, writes failing from %d s, second %d: the first to fail granted %d, want its allowance %d", size, p, s, per[size-1], allow)
+				}
+			}
+		}
+	}
+}
+
 // Every instance's writes fail, and from second 80 of the outage (past
 // the ten write intervals and the minute a peer's snapshot may look live
 // on a clock behind) the instances are restarted one every 5 s, a new
