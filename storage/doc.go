@@ -42,12 +42,16 @@
 // bound; it does even when it finds no other live, unless it was alone at
 // its last read while it published and finds no peer that may be live on
 // a clock behind, nor, none of its publishes having landed, any peer's
-// snapshot younger than purge_age. One whose publishes went stale after
+// snapshot, of whatever age (an instance whose publishes are stale
+// deletes none past purge_age: the snapshots of a cluster whose writes all
+// fail stay for the processes started during it to find). One whose publishes went stale after
 // it was counted among n instances takes its share of the quota then,
-// events/n (the allowance if more), in place of the allowance: so every
-// instance's writes failing gives a key at most events from the n that
-// counted each other (n allowances if more), plus an allowance for each
-// instance started since, and a cluster of one keeps its limit. A key
+// events/n (the allowance if more), in place of the allowance, unless it
+// saw a peer publish a read interval after its own last publish (which may
+// have dropped it, and share among fewer): so every instance's writes
+// failing gives a key at most events from the n that counted each other
+// (n allowances if more), plus an allowance for each other instance, and
+// a cluster of one keeps its limit. A key
 // only one instance counts is held there to what the others' shares of it
 // leave, not let off its share. A key reset (Cluster.Reset,
 // resets.go) spreads through the snapshots' lists of resets. A peer is

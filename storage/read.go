@@ -153,6 +153,17 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 			continue
 		}
 		if now.Sub(snap.written) > s.iv.PurgeAge {
+			// Still a peer to a process none of whose publishes
+			// landed (shareRank): its process may be granting
+			// unseen, its writes failing as this one's do. So an
+			// instance whose own publishes are stale deletes
+			// none: in a write outage on every instance (where a
+			// delete may yet land: a full disk) the snapshots stay
+			// for the processes started during it to find.
+			s.oldPeer = true
+			if s.publishStale(now) {
+				continue
+			}
 			if err := s.st.Delete(ctx, key); err == nil {
 				s.log.Info("deleted the snapshot of an instance gone for longer than purge_age",
 					zap.String("zone", c.shape.Zone), zap.String("instance", name), zap.Time("written", snap.written))

@@ -76,7 +76,7 @@ func (s *Syncer) endSight(now time.Time) time.Duration {
 	most := liveWrites * s.iv.Write
 	n := now.UnixNano()
 	var late time.Duration
-	s.unsure, s.peerFound = false, false
+	s.unsure, s.peerFound, s.oldPeer = false, s.oldPeer, false
 	for name, p := range s.sighted {
 		if time.Duration(n-p.found) > most {
 			delete(s.sighted, name)
@@ -210,6 +210,27 @@ func (s *Syncer) noteStreak(name string, written, now time.Time, restored bool) 
 // shares taken at a read stand for a read interval.
 func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv.Read }
 
+// publishStale is whether this instance's last published snapshot (of
+// its streak) is older than streakGap at now, or none landed: the others
+// may count it dead before its next read. The caller holds c.mu.
+func (s *Syncer) publishStale(now time.Time) bool {
+	k := s.c.streak
+	return k.last.IsZero() || now.Sub(k.last) > s.streakGap()
+}
+
+// publishedSince is whether a read found a snapshot of a peer, a new one
+// or one it had not found before, later than at (on this instance's
+// clock), as far as the peers it remembers (sight) tell. The caller holds
+// c.mu.
+func (s *Syncer) publishedSince(at time.Time) bool {
+	for _, p := range s.sighted {
+		if p.at > at.UnixNano() {
+			return true
+		}
+	}
+	return false
+}
+
 // shareRank is the rank this instance takes in the shares
 // (limiter.SketchSum.WithShares) at a read at now, ranked rank among the
 // live instances it finds: for a window zone, limiter.Uncounted(rank)
@@ -239,7 +260,10 @@ func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv
 // intervals took the whole quota beside the others'), or, while its
 // publishes are stale, any instance it found live at its last read before
 // they were, or, while no publish of this process has ever landed, any
-// peer whose snapshot a read finds (peerFound: younger than purge_age). It
+// peer whose snapshot a read finds (peerFound: of whatever age; one older
+// than purge_age is deleted only by an instance whose own publishes land,
+// see sumSnapshots, so in an outage on every instance the snapshots stay,
+// while the old processes keep their shares for as long as it lasts). It
 // cannot tell those others dead from failing as it does.
 //
 // Every instance's writes failing, each soon finds no other live, as each
@@ -248,9 +272,20 @@ func (s *Syncer) streakGap() time.Duration { return liveWrites*s.iv.Write - s.iv
 // publishes went stale, among of ≥ 2 instances then (streakShared), takes
 // its share of the quota among them (limiter.UncountedShare: events/of,
 // or its allowance if more) in place of the allowance, counted over its
-// own counts as the allowance is, until its publishes resume: those of
-// instances, each counting the same of, grant a key at most events
-// between them from then on (or of allowances, if more), as each grant
+// own counts as the allowance is, until its publishes resume; unless,
+// stale, it finds a peer's snapshot later than a read interval after its
+// own last publish (publishedSince): then it takes its allowance until a
+// new streak is counted. A peer that dropped it did so at a read at least
+// liveWrites write intervals after its last publish (it found that no
+// sooner than it was written), and kept its share among the rest only
+// while its own last publish was at most streakGap old, so published
+// more than a read interval after this one's last; this one, reading,
+// finds that (or a later one) by its first stale read, whose sight still
+// remembers it. Without this, an instance whose writes failed first kept
+// its share among three, and the others, failing later, theirs among
+// two: 40 of 30. So those keeping shares counted each other, at least
+// of of them for each of, and grant a key at most events between them
+// from then on (or of allowances, if more), as each grant
 // counts the instance's own grants of the key in the span, and each
 // leaves what the peers' last snapshots count of it to them. Its share
 // then, not the allowance: a stream of a key at the rate got a tenth of
@@ -268,13 +303,18 @@ func (s *Syncer) shareRank(now time.Time, live, rank int, lag time.Duration) (r,
 	}
 	// Its publishes fail (or never began): the others may count it dead
 	// before its next read, and share among one fewer.
-	stale := k.last.IsZero() || now.Sub(k.last) > s.streakGap()
+	stale := s.publishStale(now)
 	counted := !stale && (k.counted || now.Sub(k.since) >= s.iv.Write+2*s.iv.Read+lag)
 	if !stale {
 		c.streakLive, c.streakShared = live, 0
 		if counted {
 			c.streakShared = live
 		}
+	} else if s.publishedSince(k.last.Add(s.iv.Read)) {
+		// A peer published after it may have dropped this one from
+		// the count it keeps its share by: this one's share among
+		// more would be granted beside that peer's among fewer.
+		c.streakShared = 0
 	}
 	switch {
 	case counted:

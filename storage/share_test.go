@@ -1036,6 +1036,53 @@ func TestWindowFairStreamThroughAWriteOutage(t *testing.T) {
 	}
 }
 
+// A partial write outage that becomes full: the last instance's writes
+// fail from second 0, the others' from second p. The others drop it ten
+// write intervals on and, counted themselves until their own writes fail,
+// keep their shares among one fewer; the last one saw them publish after
+// its own publishes stopped, so may have been dropped, and takes its
+// allowance, not its share among all (Syncer.shareRank). A fresh key hit
+// on every instance each second gets at most 1.1 × N + 1 throughout: with
+// three, 15 + 15 + 4 = 34 once every write fails. Before, the last one
+// kept its share among three and the others theirs among two: 15 + 15 +
+// 10 = 40 of 30 (37 with four), for as long as the outage lasted.
+func TestWindowPartialWriteOutageBecomingFullKeepsTheBound(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	allow := int(limiter.UncountedAllowance(events))
+	for _, size := range []int{3, 4} {
+		for _, p := range []int{5, 20} {
+			nodes, downs, now := withWritersFailing(t, size, events, time.Minute)
+			var line [][]int
+			for s := range 60 {
+				for i, d := range downs {
+					d.down.Store(i == size-1 || s >= p)
+				}
+				syncAll(now, nodes...)
+				per := make([]int, size)
+				for i, n := range nodes {
+					per[i] = burstOnAll([]*node{n}, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time))
+				}
+				line = append(line, per)
+				now = now.Add(testIntervals.Read)
+			}
+			t.Logf("%d instances, the last one's writes failing from 0, the others' from %d s: a fresh key on each, each second: %v", size, p, line)
+			for s, per := range line {
+				got := 0
+				for _, g := range per {
+					got += g
+				}
+				if got > bound {
+					t.Errorf("%d instances, writes failing from %d s, second %d: %v, %d of %d, over 1.1 × N + 1 = %d", size, p, s, per, got, events, bound)
+				}
+				if s >= p+12 && per[size-1] != allow {
+					t.Errorf("%d instances, writes failing from %d s, second %d: the first to fail granted %d, want its allowance %d", size, p, s, per[size-1], allow)
+				}
+			}
+		}
+	}
+}
+
 // Every instance's writes fail, and from second 80 of the outage (past
 // the ten write intervals and the minute a peer's snapshot may look live
 // on a clock behind) the instances are restarted one every 5 s, a new
@@ -1045,33 +1092,43 @@ func TestWindowFairStreamThroughAWriteOutage(t *testing.T) {
 // (Syncer.shareRank), beside the old processes' shares of before. A fresh
 // key hit on all three every second gets 30 (the shares), then 10 + 10 +
 // 4, 10 + 4 + 4 and 3 × A = 12 as they restart. Before, each new process
-// decided alone: 38, 64 and 90 of 30.
+// decided alone: 38, 64 and 90 of 30. So too with a purge_age (1 min)
+// shorter than the outage so far: the peers' snapshots, older than it,
+// are not read, but they are still there (nobody's delete of them lands
+// either) and still peers to a process none of whose publishes landed.
+// Before, each new process decided alone there: 50, 70 and 90 of 30.
 func TestWindowRestartDuringAWriteOutageTakesTheAllowance(t *testing.T) {
 	const events = 30
 	allow := int(limiter.UncountedAllowance(events))
-	nodes, downs, now := withWritersFailing(t, 3, events, time.Minute)
-	for _, d := range downs {
-		d.down.Store(true)
-	}
-	var line []int
-	for s := range 100 {
-		if r := (s - 80) / 5; s >= 80 && (s-80)%5 == 0 && r < 3 {
-			i := 2 - r
-			nodes[i] = newJoiner(t, downs[i], string(rune('a'+i)), events, time.Minute, zap.NewNop())
+	for _, purge := range []time.Duration{testIntervals.PurgeAge, time.Minute} {
+		nodes, downs, now := withWritersFailing(t, 3, events, time.Minute)
+		for _, n := range nodes {
+			n.s.iv.PurgeAge = purge
 		}
-		syncAll(now, nodes...)
-		line = append(line, burstOnAll(nodes, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time)))
-		now = now.Add(testIntervals.Read)
-	}
-	t.Logf("writes failing on all three, restarted one every 5 s from second 80: a fresh key on all each second from 78: %v", line[78:])
-	for s, got := range line[78:] {
-		want := events // the shares of before
-		if s >= 2 {
-			restarted := min((s-2)/5+1, 3)
-			want = (3-restarted)*events/3 + restarted*allow
+		for _, d := range downs {
+			d.down.Store(true)
 		}
-		if got != want {
-			t.Errorf("second %d of the outage: a fresh key got %d of %d, want %d", 78+s, got, events, want)
+		var line []int
+		for s := range 100 {
+			if r := (s - 80) / 5; s >= 80 && (s-80)%5 == 0 && r < 3 {
+				i := 2 - r
+				nodes[i] = newJoiner(t, downs[i], string(rune('a'+i)), events, time.Minute, zap.NewNop())
+				nodes[i].s.iv.PurgeAge = purge
+			}
+			syncAll(now, nodes...)
+			line = append(line, burstOnAll(nodes, limiter.HashString(fmt.Sprint("fresh", s)), events, now.Add(testIntervals.Read/2), new([]time.Time)))
+			now = now.Add(testIntervals.Read)
+		}
+		t.Logf("purge_age %v, writes failing on all three, restarted one every 5 s from second 80: a fresh key on all each second from 78: %v", purge, line[78:])
+		for s, got := range line[78:] {
+			want := events // the shares of before
+			if s >= 2 {
+				restarted := min((s-2)/5+1, 3)
+				want = (3-restarted)*events/3 + restarted*allow
+			}
+			if got != want {
+				t.Errorf("purge_age %v, second %d of the outage: a fresh key got %d of %d, want %d", purge, 78+s, got, events, want)
+			}
 		}
 	}
 }

@@ -115,8 +115,9 @@ type Syncer struct {
 	// recent on a clock up to MaxClockSkew behind it (see shareRank).
 	unsure bool
 	// peerFound is set by a read (endSight) that found a snapshot of
-	// another instance, younger than purge_age (see shareRank).
-	peerFound bool
+	// another instance, of whatever age (see shareRank); oldPeer by one
+	// that found one older than purge_age, which sight does not see.
+	peerFound, oldPeer bool
 }
 
 // NewSyncer returns a Syncer of c's state through st as instance; Start
