@@ -297,19 +297,33 @@ func TestAHiddenHandshakeEndsTheFreePassInCaddy(t *testing.T) {
 	if err := httpsOverTCP(v, 10*time.Second); err != nil {
 		t.Fatalf("no HTTPS answer: %v", err)
 	}
-	// One token, so the request is not retried: it has 15 s, where the
-	// other HTTP/3 requests here have 5, as a CI run's race suite once
-	// took this one past 5 s (no count of the program's was kept then:
-	// the failure now says them).
+	// One token, so the request is not retried by the limit. Twice in CI's
+	// race suite (two packages at once on two cores) Caddy answered
+	// nothing within quic-go's 5 s handshake timeout: the program had
+	// passed the one Initial, dropped none, and the client had no
+	// Handshake packet to hide. The hidden handshake this tests never
+	// began then, so the client is tried once more on a key reset by the
+	// admin API; a try that gets an answer must pass every check below.
 	var h *netnstest.HandshakeHider
-	n, proto, err := h3GetThrough(v, v.ClientIP, 1, 15*time.Second, func(pc net.PacketConn) net.PacketConn {
-		h = &netnstest.HandshakeHider{PacketConn: pc}
-		return h
-	})
-	if n != 1 || proto != "served over HTTP/3.0" {
+	var passed uint64 // the Initials passed by the tries before the last
+	for try := 1; ; try++ {
+		before := zone(t, v).XDP
+		n, proto, err := h3GetThrough(v, v.ClientIP, 1, 15*time.Second, func(pc net.PacketConn) net.PacketConn {
+			h = &netnstest.HandshakeHider{PacketConn: pc}
+			return h
+		})
+		if n == 1 && proto == "served over HTTP/3.0" {
+			passed = before.InitialsPassed
+			break
+		}
 		x, hidden := zone(t, v).XDP, int64(-1)
 		if h != nil {
 			hidden = h.Hidden.Load()
+		}
+		if try == 1 && hidden == 0 && x.InitialsDropped == 0 {
+			t.Logf("the hiding client, try 1: %v, unanswered (program: %d Initials passed, none dropped; nothing hidden): trying again on a reset key", err, x.InitialsPassed)
+			adminDo(t, v, http.MethodDelete, "/rate_limit/zones/"+zoneName+"/keys/"+v.ClientIP.String())
+			continue
 		}
 		t.Fatalf("the hiding client: %d served over %q, %v; want 1 over HTTP/3 (program: %d Initials passed, %d dropped; %d datagrams hidden)",
 			n, proto, err, x.InitialsPassed, x.InitialsDropped, hidden)
@@ -317,8 +331,8 @@ func TestAHiddenHandshakeEndsTheFreePassInCaddy(t *testing.T) {
 	if h.Hidden.Load() == 0 || h.FirstDCID() == nil {
 		t.Fatalf("the client hid %d datagrams, first DCID %x: its handshake was not hidden", h.Hidden.Load(), h.FirstDCID())
 	}
-	if x := zone(t, v).XDP; x.InitialsPassed != 1 || x.InitialsDropped != 0 {
-		t.Fatalf("the hiding client's connection: %d Initials passed, %d dropped; want 1, 0", x.InitialsPassed, x.InitialsDropped)
+	if x := zone(t, v).XDP; x.InitialsPassed-passed != 1 || x.InitialsDropped != 0 {
+		t.Fatalf("the hiding client's connection: %d Initials passed, %d dropped; want 1, 0", x.InitialsPassed-passed, x.InitialsDropped)
 	}
 	srv := &net.UDPAddr{IP: v.ServerAddr.AsSlice(), Port: int(h3Port)}
 	if _, err := h.PacketConn.WriteTo(quicInitialUnder(h.FirstDCID()), srv); err != nil { // the socket outlives the client's transport
@@ -328,8 +342,8 @@ func TestAHiddenHandshakeEndsTheFreePassInCaddy(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); x.InitialsDropped == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		x = zone(t, v).XDP
 	}
-	if x.InitialsPassed != 1 || x.InitialsDropped != 1 {
+	if x.InitialsPassed-passed != 1 || x.InitialsDropped != 1 {
 		t.Fatalf("an Initial under the connection's first DCID from its socket, after its hidden handshake (%d datagrams hidden): %d Initials passed, %d dropped; want 1 passed, 1 dropped (charged, on a burst of one)",
-			h.Hidden.Load(), x.InitialsPassed, x.InitialsDropped)
+			h.Hidden.Load(), x.InitialsPassed-passed, x.InitialsDropped)
 	}
 }

@@ -98,10 +98,16 @@ func load(v *netnstest.VethPair, caddyfile string) error {
 // net/http's goroutines).
 func admin(t *testing.T, v *netnstest.VethPair, path string) string {
 	t.Helper()
+	return adminDo(t, v, http.MethodGet, path)
+}
+
+// adminDo sends method to path on the admin API, tried up to 10 times.
+func adminDo(t *testing.T, v *netnstest.VethPair, method, path string) string {
+	t.Helper()
 	var err error
 	for range 10 {
 		var body string
-		if body, err = adminOnce(v, path); err == nil {
+		if body, err = adminOnce(v, method, path); err == nil {
 			return body
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -110,7 +116,7 @@ func admin(t *testing.T, v *netnstest.VethPair, path string) string {
 	return ""
 }
 
-func adminOnce(v *netnstest.VethPair, path string) (string, error) {
+func adminOnce(v *netnstest.VethPair, method, path string) (string, error) {
 	var body string
 	err := netnstest.In(v.Server, func() error {
 		c, err := net.DialTimeout("tcp", adminAddr, 5*time.Second)
@@ -119,7 +125,7 @@ func adminOnce(v *netnstest.VethPair, path string) (string, error) {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(5 * time.Second))
-		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, adminAddr)
+		fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", method, path, adminAddr)
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
 			return err
@@ -127,7 +133,7 @@ func adminOnce(v *netnstest.VethPair, path string) (string, error) {
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
 		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET %s: %s: %s", path, resp.Status, b)
+			return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, b)
 		}
 		body = string(b)
 		return err
