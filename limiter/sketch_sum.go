@@ -149,16 +149,16 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, shift int64, add b
 	// The snapshot's window epoch − ring + 1 + k goes to the sum's slot
 	// k + epoch − t.epoch, if the sum holds it.
 	shift = max(min(shift, 1<<40), -1<<40) // far beyond any ring; no overflow below
-	slot := func(k int) int { return k + int(max(min(epoch+shift-t.epoch, 2*int64(t.ring)), -2*int64(t.ring))) }
+	off := int(max(min(epoch+shift-t.epoch, 2*int64(t.ring)), -2*int64(t.ring)))
+	last := t.ring + 1 // past the sum's windows: dropped
 	if t.ring > 2 {
 		// What a sliding snapshot counts after the sum's window (a clock
 		// ahead of this one's) was granted by now: dropped, a peer's
 		// grants of its newest sub-windows went unseen here until this
 		// clock caught up.
-		slot = func(k int) int {
-			return min(k+int(max(min(epoch+shift-t.epoch, 2*int64(t.ring)), -2*int64(t.ring))), t.ring-1)
-		}
+		last = t.ring - 1
 	}
+	slot := func(k int) int { return min(k+off, last) }
 	if h.ring != t.ring {
 		// A weighted snapshot of the sliding sketch's window (a peer of
 		// an older version): see olderSlot.
