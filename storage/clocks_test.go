@@ -64,18 +64,8 @@ func TestWindowZoneClockAheadKeepsTheBound(t *testing.T) {
 		h := limiter.HashString(fmt.Sprint("k", c))
 		var log []time.Time
 		first := burstOnAll([]*node{a}, h, events, now.Add(100*time.Millisecond), &log)
-		got := 0
 		next := now.Add(testIntervals.Read)
-		for at := now.Add(c.gap); at.Before(now.Add(c.gap + 10*time.Second)); at = at.Add(100 * time.Millisecond) {
-			for !at.Before(next) {
-				syncAt(nodes, nodes, clock, next)
-				next = next.Add(testIntervals.Read)
-			}
-			if d, _ := b.c.TakeHash(h, 1, clock(b, at)); d.Allowed {
-				log = append(log, at)
-				got++
-			}
-		}
+		got := sendEvery(nodes, clock, b, h, now.Add(c.gap), now.Add(c.gap+10*time.Second), &next, &log)
 		worst := worstSpan(log, c.window)
 		t.Logf("two instances, window %v, b %v ahead: a burst on a got %d, then b from %v on %d: worst span %d (bound %d)", c.window, c.skew, first, c.gap, got, worst, bound)
 		if worst > bound || first == 0 || got == 0 {
@@ -112,6 +102,120 @@ func TestWindowZoneClockAheadKeepsTheBound(t *testing.T) {
 			if worst > bound || len(log) < 6*events {
 				t.Errorf("window %v, node %d %v ahead: %d granted in 8 windows, worst span %d; want at most %d in a span, and at least %d in all", c.window, ahead, c.skew, len(log), worst, bound, 6*events)
 			}
+		}
+	}
+}
+
+// sendEvery sends the key with hash h to x every 100 ms of real time from
+// from until to, on x's clock, the nodes syncing at every read interval
+// from *next on (which it moves on); it appends the grants' real times to
+// log and returns how many there were.
+func sendEvery(nodes []*node, clock func(*node, time.Time) time.Time, x *node, h uint64, from, to time.Time, next *time.Time, log *[]time.Time) int {
+	got := 0
+	for at := from; at.Before(to); at = at.Add(100 * time.Millisecond) {
+		for !at.Before(*next) {
+			syncAt(nodes, nodes, clock, *next)
+			*next = next.Add(testIntervals.Read)
+		}
+		if d, _ := x.c.TakeHash(h, 1, clock(x, at)); d.Allowed {
+			*log = append(*log, at)
+			got++
+		}
+	}
+	return got
+}
+
+// A reader whose own wall clock is stepped (an NTP step, not a slew)
+// places a peer's counts on its clock as it is after the step at once, as
+// a reader whose clock was always that far off does: what it measured of
+// the peer's clock (clockShift's samples) is corrected by the step
+// (followStep), seen as the wall clock moving more or less than the time
+// elapsed. Reads every second find the peer's snapshot of that second;
+// the reader's clock is then stepped, and the first read after the step
+// finds no new snapshot, the second a new one. Before, a reader stepped
+// 5 s forward on a 10 s window kept placing the peer's counts as on its
+// own clock (shift 0 where 3 sub-windows later is right), by its samples
+// from before the step, for up to clockSamples snapshots: the counts left
+// its view up to 5 s early. One stepped back placed them 3 sub-windows
+// later than right (kept longer) until the peer's next snapshot.
+func TestClockShiftFollowsTheReadersOwnStep(t *testing.T) {
+	const window = 10 * time.Second
+	for _, step := range []time.Duration{5 * time.Second, -5 * time.Second, 8 * time.Second, 2 * time.Second} {
+		st := newMemStorage()
+		stepped := newJoiner(t, st, "b", 30, window, zap.NewNop()).s
+		always := newJoiner(t, st, "c", 30, window, zap.NewNop()).s
+		var jump time.Duration // the step of stepped's clock since its last read
+		stepped.elapsed = func(from, to time.Time) time.Duration { return to.Sub(from) - jump }
+		read := func(s *Syncer, now, written time.Time) int64 {
+			s.followStep(now)
+			return s.clockShift(now, "a", written.UnixNano())
+		}
+		for k := range 10 {
+			at := t0.Add(time.Duration(k) * time.Second)
+			read(stepped, at, at)
+			read(always, at.Add(step), at)
+		}
+		jump = step
+		for k, written := range []time.Duration{9 * time.Second, 11 * time.Second} {
+			at := t0.Add(time.Duration(11+k) * time.Second)
+			got := read(stepped, at.Add(step), t0.Add(written))
+			want := read(always, at.Add(step), t0.Add(written))
+			jump = 0
+			t.Logf("clock stepped %v, read %d after the step: the peer's counts moved %d sub-windows (as a reader always %v off: %d)", step, k+1, got, step, want)
+			if got != want {
+				t.Errorf("clock stepped %v, read %d after the step: the peer's counts moved %d sub-windows, want %d as on a clock always that far off", step, k+1, got, want)
+			}
+		}
+	}
+}
+
+// A window zone keeps its bound (1.1 × events + 1 in any span of the
+// window, in real time) when a reader's own wall clock is stepped forward
+// (an NTP step) just after a burst: its peers' counts are placed on its
+// clock as it is after the step (followStep). Two instances on one clock,
+// a burst of 30 on a (15 granted), b's clock stepped forward by D before
+// the burst's window is out, then the key sent to b every 100 ms for 12 s.
+// Before, b kept placing a's counts by samples taken before the step for
+// up to clockSamples snapshots, and they left its view up to D early: 42
+// in a span with D = 5 s on a 10 s window, 43 with 8 s (34 with 2 s).
+func TestWindowZoneReaderClockSteppedForwardKeepsTheBound(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	for _, c := range []struct{ window, step time.Duration }{
+		{10 * time.Second, 2 * time.Second},
+		{10 * time.Second, 5 * time.Second},
+		{10 * time.Second, 8 * time.Second},
+		{time.Minute, 30 * time.Second},
+	} {
+		nodes, _ := aheadNodes(t, 2, events, c.window, -1, 0, t0.Add(7*testIntervals.Read))
+		a, b := nodes[0], nodes[1]
+		now := t0.Add(8 * testIntervals.Read)
+		burst := now.Add(500 * time.Millisecond)
+		stepAt := burst.Add(max(200*time.Millisecond, c.window-c.step-2*time.Second))
+		clock := func(x *node, at time.Time) time.Time {
+			if x == b && !at.Before(stepAt) {
+				return at.Add(c.step)
+			}
+			return at
+		}
+		// b's monotonic clock runs on real time: its wall time less the
+		// step, once stepped.
+		unstep := func(wall time.Time) time.Time {
+			if !wall.Before(stepAt.Add(c.step)) {
+				return wall.Add(-c.step)
+			}
+			return wall
+		}
+		b.s.elapsed = func(from, to time.Time) time.Duration { return unstep(to).Sub(unstep(from)) }
+		h := limiter.HashString(fmt.Sprint("k", c))
+		var log []time.Time
+		first := burstOnAll([]*node{a}, h, events, burst, &log)
+		next := now.Add(testIntervals.Read)
+		got := sendEvery(nodes, clock, b, h, stepAt, stepAt.Add(12*time.Second), &next, &log)
+		worst := worstSpan(log, c.window)
+		t.Logf("window %v, b's clock stepped %v forward %v after a burst on a (%d granted): b granted %d, worst span %d (bound %d)", c.window, c.step, stepAt.Sub(burst), first, got, worst, bound)
+		if worst > bound || first == 0 || got == 0 {
+			t.Errorf("window %v, b stepped %v: a burst on a got %d, then b %d; worst span %d, want at most %d (and some granted on each)", c.window, c.step, first, got, worst, bound)
 		}
 	}
 }

@@ -37,6 +37,7 @@ func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	defer c.mu.Unlock()
 	defer func() { clear(s.snaps) }() // no snapshot outlives its read
 	s.lifted = s.lifted[:0]
+	s.followStep(now)
 	found := aggregateNone
 	defer func() { s.lastRead = found }()
 	if !s.agg.aggregating {
