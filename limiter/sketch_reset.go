@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -99,6 +100,16 @@ func (t *SketchSum) ForgetHash(h uint64, at time.Time) {
 			t.counts[cols[i]+uint64(k)] -= m
 		}
 	}
+	if t.tail != nil && t.epoch-int64(t.ring) <= last {
+		// The window before the oldest, still counted (Linger).
+		m := uint32(math.MaxUint32)
+		for i := 0; i < t.rows; i++ {
+			m = min(m, t.tail[int32(int(cols[i])/t.ring)])
+		}
+		for i := 0; i < t.rows && m != 0; i++ {
+			t.tail[int32(int(cols[i])/t.ring)] -= m
+		}
+	}
 }
 
 // WithoutHash returns a copy of the sum less the key's counts, as ForgetHash
@@ -110,6 +121,7 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 	}
 	c := *t
 	c.counts = slices.Clone(t.counts) // c.used stays t's: no sum is added to once read
+	c.tail = maps.Clone(t.tail)
 	if t.ring == 2 {
 		// A weighted copy's reservations, carried by the next
 		// WithShares, are measured against the counts as they were:
@@ -136,7 +148,7 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 // snapshot's cells of those keys as they go by, in a few bytes per key and
 // row.
 func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int64, err error) {
-	return t.applyBinary(data, forget, 0, true)
+	return t.applyBinary(data, forget, 0, true, false)
 }
 
 // AddBinaryLater adds a snapshot as AddBinaryForgetting does, each of its
@@ -147,13 +159,24 @@ func (t *SketchSum) AddBinaryForgetting(data []byte, forget []Forget) (epoch int
 // what that places after its own window in its own, as granted now, where
 // such counts (of a clock ahead) were dropped.
 func (t *SketchSum) AddBinaryLater(data []byte, forget []Forget, shift int64) (epoch int64, err error) {
-	return t.applyBinary(data, forget, shift, true)
+	return t.applyBinary(data, forget, shift, true, false)
+}
+
+// AddBinaryLinger is AddBinaryLater of a snapshot whose writer's clock
+// may be up to early behind this one's once placed (Linger(early)): made
+// by NewSketchSum within early of its sub-window's start, the sum keeps
+// what the snapshot counts of the sub-window before its oldest, which has
+// left this view but maybe not the writer's, apart (its tail), and counts
+// it within linger of that start, where it dropped it.
+func (t *SketchSum) AddBinaryLinger(data []byte, forget []Forget, shift int64, early time.Duration) (epoch int64, err error) {
+	t.Linger(early)
+	return t.applyBinary(data, forget, shift, true, t.made != 0 && t.made-1 < int64(early))
 }
 
 // SubtractBinaryLater takes out what AddBinaryLater of the same snapshot,
 // keys and shift added (SubtractBinaryForgetting).
 func (t *SketchSum) SubtractBinaryLater(data []byte, forget []Forget, shift int64) (epoch int64, err error) {
-	return t.applyBinary(data, forget, shift, false)
+	return t.applyBinary(data, forget, shift, false, false)
 }
 
 // SubtractBinaryForgetting takes out of the sum what AddBinaryForgetting
@@ -163,7 +186,7 @@ func (t *SketchSum) SubtractBinaryLater(data []byte, forget []Forget, shift int6
 // instance's own contribution out of an aggregate costs what that
 // contribution holds, not the table's size.
 func (t *SketchSum) SubtractBinaryForgetting(data []byte, forget []Forget) (epoch int64, err error) {
-	return t.applyBinary(data, forget, 0, false)
+	return t.applyBinary(data, forget, 0, false, false)
 }
 
 // forgotten returns the cells of the keys in forget (sorted, without

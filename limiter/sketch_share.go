@@ -491,12 +491,15 @@ func (st *shareState) raised(d int, q uint64) uint64 {
 // sub-window: it stays occupied until the next read re-balances, which
 // carries it (carry). cols are the key's (ring × cell index). It does not
 // allocate.
-func (st *shareState) addFreed(cols *sketchCols, d, ring int, q uint64, v *sketchView) {
+func (st *shareState) addFreed(cols *sketchCols, d, ring int, q uint64, v *sketchView, lingered *[MaxSketchRows]uint64) {
 	up := st.raised(d, q)
 	for r := 0; r < v.n; r++ {
 		x := up
 		if j := int(st.pos[cols[r]/uint64(ring)]) - 1; j >= 0 {
-			x += st.freedAt(j, d, q)
+			f := st.freedAt(j, d, q)
+			// What still lingers in the view (Linger) has freed no room
+			// yet: the others need no share of it.
+			x += f - min(f, lingered[r])
 		}
 		v.sub[r][len(v.sub[r])-1] += x
 		v.rows[r].curr += x
@@ -545,8 +548,17 @@ func (t *SketchSum) shifted(d int64) *SketchSum {
 	c.epoch += d
 	c.counts = make([]uint32, len(t.counts))
 	r := int64(t.ring)
+	// The window that has just left the new view, still counted within
+	// linger of its end (Linger): its slot d − 1.
+	c.tail = nil
 	for i := range setCells(t.used) {
 		src, dst := t.counts[t.ring*i:][:t.ring], c.counts[t.ring*i:][:t.ring]
+		if d > 0 && d <= r && t.linger > 0 && src[d-1] != 0 {
+			if c.tail == nil {
+				c.tail = make(map[int32]uint32)
+			}
+			c.tail[int32(i)] = src[d-1]
+		}
 		if d >= 0 {
 			if d < r {
 				copy(dst, src[d:])

@@ -715,17 +715,8 @@ func TestWithSharesOfASumOfAnotherWindowShares(t *testing.T) {
 // then. A sum (an aggregate) is placed likewise (Later), and what
 // AddBinaryLater added SubtractBinaryLater takes out.
 func TestSlidingSnapshotPlacedOnTheReadersClock(t *testing.T) {
-	const quota, window = 30, time.Minute
-	newSk := func() *Sketch {
-		s, err := NewSketch(SketchConfig{Quota: quota, Window: window, Rows: 4, Width: 64, Sliding: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	peer, reader := newSk(), newSk()
-	sub := peer.Slot()
-	start := time.Unix(0, WindowNumber(time.Unix(1_700_000_000, 0), sub)*int64(sub)) // a sub-window's
+	const quota = 30
+	peer, reader, sub, start := peerAndReader(t, quota)
 	now := start.Add(sub / 2)
 	h := uint64(0x9e3779b97f4a7c15)
 	ahead := now.Add(2 * sub) // the peer's clock: two sub-windows ahead
@@ -837,4 +828,84 @@ func TestUncountedShare(t *testing.T) {
 			t.Errorf("UncountedShare(%d, %d) = %d: %d of them grant over max(q, of × allowance)", c.q, c.of, got, c.of)
 		}
 	}
+}
+
+// A sum told that its snapshots' writers' clocks may be up to early behind
+// the reader's (AddBinaryLinger, Linger) still counts a sub-window that
+// has left the view for early into the next one: read in the sub-window
+// before (its slot), or within early of the next one's start (its tail),
+// and in the copies decisions read (WithShares), until ForgetHash forgets
+// the key. Before, the peer's grants of a sub-window left the reader's
+// view at the reader's edge, up to early before the writer's.
+func TestSlidingSumLingersForAClockBehind(t *testing.T) {
+	const quota = 30
+	peer, reader, sub, start := peerAndReader(t, quota)
+	h := uint64(0x9e3779b97f4a7c15)
+	for range quota {
+		if d, _ := peer.TakeHashWith(h, 1, start.Add(sub-time.Millisecond), nil); !d.Allowed {
+			t.Fatal("the peer denied its own quota")
+		}
+	}
+	const early = 300 * time.Millisecond
+	edge := start.Add(8 * sub) // the grants leave the view
+	snap, _ := peer.AppendSnapshot(nil, edge.Add(-time.Millisecond))
+	passes := func(sum *SketchSum, at time.Time) bool { return reader.PeekHashWith(h, 1, at, sum).Allowed }
+	for _, c := range []struct {
+		name string
+		made time.Time
+	}{
+		{"read before the edge", edge.Add(-sub / 2)},
+		{"read within early after it", edge.Add(early / 2)},
+	} {
+		after := edge // the first decision after the edge, the sum made
+		if c.made.After(edge) {
+			after = c.made
+		}
+		sum := reader.NewSketchSum(c.made)
+		if _, err := sum.AddBinaryLinger(snap, nil, 0, early); err != nil {
+			t.Fatal(err)
+		}
+		shared := sum.WithShares(reader, 2, 0, c.made, nil, time.Second)
+		for _, s := range []*SketchSum{sum, shared} {
+			if passes(s, after) || passes(s, edge.Add(early-1)) || !passes(s, edge.Add(early)) {
+				t.Errorf("%s: the peer's grants do not stay in the view until %v after the edge", c.name, early)
+			}
+		}
+		plain := reader.NewSketchSum(c.made)
+		if _, err := plain.AddBinaryLater(snap, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !passes(plain, after) {
+			t.Errorf("%s: without a clock behind, the grants stay after the edge", c.name)
+		}
+		sum.ForgetHash(h, edge)
+		if !passes(sum, after) {
+			t.Errorf("%s: a forgotten key's grants still linger", c.name)
+		}
+	}
+	// Read later than early after the edge: the snapshot (written before
+	// it) counts nothing there any more.
+	late := reader.NewSketchSum(edge.Add(early))
+	if _, err := late.AddBinaryLinger(snap, nil, 0, early); err != nil {
+		t.Fatal(err)
+	}
+	if !passes(late, edge.Add(early)) {
+		t.Error("a sum read after early kept the grants")
+	}
+}
+
+// peerAndReader returns two sliding sketches of quota per minute, their
+// sub-window, and the start of one of its sub-windows.
+func peerAndReader(t *testing.T, quota int64) (peer, reader *Sketch, sub time.Duration, start time.Time) {
+	t.Helper()
+	newSk := func() *Sketch {
+		s, err := NewSketch(SketchConfig{Quota: quota, Window: time.Minute, Rows: 4, Width: 64, Sliding: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	peer, reader = newSk(), newSk()
+	sub = peer.Slot()
+	return peer, reader, sub, time.Unix(0, WindowNumber(time.Unix(1_700_000_000, 0), sub)*int64(sub))
 }

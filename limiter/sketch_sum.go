@@ -3,6 +3,7 @@ package limiter
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -52,6 +53,18 @@ type SketchSum struct {
 	// is 0 in a sum, and kept by the copies (Clone, WithoutHash) of a copy
 	// made by WithShares, which no snapshot is added to.
 	def uint32
+	// linger is how long into a sub-window a sliding sum still counts
+	// what it held of the sub-window that has just left the view (its
+	// snapshots' writers' clocks may be behind this one's by that much:
+	// Linger), less than a sub-window; made is 1 + the time into its
+	// sub-window at which NewSketchSum made it, 0 if not known
+	// (AddBinaryLinger). tail holds, by cell, what it counts of window
+	// epoch − ring, which has left the view but not linger ago while now
+	// is within linger of window epoch's start (AddBinaryLinger); nil for
+	// none. It is never written once the sum is read (copies that
+	// change it clone it).
+	linger, made int64
+	tail         map[int32]uint32
 }
 
 // Bytes returns what the sum holds: 4 bytes per cell and window (two, or
@@ -65,6 +78,7 @@ func (t *SketchSum) Bytes(copied bool) int {
 	}
 	n := 4 * len(t.counts)
 	if !copied {
+		n += 16 * len(t.tail) // about: a map's entry of 8 bytes and its share of the table
 		n += 8 * len(t.used)
 	}
 	if t.shares != nil {
@@ -108,8 +122,10 @@ func (t *SketchSum) alloc() *SketchSum {
 // now. It allocates 8 bytes (32 for a sliding sketch) and a bit per cell
 // of s.
 func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
-	e, _ := s.clock(now)
-	return s.sumOf(e).alloc()
+	e, in := s.clock(now)
+	t := s.sumOf(e).alloc()
+	t.made = in + 1
+	return t
 }
 
 // AddBinary adds a snapshot in the binary form of Sketch.AppendSnapshot
@@ -117,7 +133,7 @@ func (s *Sketch) NewSketchSum(now time.Time) *SketchSum {
 // shape or window, or not well formed, is rejected with an error and adds
 // nothing.
 func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
-	return t.applyBinary(data, nil, 0, true)
+	return t.applyBinary(data, nil, 0, true, false)
 }
 
 // applyBinary adds the snapshot in binary form data (untrusted input) to
@@ -129,7 +145,7 @@ func (t *SketchSum) AddBinary(data []byte) (epoch int64, err error) {
 // and changes nothing. It visits only the snapshot's cells. Its windows
 // are counted shift windows later (AddBinaryLater); a sliding sum counts
 // those after its own window in its own.
-func (t *SketchSum) applyBinary(data []byte, forget []Forget, shift int64, add bool) (epoch int64, err error) {
+func (t *SketchSum) applyBinary(data []byte, forget []Forget, shift int64, add, fold bool) (epoch int64, err error) {
 	if t.def != 0 {
 		return 0, errors.New("sketch sum: a copy made by WithShares is not added to")
 	}
@@ -159,6 +175,7 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, shift int64, add b
 		last = t.ring - 1
 	}
 	slot := func(k int) int { return min(k+off, last) }
+	fold = fold && t.ring > 2 && add
 	if h.ring != t.ring {
 		// A weighted snapshot of the sliding sketch's window (a peer of
 		// an older version): see olderSlot.
@@ -171,6 +188,14 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, shift int64, add b
 			c = vals[v]
 		}
 		k := slot(wk)
+		if k == -1 && fold {
+			// The window just before the sum's oldest: see tail.
+			if t.tail == nil {
+				t.tail = make(map[int32]uint32)
+			}
+			t.tail[int32(i)] = uint32(min(uint64(t.tail[int32(i)])+uint64(c), MaxSketchQuota))
+			return
+		}
 		if k < 0 || k >= t.ring {
 			return
 		}
@@ -247,6 +272,7 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 			return
 		}
 		lo, hi := max(0, -int(d)), min(t.ring, t.ring-int(d)) // the view's windows the sum holds
+		var lingered [MaxSketchRows]uint64
 		for i := 0; i < v.n; i++ {
 			c := t.counts[int(cols[i])+lo+int(d):][:hi-lo] // cols[i]: ring × the cell's index
 			sub := v.sub[i][lo:hi]
@@ -258,12 +284,25 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 				sub[k] += uint64(n)
 				sum += uint64(n)
 			}
+			if v.t < uint64(t.linger) {
+				// The view's window e − ring, left it v.t ago, still
+				// counted (Linger): the sum's slot d − 1, or its tail.
+				var n uint64
+				if d > 0 {
+					n = uint64(t.counts[int(cols[i])+int(d)-1])
+				} else if d == 0 && t.tail != nil {
+					n = uint64(t.tail[int32(int(cols[i])/t.ring)])
+				}
+				v.sub[i][0] += n
+				sum += n
+				lingered[i] = n
+			}
 			v.rows[i].curr += sum
 		}
 		if st := t.shares; st != nil && st.freed != nil && (d > 0 || d == 0 && q > st.q) {
 			// A copy made by WithShares d sub-windows ago, or under a
 			// lower quota.
-			t.shares.addFreed(cols, int(d), t.ring, q, v)
+			t.shares.addFreed(cols, int(d), t.ring, q, v, &lingered)
 		}
 		return
 	}
@@ -417,6 +456,19 @@ func (t *SketchSum) Later(shift int64, now time.Time) *SketchSum {
 	return t
 }
 
+// Linger has a sliding sum count what it holds of a sub-window until d
+// into the sub-window after it leaves the view, where it stopped
+// counting it at that sub-window's start: its counts are of writers whose
+// clocks may be up to d behind this one's (less than a sub-window: d is
+// capped at a sub-window less a nanosecond), so that they never leave
+// this view before they leave their writers'. Copies of the sum (Clone,
+// WithShares, WithoutHash) keep it.
+func (t *SketchSum) Linger(d time.Duration) {
+	if t.ring > 2 && d > 0 {
+		t.linger = max(t.linger, min(int64(d), int64(t.window)-1))
+	}
+}
+
 // Epoch is the number of the sum's current window (WindowNumber).
 func (t *SketchSum) Epoch() int64 { return t.epoch }
 
@@ -426,6 +478,7 @@ func (t *SketchSum) Clone() *SketchSum {
 	c := *t
 	c.counts = slices.Clone(t.counts)
 	c.used = slices.Clone(t.used)
+	c.tail = maps.Clone(t.tail)
 	c.shares = nil
 	return &c
 }

@@ -204,7 +204,9 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 	late := s.endSight(now)
 	// The sum is of the aggregator's sub-windows, its members placed on
 	// its clock: placed on this one's as a peer's snapshot is.
-	sum = sum.Later(s.clockShift(now, a.instance, a.written.UnixNano()), now)
+	shift, early := s.clockShift(now, a.instance, a.written.UnixNano())
+	sum = sum.Later(shift, now)
+	sum.Linger(early + membersEarly(a, c.sketch.Slot(), clockTolerance(s.iv, c.sketch.Slot())))
 	s.forgetClocks(now)
 	srcs := []*snapshot{&a.snapshot}
 	seq := s.learnResets(now, srcs)
@@ -275,4 +277,17 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 	if err := s.st.Store(ctx, AggregateKey(c.shape.Zone), s.buf); err != nil {
 		s.failed(OpWrite, now, err)
 	}
+}
+
+// membersEarly is how much earlier than their writers' the aggregate a's
+// members' counts may leave its aggregator's view, as placed there (sub
+// the sub-window, tol the tolerance): at most the most that a member's
+// snapshot was found after its write, less what its shift moved it, and
+// never more than tol (clockShift's early).
+func membersEarly(a *aggregate, sub, tol time.Duration) time.Duration {
+	var most time.Duration
+	for _, m := range a.members {
+		most = max(most, min(a.written.Sub(time.Unix(0, m.w.at))-time.Duration(m.shift)*sub, tol))
+	}
+	return most
 }

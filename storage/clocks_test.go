@@ -65,7 +65,7 @@ func TestWindowZoneClockAheadKeepsTheBound(t *testing.T) {
 		var log []time.Time
 		first := burstOnAll([]*node{a}, h, events, now.Add(100*time.Millisecond), &log)
 		next := now.Add(testIntervals.Read)
-		got := sendEvery(nodes, clock, b, h, now.Add(c.gap), now.Add(c.gap+10*time.Second), &next, &log)
+		got := sendEvery(nodes, clock, b, h, now.Add(c.gap), now.Add(c.gap+10*time.Second), 100*time.Millisecond, &next, &log)
 		worst := worstSpan(log, c.window)
 		t.Logf("two instances, window %v, b %v ahead: a burst on a got %d, then b from %v on %d: worst span %d (bound %d)", c.window, c.skew, first, c.gap, got, worst, bound)
 		if worst > bound || first == 0 || got == 0 {
@@ -106,13 +106,62 @@ func TestWindowZoneClockAheadKeepsTheBound(t *testing.T) {
 	}
 }
 
-// sendEvery sends the key with hash h to x every 100 ms of real time from
+// A peer's clock behind the reader's by less than the tolerance clockShift
+// leaves uncorrected (a read interval, at most a sub-window) still keeps
+// the bound: a's counts of a sub-window stay in b's view until the
+// sub-window's end is W old on a's clock, not on b's. Two instances, b
+// ahead of a by skew; a burst of 30 on a 10 ms before a sub-window of a's
+// clock ends (15 granted: a's share), then the key sent to b every 20 ms
+// for W + 10 s. Before, b dropped a's counts at its own sub-window's edge,
+// skew before a did, while the burst was still within W of it, and
+// granted the key again: 38 in a span of a 1 m window with 1 s intervals
+// and b 200 to 700 ms ahead, and with 5 s intervals and b 0.9 to 30 s
+// ahead (the skews past the tolerance are moved by whole sub-windows, and
+// left as much short of it); 38 on a 10 s window.
+func TestWindowZoneBurstAtASubWindowsEndOnAClockBehindKeepsTheBound(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	old := testIntervals
+	defer func() { testIntervals = old }()
+	for _, c := range []struct {
+		window, interval time.Duration
+		skews            []time.Duration
+	}{
+		{time.Minute, time.Second, []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, 700 * time.Millisecond}},
+		{time.Minute, 5 * time.Second, []time.Duration{900 * time.Millisecond, 4 * time.Second, 13 * time.Second}},
+		{10 * time.Second, time.Second, []time.Duration{300 * time.Millisecond, 900 * time.Millisecond}},
+	} {
+		testIntervals = Intervals{Read: c.interval, Write: c.interval, PurgeAge: 2 * time.Minute}
+		L := int64(subWindowOf(c.window))
+		for _, skew := range c.skews {
+			nodes, clock := aheadNodes(t, 2, events, c.window, 1, skew, t0)
+			a, b := nodes[0], nodes[1]
+			// 10 ms before a's sub-window ends, on a's clock.
+			burst := time.Unix(0, (t0.UnixNano()/L+1)*L).Add(-10 * time.Millisecond)
+			if burst.Sub(t0) < 50*time.Millisecond {
+				burst = burst.Add(time.Duration(L))
+			}
+			h := limiter.HashString(fmt.Sprint("edge", c.window, c.interval, skew))
+			var log []time.Time
+			first := burstOnAll([]*node{a}, h, events, burst, &log)
+			next := t0.Add(testIntervals.Read)
+			got := sendEvery(nodes, clock, b, h, burst, burst.Add(c.window+10*time.Second), 20*time.Millisecond, &next, &log)
+			worst := worstSpan(log, c.window)
+			t.Logf("window %v, intervals %v, b %v ahead: a burst on a got %d, then b %d: worst span %d (bound %d)", c.window, c.interval, skew, first, got, worst, bound)
+			if worst > bound || first == 0 || got == 0 {
+				t.Errorf("window %v, intervals %v, b %v ahead: a burst on a got %d, then b %d; worst span %d, want at most %d (and some granted on each)", c.window, c.interval, skew, first, got, worst, bound)
+			}
+		}
+	}
+}
+
+// sendEvery sends the key with hash h to x every step of real time from
 // from until to, on x's clock, the nodes syncing at every read interval
 // from *next on (which it moves on); it appends the grants' real times to
 // log and returns how many there were.
-func sendEvery(nodes []*node, clock func(*node, time.Time) time.Time, x *node, h uint64, from, to time.Time, next *time.Time, log *[]time.Time) int {
+func sendEvery(nodes []*node, clock func(*node, time.Time) time.Time, x *node, h uint64, from, to time.Time, step time.Duration, next *time.Time, log *[]time.Time) int {
 	got := 0
-	for at := from; at.Before(to); at = at.Add(100 * time.Millisecond) {
+	for at := from; at.Before(to); at = at.Add(step) {
 		for !at.Before(*next) {
 			syncAt(nodes, nodes, clock, *next)
 			*next = next.Add(testIntervals.Read)
@@ -146,9 +195,16 @@ func TestClockShiftFollowsTheReadersOwnStep(t *testing.T) {
 		always := newJoiner(t, st, "c", 30, window, zap.NewNop()).s
 		var jump time.Duration // the step of stepped's clock since its last read
 		stepped.elapsed = func(from, to time.Time) time.Duration { return to.Sub(from) - jump }
-		read := func(s *Syncer, now, written time.Time) int64 {
+		// where a read places the peer: by whole sub-windows, and how long
+		// its counts linger after that (clockShift).
+		type place struct {
+			shift int64
+			early time.Duration
+		}
+		read := func(s *Syncer, now, written time.Time) place {
 			s.followStep(now)
-			return s.clockShift(now, "a", written.UnixNano())
+			shift, early := s.clockShift(now, "a", written.UnixNano())
+			return place{shift, early}
 		}
 		for k := range 10 {
 			at := t0.Add(time.Duration(k) * time.Second)
@@ -161,9 +217,9 @@ func TestClockShiftFollowsTheReadersOwnStep(t *testing.T) {
 			got := read(stepped, at.Add(step), t0.Add(written))
 			want := read(always, at.Add(step), t0.Add(written))
 			jump = 0
-			t.Logf("clock stepped %v, read %d after the step: the peer's counts moved %d sub-windows (as a reader always %v off: %d)", step, k+1, got, step, want)
+			t.Logf("clock stepped %v, read %d after the step: the peer's counts moved %d sub-windows, lingering %v (as a reader always %v off: %d, %v)", step, k+1, got.shift, got.early, step, want.shift, want.early)
 			if got != want {
-				t.Errorf("clock stepped %v, read %d after the step: the peer's counts moved %d sub-windows, want %d as on a clock always that far off", step, k+1, got, want)
+				t.Errorf("clock stepped %v, read %d after the step: the peer's counts moved %d sub-windows, lingering %v; want %d and %v as on a clock always that far off", step, k+1, got.shift, got.early, want.shift, want.early)
 			}
 		}
 	}
@@ -211,7 +267,7 @@ func TestWindowZoneReaderClockSteppedForwardKeepsTheBound(t *testing.T) {
 		var log []time.Time
 		first := burstOnAll([]*node{a}, h, events, burst, &log)
 		next := now.Add(testIntervals.Read)
-		got := sendEvery(nodes, clock, b, h, stepAt, stepAt.Add(12*time.Second), &next, &log)
+		got := sendEvery(nodes, clock, b, h, stepAt, stepAt.Add(12*time.Second), 100*time.Millisecond, &next, &log)
 		worst := worstSpan(log, c.window)
 		t.Logf("window %v, b's clock stepped %v forward %v after a burst on a (%d granted): b granted %d, worst span %d (bound %d)", c.window, c.step, stepAt.Sub(burst), first, got, worst, bound)
 		if worst > bound || first == 0 || got == 0 {

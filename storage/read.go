@@ -171,7 +171,7 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 			}
 			continue
 		}
-		snap.shift = s.clockShift(now, name, snap.written.UnixNano())
+		snap.shift, snap.early = s.clockShift(now, name, snap.written.UnixNano())
 		if stream {
 			if s.teaches(now, snap) {
 				if len(s.snaps) > 0 {
@@ -208,7 +208,7 @@ func (s *Syncer) sumSnapshots(ctx context.Context, now time.Time, keys []string,
 // well formed is skipped and counted).
 func (s *Syncer) addTo(sum *limiter.SketchSum, snap *snapshot) bool {
 	s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
-	if _, err := sum.AddBinaryLater(snap.sketch, s.forget, snap.shift); err != nil {
+	if _, err := sum.AddBinaryLinger(snap.sketch, s.forget, snap.shift, snap.early); err != nil {
 		s.skipped(Key(s.c.shape.Zone, snap.instance), err)
 		return false
 	}

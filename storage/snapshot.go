@@ -44,6 +44,10 @@ type snapshot struct {
 	// shift is by how many sub-windows a read moved its counts to place
 	// them on the reader's clock (clockShift); not stored.
 	shift int64
+	// early is how much earlier than its writer's its counts may still
+	// leave this instance's view, so placed (clockShift): they linger
+	// that much (limiter.SketchSum.AddBinaryLinger).
+	early time.Duration
 }
 
 // block is a key over its cluster limit and when it may pass again.
