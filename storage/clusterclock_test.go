@@ -292,3 +292,17 @@ func TestClusterClockReanchoredByTwoReadingsAtOnceStepsOnce(t *testing.T) {
 		t.Errorf("after a %v step: readings %v and %v, want %v and %v; %d re-anchors, want 1", off, got, other, wall, wall.Add(time.Millisecond), a.steps)
 	}
 }
+
+// BenchmarkClusterClockAt is what taking a decision's time on the cluster
+// clock adds to it (BenchmarkDecision's spread on a shared machine is
+// wider than this).
+func BenchmarkClusterClockAt(b *testing.B) {
+	var k clusterClock
+	now := time.Now()
+	k.at(now)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k.at(now)
+		}
+	})
+}
