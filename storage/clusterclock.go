@@ -12,16 +12,16 @@ import (
 // A Cluster counts, decides, publishes and reads on a clock of its own
 // that does not step: anchored on the first time it is given, it reads
 // that time's wall clock plus the monotonic time elapsed since (Time.Sub
-// of two times.Now, which a step of the wall clock does not move). A
-// window zone's sketch counts grants by sub-windows of the time it is
-// given; on the wall clock, a step moved what this instance had counted
-// (forward by Δ: its grants left its own view Δ early, its peers moved
-// them Δ early too, measuring its clock from its snapshots, and its shares
-// held for the others were released Δ early; back: its grants fell in
-// sub-windows its view did not read yet): a key got 38 to 53 of 30 in a
-// span. On the cluster clock a step of the host's clock changes nothing
-// counted: the instance runs skewed from its peers by the step, which they
-// measure and place as any skew (clockShift).
+// of two time.Now readings, which a step of the wall clock does not move).
+// A window zone's sketch counts grants by sub-windows of the time it is
+// given; on the wall clock, a step moved what this instance had counted:
+// forward by Δ, its grants left its own view Δ early, its peers moved
+// them Δ early too (measuring its clock from its snapshots), and its
+// shares held for the others were released Δ early; back, its grants fell
+// in sub-windows its view did not read yet (docs/cluster.md, Clocks, has
+// the figures). On the cluster clock a step of the host's clock changes
+// nothing counted: the instance runs skewed from its peers by the step,
+// which they measure and place as any skew (clockShift).
 //
 // Beyond clockStepLimit apart from the wall clock (behind it, beyond
 // purge_age less a write and a read interval, if less), the cluster clock
@@ -183,8 +183,7 @@ func (k *clusterClock) setPurge(iv Intervals) {
 // placed on the clock as it reads now at once, not after clockSamples more
 // snapshots. Dropping the samples instead would take the peer's
 // sub-windows for this one's until its next snapshot, its counts leaving
-// the view Δ early, as the samples left alone did (a reader stepped 5 s
-// forward on a 10 s window: 42 of 30 in a span). After a step back by Δ,
+// the view Δ early, as the samples left alone did. After a step back by Δ,
 // Δ is added: left alone, the samples would keep the peer's counts Δ
 // longer than W until its next snapshot (stricter, but a key waits).
 func (s *Syncer) followStep(a *clockAnchor) {
