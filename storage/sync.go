@@ -110,12 +110,9 @@ type Syncer struct {
 	// clocks holds what was measured of each peer's clock, for placing
 	// its snapshots on this one's (clockShift).
 	clocks map[string]*peerClock
-	// readAt is the time of the last read, as time.Now gave it (with
-	// its monotonic reading), for followStep; elapsed, if set, is how
-	// much time passed between two such times, in place of Time.Sub's
-	// monotonic difference: a test's clock, whose times carry none.
-	readAt  time.Time
-	elapsed func(from, to time.Time) time.Duration
+	// stepped is the cluster clock's clockAnchor.stepped at the last
+	// read, for followStep.
+	stepped int64
 	// unsure is set by a read (endSight) that found a peer's snapshot,
 	// never seen replaced, that looks dead on this instance's clock but is
 	// recent on a clock up to MaxClockSkew behind it (see shareRank).
@@ -163,6 +160,7 @@ func newSyncer(c *Cluster, instance string, iv Intervals, log *zap.Logger) *Sync
 		aggLatest: make(map[uint64]int64),
 	}
 	s.agg = aggregator{s: s, from: AggregateFrom}
+	c.clock.setPurge(iv)
 	return s
 }
 
