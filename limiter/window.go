@@ -40,7 +40,7 @@ import (
 // times were read out of order are checked, when a counter's latest charge
 // is later than their time, against everything the counter holds, and
 // counted as made at that latest charge: a request late by less than a
-// sub-window still meets every grant of its own window (see charge).
+// sub-window still meets every grant of its own window (see look).
 //
 // The price is time: a grant counts until its sub-window's end is a Window
 // old, so a request an exact sliding log would grant may wait up to a
@@ -292,7 +292,7 @@ func (p *windowParams) live(v, t uint64) (n int, ahead uint64) {
 // (the loop over the groups, sumGroups in the tests, is the reference):
 // field j of v's groups times ones is the sum of groups 0 to j, which is
 // at most what all of v's groups count, which is at most ceil < 1<<cb
-// (capped and convert keep it so), so no field carries into the next and
+// (look and convert keep it so), so no field carries into the next and
 // the oldest field, at top, holds the whole sum.
 func (p *windowParams) sum(v uint64, n int) uint64 {
 	f := v & (1<<(uint(n)*uint(p.cb)) - 1)
@@ -356,46 +356,52 @@ func (p *windowParams) clearing(v uint64, n int, d, ahead uint64) uint64 {
 	return 0
 }
 
-// charge counts cost in counter value v for a request at tick t: the
-// groups move to t's sub-window (those that no longer fit in the counter
-// drop out), cost goes into the newest, whose latest charge becomes t (or
-// stays T, if T is later), and the oldest counts beyond ceil are dropped.
-// It returns the new value and the latest charge's tick: where a refund
-// finds the group.
+// look reads counter value v at tick t for a request of cost: what it
+// counts then (used), and what charging cost there would leave (nv; its
+// latest charge's tick, nv>>tshift, is where a refund finds the group). A
+// grant needs both of every counter it charges, and one pass finds both.
+//
+// The charge moves the groups to t's sub-window (those that no longer fit
+// in the counter drop out), puts cost into the newest, whose latest charge
+// becomes t (or stays T, if T is later), and drops the oldest counts
+// beyond ceil. Moving the groups k sub-windows drops the oldest k, those
+// whose sub-window has left the window at t (if T is ahead, none moves),
+// so the groups kept add up to what v counts at t (all), unless t is more
+// than a window past T, when v counts 0 and its newest groups are kept
+// all the same (see below). all also says whether the charge drops
+// anything.
 //
 // Groups that no longer count at t are kept while they fit: a request
 // whose time was read before this one's (and which finds T ahead of it)
 // is checked against every group, so it still counts the grants of its
 // own window if it is less than a sub-window late.
-func (p *windowParams) charge(v, cost, t uint64) (nv, T uint64) {
-	T = v >> p.tshift
-	f := v & (1<<p.tshift - 1) // the groups
-	switch d := (t - T) & p.smask; {
-	case v == 0:
-		T, f = t&p.smask, 0
-	case d < p.half:
-		if k := (t>>p.stb - T>>p.stb) & (p.smask >> p.stb); k >= uint64(p.g) {
-			f = 0
-		} else {
-			f = f << (k * uint64(p.cb)) & (1<<p.tshift - 1)
+func (p *windowParams) look(v, t, cost uint64) (used, nv uint64) {
+	T, f, all := t&p.smask, uint64(0), uint64(0) // an unused counter: no groups
+	if v != 0 {
+		T, f = v>>p.tshift, v&(1<<p.tshift-1)
+		d := (t - T) & p.smask
+		if d < p.half { // T is t or earlier: move the groups to t's sub-window
+			if k := (t>>p.stb - T>>p.stb) & (p.smask >> p.stb); k >= uint64(p.g) {
+				f = 0
+			} else {
+				f = f << (k * uint64(p.cb)) & (1<<p.tshift - 1)
+			}
+			T = t & p.smask
 		}
-		T = t & p.smask
+		if all = p.sum(f, int(p.g)); d <= p.wt || d >= p.half {
+			used = all
+		}
 	}
-	return p.capped(T, f, cost), T
+	if all+cost <= p.ceil { // nothing to drop: one add
+		return used, T<<p.tshift | (f + cost)
+	}
+	return used, p.dropOldest(T, f, cost)
 }
 
-// capped is the counter of latest charge T and groups f with cost (at
+// dropOldest is the counter of latest charge T and groups f with cost (at
 // least 1) added to the newest group, keeping the newest counts up to
-// ceil in all (0 if nothing is left).
-func (p *windowParams) capped(T, f, cost uint64) uint64 {
-	if p.sum(f, int(p.g))+cost <= p.ceil { // nothing to drop: one add
-		return T<<p.tshift | (f + cost)
-	}
-	return p.dropOldest(T, f, cost)
-}
-
-// dropOldest is capped group by group, for a charge that takes the counts
-// beyond ceil.
+// ceil in all (0 if nothing is left), group by group: look's charge when
+// it takes the counts beyond ceil.
 func (p *windowParams) dropOldest(T, f, cost uint64) uint64 {
 	left := p.ceil
 	var out uint64
@@ -461,6 +467,7 @@ func (w *Windows) PeekHash(h uint64, weight int64, now time.Time) Decision {
 func (w *Windows) decide(h uint64, weight int64, now time.Time, r *Reservation) Decision {
 	ns := w.nowNanos(now)
 	p := w.params()
+	var vals, nvs [8]uint64 // the key's counters, by word, and what charging them leaves
 table:
 	for {
 		tick := p.ticks(ns)
@@ -474,11 +481,11 @@ table:
 		} else if weight > 1 {
 			cost = uint64(weight)
 		}
-		var vals [8]uint64
 		for {
 			// The emptiest counter decides (the first of equals). A grant
-			// needs only what each counts; a denial or a peek also reads
-			// when each has room and counts nothing (answer).
+			// needs only what each counts and what charging it leaves
+			// (look); a denial or a peek also reads when each has room
+			// and counts nothing (answer).
 			best, fw := uint64(math.MaxUint64), 0
 			for m := sub.words; m != 0; m &= m - 1 {
 				wi := bits.TrailingZeros8(m) & 7
@@ -487,8 +494,9 @@ table:
 					p = w.moved(p)
 					continue table
 				}
-				vals[wi] = v
-				if used := p.used(v, tick); used < best {
+				used, nv := p.look(v, tick, cost)
+				vals[wi], nvs[wi] = v, nv
+				if used < best {
 					best, fw = used, wi
 				}
 			}
@@ -501,23 +509,31 @@ table:
 			var paid uint8 // the words charged so far
 			for m := sub.words &^ (1 << fw); m != 0; m &= m - 1 {
 				wi := bits.TrailingZeros8(m) & 7
-				if _, ok := p.chargeWord(&ln[wi], vals[wi], sub, wi, cost, tick, r); !ok {
+				if _, ok := p.chargeWord(&ln[wi], vals[wi], nvs[wi], keyPos(sub, wi), cost, tick, r); !ok {
 					p = w.giveBack(w.moved(p), r, paid, ns)
 					continue table
 				}
 				paid |= 1 << wi
 			}
-			nv, res := p.chargeEmptiest(&ln[fw], vals[fw], sub, fw, cost, tick, r)
+			// The emptiest last, if it still has room, in the CAS that
+			// grants.
+			nv, res := p.chargeWithin(&ln[fw], vals[fw], best, nvs[fw], keyPos(sub, fw), cost, tick, r, p.events)
 			switch res {
 			case chargeGranted:
 				// The charge is in the newest group, which counts until a
 				// window and a tick after the counter's latest charge
 				// (tick, or a racing request's later one): Reset, within a
-				// tick and without a division, as Buckets'.
-				d.Allowed = true
-				d.Remaining = int64(p.events - min(p.used(nv, tick), p.events))
-				d.Reset = p.about(p.wt + 1 + (nv>>p.tshift-tick)&p.smask)
-				return d
+				// tick and without a division, as Buckets'. At tick the
+				// counter counts all its groups. (A new Decision, not d
+				// with its fields set: d lives in memory across the calls
+				// above, and reading it back whole after its byte-wide
+				// Allowed was stored stalls the return.)
+				return Decision{
+					Allowed:   true,
+					Limit:     int64(p.events),
+					Remaining: int64(p.events - min(p.sum(nv, int(p.g)), p.events)),
+					Reset:     p.about(p.wt + 1 + (nv>>p.tshift-tick)&p.smask),
+				}
 			case chargeFrozen:
 				p = w.giveBack(w.moved(p), r, paid, ns)
 				continue table
@@ -552,54 +568,42 @@ func (p *windowParams) answer(d Decision, vals *[8]uint64, mask uint8, ns int64,
 	return d
 }
 
-// used is what counter value v counts at tick t.
-func (p *windowParams) used(v, t uint64) uint64 {
-	n, _ := p.live(v, t)
-	return p.sum(v, n)
-}
-
 // keyPos is where a Reservation records counter word wi of sub.
 func keyPos(sub subset, wi int) int { return bits.OnesCount8(sub.words & (1<<wi - 1)) }
 
-// chargeWord counts cost in counter wi (last seen as v) for a request at
-// tick t, recording the charge in r, and returns the counter it left;
-// false, and nothing counted, if the word is frozen.
-func (p *windowParams) chargeWord(q *uint64, v uint64, sub subset, wi int, cost, t uint64, r *Reservation) (uint64, bool) {
+// chargeWord counts cost in the counter word at q (last seen as v, which
+// the charge leaves as nv: see look) for a request at tick t, recording
+// the charge as the key's i-th counter in r, and returns the counter it
+// left; false, and nothing counted, if the word is frozen.
+func (p *windowParams) chargeWord(q *uint64, v, nv uint64, i int, cost, t uint64, r *Reservation) (uint64, bool) {
 	for {
-		nv, T := p.charge(v, cost, t)
-		i := keyPos(sub, wi)
-		r.short[i], r.end[i] = uint32(cost), uint32(T)
+		r.short[i], r.end[i] = uint32(cost), uint32(nv>>p.tshift)
 		if nv == v || casWord(q, v, nv) {
 			return nv, true
 		}
 		if v = loadWord(q); v == frozen {
 			return 0, false
 		}
+		_, nv = p.look(v, t, cost)
 	}
 }
 
-// chargeEmptiest counts cost in counter wi (last seen as v) if it still
-// has room for it at t, in one CAS. It returns the counter it left, and an
-// outcome of Buckets' chargeFullest.
-func (p *windowParams) chargeEmptiest(q *uint64, v uint64, sub subset, wi int, cost, t uint64, r *Reservation) (uint64, int) {
-	return p.chargeWithin(q, v, sub, wi, cost, t, r, p.events)
-}
-
-// chargeWithin is chargeEmptiest with room up to limit counts.
-func (p *windowParams) chargeWithin(q *uint64, v uint64, sub subset, wi int, cost, t uint64, r *Reservation, limit uint64) (uint64, int) {
+// chargeWithin is chargeWord if the counter, which counts used at t,
+// still has room for cost within limit counts, in one CAS. It returns the
+// counter it left, and an outcome of Buckets' chargeFullest.
+func (p *windowParams) chargeWithin(q *uint64, v, used, nv uint64, i int, cost, t uint64, r *Reservation, limit uint64) (uint64, int) {
 	for {
-		if p.used(v, t)+cost > limit {
+		if used+cost > limit {
 			return v, chargeLost
 		}
-		nv, T := p.charge(v, cost, t)
-		i := keyPos(sub, wi)
-		r.short[i], r.end[i] = uint32(cost), uint32(T)
+		r.short[i], r.end[i] = uint32(cost), uint32(nv>>p.tshift)
 		if casWord(q, v, nv) {
 			return nv, chargeGranted
 		}
 		if v = loadWord(q); v == frozen {
 			return 0, chargeFrozen
 		}
+		used, nv = p.look(v, t, cost)
 	}
 }
 
@@ -678,7 +682,8 @@ table:
 			v := loadWord(&ln[wi])
 			nv, ok := v, v != frozen
 			if ok {
-				nv, ok = p.chargeWord(&ln[wi], v, sub, wi, cost, tick, &r)
+				_, cv := p.look(v, tick, cost)
+				nv, ok = p.chargeWord(&ln[wi], v, cv, keyPos(sub, wi), cost, tick, &r)
 			}
 			if !ok {
 				p = w.giveBack(w.moved(p), &r, paid, ns)
@@ -723,7 +728,8 @@ table:
 			v := loadWord(&ln[wi])
 			res := chargeFrozen
 			if v != frozen {
-				_, res = p.chargeWithin(&ln[wi], v, sub, wi, cost, tick, &r, p.ceil)
+				used, nv := p.look(v, tick, cost)
+				_, res = p.chargeWithin(&ln[wi], v, used, nv, keyPos(sub, wi), cost, tick, &r, p.ceil)
 			}
 			switch res {
 			case chargeFrozen:

@@ -141,7 +141,7 @@ func TestWindowsNoCounterIsFrozen(t *testing.T) {
 					continue
 				}
 				p := windowParamsFor(Limit{Events: ev, Window: win}, 1)
-				full := p.capped(p.smask, ^uint64(0)>>(64-p.tshift), p.ceil)
+				_, full := p.look(p.smask<<p.tshift|^uint64(0)>>(64-p.tshift), p.smask, p.ceil)
 				if int(p.tshift)+bits.Len64(p.smask) > 63 || full>>63 != 0 || full == frozen {
 					t.Fatalf("events %d in %v: %d groups of %d bits and a T of %d bits; a full counter is %#x",
 						ev, win, p.g, p.cb, bits.Len64(p.smask), full)

@@ -417,7 +417,7 @@ func (p *windowParams) sumGroups(v uint64, n int) uint64 {
 
 // Every counter a table can hold (its groups adding up to at most 2·Events)
 // sums and charges as the group-by-group references do (sumGroups, and
-// dropOldest for capped's one add), for layouts of every number of groups
+// dropOldest for look's one add), for layouts of every number of groups
 // and widths from 2 to 31 bits.
 func TestWindowsSumAndCapAgreeWithTheGroupByGroupReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(29, 1))
@@ -441,8 +441,10 @@ func TestWindowsSumAndCapAgreeWithTheGroupByGroupReference(t *testing.T) {
 				}
 			}
 			cost := 1 + r.Uint64N(p.ceil)
-			if got, want := p.capped(T, f, cost), p.dropOldest(T, f, cost); got != want {
-				t.Fatalf("events %d: capped(%#x, %#x, %d) = %#x, want %#x", events, T, f, cost, got, want)
+			// At T itself every group counts and none moves: look's one
+			// add where nothing is dropped.
+			if used, nv := p.look(v, T, cost); nv != p.dropOldest(T, f, cost) || used != p.sumGroups(v, int(p.g)) {
+				t.Fatalf("events %d: look(%#x, %#x, %d) = %d, %#x, want %d, %#x", events, v, T, cost, used, nv, p.sumGroups(v, int(p.g)), p.dropOldest(T, f, cost))
 			}
 			checked++
 		}
