@@ -110,10 +110,8 @@ func (s *Syncer) failed(op Op, now time.Time, err error) {
 		zap.String("zone", s.c.shape.Zone), zap.Stringer("op", op), zap.Error(err))
 }
 
-// ok notes that op succeeded at wall, on the wall clock (LastSuccess: the
-// metrics and the admin API compare it with time.Now).
-func (s *Syncer) ok(op Op, wall time.Time) {
-	s.c.lastOK[op].Store(wall.UnixNano())
+func (s *Syncer) ok(op Op, now time.Time) {
+	s.c.lastOK[op].Store(now.UnixNano())
 	if _, ok := s.failing[op]; !ok {
 		return
 	}

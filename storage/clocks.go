@@ -155,3 +155,47 @@ func (s *Syncer) forgetClocks(now time.Time) {
 		}
 	}
 }
+
+// followStep corrects what this instance measured of its peers' clocks
+// for a step of its own wall clock (an NTP step, not a slew) since its
+// last read: by how much more (or less) the wall clock moved than the
+// time elapsed (Syncer.elapsed: the monotonic clock time.Now carries). A
+// sample is a snapshot's write time less when it was found on this clock;
+// after a step forward by Δ that finding reads Δ later, so the sample
+// less Δ is still never more than how far the peer's clock is ahead of
+// this one's (peerClock), and the peer's counts are placed on the clock
+// as it reads now at once, not after clockSamples more snapshots.
+// Dropping the samples instead would take the peer's sub-windows for this
+// one's until its next snapshot, its counts leaving the view Δ early, as
+// the samples left alone did. After a step back by Δ, Δ is added: left
+// alone, the samples would keep the peer's counts Δ longer than W until
+// its next snapshot (stricter, but a key waits for them). A host's
+// monotonic clock stops while it is suspended and its wall clock runs on:
+// that reads as a step forward, which takes the peers' clocks as further
+// behind than they are and keeps their counts longer, until newer samples
+// replace these.
+func (s *Syncer) followStep(now time.Time) {
+	prev := s.readAt
+	s.readAt = now
+	if prev.IsZero() || len(s.clocks) == 0 {
+		return
+	}
+	elapsed := now.Sub(prev)
+	if s.elapsed != nil {
+		elapsed = s.elapsed(prev, now)
+	}
+	// clockShift places no peer further than most either way: a sample
+	// saturates there, so that steps (a clock off by years, set right)
+	// never add up past int64, and seen stays no later than now.
+	most := int64(MaxClockSkew + s.iv.PurgeAge)
+	step := max(min(int64(now.Round(0).Sub(prev.Round(0))-elapsed), most), -most)
+	if step == 0 {
+		return
+	}
+	for _, p := range s.clocks {
+		for i := range min(p.n, clockSamples) {
+			p.samples[i] = max(min(p.samples[i]-step, most), -most)
+		}
+		p.seen = min(p.seen+step, now.UnixNano())
+	}
+}

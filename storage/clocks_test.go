@@ -174,38 +174,35 @@ func sendEvery(nodes []*node, clock func(*node, time.Time) time.Time, x *node, h
 	return got
 }
 
-// A reader whose cluster clock is stepped (re-anchored on a wall clock
-// stepped by more than the limit, clusterClock) places a peer's counts on
-// its clock as it is after the step at once, as a reader whose clock was
-// always that far off does: what it measured of the peer's clock
-// (clockShift's samples) is corrected by the step (followStep). Reads
-// every second find the peer's snapshot of that second; the reader's wall
-// clock is then stepped past its limit (1 s here), and the first read
-// after the step finds no new snapshot, the second a new one. Before, a
-// reader stepped 5 s forward on a 10 s window kept placing the peer's
-// counts as on its own clock (shift 0 where 3 sub-windows later is right),
-// by its samples from before the step, for up to clockSamples snapshots:
-// the counts left its view up to 5 s early. One stepped back placed them 3
-// sub-windows later than right (kept longer) until the peer's next
-// snapshot.
+// A reader whose own wall clock is stepped (an NTP step, not a slew)
+// places a peer's counts on its clock as it is after the step at once, as
+// a reader whose clock was always that far off does: what it measured of
+// the peer's clock (clockShift's samples) is corrected by the step
+// (followStep), seen as the wall clock moving more or less than the time
+// elapsed. Reads every second find the peer's snapshot of that second;
+// the reader's clock is then stepped, and the first read after the step
+// finds no new snapshot, the second a new one. Before, a reader stepped
+// 5 s forward on a 10 s window kept placing the peer's counts as on its
+// own clock (shift 0 where 3 sub-windows later is right), by its samples
+// from before the step, for up to clockSamples snapshots: the counts left
+// its view up to 5 s early. One stepped back placed them 3 sub-windows
+// later than right (kept longer) until the peer's next snapshot.
 func TestClockShiftFollowsTheReadersOwnStep(t *testing.T) {
 	const window = 10 * time.Second
 	for _, step := range []time.Duration{5 * time.Second, -5 * time.Second, 8 * time.Second, 2 * time.Second} {
 		st := newMemStorage()
 		stepped := newJoiner(t, st, "b", 30, window, zap.NewNop()).s
 		always := newJoiner(t, st, "c", 30, window, zap.NewNop()).s
-		var off time.Duration // how far stepped's wall clock is off real time
-		stepped.c.clock.mono = func(wall time.Time) time.Time { return wall.Add(-off) }
-		stepped.c.clock.limit = time.Second
+		var jump time.Duration // the step of stepped's clock since its last read
+		stepped.elapsed = func(from, to time.Time) time.Duration { return to.Sub(from) - jump }
 		// where a read places the peer: by whole sub-windows, and how long
 		// its counts linger after that (clockShift).
 		type place struct {
 			shift int64
 			early time.Duration
 		}
-		read := func(s *Syncer, wall, written time.Time) place {
-			now, clock := s.c.clock.convert(wall)
-			s.followStep(clock)
+		read := func(s *Syncer, now, written time.Time) place {
+			s.followStep(now)
 			shift, early := s.clockShift(now, "a", written.UnixNano())
 			return place{shift, early}
 		}
@@ -214,11 +211,12 @@ func TestClockShiftFollowsTheReadersOwnStep(t *testing.T) {
 			read(stepped, at, at)
 			read(always, at.Add(step), at)
 		}
-		off = step
+		jump = step
 		for k, written := range []time.Duration{9 * time.Second, 11 * time.Second} {
 			at := t0.Add(time.Duration(11+k) * time.Second)
 			got := read(stepped, at.Add(step), t0.Add(written))
 			want := read(always, at.Add(step), t0.Add(written))
+			jump = 0
 			t.Logf("clock stepped %v, read %d after the step: the peer's counts moved %d sub-windows, lingering %v (as a reader always %v off: %d, %v)", step, k+1, got.shift, got.early, step, want.shift, want.early)
 			if got != want {
 				t.Errorf("clock stepped %v, read %d after the step: the peer's counts moved %d sub-windows, lingering %v; want %d and %v as on a clock always that far off", step, k+1, got.shift, got.early, want.shift, want.early)
@@ -229,10 +227,8 @@ func TestClockShiftFollowsTheReadersOwnStep(t *testing.T) {
 
 // A window zone keeps its bound (1.1 × events + 1 in any span of the
 // window, in real time) when a reader's own wall clock is stepped forward
-// (an NTP step) just after a burst: its cluster clock does not step
-// (clusterClock), and when it does (re-anchored, past its limit: 1 s
-// here), its peers' counts are placed on its clock as it is after the
-// step (followStep). Two instances on one clock,
+// (an NTP step) just after a burst: its peers' counts are placed on its
+// clock as it is after the step (followStep). Two instances on one clock,
 // a burst of 30 on a (15 granted), b's clock stepped forward by D before
 // the burst's window is out, then the key sent to b every 100 ms for 12 s.
 // Before, b kept placing a's counts by samples taken before the step for
@@ -247,37 +243,35 @@ func TestWindowZoneReaderClockSteppedForwardKeepsTheBound(t *testing.T) {
 		{10 * time.Second, 8 * time.Second},
 		{time.Minute, 30 * time.Second},
 	} {
-		for _, limit := range []time.Duration{0, time.Second} {
-			nodes, _ := aheadNodes(t, 2, events, c.window, -1, 0, t0.Add(7*testIntervals.Read))
-			a, b := nodes[0], nodes[1]
-			now := t0.Add(8 * testIntervals.Read)
-			burst := now.Add(500 * time.Millisecond)
-			stepAt := burst.Add(max(200*time.Millisecond, c.window-c.step-2*time.Second))
-			clock := func(x *node, at time.Time) time.Time {
-				if x == b && !at.Before(stepAt) {
-					return at.Add(c.step)
-				}
-				return at
+		nodes, _ := aheadNodes(t, 2, events, c.window, -1, 0, t0.Add(7*testIntervals.Read))
+		a, b := nodes[0], nodes[1]
+		now := t0.Add(8 * testIntervals.Read)
+		burst := now.Add(500 * time.Millisecond)
+		stepAt := burst.Add(max(200*time.Millisecond, c.window-c.step-2*time.Second))
+		clock := func(x *node, at time.Time) time.Time {
+			if x == b && !at.Before(stepAt) {
+				return at.Add(c.step)
 			}
-			// b's monotonic clock runs on real time: its wall time less the
-			// step, once stepped.
-			unstep := func(wall time.Time) time.Time {
-				if !wall.Before(stepAt.Add(c.step)) {
-					return wall.Add(-c.step)
-				}
-				return wall
+			return at
+		}
+		// b's monotonic clock runs on real time: its wall time less the
+		// step, once stepped.
+		unstep := func(wall time.Time) time.Time {
+			if !wall.Before(stepAt.Add(c.step)) {
+				return wall.Add(-c.step)
 			}
-			b.c.clock.mono, b.c.clock.limit = unstep, limit
-			h := limiter.HashString(fmt.Sprint("k", c, limit))
-			var log []time.Time
-			first := burstOnAll([]*node{a}, h, events, burst, &log)
-			next := now.Add(testIntervals.Read)
-			got := sendEvery(nodes, clock, b, h, stepAt, stepAt.Add(12*time.Second), 100*time.Millisecond, &next, &log)
-			worst := worstSpan(log, c.window)
-			t.Logf("window %v, b's clock stepped %v forward %v after a burst on a (%d granted), re-anchor limit %v: b granted %d, worst span %d (bound %d)", c.window, c.step, stepAt.Sub(burst), first, limit, got, worst, bound)
-			if worst > bound || first == 0 || got == 0 {
-				t.Errorf("window %v, b stepped %v, limit %v: a burst on a got %d, then b %d; worst span %d, want at most %d (and some granted on each)", c.window, c.step, limit, first, got, worst, bound)
-			}
+			return wall
+		}
+		b.s.elapsed = func(from, to time.Time) time.Duration { return unstep(to).Sub(unstep(from)) }
+		h := limiter.HashString(fmt.Sprint("k", c))
+		var log []time.Time
+		first := burstOnAll([]*node{a}, h, events, burst, &log)
+		next := now.Add(testIntervals.Read)
+		got := sendEvery(nodes, clock, b, h, stepAt, stepAt.Add(12*time.Second), 100*time.Millisecond, &next, &log)
+		worst := worstSpan(log, c.window)
+		t.Logf("window %v, b's clock stepped %v forward %v after a burst on a (%d granted): b granted %d, worst span %d (bound %d)", c.window, c.step, stepAt.Sub(burst), first, got, worst, bound)
+		if worst > bound || first == 0 || got == 0 {
+			t.Errorf("window %v, b stepped %v: a burst on a got %d, then b %d; worst span %d, want at most %d (and some granted on each)", c.window, c.step, first, got, worst, bound)
 		}
 	}
 }

@@ -34,14 +34,9 @@ type Shape struct {
 // key is not blocked and its cluster estimate plus its weight is within the
 // quota. It is safe for concurrent use; decisions take no lock and never
 // touch storage.
-//
-// Every time it is given (now, as time.Now gives it) is taken on its clock
-// (clusterclock.go), which a step of the host's wall clock does not move:
-// what it counts, and the times of its snapshots, are on that clock.
 type Cluster struct {
 	shape  Shape
 	sketch *limiter.Sketch
-	clock  clusterClock
 	// peers is the sum of the other instances' snapshots as last read; nil
 	// before the first read.
 	peers atomic.Pointer[limiter.SketchSum]
@@ -190,7 +185,6 @@ func (c *Cluster) SetQuota(q int64) error { return c.sketch.SetQuota(q) }
 // in this instance's sketch. A key found over its limit (no request of
 // weight 1 would pass) is blocked until one would.
 func (c *Cluster) TakeHash(h uint64, weight int64, now time.Time) (limiter.Decision, limiter.Reservation) {
-	now = c.clock.at(now)
 	if d, ok := c.blockedAt(h, now); ok {
 		return d, limiter.Reservation{}
 	}
@@ -217,7 +211,6 @@ func (c *Cluster) SplitBursts(on bool, reread time.Duration) {
 // denial by this instance's share alone waits until the next read, as
 // TakeHash's does.
 func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decision {
-	now = c.clock.at(now)
 	if d, ok := c.blockedAt(h, now); ok {
 		return d
 	}
@@ -236,7 +229,6 @@ func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decisi
 // shares, may let it through. A zone that holds requests (action delay)
 // holds such a one until then.
 func (c *Cluster) ShareDenies(h uint64, weight int64, now time.Time) bool {
-	now = c.clock.at(now)
 	if _, ok := c.blockedAt(h, now); ok {
 		return false
 	}
@@ -291,7 +283,7 @@ func (c *Cluster) Refund(r limiter.Reservation) { c.sketch.Refund(r) }
 // instance's next snapshot on, as they count its grants, and it uses up
 // this instance's share as a grant does; a key it drives over the limit is
 // denied, and blocked, at its next request. An n below 1 adds nothing.
-func (c *Cluster) Add(h uint64, n int64, now time.Time) { c.sketch.Add(h, n, c.clock.at(now)) }
+func (c *Cluster) Add(h uint64, n int64, now time.Time) { c.sketch.Add(h, n, now) }
 
 // Quota returns the events per window the cluster grants a key.
 func (c *Cluster) Quota() int64 { return c.sketch.Quota() }
@@ -368,8 +360,8 @@ func (c *Cluster) Conflicts() uint64 { return c.conflicts.Load() }
 // Failed returns how many storage operations of kind op failed.
 func (c *Cluster) Failed(op Op) uint64 { return c.failed[op].Load() }
 
-// LastSuccess returns when an operation of kind op last succeeded (on the
-// wall clock, not the cluster's), and false if none has yet: how stale this instance's view of the cluster (read) or
+// LastSuccess returns when an operation of kind op last succeeded, and false
+// if none has yet: how stale this instance's view of the cluster (read) or
 // the cluster's view of it (write) may be.
 func (c *Cluster) LastSuccess(op Op) (time.Time, bool) {
 	ns := c.lastOK[op].Load()

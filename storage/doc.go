@@ -20,14 +20,8 @@
 // rate_limit/<zone>/<instance>; every read interval it reads every other
 // snapshot under rate_limit/<zone>/ and replaces the sum with a new one built
 // from them (read.go), so a snapshot is never counted twice and a dead
-// instance's counts age out with its windows. A Cluster takes every time it
-// is given on a clock of its own (clusterclock.go): the wall clock when it
-// was first used plus the monotonic time since, so that a step of the
-// host's clock moves nothing it counted (it runs skewed from its peers by
-// the step) unless the two come apart by more than MaxClockSkew (less,
-// behind, with a short purge age), where it re-anchors on the wall clock.
-// A window zone's reader places each peer's snapshot on its own clock
-// (clocks.go): by how far ahead the
+// instance's counts age out with its windows. A window zone's reader places
+// each peer's snapshot on its own clock (clocks.go): by how far ahead the
 // peer's clock has at least been seen, from when the reader found its
 // snapshots new, so that clocks apart by up to MaxClockSkew leave a peer's
 // counts in the reader's view for W less at most a read interval (and less

@@ -9,13 +9,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// Write publishes the Cluster's sketch and own blocks as at wall, taken on
-// the cluster's clock (clusterclock.go; wall itself is kept for
-// LastSuccess). Before its first write it restores this instance's last
-// published state (see Restore); while that fails it publishes nothing.
-func (s *Syncer) Write(ctx context.Context, wall time.Time) {
+// Write publishes the Cluster's sketch and own blocks as at now. Before
+// its first write it restores this instance's last published state (see
+// Restore); while that fails it publishes nothing.
+func (s *Syncer) Write(ctx context.Context, now time.Time) {
 	c := s.c
-	now := c.clock.at(wall)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.restored {
@@ -45,7 +43,7 @@ func (s *Syncer) Write(ctx context.Context, wall time.Time) {
 	c.own[0].landed = true
 	s.proc.noteLanded(key, writtenOf(now, s.buf))
 	s.noteStreak(name, now, now, false)
-	s.ok(OpWrite, wall)
+	s.ok(OpWrite, now)
 }
 
 // Restore loads this instance's own last snapshot, if any, into the
@@ -58,7 +56,7 @@ func (s *Syncer) Restore(ctx context.Context, now time.Time) error {
 	if s.c.restored || s.st == nil {
 		return nil
 	}
-	return s.restoreLocked(ctx, s.c.clock.at(now))
+	return s.restoreLocked(ctx, now)
 }
 
 func (s *Syncer) restoreLocked(ctx context.Context, now time.Time) error {

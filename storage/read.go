@@ -14,9 +14,8 @@ import (
 )
 
 // Read replaces the Cluster's peers' sum with the sum of every other
-// instance's latest snapshot of the zone as at wall, taken on the cluster's
-// clock (clusterclock.go): from the zone's aggregate when there is a fresh
-// one it can use (aggregate.go), else from
+// instance's latest snapshot of the zone as at now: from the zone's
+// aggregate when there is a fresh one it can use (aggregate.go), else from
 // the snapshots themselves. Reading those, snapshots older than the purge
 // age are deleted, and entries that are not well-formed snapshots are
 // skipped and counted; the aggregator then publishes their aggregate, and
@@ -32,14 +31,13 @@ import (
 // peer's snapshot at a time (at most about 6 bytes per sketch cell, usually
 // much less); a read on which a snapshot lists a reset learned after
 // others were added is done again holding them all (sumSnapshots).
-func (s *Syncer) Read(ctx context.Context, wall time.Time) {
-	now, clock := s.c.clock.convert(wall)
+func (s *Syncer) Read(ctx context.Context, now time.Time) {
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer func() { clear(s.snaps) }() // no snapshot outlives its read
 	s.lifted = s.lifted[:0]
-	s.followStep(clock)
+	s.followStep(now)
 	found := aggregateNone
 	defer func() { s.lastRead = found }()
 	if !s.agg.aggregating {
@@ -48,7 +46,7 @@ func (s *Syncer) Read(ctx context.Context, wall time.Time) {
 			s.agg.seen() // a fresh aggregate: somebody aggregates
 		}
 		if found == aggregateUsed {
-			s.ok(OpRead, wall)
+			s.ok(OpRead, now)
 			return
 		}
 	}
@@ -87,7 +85,7 @@ func (s *Syncer) Read(ctx context.Context, wall time.Time) {
 		s.publishAggregate(ctx, now, sum, added, mine)
 	}
 	s.replaceView(now, sum, live, rank, seq, added, 0, late)
-	s.ok(OpRead, wall)
+	s.ok(OpRead, now)
 }
 
 // sumSnapshots loads the snapshots under keys (the zone's listing) and

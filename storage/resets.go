@@ -71,7 +71,6 @@ type resetEntry struct {
 // its next Read (see resets.go). Keys that share counters with h gain at
 // most what h had counted there.
 func (c *Cluster) Reset(h uint64, now time.Time) {
-	now = c.clock.at(now)
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
 	n := now.UnixNano()

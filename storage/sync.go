@@ -110,9 +110,12 @@ type Syncer struct {
 	// clocks holds what was measured of each peer's clock, for placing
 	// its snapshots on this one's (clockShift).
 	clocks map[string]*peerClock
-	// stepped is the cluster clock's clockAnchor.stepped at the last
-	// read, for followStep.
-	stepped int64
+	// readAt is the time of the last read, as time.Now gave it (with
+	// its monotonic reading), for followStep; elapsed, if set, is how
+	// much time passed between two such times, in place of Time.Sub's
+	// monotonic difference: a test's clock, whose times carry none.
+	readAt  time.Time
+	elapsed func(from, to time.Time) time.Duration
 	// unsure is set by a read (endSight) that found a peer's snapshot,
 	// never seen replaced, that looks dead on this instance's clock but is
 	// recent on a clock up to MaxClockSkew behind it (see shareRank).
@@ -160,7 +163,6 @@ func newSyncer(c *Cluster, instance string, iv Intervals, log *zap.Logger) *Sync
 		aggLatest: make(map[uint64]int64),
 	}
 	s.agg = aggregator{s: s, from: AggregateFrom}
-	c.clock.setPurge(iv)
 	return s
 }
 

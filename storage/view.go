@@ -83,7 +83,6 @@ type KeyView struct {
 
 // View returns the key with hash h's standing at now. It charges nothing.
 func (c *Cluster) View(h uint64, now time.Time) KeyView {
-	now = c.clock.at(now)
 	used := func(peers *limiter.SketchSum) int64 { return c.sketch.EstimateWith(h, now, peers) }
 	peers, shared := c.peers.Load(), c.shared.Load()
 	here := used(nil)
