@@ -1,0 +1,186 @@
+package storage
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/floodgate-rl/floodgate/limiter"
+	"go.uber.org/zap"
+)
+
+// A peer found behind the reader's clock by more than a read interval, but
+// less than a sub-window (its clock less than the tolerance behind, found
+// late after its write by the phase of the reads), is not moved a
+// sub-window later: what clockShift leaves uncorrected lingers instead.
+// Here a is 0.6 s behind b and b reads 0.9 s after a writes (1 s
+// intervals, 1 m window): b measures a 1.5 s behind. Before, the
+// tolerance was a read interval, and a was moved a whole sub-window (8.6
+// s) later, its counts kept that long past W; with four instances,
+// the shares then handed out again room a peer's moved grants had used
+// (TestWindowZoneRandomClockSkewSchedulesKeepTheBound).
+func TestClockShiftLingersAPeerFoundLessThanASubWindowBehind(t *testing.T) {
+	const window = time.Minute
+	sub := subWindowOf(window)
+	for _, c := range []struct{ behind, found time.Duration }{
+		{600 * time.Millisecond, 900 * time.Millisecond},
+		{time.Second, 999 * time.Millisecond},
+		{sub/2 - 1500*time.Millisecond, time.Second}, // half a sub-window less 0.5 s
+	} {
+		b := newJoiner(t, newMemStorage(), "b", 30, window, zap.NewNop()).s
+		var shift int64
+		var early time.Duration
+		for k := range 10 {
+			written := t0.Add(time.Duration(k) * time.Second).Add(-c.behind) // on a's clock
+			found := t0.Add(time.Duration(k) * time.Second).Add(c.found)     // on b's
+			shift, early = b.clockShift(found, "a", written.UnixNano())
+		}
+		lag := c.behind + c.found
+		t.Logf("a %v behind, found %v after its write: moved %d sub-windows, lingering %v", c.behind, c.found, shift, early)
+		if shift != 0 || early != lag {
+			t.Errorf("a %v behind, found %v after its write: moved %d sub-windows, lingering %v; want 0 and %v", c.behind, c.found, shift, early, lag)
+		}
+	}
+}
+
+// Random schedules with every instance's clock off by a constant skew
+// within ± a read interval (at most a sub-window; so two of them up to twice that apart, found up
+// to a read interval later still), bursts timed 10 ms before the end of a
+// sub-window of a random instance's clock on random subsets of the
+// instances, weights 1 to 3, and a stream every 50 ms on random
+// instances; two to six instances (an aggregate from four), syncs every
+// read interval, each instance reading at its own phase after its write
+// (half the schedules) or with it. Before, peers found behind by more
+// than a read interval were moved a whole sub-window later (clockShift),
+// and 5 of the 80 one-minute schedules got 35 to 39 in a span (3 with
+// full reads, no aggregate).
+func TestWindowZoneRandomClockSkewSchedulesKeepTheBound(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	spans := map[string]map[int]int{}
+	for _, window := range []time.Duration{4 * time.Second, time.Minute} {
+		L := subWindowOf(window)
+		tol := min(testIntervals.Read, L-1) // a read interval, as the tolerance was
+		for seed := range uint64(80) {
+			rng := rand.New(rand.NewPCG(seed, 77))
+			n := 2 + rng.IntN(5)
+			skews := make([]time.Duration, n)
+			for i := range skews {
+				skews[i] = time.Duration(rng.Int64N(int64(2*tol))) - tol
+			}
+			rph := make([]time.Duration, n)
+			if rng.IntN(2) == 0 {
+				for i := range rph {
+					rph[i] = time.Duration(rng.Int64N(int64(testIntervals.Read)))
+				}
+			}
+			formAt := t0.Add(time.Duration(rng.Int64N(int64(time.Second))))
+			start := formAt.Add(time.Second)
+			end := start.Add(3 * window)
+			evs := skewSyncs(n, start, end, rph)
+			for range 40 {
+				who := rng.IntN(n)
+				// a sub-window's end on who's clock, less 10 ms, in real time
+				at := start.Add(time.Duration(rng.Int64N(int64(end.Sub(start)))))
+				local := at.Add(skews[who])
+				edge := time.Unix(0, (local.UnixNano()/int64(L)+1)*int64(L)).Add(-10 * time.Millisecond)
+				real := edge.Add(-skews[who])
+				on := rng.IntN(1<<n) | 1<<who
+				w := 1 + rng.Int64N(3)
+				for i := range n {
+					if on&(1<<i) != 0 {
+						evs = append(evs, skewEvent{at: real, node: i, kind: skewSend, n: 1 + rng.IntN(events), w: w})
+					}
+				}
+			}
+			for at := start; at.Before(end); at = at.Add(50 * time.Millisecond) {
+				evs = append(evs, skewEvent{at: at, node: rng.IntN(n), kind: skewSend, n: 1, w: 1})
+			}
+			h := limiter.HashString(fmt.Sprint("skew", window, seed))
+			ws := worstSpan(runSkewed(t, n, events, window, skews, h, evs, formAt), window)
+			key := fmt.Sprint(window, " n=", n)
+			if spans[key] == nil {
+				spans[key] = map[int]int{}
+			}
+			spans[key][ws]++
+			if ws > bound {
+				t.Errorf("window %v seed %d: %d instances, skews %v, read phases %v: worst span %d of %d, bound %d", window, seed, n, skews, rph, ws, events, bound)
+			}
+		}
+	}
+	t.Logf("worst spans (span: schedules): %v", spans)
+}
+
+const (
+	skewWrite = iota
+	skewRead
+	skewSend
+)
+
+// A skewEvent: at real time at, node writes, reads, or is sent n requests
+// of weight w.
+type skewEvent struct {
+	at   time.Time
+	node int
+	kind int
+	n    int
+	w    int64
+}
+
+// skewSyncs has each of n nodes write every read interval from from until
+// to, and read rph[i] after its write.
+func skewSyncs(n int, from, to time.Time, rph []time.Duration) []skewEvent {
+	var evs []skewEvent
+	for at := from; at.Before(to); at = at.Add(testIntervals.Read) {
+		for i := range n {
+			evs = append(evs, skewEvent{at: at, node: i, kind: skewWrite}, skewEvent{at: at.Add(rph[i]), node: i, kind: skewRead})
+		}
+	}
+	return evs
+}
+
+// runSkewed forms n window-zone instances (events per window), node i's
+// clock skews[i] off real time, syncing from formAt less 6 read intervals
+// on, then runs evs in time order (ties: writes, reads, sends) and returns
+// the grants' real times, one per unit of weight, in order.
+func runSkewed(t *testing.T, n int, events int64, window time.Duration, skews []time.Duration, h uint64, evs []skewEvent, formAt time.Time) []time.Time {
+	t.Helper()
+	st := newMemStorage()
+	var nodes []*node
+	idx := map[*node]int{}
+	for i := range n {
+		x := newJoiner(t, st, string(rune('a'+i)), events, window, zap.NewNop())
+		nodes = append(nodes, x)
+		idx[x] = i
+	}
+	clock := func(x *node, at time.Time) time.Time { return at.Add(skews[idx[x]]) }
+	for k := 6; k >= 0; k-- {
+		syncAt(nodes, nodes, clock, formAt.Add(-time.Duration(k)*testIntervals.Read))
+	}
+	slices.SortStableFunc(evs, func(a, b skewEvent) int {
+		return cmp.Or(a.at.Compare(b.at), cmp.Compare(a.kind, b.kind))
+	})
+	var log []time.Time
+	for _, e := range evs {
+		x := nodes[e.node]
+		now := clock(x, e.at)
+		switch e.kind {
+		case skewWrite:
+			x.s.Write(bg, now)
+		case skewRead:
+			x.s.Read(bg, now)
+		case skewSend:
+			for range e.n {
+				if d, _ := x.c.TakeHash(h, e.w, now); d.Allowed {
+					for range e.w {
+						log = append(log, e.at)
+					}
+				}
+			}
+		}
+	}
+	return log
+}
