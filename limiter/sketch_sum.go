@@ -286,14 +286,16 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 			}
 			if v.t < uint64(t.linger) {
 				// The view's window e − ring, left it v.t ago, still
-				// counted (Linger): the sum's slot d − 1, or its tail.
+				// counted (Linger) until linger into this one: the
+				// sum's slot d − 1, or its tail.
 				var n uint64
 				if d > 0 {
 					n = uint64(t.counts[int(cols[i])+int(d)-1])
 				} else if d == 0 && t.tail != nil {
 					n = uint64(t.tail[int32(int(cols[i])/t.ring)])
 				}
-				v.sub[i][0] += n
+				v.linger[i] += n
+				v.lingerEnd = uint64(t.linger)
 				sum += n
 				lingered[i] = n
 			}
@@ -461,8 +463,10 @@ func (t *SketchSum) Later(shift int64, now time.Time) *SketchSum {
 // counting it at that sub-window's start: its counts are of writers whose
 // clocks may be up to d behind this one's (less than a sub-window: d is
 // capped at a sub-window less a nanosecond), so that they never leave
-// this view before they leave their writers'. Copies of the sum (Clone,
-// WithShares, WithoutHash) keep it.
+// this view before they leave their writers'. A request denied on them
+// is told to retry (RetryAfter, Reset) when they leave, d into the
+// sub-window, not at its end. Copies of the sum (Clone, WithShares,
+// WithoutHash) keep it.
 func (t *SketchSum) Linger(d time.Duration) {
 	if t.ring > 2 && d > 0 {
 		t.linger = max(t.linger, min(int64(d), int64(t.window)-1))

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/floodgate-rl/floodgate/limiter"
-	"go.uber.org/zap"
 )
 
 // readsLoad has the nodes read at now and returns how many entries they
@@ -399,20 +398,12 @@ func TestAggregateKeepsItsMembersLingeringCounts(t *testing.T) {
 		edge := B.Add(window)
 		tick := edge.Add(c.q)                        // a read, q after the edge
 		formAt := t0.Add(tick.Sub(t0) % time.Second) // reads every second, one at tick
-		st := newMemStorage()
-		var nodes []*node
-		for i := range c.n {
-			nodes = append(nodes, newJoiner(t, st, string(rune('a'+i)), events, window, zap.NewNop()))
-		}
-		clock := func(x *node, at time.Time) time.Time {
-			if i := slices.Index(nodes, x); i >= 1 && i <= c.behind {
-				return at.Add(-c.delta)
+		nodes, clock := clockedNodes(t, c.n, events, window, func(i int) time.Duration {
+			if i >= 1 && i <= c.behind {
+				return -c.delta
 			}
-			return at
-		}
-		for k := 6; k >= 0; k-- {
-			syncAt(nodes, nodes, clock, formAt.Add(-time.Duration(k)*testIntervals.Read))
-		}
+			return 0
+		}, formAt)
 		next := formAt.Add(testIntervals.Read)
 		sync := func(at time.Time) {
 			for ; !at.Before(next); next = next.Add(testIntervals.Read) {
