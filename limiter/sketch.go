@@ -485,6 +485,7 @@ func (s *Sketch) touch(h uint64) {
 func (s *Sketch) read(cols *sketchCols, e, t int64, v *sketchView) {
 	v.n, v.w, v.t = s.rows, uint64(s.window), uint64(t)
 	if v.sliding = s.ring > 2; v.sliding {
+		v.lingerEnd, v.linger = 0, [MaxSketchRows]uint64{} // a sum's to add (addTo)
 		// Window e − 7 + k is in counter (e + 1 + k) mod 8, tagged
 		// with its own number / 8.
 		first := e - (1<<sketchSlidingBits - 1)
@@ -519,13 +520,20 @@ type sketchRow struct{ prev, curr uint64 }
 // prev·(W−t) + curr·W, needs up to 96 bits, so it is held in 128. A
 // sliding sketch's view holds in each row's curr the sum of its
 // sub-windows (prev is 0) and in sub each sub-window's count, oldest
-// first, the current one last; w and t are then the sub-window's.
+// first, the current one last; w and t are then the sub-window's. A
+// sliding view of a sum that lingers (SketchSum.Linger) counts in each
+// row's curr, besides its sub-windows, what a peer counted of the
+// sub-window that has just left it, linger, until lingerEnd into the
+// current sub-window (t < lingerEnd < w), when it leaves: so a wait
+// (slidingWait) knows when those counts go.
 type sketchView struct {
-	n       int
-	w, t    uint64 // window length and time into it, ns; t < w
-	sliding bool
-	rows    [MaxSketchRows]sketchRow
-	sub     [MaxSketchRows][1 << sketchSlidingBits]uint64
+	n         int
+	w, t      uint64 // window length and time into it, ns; t < w
+	sliding   bool
+	lingerEnd uint64
+	rows      [MaxSketchRows]sketchRow
+	sub       [MaxSketchRows][1 << sketchSlidingBits]uint64
+	linger    [MaxSketchRows]uint64
 }
 
 // num returns row i's estimate times W.
@@ -673,9 +681,10 @@ func (v *sketchView) rowRetry(i int, need uint64) uint64 {
 }
 
 // slidingWait is, for a sliding view, the time until some row counts at
-// most need, assuming no new traffic: sub-window k of the ring (oldest
-// first) stops counting at the end of the current sub-window plus k
-// sub-windows, so the first k with the rest at most need gives the wait.
+// most need, assuming no new traffic: what lingers stops counting at
+// lingerEnd, and sub-window k of the ring (oldest first) at the end of
+// the current sub-window plus k sub-windows, so the first of those with
+// the rest at most need gives the wait.
 func (v *sketchView) slidingWait(need uint64) time.Duration {
 	best := uint64(math.MaxUint64)
 	for i := 0; i < v.n && best > 0; i++ {
@@ -683,6 +692,10 @@ func (v *sketchView) slidingWait(need uint64) time.Duration {
 		if left <= need {
 			best = 0
 			break
+		}
+		if left -= v.linger[i]; left <= need {
+			best = min(best, v.lingerEnd-v.t)
+			continue
 		}
 		for k, c := range v.sub[i] {
 			if left -= c; left <= need {

@@ -121,7 +121,7 @@ func (t *SketchSum) WithoutHash(h uint64, at time.Time) *SketchSum {
 	}
 	c := *t
 	c.counts = slices.Clone(t.counts) // c.used stays t's: no sum is added to once read
-	c.tail = maps.Clone(t.tail)
+	c.tail, c.sharedTail = maps.Clone(t.tail), false
 	if t.ring == 2 {
 		// A weighted copy's reservations, carried by the next
 		// WithShares, are measured against the counts as they were:

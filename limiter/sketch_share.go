@@ -118,7 +118,8 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 	}
 	n = max(n, 1)
 	e, el := s.clock(now)
-	if d := e - t.epoch; d != 0 {
+	d := e - t.epoch
+	if d != 0 {
 		// A sum of another window or sub-window (an aggregate's: read a
 		// read interval or two after it was written, or written on a
 		// clock ahead of this one's): the same counts, as of window e.
@@ -131,6 +132,7 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 	}
 	c := *t
 	c.shares = nil
+	c.sharedTail = c.tail != nil && d == 0 // the sum's, counted there
 	// Every cell t counts something in is in use, below, and written
 	// there unless it counts nothing after all (subtracting can leave a
 	// cell at zero); every other cell holds zero in t too. c.used stays
@@ -550,7 +552,7 @@ func (t *SketchSum) shifted(d int64) *SketchSum {
 	r := int64(t.ring)
 	// The window that has just left the new view, still counted within
 	// linger of its end (Linger): its slot d − 1.
-	c.tail = nil
+	c.tail, c.sharedTail = nil, false
 	for i := range setCells(t.used) {
 		src, dst := t.counts[t.ring*i:][:t.ring], c.counts[t.ring*i:][:t.ring]
 		if d > 0 && d <= r && t.linger > 0 && src[d-1] != 0 {

@@ -838,17 +838,8 @@ func TestUncountedShare(t *testing.T) {
 // the key. Before, the peer's grants of a sub-window left the reader's
 // view at the reader's edge, up to early before the writer's.
 func TestSlidingSumLingersForAClockBehind(t *testing.T) {
-	const quota = 30
-	peer, reader, sub, start := peerAndReader(t, quota)
-	h := uint64(0x9e3779b97f4a7c15)
-	for range quota {
-		if d, _ := peer.TakeHashWith(h, 1, start.Add(sub-time.Millisecond), nil); !d.Allowed {
-			t.Fatal("the peer denied its own quota")
-		}
-	}
+	reader, h, sub, edge, snap := grantsLeavingAtAnEdge(t)
 	const early = 300 * time.Millisecond
-	edge := start.Add(8 * sub) // the grants leave the view
-	snap, _ := peer.AppendSnapshot(nil, edge.Add(-time.Millisecond))
 	passes := func(sum *SketchSum, at time.Time) bool { return reader.PeekHashWith(h, 1, at, sum).Allowed }
 	for _, c := range []struct {
 		name string
@@ -892,6 +883,57 @@ func TestSlidingSumLingersForAClockBehind(t *testing.T) {
 	if !passes(late, edge.Add(early)) {
 		t.Error("a sum read after early kept the grants")
 	}
+}
+
+// A request denied on counts that linger (Linger) is told to retry when
+// they leave the view, early into the sub-window, where the key passes:
+// RetryAfter and Reset are that time, never earlier and not the end of
+// the sub-window. Before, the lingering counts were counted in the
+// view's oldest sub-window, and a denial at the edge was told to retry
+// 8.57 s later where the key passed 300 ms later (a 1 m window).
+func TestSlidingSumDenialDuringTheLingerRetriesWhenItEnds(t *testing.T) {
+	reader, h, sub, edge, snap := grantsLeavingAtAnEdge(t)
+	const early = 300 * time.Millisecond
+	sum := reader.NewSketchSum(edge.Add(-sub / 2))
+	if _, err := sum.AddBinaryLinger(snap, nil, 0, early); err != nil {
+		t.Fatal(err)
+	}
+	shared := sum.WithShares(reader, 2, 0, edge.Add(-sub/2), nil, time.Second)
+	for _, s := range []*SketchSum{sum, shared} {
+		for _, at := range []time.Time{edge, edge.Add(early / 2), edge.Add(early - time.Millisecond)} {
+			peek := reader.PeekHashWith(h, 1, at, s)
+			take, _ := reader.TakeHashWith(h, 1, at, s)
+			for _, d := range []Decision{peek, take} {
+				if d.Allowed {
+					t.Fatalf("%v after the edge: granted while the peer's counts linger", at.Sub(edge))
+				}
+				if want := edge.Add(early).Sub(at); d.RetryAfter != want || d.Reset != want {
+					t.Errorf("%v after the edge: RetryAfter %v, Reset %v, want %v (the linger's end)", at.Sub(edge), d.RetryAfter, d.Reset, want)
+				}
+			}
+			if r := peek.RetryAfter; reader.PeekHashWith(h, 1, at.Add(r-1), s).Allowed || !reader.PeekHashWith(h, 1, at.Add(r), s).Allowed {
+				t.Errorf("%v after the edge: the key does not pass %v later, or passes before", at.Sub(edge), r)
+			}
+		}
+	}
+}
+
+// grantsLeavingAtAnEdge has a peer grant the key with hash h its quota
+// of 30 a millisecond before a sub-window ends, and returns a reader of
+// its snapshot taken just before those grants leave the view at edge.
+func grantsLeavingAtAnEdge(t *testing.T) (reader *Sketch, h uint64, sub time.Duration, edge time.Time, snap []byte) {
+	t.Helper()
+	const quota = 30
+	peer, reader, sub, start := peerAndReader(t, quota)
+	h = uint64(0x9e3779b97f4a7c15)
+	for range quota {
+		if d, _ := peer.TakeHashWith(h, 1, start.Add(sub-time.Millisecond), nil); !d.Allowed {
+			t.Fatal("the peer denied its own quota")
+		}
+	}
+	edge = start.Add(8 * sub)
+	snap, _ = peer.AppendSnapshot(nil, edge.Add(-time.Millisecond))
+	return reader, h, sub, edge, snap
 }
 
 // peerAndReader returns two sliding sketches of quota per minute, their

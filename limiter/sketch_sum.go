@@ -62,23 +62,36 @@ type SketchSum struct {
 	// epoch − ring, which has left the view but not linger ago while now
 	// is within linger of window epoch's start (AddBinaryLinger); nil for
 	// none. It is never written once the sum is read (copies that
-	// change it clone it).
+	// change it clone it). sharedTail is set on a copy made by WithShares
+	// in the sum's own sub-window, whose tail is the sum's.
 	linger, made int64
 	tail         map[int32]uint32
+	sharedTail   bool
 }
 
+// tailEntryBytes bounds what an entry of a sum's tail holds: a map slot
+// of 8 bytes and its control byte, at least 7/16 of the slots full (Go's
+// maps fill their tables to 7/8 before doubling them); about 19 as
+// measured at 16 to 257 thousand entries.
+const tailEntryBytes = 21
+
 // Bytes returns what the sum holds: 4 bytes per cell and window (two, or
-// eight for a sliding sketch) for its counts and, unless copied reports that it shares its sum's (copies made
-// by WithShares and WithoutHash do), a bitmap of the cells in use, 1 bit
-// per cell. A copy made by WithShares adds 16 bytes per cell it lists (44
-// for a sliding sketch, and 4 per cell), as allocated. A nil sum holds nothing.
+// eight for a sliding sketch) for its counts, up to 21 per cell of its
+// tail (Linger) unless it is its sum's (a copy made by WithShares in the
+// sum's sub-window) and, unless copied reports that it shares its sum's
+// (copies made by WithShares and WithoutHash do), a bitmap of the cells
+// in use, 1 bit per cell. A copy made by WithShares adds 16 bytes per
+// cell it lists (44 for a sliding sketch, and 4 per cell), as allocated.
+// A nil sum holds nothing.
 func (t *SketchSum) Bytes(copied bool) int {
 	if t == nil {
 		return 0
 	}
 	n := 4 * len(t.counts)
+	if !t.sharedTail {
+		n += tailEntryBytes * len(t.tail)
+	}
 	if !copied {
-		n += 16 * len(t.tail) // about: a map's entry of 8 bytes and its share of the table
 		n += 8 * len(t.used)
 	}
 	if t.shares != nil {
@@ -286,14 +299,16 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 			}
 			if v.t < uint64(t.linger) {
 				// The view's window e − ring, left it v.t ago, still
-				// counted (Linger): the sum's slot d − 1, or its tail.
+				// counted (Linger) until linger into this one: the
+				// sum's slot d − 1, or its tail.
 				var n uint64
 				if d > 0 {
 					n = uint64(t.counts[int(cols[i])+int(d)-1])
 				} else if d == 0 && t.tail != nil {
 					n = uint64(t.tail[int32(int(cols[i])/t.ring)])
 				}
-				v.sub[i][0] += n
+				v.linger[i] += n
+				v.lingerEnd = uint64(t.linger)
 				sum += n
 				lingered[i] = n
 			}
@@ -461,8 +476,10 @@ func (t *SketchSum) Later(shift int64, now time.Time) *SketchSum {
 // counting it at that sub-window's start: its counts are of writers whose
 // clocks may be up to d behind this one's (less than a sub-window: d is
 // capped at a sub-window less a nanosecond), so that they never leave
-// this view before they leave their writers'. Copies of the sum (Clone,
-// WithShares, WithoutHash) keep it.
+// this view before they leave their writers'. A request denied on them
+// is told to retry (RetryAfter, Reset) when they leave, d into the
+// sub-window, not at its end. Copies of the sum (Clone, WithShares,
+// WithoutHash) keep it.
 func (t *SketchSum) Linger(d time.Duration) {
 	if t.ring > 2 && d > 0 {
 		t.linger = max(t.linger, min(int64(d), int64(t.window)-1))
@@ -478,7 +495,7 @@ func (t *SketchSum) Clone() *SketchSum {
 	c := *t
 	c.counts = slices.Clone(t.counts)
 	c.used = slices.Clone(t.used)
-	c.tail = maps.Clone(t.tail)
+	c.tail, c.sharedTail = maps.Clone(t.tail), false
 	c.shares = nil
 	return &c
 }

@@ -2,7 +2,9 @@ package limiter
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -273,4 +275,71 @@ func TestSketchSumBinaryLessOneSnapshotIsTheOthers(t *testing.T) {
 	if _, err := a.SketchSumOfBinary([]byte("FGSK junk")); err == nil {
 		t.Fatal("junk loaded as a sum")
 	}
+}
+
+// A sum's Bytes counts the tail it keeps of a sub-window that has left
+// its view (Linger) at no less than the heap the tail holds, in the sum
+// and in a copy made by WithShares a sub-window later (shifted, with a
+// tail of its own), and not again in a copy made in the sum's
+// sub-window, whose tail is the sum's. Before, a map entry was counted
+// 16 bytes where it holds about 19, and a later copy's tail not at all.
+func TestSlidingSumBytesCountsItsTail(t *testing.T) {
+	const width = 4096
+	newSk := func() *Sketch {
+		s, err := NewSketch(SketchConfig{Quota: 30, Window: time.Minute, Rows: 4, Width: width, Sliding: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	peer, reader := newSk(), newSk()
+	sub := peer.Slot()
+	start := time.Unix(0, WindowNumber(time.Unix(1_700_000_000, 0), sub)*int64(sub))
+	for k := range 4 * width { // a flood of distinct keys: a tail over most cells
+		peer.TakeHashWith(HashString(fmt.Sprint("flood", k)), 1, start.Add(sub-time.Millisecond), nil)
+	}
+	edge := start.Add(8 * sub) // the flood leaves the view
+	snap, _ := peer.AppendSnapshot(nil, edge.Add(-time.Millisecond))
+	lingering := func(made time.Time) *SketchSum {
+		sum := reader.NewSketchSum(made)
+		if _, err := sum.AddBinaryLinger(snap, nil, 0, 500*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		return sum
+	}
+	var sum, later, same *SketchSum
+	sumHeld := heldBy(func() { sum = lingering(edge.Add(time.Millisecond)) })
+	before := lingering(edge.Add(-sub / 2))
+	deciders := []*Sketch{newSk(), newSk()} // each copy's own: a sketch keeps what it last shared
+	sameHeld := heldBy(func() { same = sum.WithShares(deciders[0], 2, 0, edge.Add(2*time.Millisecond), nil, time.Second) })
+	laterHeld := heldBy(func() { later = before.WithShares(deciders[1], 2, 0, edge.Add(time.Millisecond), nil, time.Second) })
+	if len(sum.tail) < width || len(later.tail) < width {
+		t.Fatalf("tails of %d and %d cells, want the flood's", len(sum.tail), len(later.tail))
+	}
+	t.Logf("a sum with a tail of %d cells: Bytes %d, heap %d; a copy a sub-window later: Bytes %d, heap %d; one in its sub-window: Bytes %d, heap %d",
+		len(sum.tail), sum.Bytes(false), sumHeld, later.Bytes(true), laterHeld, same.Bytes(true), sameHeld)
+	for _, c := range []struct {
+		name  string
+		bytes int
+		held  int64
+	}{{"the sum", sum.Bytes(false), sumHeld}, {"a copy a sub-window later", later.Bytes(true), laterHeld}, {"a copy in its sub-window", same.Bytes(true), sameHeld}} {
+		if int64(c.bytes) < c.held-1024 || int64(c.bytes) > c.held*5/4+4096 { // its structs' fixed fields, under a kilobyte, are not counted
+			t.Errorf("%s: Bytes %d, holds %d of heap", c.name, c.bytes, c.held)
+		}
+	}
+	runtime.KeepAlive(before)
+	runtime.KeepAlive(peer) // nothing collected within a measure
+	runtime.KeepAlive(snap)
+	runtime.KeepAlive(deciders)
+}
+
+// heldBy returns the heap that what f makes (and its caller keeps) holds.
+func heldBy(f func()) int64 {
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	f()
+	runtime.GC()
+	runtime.ReadMemStats(&m1)
+	return int64(m1.HeapAlloc) - int64(m0.HeapAlloc)
 }

@@ -365,3 +365,82 @@ func TestAggregateListsItsMembersShifts(t *testing.T) {
 		}
 	}
 }
+
+// A member whose clock is behind the aggregator's (by less than the
+// tolerance, so not moved) keeps its counts of a sub-window that long
+// into the next one on the aggregator's clock, and so do the readers of
+// the aggregate: the aggregator's sum holds them apart (its tail) when it
+// reads within that long of its sub-window's start, and its aggregate,
+// which does not carry them, is then not used (lingerLost). Here events
+// 30 (bound 34), the aggregator a on real time, members b.. behind by δ
+// burst 10 ms before their sub-window ends, then the key goes round robin
+// every 20 ms, paused around the edge a window later until just after
+// the first read past it, q after the edge on a's clock. Before, the
+// readers of the aggregate dropped the members' counts at the aggregate's
+// edge, and up to 43 of 30 passed in a span.
+func TestAggregateKeepsItsMembersLingeringCounts(t *testing.T) {
+	const events = 30
+	bound := events*11/10 + 1
+	const window = time.Minute
+	L := subWindowOf(window)
+	worst := 0
+	for _, c := range []struct {
+		n, behind int
+		delta, q  time.Duration
+	}{
+		{5, 2, 700 * time.Millisecond, 20 * time.Millisecond},
+		{6, 2, 900 * time.Millisecond, 450 * time.Millisecond},
+		{6, 3, 900 * time.Millisecond, 450 * time.Millisecond},
+		{6, 4, 900 * time.Millisecond, 450 * time.Millisecond},
+		{6, 3, 700 * time.Millisecond, 20 * time.Millisecond},
+	} {
+		B := time.Unix(0, (t0.Add(20*time.Second).UnixNano()/int64(L)+2)*int64(L)) // a sub-window's start
+		edge := B.Add(window)
+		tick := edge.Add(c.q)                        // a read, q after the edge
+		formAt := t0.Add(tick.Sub(t0) % time.Second) // reads every second, one at tick
+		nodes, clock := clockedNodes(t, c.n, events, window, func(i int) time.Duration {
+			if i >= 1 && i <= c.behind {
+				return -c.delta
+			}
+			return 0
+		}, formAt)
+		next := formAt.Add(testIntervals.Read)
+		sync := func(at time.Time) {
+			for ; !at.Before(next); next = next.Add(testIntervals.Read) {
+				syncAt(nodes, nodes, clock, next)
+			}
+		}
+		h := limiter.HashString(fmt.Sprint("lingering members", c))
+		var log []time.Time
+		burst := B.Add(c.delta - 10*time.Millisecond) // 10 ms before the members' sub-window ends
+		sync(burst)
+		for _, x := range nodes[1 : 1+c.behind] {
+			for range events {
+				if d, _ := x.c.TakeHash(h, 1, clock(x, burst)); d.Allowed {
+					log = append(log, burst)
+				}
+			}
+		}
+		k := 0
+		for at := B.Add(c.delta); at.Before(B.Add(window + 20*time.Second)); at = at.Add(20 * time.Millisecond) {
+			sync(at)
+			if !at.Before(edge.Add(-50*time.Millisecond)) && at.Before(tick.Add(5*time.Millisecond)) {
+				continue
+			}
+			x := nodes[k%c.n]
+			k++
+			if d, _ := x.c.TakeHash(h, 1, clock(x, at)); d.Allowed {
+				log = append(log, at)
+			}
+		}
+		if !nodes[0].s.agg.aggregating {
+			t.Fatalf("%+v: a does not aggregate", c)
+		}
+		ws := worstSpan(log, window)
+		worst = max(worst, ws)
+		if ws > bound || len(log) <= events {
+			t.Errorf("%d instances, %d behind by %v, read %v after the edge: worst span %d of %d (bound %d), %d granted", c.n, c.behind, c.delta, c.q, ws, events, bound, len(log))
+		}
+	}
+	t.Logf("worst span %d (bound %d)", worst, bound)
+}

@@ -17,7 +17,10 @@ type Memory struct {
 	// (limiter.Sketch.Bytes).
 	Sketch int
 	// Sums is the other instances' counts as last read: 8 bytes per cell
-	// and a bitmap of 1 bit per cell, once a read has found any.
+	// (32 for a sliding sketch) and a bitmap of 1 bit per cell, once a
+	// read has found any, and up to 21 bytes per cell of the sub-window
+	// that has just left the view that a peer's clock behind this one's
+	// keeps counted (limiter.SketchSum.Linger).
 	Sums int
 	// Shares is what the shares take when bursts are split: four bitmaps
 	// of 1 bit per cell (two of the cells this instance counted, taken
@@ -26,7 +29,8 @@ type Memory struct {
 	// instances are live, the copy of Sums decisions read, 8 bytes per
 	// cell, with what it leaves them in each cell in use, 16 bytes each
 	// (44 for a sliding sketch, which adds 4 bytes per cell: see
-	// limiter.SketchSum.WithShares).
+	// limiter.SketchSum.WithShares), and made a sub-window after Sums its
+	// own copy of what lingers, as in Sums.
 	Shares int
 	// Mitigation is the cache of blocked keys: MitigationSlots pointers
 	// and one entry per key held (MitigationEntryBytes).
