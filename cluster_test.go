@@ -432,15 +432,16 @@ func TestDeferredCostsAreCountedInTheCluster(t *testing.T) {
 	}
 }
 
-// A window zone whose window holds fewer than two read intervals is
+// A window zone whose window holds fewer than three read intervals is
 // warned of at provisioning: the cluster cannot hold its bound
-// (storage's TestWindowZoneOfTwoReadsHoldsTheBound shows where it holds).
+// (storage's TestWindowZoneOfThreeReadsHoldsTheBound and
+// TestWindowZoneRandomClockSkewSchedulesKeepTheBound show where it holds).
 func TestWindowTooShortForTheReads(t *testing.T) {
 	iv := storage.Intervals{Read: time.Second, Write: time.Second}
 	for _, c := range []struct {
 		window time.Duration
 		short  bool
-	}{{time.Millisecond, true}, {500 * time.Millisecond, true}, {1999 * time.Millisecond, true}, {2 * time.Second, false}, {time.Minute, false}} {
+	}{{time.Millisecond, true}, {500 * time.Millisecond, true}, {2 * time.Second, true}, {2999 * time.Millisecond, true}, {3 * time.Second, false}, {time.Minute, false}} {
 		if got := windowTooShort(c.window, iv); got != c.short {
 			t.Errorf("window %v, reads every %v: too short %v, want %v", c.window, iv.Read, got, c.short)
 		}

@@ -61,7 +61,19 @@ func TestWindowZoneRandomClockSkewSchedulesKeepTheBound(t *testing.T) {
 	const events = 30
 	bound := events*11/10 + 1
 	spans := map[string]map[int]int{}
-	for _, window := range []time.Duration{4 * time.Second, time.Minute} {
+	for _, c := range []struct {
+		window time.Duration
+		skewed bool
+	}{
+		{4 * time.Second, true},
+		{time.Minute, true},
+		// The shortest window provisioning does not warn of
+		// (windowTooShort), clocks in agreement: with 2 read intervals
+		// 29 of 160 such schedules got 35 to 44 in a span, with 2.2
+		// read intervals 5 got up to 41; 2.5 and 3 held.
+		{3 * testIntervals.Read, false},
+	} {
+		window := c.window
 		L := subWindowOf(window)
 		tol := min(testIntervals.Read, L-1) // a read interval, as the tolerance was
 		for seed := range uint64(80) {
@@ -69,7 +81,9 @@ func TestWindowZoneRandomClockSkewSchedulesKeepTheBound(t *testing.T) {
 			n := 2 + rng.IntN(5)
 			skews := make([]time.Duration, n)
 			for i := range skews {
-				skews[i] = time.Duration(rng.Int64N(int64(2*tol))) - tol
+				if c.skewed {
+					skews[i] = time.Duration(rng.Int64N(int64(2*tol))) - tol
+				}
 			}
 			rph := make([]time.Duration, n)
 			if rng.IntN(2) == 0 {
