@@ -312,12 +312,13 @@ func membersEarly(a *aggregate, sub, tol time.Duration) time.Duration {
 // placed, so its counts of that sub-window left its own view before the
 // aggregate was written, and every decision on the aggregate comes after.
 // It costs a full read on the reads that find such an aggregate, about
-// membersEarly / sub of them: membersEarly is at most the tolerance, a
-// read interval, so at most 12 % of the reads on a 1 m window with 1 s
-// intervals, but up to 70 % on a 10 s window (sub-windows of 1.43 s);
-// fewer the closer the
-// clocks agree and the sooner the aggregator reads after its members
-// write. Carrying the sum's sub-window before its oldest in the
+// membersEarly / sub of them: membersEarly is at most the tolerance
+// (clockTolerance: at least half a sub-window), so up to half the reads,
+// and every read where the tolerance is a sub-window less a nanosecond
+// (a window under 7 read intervals); fewer the closer the clocks agree
+// and the sooner the aggregator reads after its members write, but one
+// lagging member (a dead one still listed) sets it for all
+// (docs/cluster.md has the figures). Carrying the sum's sub-window before its oldest in the
 // aggregate instead would need a new form, which older readers reject.
 func lingerLost(a *aggregate, sub, tol time.Duration) bool {
 	start := time.Unix(0, limiter.WindowNumber(a.written, sub)*int64(sub))
