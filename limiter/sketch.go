@@ -485,7 +485,7 @@ func (s *Sketch) touch(h uint64) {
 func (s *Sketch) read(cols *sketchCols, e, t int64, v *sketchView) {
 	v.n, v.w, v.t = s.rows, uint64(s.window), uint64(t)
 	if v.sliding = s.ring > 2; v.sliding {
-		v.lingerEnd, v.linger = 0, [MaxSketchRows]uint64{} // a sum's to add (addTo)
+		v.lingerEnd, v.linger, v.lingerNext = 0, [MaxSketchRows]uint64{}, 0 // a sum's to add (addTo)
 		// Window e − 7 + k is in counter (e + 1 + k) mod 8, tagged
 		// with its own number / 8.
 		first := e - (1<<sketchSlidingBits - 1)
@@ -525,15 +525,21 @@ type sketchRow struct{ prev, curr uint64 }
 // row's curr, besides its sub-windows, what a peer counted of the
 // sub-window that has just left it, linger, until lingerEnd into the
 // current sub-window (t < lingerEnd < w), when it leaves: so a wait
-// (slidingWait) knows when those counts go.
+// (slidingWait) knows when those counts go. Such a sum lingers each of
+// its sub-windows in turn as it leaves the view: peers[i][k] is what the
+// sum counts of sub-window k that it will still count lingerNext into
+// the sub-window after it leaves (valid if lingerNext > 0), so a wait on
+// them is that much longer.
 type sketchView struct {
-	n         int
-	w, t      uint64 // window length and time into it, ns; t < w
-	sliding   bool
-	lingerEnd uint64
-	rows      [MaxSketchRows]sketchRow
-	sub       [MaxSketchRows][1 << sketchSlidingBits]uint64
-	linger    [MaxSketchRows]uint64
+	n          int
+	w, t       uint64 // window length and time into it, ns; t < w
+	sliding    bool
+	lingerEnd  uint64
+	lingerNext uint64
+	rows       [MaxSketchRows]sketchRow
+	sub        [MaxSketchRows][1 << sketchSlidingBits]uint64
+	linger     [MaxSketchRows]uint64
+	peers      [MaxSketchRows][1 << sketchSlidingBits]uint64
 }
 
 // num returns row i's estimate times W.
@@ -684,7 +690,9 @@ func (v *sketchView) rowRetry(i int, need uint64) uint64 {
 // most need, assuming no new traffic: what lingers stops counting at
 // lingerEnd, and sub-window k of the ring (oldest first) at the end of
 // the current sub-window plus k sub-windows, so the first of those with
-// the rest at most need gives the wait.
+// the rest at most need gives the wait; lingerNext later if the rest is
+// at most need only without what a sum still counts of sub-window k
+// then (peers: a sum lingers what leaves the view, Linger).
 func (v *sketchView) slidingWait(need uint64) time.Duration {
 	best := uint64(math.MaxUint64)
 	for i := 0; i < v.n && best > 0; i++ {
@@ -699,7 +707,11 @@ func (v *sketchView) slidingWait(need uint64) time.Duration {
 		}
 		for k, c := range v.sub[i] {
 			if left -= c; left <= need {
-				best = min(best, v.w-v.t+uint64(k)*v.w)
+				at := v.w - v.t + uint64(k)*v.w
+				if v.lingerNext > 0 && left+v.peers[i][k] > need {
+					at += v.lingerNext
+				}
+				best = min(best, at)
 				break
 			}
 		}

@@ -936,6 +936,77 @@ func grantsLeavingAtAnEdge(t *testing.T) (reader *Sketch, h uint64, sub time.Dur
 	return reader, h, sub, edge, snap
 }
 
+// A request denied before a peer's counts linger (Linger), on counts of
+// the sub-window about to leave the view, is told to retry when they
+// leave it: at the sub-window's end if what leaves then is enough (the
+// reader's own counts), linger later if it takes the peer's, which the
+// sum still counts that long. Before, it was told the sub-window's end
+// either way, and a key denied on the peer's counts was denied again
+// there (a 1 m window: 300 ms early).
+func TestSlidingSumDenialBeforeTheLingerRetriesWhenItEnds(t *testing.T) {
+	const quota = 30
+	const early = 300 * time.Millisecond
+	for _, own := range []int{0, 10, 29} {
+		peer, reader, sub, start := peerAndReader(t, quota)
+		h := uint64(0x9e3779b97f4a7c15)
+		for range quota - own {
+			if d, _ := peer.TakeHashWith(h, 1, start.Add(sub-time.Millisecond), nil); !d.Allowed {
+				t.Fatal("the peer denied its own quota")
+			}
+		}
+		for range own {
+			if d, _ := reader.TakeHashWith(h, 1, start.Add(sub-time.Millisecond), nil); !d.Allowed {
+				t.Fatal("the reader denied its own quota")
+			}
+		}
+		edge := start.Add(8 * sub) // where the burst's sub-window leaves the view
+		snap, _ := peer.AppendSnapshot(nil, edge.Add(-sub/2))
+		sum := reader.NewSketchSum(edge.Add(-sub / 2))
+		if _, err := sum.AddBinaryLinger(snap, nil, 0, early); err != nil {
+			t.Fatal(err)
+		}
+		// The peer's counts must leave for the request to pass unless the
+		// reader's own leave room for it (own > 0: one is enough).
+		want := edge.Add(early)
+		if own > 0 {
+			want = edge
+		}
+		shared := sum.WithShares(reader, 2, 0, edge.Add(-sub/2), nil, time.Second)
+		for _, s := range []*SketchSum{sum, shared} {
+			for _, at := range []time.Time{edge.Add(-sub / 2), edge.Add(-time.Millisecond)} {
+				peek := reader.PeekHashWith(h, 1, at, s)
+				take, _ := reader.TakeHashWith(h, 1, at, s)
+				for _, d := range []Decision{peek, take} {
+					if d.Allowed {
+						t.Fatalf("own %d, %v before the edge: granted over the quota", own, edge.Sub(at))
+					}
+					if d.RetryAfter != want.Sub(at) {
+						t.Errorf("own %d, %v before the edge: RetryAfter %v, want %v", own, edge.Sub(at), d.RetryAfter, want.Sub(at))
+					}
+				}
+				if r := peek.RetryAfter; reader.PeekHashWith(h, 1, at.Add(r-1), s).Allowed || !reader.PeekHashWith(h, 1, at.Add(r), s).Allowed {
+					t.Errorf("own %d, %v before the edge: the key does not pass %v later, or passes before", own, edge.Sub(at), r)
+				}
+			}
+		}
+		// Reset waits for every count, the peer's lingering ones too.
+		if d := reader.PeekHashWith(h, 1, edge.Add(-time.Millisecond), sum); d.Reset != early+time.Millisecond {
+			t.Errorf("own %d: Reset %v, want %v (the linger's end)", own, d.Reset, early+time.Millisecond)
+		}
+		// A sum read in the burst's own sub-window (its newest) is no
+		// longer counted when that sub-window leaves: nothing lingers.
+		snap, _ = peer.AppendSnapshot(nil, start.Add(sub-time.Microsecond))
+		stale := reader.NewSketchSum(start.Add(sub - time.Microsecond))
+		if _, err := stale.AddBinaryLinger(snap, nil, 0, early); err != nil {
+			t.Fatal(err)
+		}
+		at := edge.Add(-time.Millisecond)
+		if d := reader.PeekHashWith(h, 1, at, stale); d.Allowed || d.RetryAfter != time.Millisecond || !reader.PeekHashWith(h, 1, edge, stale).Allowed {
+			t.Errorf("own %d, a sum of the burst's sub-window: RetryAfter %v, want 1ms (allowed %v), or the key does not pass at the edge", own, d.RetryAfter, d.Allowed)
+		}
+	}
+}
+
 // peerAndReader returns two sliding sketches of quota per minute, their
 // sub-window, and the start of one of its sub-windows.
 func peerAndReader(t *testing.T, quota int64) (peer, reader *Sketch, sub time.Duration, start time.Time) {

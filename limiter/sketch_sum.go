@@ -297,6 +297,17 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 				sub[k] += uint64(n)
 				sum += uint64(n)
 			}
+			if t.linger > 0 {
+				// Each of the sum's slots but its newest (slot ring − 1,
+				// which no view after it holds the sum for) still counts
+				// linger into the sub-window after it leaves the view.
+				v.lingerNext = uint64(t.linger)
+				p := &v.peers[i]
+				*p = [len(p)]uint64{}
+				for k := lo; k < hi && k+int(d) < t.ring-1; k++ {
+					p[k] = uint64(c[k-lo])
+				}
+			}
 			if v.t < uint64(t.linger) {
 				// The view's window e − ring, left it v.t ago, still
 				// counted (Linger) until linger into this one: the
@@ -478,8 +489,10 @@ func (t *SketchSum) Later(shift int64, now time.Time) *SketchSum {
 // capped at a sub-window less a nanosecond), so that they never leave
 // this view before they leave their writers'. A request denied on them
 // is told to retry (RetryAfter, Reset) when they leave, d into the
-// sub-window, not at its end. Copies of the sum (Clone, WithShares,
-// WithoutHash) keep it.
+// sub-window, not at its end; one denied before, on counts that pass only
+// once the sum's part of a sub-window leaves, d after that sub-window
+// leaves the view, not when it leaves (the view's own part leaves then).
+// Copies of the sum (Clone, WithShares, WithoutHash) keep it.
 func (t *SketchSum) Linger(d time.Duration) {
 	if t.ring > 2 && d > 0 {
 		t.linger = max(t.linger, min(int64(d), int64(t.window)-1))

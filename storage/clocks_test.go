@@ -243,6 +243,84 @@ func TestWindowZoneKeyOnAClockBehindWaitsNoLongerThanItsLinger(t *testing.T) {
 	}
 }
 
+// A request denied before a peer's counts begin to linger, on counts
+// that must leave for it to pass, is told to retry when the linger ends:
+// at its Retry-After the key passes. Two instances, a behind b by 0.3 to
+// 0.9 of the clock tolerance (what the correction leaves, lingered), a
+// burst of 30 on a 10 ms before its sub-window ends, then the key sent to
+// b every 10 ms for a window and 10 s; the first request at or after a
+// denial's Retry-After must pass, unless a grant came in between (once b
+// has read the burst, two reads after it, and for waits longer than a
+// read, which may find the counts placed anew). Before, the denials were
+// told to retry at the end of the burst's sub-window, where a's counts
+// still lingered: early by 0.91 s (10 s window, 1 s reads, a 900 ms
+// behind), 3.87 s (1 m, 1 s reads), 4.51 s (1 m, 5 s reads).
+func TestWindowZoneRetryAfterWaitsForTheLinger(t *testing.T) {
+	const events = 30
+	old := testIntervals
+	defer func() { testIntervals = old }()
+	for _, c := range []struct{ iv, window time.Duration }{
+		{time.Second, 10 * time.Second}, {time.Second, time.Minute}, {5 * time.Second, time.Minute},
+	} {
+		iv, window := c.iv, c.window
+		testIntervals = Intervals{Read: iv, Write: iv, PurgeAge: 5 * time.Minute}
+		{
+			L := subWindowOf(window)
+			tol := clockTolerance(testIntervals, L)
+			for _, f := range []float64{0.3, 0.6, 0.9} {
+				skew := time.Duration(f * float64(tol))
+				nodes, clock := clockedNodes(t, 2, events, window, func(i int) time.Duration {
+					if i == 0 {
+						return -skew
+					}
+					return 0
+				}, t0)
+				a, b := nodes[0], nodes[1]
+				edge := time.Unix(0, (clock(a, t0).UnixNano()/int64(L)+2)*int64(L)).Add(-10 * time.Millisecond)
+				burst := edge.Add(skew) // real time
+				next := t0.Add(testIntervals.Read)
+				sync := func(at time.Time) {
+					for ; !at.Before(next); next = next.Add(testIntervals.Read) {
+						syncAt(nodes, nodes, clock, next)
+					}
+				}
+				sync(burst)
+				h := limiter.HashString(fmt.Sprint("retry after the linger", iv, window, f))
+				for range events {
+					a.c.TakeHash(h, 1, clock(a, burst))
+				}
+				const step = 10 * time.Millisecond
+				known := burst.Add(2*testIntervals.Read + 50*time.Millisecond)
+				var due []time.Time // of the denials since the last grant
+				checked, early := 0, 0
+				var first time.Time
+				for at := burst.Add(step); at.Before(burst.Add(window + 10*time.Second)); at = at.Add(step) {
+					sync(at)
+					d, _ := b.c.TakeHash(h, 1, clock(b, at))
+					for _, u := range due {
+						if !at.Before(u) && at.Before(u.Add(step)) {
+							if checked++; !d.Allowed && early == 0 {
+								first = u
+							}
+							if !d.Allowed {
+								early++
+							}
+						}
+					}
+					if d.Allowed {
+						due = due[:0]
+					} else if at.After(known) && d.RetryAfter > testIntervals.Read {
+						due = append(due, at.Add(d.RetryAfter))
+					}
+				}
+				if checked == 0 || early > 0 {
+					t.Errorf("%v reads, %v window, a %v behind: denied at %d of %d Retry-Afters (the first burst+%v)", iv, window, skew, early, checked, first.Sub(burst))
+				}
+			}
+		}
+	}
+}
+
 // waitOverLog returns the longest time from a denial (in denied) at which
 // an exact sliding log of the grants (log, sorted) held fewer than events
 // in the window before it, to the next grant, and that denial's time.
