@@ -143,36 +143,27 @@ func BenchmarkAllow(b *testing.B) {
 		return atomic.AddUint64(&winFloor[uint64(uint32(h>>32))*uint64(len(winFloor))>>32][0], uint64(now.Nanosecond()&1)) == 1
 	})
 	// The same with one atomic add per word that the key's counters occupy
-	// in floodgate's table (K = 3: 2.8 on average), as its decisions write
-	// them: the floor of any design in which every counter of a key pays.
-	subs := fg.subs
-	run("floor_rmw_k_clock", func(a netip.Addr) bool {
-		now := time.Now()
-		k := NetworkKey(a, 32, 128)
-		h := Hash(k.Bytes())
-		ln := &floor[uint64(uint32(h>>32))*uint64(len(floor))>>32]
-		add := uint64(now.Nanosecond() & 1)
-		var v uint64
-		for m := subs[uint64(uint32(h))*uint64(len(subs))>>32].words; m != 0; m &= m - 1 {
-			v += atomic.AddUint64(&ln[bits.TrailingZeros8(m)&7], add)
+	// in a table (floodgate's, K = 3: 2.8 on average), as its decisions
+	// write them: the floor of any design in which every counter of a key
+	// pays.
+	kFloor := func(lines []line, subs []subset) func(netip.Addr) bool {
+		return func(a netip.Addr) bool {
+			now := time.Now()
+			k := NetworkKey(a, 32, 128)
+			h := Hash(k.Bytes())
+			ln := &lines[uint64(uint32(h>>32))*uint64(len(lines))>>32]
+			add := uint64(now.Nanosecond() & 1)
+			var v uint64
+			for m := subs[uint64(uint32(h))*uint64(len(subs))>>32].words; m != 0; m &= m - 1 {
+				v += atomic.AddUint64(&ln[bits.TrailingZeros8(m)&7], add)
+			}
+			return v == 1
 		}
-		return v == 1
-	})
+	}
+	run("floor_rmw_k_clock", kFloor(floor, fg.subs))
 	// The same in the window zone's table, where each of the key's K = 3
 	// counters is a whole word: three adds.
-	winSubs := win.subs
-	run("floor_rmw_k_clock_window", func(a netip.Addr) bool {
-		now := time.Now()
-		k := NetworkKey(a, 32, 128)
-		h := Hash(k.Bytes())
-		ln := &winFloor[uint64(uint32(h>>32))*uint64(len(winFloor))>>32]
-		add := uint64(now.Nanosecond() & 1)
-		var v uint64
-		for m := winSubs[uint64(uint32(h))*uint64(len(winSubs))>>32].words; m != 0; m &= m - 1 {
-			v += atomic.AddUint64(&ln[bits.TrailingZeros8(m)&7], add)
-		}
-		return v == 1
-	})
+	run("floor_rmw_k_clock_window", kFloor(winFloor, win.subs))
 }
 
 // xrateMap is the usual keyed limiter: a map of x/time/rate limiters under
