@@ -539,7 +539,7 @@ type sketchView struct {
 	rows       [MaxSketchRows]sketchRow
 	sub        [MaxSketchRows][1 << sketchSlidingBits]uint64
 	linger     [MaxSketchRows]uint64
-	peers      [MaxSketchRows][1 << sketchSlidingBits]uint64
+	peers      [MaxSketchRows][1 << sketchSlidingBits]uint32 // a sum's counts, as it holds them
 }
 
 // num returns row i's estimate times W.
@@ -708,7 +708,7 @@ func (v *sketchView) slidingWait(need uint64) time.Duration {
 		for k, c := range v.sub[i] {
 			if left -= c; left <= need {
 				at := v.w - v.t + uint64(k)*v.w
-				if v.lingerNext > 0 && left+v.peers[i][k] > need {
+				if v.lingerNext > 0 && left+uint64(v.peers[i][k]) > need {
 					at += v.lingerNext
 				}
 				best = min(best, at)

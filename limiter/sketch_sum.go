@@ -303,9 +303,9 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 				// linger into the sub-window after it leaves the view.
 				v.lingerNext = uint64(t.linger)
 				p := &v.peers[i]
-				*p = [len(p)]uint64{}
+				*p = [len(p)]uint32{}
 				for k := lo; k < hi && k+int(d) < t.ring-1; k++ {
-					p[k] = uint64(c[k-lo])
+					p[k] = c[k-lo]
 				}
 			}
 			if v.t < uint64(t.linger) {
