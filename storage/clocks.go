@@ -127,10 +127,11 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 // (clockShift), but by keeping them that much longer (its early): a read
 // interval, or half a sub-window if that is more, and less than a
 // sub-window. A snapshot is found up to a read interval after its write
-// (more through an aggregate), and with ticks of one period that delay
-// stays the same read after read: the measure of a peer's clock may take
-// it a read interval further behind than it is, and nothing read from
-// storage tells the two apart. Moved a whole sub-window, every peer's
+// (more through an aggregate): the measure of a peer's clock may take it
+// that much further behind than it is, and nothing read from storage
+// tells the two apart. (Reads at drawn gaps, readGap, make the delay
+// vary, so that the measure, the most of clockSamples, comes near the
+// skew; nothing bounds how near.) Moved a whole sub-window, every peer's
 // counts would be kept a sub-window longer than W in a cluster whose
 // clocks agree, and the shares would take a peer's grants of before a
 // re-balance, moved past it, for use of what they left that peer, and
