@@ -10,6 +10,8 @@ import (
 
 	"github.com/floodgate-rl/floodgate/limiter"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // A peer found behind the reader's clock by more than a read interval, but
@@ -209,4 +211,52 @@ func runSkewed(t *testing.T, n int, events int64, window time.Duration, skews []
 		}
 	}
 	return log
+}
+
+// An instance that sees a peer's clock ahead of its own by more than the
+// tolerance says so at WARN, once per purge_age, naming the peer: past the
+// tolerance the cluster's bound may not hold (warnAhead). The peer, whose
+// clock is ahead, cannot know (it may be finding late snapshots), and
+// clocks within the tolerance log nothing.
+func TestAClockAheadPastTheToleranceIsLogged(t *testing.T) {
+	const window = 10 * time.Second
+	tol := clockTolerance(testIntervals, subWindowOf(window))
+	for _, c := range []struct {
+		ahead time.Duration
+		warns int
+	}{
+		{tol / 2, 0},
+		{tol + 200*time.Millisecond, 1},
+		{3 * time.Second, 1},
+	} {
+		st := newMemStorage()
+		var logs [2]*observer.ObservedLogs
+		var nodes []*node
+		for i, name := range []string{"a", "b"} {
+			core, l := observer.New(zapcore.WarnLevel)
+			logs[i] = l
+			nodes = append(nodes, newJoiner(t, st, name, 30, window, zap.New(core)))
+		}
+		clock := func(x *node, at time.Time) time.Time {
+			if x == nodes[1] {
+				return at.Add(c.ahead)
+			}
+			return at
+		}
+		// Two purge ages less a read: a warning each, not one per read.
+		for k := range int(2*testIntervals.PurgeAge/testIntervals.Read) - 1 {
+			syncAt(nodes, nodes, clock, t0.Add(time.Duration(k)*testIntervals.Read))
+		}
+		warns := logs[0].FilterMessageSnippet("clock is ahead").All()
+		if len(warns) != 2*c.warns || logs[1].Len() != 0 {
+			t.Errorf("b %v ahead of a (tolerance %v): a logged %d warnings of a clock ahead, b %d logs; want %d and 0", c.ahead, tol, len(warns), logs[1].Len(), 2*c.warns)
+		}
+		for _, w := range warns {
+			f := w.ContextMap()
+			if f["instance"] != "b" || f["ahead_at_least"].(time.Duration) <= tol || f["ahead_at_least"].(time.Duration) > c.ahead {
+				t.Errorf("b %v ahead of a: warning %q %v, want instance b, ahead_at_least within (%v, %v]", c.ahead, w.Message, f, tol, c.ahead)
+			}
+		}
+		t.Logf("b %v ahead of a (tolerance %v): %d warnings from a over 2 purge ages", c.ahead, tol, len(warns))
+	}
 }
