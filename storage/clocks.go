@@ -3,6 +3,8 @@ package storage
 import (
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/floodgate-rl/floodgate/limiter"
 )
 
@@ -113,6 +115,7 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 		return 0, 0
 	}
 	sub := s.c.sketch.Slot()
+	s.warnAhead(now, name, ahead, clockTolerance(s.iv, sub))
 	// Far beyond the ring either way: the limiter clamps it.
 	ahead = max(min(ahead, MaxClockSkew+s.iv.PurgeAge), -MaxClockSkew-s.iv.PurgeAge)
 	if ahead >= 0 {
@@ -127,10 +130,11 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 // (clockShift), but by keeping them that much longer (its early): a read
 // interval, or half a sub-window if that is more, and less than a
 // sub-window. A snapshot is found up to a read interval after its write
-// (more through an aggregate), and with ticks of one period that delay
-// stays the same read after read: the measure of a peer's clock may take
-// it a read interval further behind than it is, and nothing read from
-// storage tells the two apart. Moved a whole sub-window, every peer's
+// (more through an aggregate): the measure of a peer's clock may take it
+// that much further behind than it is, and nothing read from storage
+// tells the two apart. (Reads at drawn gaps, readGap, make the delay
+// vary, so that the measure, the most of clockSamples, comes near the
+// skew; nothing bounds how near.) Moved a whole sub-window, every peer's
 // counts would be kept a sub-window longer than W in a cluster whose
 // clocks agree, and the shares would take a peer's grants of before a
 // re-balance, moved past it, for use of what they left that peer, and
@@ -154,6 +158,27 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 // counts a sub-window longer: a request may wait W/7 more there.)
 func clockTolerance(iv Intervals, sub time.Duration) time.Duration {
 	return max(min(iv.Read, sub-1), (sub-1)/2)
+}
+
+// warnAhead logs, at most once per purge_age, that the peer name's clock
+// was seen ahead of this one's by more than the tolerance tol
+// (clockTolerance). Within the tolerance, a window zone keeps a peer's
+// counts longer (its early); past it, a peer's clock seen behind is moved
+// by whole sub-windows (clockShift), and the shares may hand out again
+// room a peer's moved grants used: clocks a sub-window or more apart got
+// 35 to 37 of 30 in a span in 1 or 2 of 160 random schedules
+// (docs/cluster.md). Only a clock ahead is known: the measure of one
+// behind may be a snapshot found late (clockTolerance). So of two clocks
+// that far apart, the instance whose clock is behind says so, of the
+// other, which is the one to look at.
+func (s *Syncer) warnAhead(now time.Time, name string, ahead, tol time.Duration) {
+	if ahead <= tol || now.Sub(s.clockLogged) < s.iv.PurgeAge {
+		return
+	}
+	s.clockLogged = now
+	s.log.Warn("another instance's clock is ahead of this one's by more than a window zone's cluster tolerates; keep the instances' clocks synchronised",
+		zap.String("zone", s.c.shape.Zone), zap.String("instance", name), zap.Duration("ahead_at_least", ahead),
+		zap.Duration("tolerance", tol))
 }
 
 // forgetClocks forgets the peers no read has found for purge_age: their

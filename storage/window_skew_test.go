@@ -10,6 +10,8 @@ import (
 
 	"github.com/floodgate-rl/floodgate/limiter"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // A peer found behind the reader's clock by more than a read interval, but
@@ -48,42 +50,48 @@ func TestClockShiftLingersAPeerFoundLessThanASubWindowBehind(t *testing.T) {
 
 // Random schedules with every instance's clock off by a constant skew
 // within ± a read interval (at most a sub-window; so two of them up to twice that apart, found up
-// to a read interval later still), bursts timed 10 ms before the end of a
+// to a read interval later still), or within ±100 ms, bursts timed 10 ms before the end of a
 // sub-window of a random instance's clock on random subsets of the
 // instances, weights 1 to 3, and a stream every 50 ms on random
 // instances; two to six instances (an aggregate from four), syncs every
-// read interval, each instance reading at its own phase after its write
-// (half the schedules) or with it. Before, peers found behind by more
+// read interval, each instance reading first at its own phase after its
+// write (half the schedules) or with it, then as Syncer.run does (readGap).
+// Before, peers found behind by more
 // than a read interval were moved a whole sub-window later (clockShift),
 // and 5 of the 80 one-minute schedules got 35 to 39 in a span (3 with
-// full reads, no aggregate).
+// full reads, no aggregate). With reads on a ticker, a phase that never
+// changed read as a skew: clocks within ±100 ms on a 10 s window got 35 in
+// 2 of 160 schedules (seeds 104, 105).
 func TestWindowZoneRandomClockSkewSchedulesKeepTheBound(t *testing.T) {
 	const events = 30
 	bound := events*11/10 + 1
 	spans := map[string]map[int]int{}
 	for _, c := range []struct {
 		window time.Duration
-		skewed bool
+		skew   time.Duration // 0: a read interval, at most a sub-window less 1 ns
+		seeds  uint64
 	}{
-		{4 * time.Second, true},
-		{time.Minute, true},
+		{4 * time.Second, 0, 80},
+		{10 * time.Second, 100 * time.Millisecond, 160},
+		{time.Minute, 0, 80},
 		// The shortest window provisioning does not warn of
 		// (windowTooShort), clocks in agreement: with 2 read intervals
 		// 29 of 160 such schedules got 35 to 44 in a span, with 2.2
 		// read intervals 5 got up to 41; 2.5 and 3 held.
-		{3 * testIntervals.Read, false},
+		{3 * testIntervals.Read, 1, 80}, // 1 ns: clocks in agreement
 	} {
 		window := c.window
 		L := subWindowOf(window)
-		tol := min(testIntervals.Read, L-1) // a read interval, as the tolerance was
-		for seed := range uint64(80) {
+		skew := c.skew
+		if skew == 0 {
+			skew = min(testIntervals.Read, L-1) // a read interval, as the tolerance was
+		}
+		for seed := range c.seeds {
 			rng := rand.New(rand.NewPCG(seed, 77))
 			n := 2 + rng.IntN(5)
 			skews := make([]time.Duration, n)
 			for i := range skews {
-				if c.skewed {
-					skews[i] = time.Duration(rng.Int64N(int64(2*tol))) - tol
-				}
+				skews[i] = time.Duration(rng.Int64N(int64(2*skew))) - skew
 			}
 			rph := make([]time.Duration, n)
 			if rng.IntN(2) == 0 {
@@ -94,7 +102,7 @@ func TestWindowZoneRandomClockSkewSchedulesKeepTheBound(t *testing.T) {
 			formAt := t0.Add(time.Duration(rng.Int64N(int64(time.Second))))
 			start := formAt.Add(time.Second)
 			end := start.Add(3 * window)
-			evs := skewSyncs(n, start, end, rph)
+			evs := skewSyncs(n, start, end, rph, rand.New(rand.NewPCG(seed, 78)))
 			for range 40 {
 				who := rng.IntN(n)
 				// a sub-window's end on who's clock, less 10 ms, in real time
@@ -145,12 +153,18 @@ type skewEvent struct {
 }
 
 // skewSyncs has each of n nodes write every read interval from from until
-// to, and read rph[i] after its write.
-func skewSyncs(n int, from, to time.Time, rph []time.Duration) []skewEvent {
+// to, and read first rph[i] after its first write, then as Syncer.run
+// does, each read readGap after the one before (its draws from gaps).
+func skewSyncs(n int, from, to time.Time, rph []time.Duration, gaps *rand.Rand) []skewEvent {
 	var evs []skewEvent
-	for at := from; at.Before(to); at = at.Add(testIntervals.Read) {
+	for at := from; at.Before(to); at = at.Add(testIntervals.Write) {
 		for i := range n {
-			evs = append(evs, skewEvent{at: at, node: i, kind: skewWrite}, skewEvent{at: at.Add(rph[i]), node: i, kind: skewRead})
+			evs = append(evs, skewEvent{at: at, node: i, kind: skewWrite})
+		}
+	}
+	for i := range n {
+		for at := from.Add(rph[i]); at.Before(to); at = at.Add(readGap(testIntervals.Read, gaps.Int64N)) {
+			evs = append(evs, skewEvent{at: at, node: i, kind: skewRead})
 		}
 	}
 	return evs
@@ -197,4 +211,52 @@ func runSkewed(t *testing.T, n int, events int64, window time.Duration, skews []
 		}
 	}
 	return log
+}
+
+// An instance that sees a peer's clock ahead of its own by more than the
+// tolerance says so at WARN, once per purge_age, naming the peer: past the
+// tolerance the cluster's bound may not hold (warnAhead). The peer, whose
+// clock is ahead, cannot know (it may be finding late snapshots), and
+// clocks within the tolerance log nothing.
+func TestAClockAheadPastTheToleranceIsLogged(t *testing.T) {
+	const window = 10 * time.Second
+	tol := clockTolerance(testIntervals, subWindowOf(window))
+	for _, c := range []struct {
+		ahead time.Duration
+		warns int
+	}{
+		{tol / 2, 0},
+		{tol + 200*time.Millisecond, 1},
+		{3 * time.Second, 1},
+	} {
+		st := newMemStorage()
+		var logs [2]*observer.ObservedLogs
+		var nodes []*node
+		for i, name := range []string{"a", "b"} {
+			core, l := observer.New(zapcore.WarnLevel)
+			logs[i] = l
+			nodes = append(nodes, newJoiner(t, st, name, 30, window, zap.New(core)))
+		}
+		clock := func(x *node, at time.Time) time.Time {
+			if x == nodes[1] {
+				return at.Add(c.ahead)
+			}
+			return at
+		}
+		// Two purge ages less a read: a warning each, not one per read.
+		for k := range int(2*testIntervals.PurgeAge/testIntervals.Read) - 1 {
+			syncAt(nodes, nodes, clock, t0.Add(time.Duration(k)*testIntervals.Read))
+		}
+		warns := logs[0].FilterMessageSnippet("clock is ahead").All()
+		if len(warns) != 2*c.warns || logs[1].Len() != 0 {
+			t.Errorf("b %v ahead of a (tolerance %v): a logged %d warnings of a clock ahead, b %d logs; want %d and 0", c.ahead, tol, len(warns), logs[1].Len(), 2*c.warns)
+		}
+		for _, w := range warns {
+			f := w.ContextMap()
+			if f["instance"] != "b" || f["ahead_at_least"].(time.Duration) <= tol || f["ahead_at_least"].(time.Duration) > c.ahead {
+				t.Errorf("b %v ahead of a: warning %q %v, want instance b, ahead_at_least within (%v, %v]", c.ahead, w.Message, f, tol, c.ahead)
+			}
+		}
+		t.Logf("b %v ahead of a (tolerance %v): %d warnings from a over 2 purge ages", c.ahead, tol, len(warns))
+	}
 }
