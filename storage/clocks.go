@@ -92,10 +92,23 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 	}
 	n := now.UnixNano()
 	p := s.clocks[name]
-	switch {
-	case p == nil:
+	if p == nil {
 		s.clocks[name] = &peerClock{written: written, seen: n}
 		return 0, 0
+	}
+	p.note(written, n)
+	p.seen = n
+	ahead, ok := p.ahead()
+	if !ok {
+		return 0, 0
+	}
+	return s.placeClock(ahead)
+}
+
+// note takes written, found at n, as the peer's latest write time, and as
+// a sample if it is another than the latest.
+func (p *peerClock) note(written, n int64) {
+	switch {
 	case written < p.written:
 		// Set back: what was measured before no longer holds.
 		p.n = 0
@@ -107,11 +120,30 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 			p.n -= clockSamples
 		}
 	}
-	p.written, p.seen = written, n
-	ahead, ok := p.ahead()
-	if !ok {
-		return 0, 0
+	p.written = written
+}
+
+// clockEarly is the early clockShift would return for the same arguments,
+// without noting anything: for a reader to weigh an aggregate before it
+// takes it (readAggregate).
+func (s *Syncer) clockEarly(now time.Time, name string, written int64) time.Duration {
+	p := s.clocks[name]
+	if !s.c.shape.Sliding || p == nil {
+		return 0
 	}
+	q := *p
+	q.note(written, now.UnixNano())
+	ahead, ok := q.ahead()
+	if !ok {
+		return 0
+	}
+	_, early := s.placeClock(ahead)
+	return early
+}
+
+// placeClock is clockShift's shift and early for a peer's clock measured
+// ahead of this one's by ahead (negative: behind).
+func (s *Syncer) placeClock(ahead time.Duration) (shift int64, early time.Duration) {
 	sub := s.c.sketch.Slot()
 	// Far beyond the ring either way: the limiter clamps it.
 	ahead = max(min(ahead, MaxClockSkew+s.iv.PurgeAge), -MaxClockSkew-s.iv.PurgeAge)
@@ -148,10 +180,11 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 // early plus what the aggregator's placing of its members left, each at
 // most the tolerance, and a sum lingers less than a sub-window
 // (limiter.SketchSum.Linger). (Read intervals longer than half a
-// sub-window, W/14, make the two together up to two read intervals,
-// which the sum's linger cuts at a sub-window; and reads longer than a
-// sub-window, W/7, may find a peer's snapshots late by more, and keep its
-// counts a sub-window longer: a request may wait W/7 more there.)
+// sub-window, W/14, make the two together up to two read intervals: a
+// reader of an aggregate whose two reach a sub-window reads every
+// snapshot instead, readAggregate; and reads longer than a sub-window,
+// W/7, may find a peer's snapshots late by more, and keep its counts a
+// sub-window longer: a request may wait W/7 more there.)
 func clockTolerance(iv Intervals, sub time.Duration) time.Duration {
 	return max(min(iv.Read, sub-1), (sub-1)/2)
 }
