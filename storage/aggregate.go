@@ -174,8 +174,8 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		return aggregateNone
 	}
 	sub := c.sketch.Slot()
-	lingers := membersEarly(a, sub, clockTolerance(s.iv, sub))
-	if a.tail == nil && lingerLost(a, sub, clockTolerance(s.iv, sub)) {
+	lingers := membersEarly(a, sub, clockTolerance(sub))
+	if a.tail == nil && lingerLost(a, sub, clockTolerance(sub)) {
 		return aggregateForeign
 	}
 	if s.clockEarly(now, a.instance, a.written.UnixNano())+lingers >= sub {
@@ -183,8 +183,9 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		// more, which a sum cannot (limiter.SketchSum.Linger cuts it
 		// there): its members' counts could leave this view before
 		// they leave their writers'. Each placing is at most the
-		// tolerance, so this holds only where that is over half a
-		// sub-window (clockTolerance).
+		// tolerance, a sub-window less a nanosecond (clockTolerance):
+		// with clocks that agree, each is at most the delay of a find,
+		// a read interval.
 		return aggregateForeign
 	}
 	// Take this instance's own snapshots out, as the aggregator added
@@ -295,7 +296,7 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 	}
 	slices.SortFunc(a.resets, func(x, y reset) int { return cmp.Compare(x.hash, y.hash) })
 	a.sketch = agg.AppendBinary(s.sk[:0])
-	if sub := c.sketch.Slot(); lingerLost(&a, sub, clockTolerance(s.iv, sub)) {
+	if sub := c.sketch.Slot(); lingerLost(&a, sub, clockTolerance(sub)) {
 		// What the sum still lingers of the sub-window before its
 		// oldest, which the older forms cannot carry.
 		a.tail = agg.AppendTail(s.tail[:0])
@@ -344,11 +345,12 @@ func membersEarly(a *aggregate, sub, tol time.Duration) time.Duration {
 // aggregate comes after. So the aggregator writes the tail (version 3)
 // where this holds, and only there, so that an instance of an older
 // version, which refuses version 3 and reads every snapshot instead, reads
-// every other aggregate as before; it read every snapshot at these
-// anyway. A reader of an aggregate without a tail (an older aggregator's)
-// reads every snapshot where this holds of it, lingering each as the
-// aggregator did: about membersEarly / sub of the reads, up to half where
-// the tolerance is half a sub-window (docs/cluster.md has the figures).
+// every other aggregate as before (it read every snapshot at those this
+// held of with its tolerance, half a sub-window). A reader of an
+// aggregate without a tail (an older aggregator's) reads every snapshot
+// where this holds of it, lingering each as the aggregator did: about
+// membersEarly / sub of the reads, up to every one with a dead member
+// listed (docs/cluster.md has the figures).
 func lingerLost(a *aggregate, sub, tol time.Duration) bool {
 	start := time.Unix(0, limiter.WindowNumber(a.written, sub)*int64(sub))
 	return a.written.Sub(start) < membersEarly(a, sub, tol)

@@ -150,17 +150,17 @@ func (s *Syncer) placeClock(ahead time.Duration) (shift int64, early time.Durati
 	if ahead >= 0 {
 		return -limiter.WindowNumber(time.Unix(0, int64(ahead)), sub), 0
 	}
-	shift = -limiter.WindowNumber(time.Unix(0, int64(min(ahead+clockTolerance(s.iv, sub), 0))), sub)
+	shift = -limiter.WindowNumber(time.Unix(0, int64(min(ahead+clockTolerance(sub), 0))), sub)
 	return shift, max(-ahead-time.Duration(shift)*sub, 0)
 }
 
 // clockTolerance is how much of a peer's clock seen behind this one's is
 // not corrected by moving its counts a sub-window (sub) later
-// (clockShift), but by keeping them that much longer (its early): half a
-// sub-window, or a sub-window less a nanosecond where a read interval is
-// longer than half a sub-window. A snapshot is found up to a read
-// interval after its write (more through an aggregate), and with ticks of
-// one period that delay stays the same read after read: the measure of a
+// (clockShift), but by keeping them that much longer (its early): a
+// sub-window less a nanosecond, the most a sum lingers
+// (limiter.SketchSum.Linger). A snapshot is found up to a read interval
+// after its write (more through an aggregate), and with ticks of one
+// period that delay stays the same read after read: the measure of a
 // peer's clock may take it a read interval further behind than it is,
 // and nothing read from storage tells the two apart. Moved a whole
 // sub-window, every peer's counts would be kept a sub-window longer than
@@ -169,33 +169,31 @@ func (s *Syncer) placeClock(ahead time.Duration) (shift int64, early time.Durati
 // that peer, and hand it out again (with every measured lag moved: up to
 // 38 and 40 of 30 in a span, bound 34, in 3 and 12 of the 120 random
 // schedules of window_test.go, without and with a joiner). That holds of
-// a peer whose clock is behind as much as of the delay: with a tolerance
-// of a read interval, peers whose skew and delay together passed it
-// (clocks each within a read interval of the true time, so up to two
-// apart) were moved, and 5 of 80 random schedules on a 1 m window got 35
-// to 39 of 30 in a span (window_skew_test.go); and where a read interval
-// is more than half a sub-window (a 10 s window with 1 s reads), the
+// a peer whose clock is behind as much as of the delay, so any tolerance
+// short of a sub-window moved what a skew and the delay together pushed
+// past it: with a read interval, clocks each within one of the true time
+// (so up to two apart), 5 of 80 random schedules on a 1 m window got 35
+// to 39 of 30 in a span (window_skew_test.go); with a read interval where
+// that is more than half a sub-window (a 10 s window with 1 s reads), the
 // readers of an aggregate, finding it up to a read interval after its
 // write with its aggregator a few hundred milliseconds ahead, moved it,
-// and 5 of 160 schedules with clocks within ±1 s got 35 to 39 (none now,
-// TestWindowZoneAggregateFoundLateOnAShortWindowKeepsTheBound). Kept
-// early longer instead, they cost a peer's lag after its write, less than
-// the sub-window moving them costs, and in a cluster that reads when it
-// writes nothing. Half a sub-window where the reads allow it, not all of
-// it: a reader of an aggregate keeps its counts early plus what the
-// aggregator's placing of its members left, each at most the tolerance,
-// and a sum lingers less than a sub-window (limiter.SketchSum.Linger);
-// where the tolerance is a sub-window, a reader whose two placings reach
-// a sub-window reads every snapshot instead (readAggregate): a quarter to
-// half of the reads on a 10 s window with 1 s reads, as measured in
-// docs/cluster.md. (Reads longer than a sub-window, W/7, may find a peer's
-// snapshots late by more, and keep its counts a sub-window longer: a
-// request may wait W/7 more there.)
-func clockTolerance(iv Intervals, sub time.Duration) time.Duration {
-	if iv.Read > (sub-1)/2 {
-		return sub - 1
-	}
-	return (sub - 1) / 2
+// and 5 of 160 schedules with clocks within ±1 s got 35 to 39
+// (TestWindowZoneAggregateFoundLateOnAShortWindowKeepsTheBound); with half
+// a sub-window elsewhere, clocks within ±4.29 s on a 1 m window (so up to
+// a sub-window apart), 36, and 41 once the aggregate was used early in
+// its sub-window (TestWindowZonePeerFoundUpToASubWindowBehindKeepsTheBound).
+// Kept early longer instead, they cost a peer's lag after its write, less
+// than the sub-window moving them costs, and in a cluster that reads when
+// it writes nothing. A reader of an aggregate keeps its counts early plus
+// what the aggregator's placing of its members left, each at most the
+// tolerance; where the two reach a sub-window, which a sum cannot linger,
+// it reads every snapshot instead (readAggregate): with clocks that agree
+// that takes reads of half a sub-window or more, W/14 (a quarter of the
+// reads on a 10 s window with 1 s reads, as measured in docs/cluster.md). (Reads longer than a sub-window, W/7, may find a
+// peer's snapshots late by more, and keep its counts a sub-window longer:
+// a request may wait W/7 more there.)
+func clockTolerance(sub time.Duration) time.Duration {
+	return sub - 1
 }
 
 // forgetClocks forgets the peers no read has found for purge_age: their
