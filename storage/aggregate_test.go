@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"go.uber.org/zap"
 )
 
 // readsLoad has the nodes read at now and returns how many entries they
@@ -526,6 +527,54 @@ func TestAggregateIsUsedWhateverItsMembersLag(t *testing.T) {
 		}
 		if reads == 0 || full > 0 {
 			t.Errorf("two members %v behind, one dead %v: %d of %d reads read every snapshot, want none", c.behind, c.dead, full, reads)
+		}
+	}
+}
+
+// A reader keeps an aggregate's counts its own placing of the aggregator's
+// clock (clockShift's early) plus what the aggregator's placing of its
+// members left (membersEarly) into the sub-window after they leave its
+// view; a sum lingers less than a sub-window, so where the two reach one
+// the reader reads every snapshot instead. Here a 10 s window (sub-windows
+// of 1.43 s): the reader finds the aggregator's aggregates 0.9 s after
+// their writes, and the aggregate lists a member written 0.3 s or 0.6 s
+// before it (or, in version 3, that it measured that early). Before, the
+// reader used the aggregate with 1.5 s, cut at the sub-window: the
+// member's counts could leave its view 0.07 s before their writer's.
+func TestAggregateThatWouldLingerASubWindowIsNotUsed(t *testing.T) {
+	const window = 10 * time.Second
+	sub := subWindowOf(window)
+	for _, c := range []struct {
+		member time.Duration // how long before the aggregate its member was written
+		tail   bool
+		used   bool
+	}{
+		{300 * time.Millisecond, false, true},
+		{600 * time.Millisecond, false, false},
+		{300 * time.Millisecond, true, true},
+		{600 * time.Millisecond, true, false},
+	} {
+		st := newMemStorage()
+		n := newJoiner(t, st, "n", 30, window, zap.NewNop())
+		agg := newJoiner(t, st, "x", 30, window, zap.NewNop())
+		_ = agg
+		// Written 1.2 s into their sub-window, after the member's linger.
+		start := time.Unix(0, (t0.UnixNano()/int64(sub)+1)*int64(sub))
+		for k, at := range []time.Time{start.Add(1200 * time.Millisecond), start.Add(sub + 1200*time.Millisecond)} {
+			a := aggregate{
+				snapshot: snapshot{instance: "x", written: at, sketch: agg.c.sketch.NewSketchSum(at).AppendBinary(nil)},
+				members:  []member{{name: "m", w: written{at: at.Add(-c.member).UnixNano(), sum: 1}, early: c.member}},
+			}
+			if c.tail {
+				a.tail = []byte{0}
+			}
+			if err := st.Store(bg, AggregateKey("w"), appendAggregate(nil, &a)); err != nil {
+				t.Fatal(err)
+			}
+			n.s.Read(bg, at.Add(900*time.Millisecond))
+			if used := n.s.lastRead == aggregateUsed; k == 1 && used != c.used {
+				t.Errorf("a member written %v before the aggregate, tail %v: used %v, want %v", c.member, c.tail, used, c.used)
+			}
 		}
 	}
 }
