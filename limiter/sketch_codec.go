@@ -237,6 +237,8 @@ func (d *sketchDecoder) uvarint(what string) (uint64, error) {
 // sketchWhich names window k of a snapshot of ring windows in errors.
 func sketchWhich(k, ring int) string {
 	switch {
+	case k == -1:
+		return "window before the oldest"
 	case ring == 2 && k == 0:
 		return "previous window"
 	case k == ring-1:

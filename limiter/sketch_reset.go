@@ -173,6 +173,13 @@ func (t *SketchSum) AddBinaryLinger(data []byte, forget []Forget, shift int64, e
 	return t.applyBinary(data, forget, shift, true, t.made != 0 && t.made-1 < int64(early))
 }
 
+// SubtractBinaryLinger takes out what AddBinaryLinger of the same
+// snapshot, keys, shift and early added to a sum made when this one was
+// (SketchSumOfBinaryAt), its tail included.
+func (t *SketchSum) SubtractBinaryLinger(data []byte, forget []Forget, shift int64, early time.Duration) (epoch int64, err error) {
+	return t.applyBinary(data, forget, shift, false, t.made != 0 && t.made-1 < int64(early))
+}
+
 // SubtractBinaryLater takes out what AddBinaryLater of the same snapshot,
 // keys and shift added (SubtractBinaryForgetting).
 func (t *SketchSum) SubtractBinaryLater(data []byte, forget []Forget, shift int64) (epoch int64, err error) {

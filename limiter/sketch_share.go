@@ -543,8 +543,9 @@ func (s *Sketch) carries(prev, origin, e int64) bool {
 // d zero, and for d < 0 its counts of the windows after the new one's
 // counted in the new one's, as if granted now (a sum written on a clock
 // ahead: what it counts there was granted, and the counts of the windows
-// it has dropped, older than its own, are zero). It reads only the cells
-// the sum counts something in.
+// it has dropped, older than its own, are zero but for its tail, the one
+// before its oldest, that it still counted: Linger, in the cells in use,
+// which Later marks). It reads only the cells the sum counts something in.
 func (t *SketchSum) shifted(d int64) *SketchSum {
 	c := *t
 	c.epoch += d
@@ -575,6 +576,12 @@ func (t *SketchSum) shifted(d int64) *SketchSum {
 			later += uint64(n)
 		}
 		dst[r-1] = uint32(min(uint64(dst[r-1])+later, MaxSketchQuota))
+		if n := t.tail[int32(i)]; n != 0 {
+			// The window before the sum's oldest is in the new view
+			// (its slot −d − 1), or after it.
+			k := min(-d-1, r-1)
+			dst[k] = uint32(min(uint64(dst[k])+uint64(n), MaxSketchQuota))
+		}
 	}
 	return &c
 }

@@ -1022,3 +1022,68 @@ func peerAndReader(t *testing.T, quota int64) (peer, reader *Sketch, sub time.Du
 	sub = peer.Slot()
 	return peer, reader, sub, time.Unix(0, WindowNumber(time.Unix(1_700_000_000, 0), sub)*int64(sub))
 }
+
+// A sum made within early of its sub-window's start holds what its
+// snapshots count of the sub-window before its oldest apart (its tail,
+// AddBinaryLinger); an aggregate carries it in binary form (AppendTail),
+// and a reader given it back (SketchSumOfBinaryAt) counts it, lingering,
+// as the sum did, takes a snapshot of its own out of it as it was added
+// (SubtractBinaryLinger), and still counts it where it places the sum a
+// sub-window later than its clock (Later, past its own sub-window). Before,
+// the binary form held the sum's sub-windows only: the reader dropped the
+// tail, and the peer's grants left its view up to early before the
+// peer's (storage read every snapshot instead: lingerLost).
+func TestSlidingSumTailTravelsInBinaryForm(t *testing.T) {
+	reader, h, _, edge, snap := grantsLeavingAtAnEdge(t)
+	const early = 300 * time.Millisecond
+	passes := func(sum *SketchSum, at time.Time) bool { return reader.PeekHashWith(h, 1, at, sum).Allowed }
+	made := edge.Add(early / 2)
+	sum := reader.NewSketchSum(made)
+	for range 2 { // two peers' snapshots, alike
+		if _, err := sum.AddBinaryLinger(snap, nil, 0, early); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, tail := sum.AppendBinary(nil), sum.AppendTail(nil)
+	load := func(tail []byte) *SketchSum {
+		t.Helper()
+		got, err := reader.SketchSumOfBinaryAt(data, tail, made)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Linger(early)
+		return got
+	}
+	if got := load(nil); !passes(got, made) {
+		t.Fatal("without its tail, the loaded sum still counts the peers' lingering grants: the test shows nothing")
+	}
+	got := load(tail)
+	if passes(got, made) || !passes(got, edge.Add(early)) {
+		t.Errorf("the loaded sum does not count its tail until %v after the edge", early)
+	}
+	if passes(load(tail).Later(1, made), edge.Add(early)) {
+		t.Error("placed a sub-window later, past the reader's sub-window, the sum dropped its tail")
+	}
+	if _, err := got.SubtractBinaryLinger(snap, nil, 0, early); err != nil {
+		t.Fatal(err)
+	}
+	if passes(got, made) {
+		t.Error("taking one peer's snapshot out took the other's lingering grants too")
+	}
+	if _, err := got.SubtractBinaryLinger(snap, nil, 0, early); err != nil {
+		t.Fatal(err)
+	}
+	if !passes(got, made) {
+		t.Error("SubtractBinaryLinger left the peers' lingering grants in the tail")
+	}
+	for _, bad := range [][]byte{
+		append(append([]byte{}, tail...), 0), // trailing bytes
+		{1, 0xff, 0xff, 0xff, 0xff, 0x0f, 1}, // a cell out of range
+		{1, 1, 0},                            // a count of zero
+		{},                                   // no entry count
+	} {
+		if _, err := reader.SketchSumOfBinaryAt(data, bad, made); err == nil {
+			t.Errorf("tail %x: accepted", bad)
+		}
+	}
+}

@@ -188,7 +188,7 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, shift int64, add, 
 		last = t.ring - 1
 	}
 	slot := func(k int) int { return min(k+off, last) }
-	fold = fold && t.ring > 2 && add
+	fold = fold && t.ring > 2 && (add || t.tail != nil)
 	if h.ring != t.ring {
 		// A weighted snapshot of the sliding sketch's window (a peer of
 		// an older version): see olderSlot.
@@ -203,6 +203,12 @@ func (t *SketchSum) applyBinary(data []byte, forget []Forget, shift int64, add, 
 		k := slot(wk)
 		if k == -1 && fold {
 			// The window just before the sum's oldest: see tail.
+			if !add {
+				if n, ok := t.tail[int32(i)]; ok && n != MaxSketchQuota {
+					t.tail[int32(i)] = n - min(n, c)
+				}
+				return
+			}
 			if t.tail == nil {
 				t.tail = make(map[int32]uint32)
 			}
@@ -437,6 +443,56 @@ func (t *SketchSum) AppendBinary(dst []byte) []byte {
 	return dst
 }
 
+// AppendTail appends what a sliding sum counts of the sub-window before
+// its oldest (its tail: AddBinaryLinger) as one window's list of cells of
+// the binary form (an empty list for none), for SketchSumOfBinaryAt to
+// give back: an aggregate of snapshots, written within its members' linger
+// of its sub-window's start, carries what they still count there.
+func (t *SketchSum) AppendTail(dst []byte) []byte {
+	cells := make([]int, 0, len(t.tail))
+	for i, n := range t.tail {
+		if n != 0 {
+			cells = append(cells, int(i))
+		}
+	}
+	slices.Sort(cells)
+	return appendSketchCells(dst, slices.Values(cells), func(i int) uint32 { return t.tail[int32(i)] })
+}
+
+// SketchSumOfBinaryAt is SketchSumOfBinary of a sum made at at (a time of
+// its window, not checked here) by NewSketchSum, with what it counted of
+// the sub-window before its oldest, tail (untrusted input, AppendTail's
+// form; nil for none): so that SubtractBinaryLinger takes a snapshot out
+// as AddBinaryLinger added it to that sum, tail included, and a sum that
+// lingers (Linger) counts the tail as that sum did.
+func (s *Sketch) SketchSumOfBinaryAt(data, tail []byte, at time.Time) (*SketchSum, error) {
+	t, err := s.SketchSumOfBinary(data)
+	if err != nil {
+		return nil, err
+	}
+	if t.ring <= 2 {
+		return t, nil
+	}
+	if in := at.UnixNano() - t.epoch*int64(t.window); in >= 0 && in < int64(t.window) {
+		t.made = in + 1
+	}
+	if tail == nil {
+		return t, nil
+	}
+	d := sketchDecoder{data: tail}
+	cells := t.rows * t.width
+	t.tail = make(map[int32]uint32)
+	if err := d.cells(cells, -1, t.ring, func(_ int, i int, c uint32) {
+		t.tail[int32(i)] = c
+	}); err != nil {
+		return nil, err
+	}
+	if d.off != len(tail) {
+		return nil, fmt.Errorf("sketch snapshot: %d trailing bytes after the window before the oldest", len(tail)-d.off)
+	}
+	return t, nil
+}
+
 // SketchSumOfBinary returns a sum of snapshots of s holding the snapshot in
 // binary form data (untrusted input), of data's own window rather than
 // now's: a sum read later, in the window after, still counts its current
@@ -477,6 +533,12 @@ func (t *SketchSum) Later(shift int64, now time.Time) *SketchSum {
 	}
 	t.epoch += max(min(shift, 1<<40), -1<<40)
 	if e := WindowNumber(now, t.window); t.epoch > e {
+		// Its tail is in the view then: its cells are in use.
+		for i, n := range t.tail {
+			if n != 0 {
+				t.used[i/64] |= 1 << (i % 64)
+			}
+		}
 		return t.shifted(e - t.epoch)
 	}
 	return t

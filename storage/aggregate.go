@@ -22,7 +22,9 @@ import (
 // the sum has had applied, and the list of the instances it summed (name,
 // write time and checksum of the snapshot it took, and for a window zone
 // by how many sub-windows it moved its counts onto its own clock,
-// clockShift). Every other instance
+// clockShift, and how much earlier than their writer's they may leave its
+// view as moved; then also what its sum still counts of the sub-window
+// before its oldest, which lingers: lingerLost). Every other instance
 // then loads that one entry instead of every snapshot, and takes its own
 // contribution back out: it keeps the last few snapshots it stored
 // (Cluster.own), finds the one the list names, and subtracts it as the
@@ -129,8 +131,9 @@ const (
 	// aggregateForeign: a fresh aggregate that lists a snapshot of this
 	// process's that it cannot take out (one it no longer remembers), or
 	// another process's under this instance's name, or one that may lack
-	// counts its members still grant on (lingerLost): read every
-	// snapshot, which sorts that out.
+	// counts its members still grant on (lingerLost), or that would
+	// linger a sub-window or more on this clock: read every snapshot,
+	// which sorts that out.
 	aggregateForeign
 	// aggregateUsed: the Cluster's view was replaced from the aggregate.
 	aggregateUsed
@@ -157,7 +160,12 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 	if age := now.Sub(a.written); age > aggregateMaxAge(s.iv) || -age > MaxClockSkew {
 		return aggregateNone
 	}
-	sum, err := c.sketch.SketchSumOfBinary(a.sketch)
+	var sum *limiter.SketchSum
+	if a.tail != nil {
+		sum, err = c.sketch.SketchSumOfBinaryAt(a.sketch, a.tail, a.written)
+	} else {
+		sum, err = c.sketch.SketchSumOfBinary(a.sketch)
+	}
 	if err == nil && sum.Epoch() != limiter.WindowNumber(a.written, c.sketch.Slot()) {
 		err = errors.New("the aggregate's sum is not of its own time's window")
 	}
@@ -165,7 +173,19 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		s.skipped(key, err)
 		return aggregateNone
 	}
-	if lingerLost(a, c.sketch.Slot(), clockTolerance(s.iv, c.sketch.Slot())) {
+	sub := c.sketch.Slot()
+	lingers := membersEarly(a, sub, clockTolerance(sub))
+	if a.tail == nil && lingerLost(a, sub, clockTolerance(sub)) {
+		return aggregateForeign
+	}
+	if s.clockEarly(now, a.instance, a.written.UnixNano())+lingers >= sub {
+		// Placed on this clock, the sum would linger a sub-window or
+		// more, which a sum cannot (limiter.SketchSum.Linger cuts it
+		// there): its members' counts could leave this view before
+		// they leave their writers'. Each placing is at most the
+		// tolerance, a sub-window less a nanosecond (clockTolerance):
+		// with clocks that agree, each is at most the delay of a find,
+		// a read interval.
 		return aggregateForeign
 	}
 	// Take this instance's own snapshots out, as the aggregator added
@@ -182,7 +202,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 				return aggregateForeign
 			}
 			s.forget = appendForgets(s.forget[:0], s.aggLatest, snap.resets, s.listed)
-			if _, err := sum.SubtractBinaryLater(snap.sketch, s.forget, m.shift); err != nil {
+			if _, err := sum.SubtractBinaryLinger(snap.sketch, s.forget, m.shift, m.early); err != nil {
 				return aggregateForeign
 			}
 			continue
@@ -210,7 +230,7 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 	// its clock: placed on this one's as a peer's snapshot is.
 	shift, early := s.clockShift(now, a.instance, a.written.UnixNano())
 	sum = sum.Later(shift, now)
-	sum.Linger(early + membersEarly(a, c.sketch.Slot(), clockTolerance(s.iv, c.sketch.Slot())))
+	sum.Linger(early + lingers)
 	s.forgetClocks(now)
 	srcs := []*snapshot{&a.snapshot}
 	seq := s.learnResets(now, srcs)
@@ -243,7 +263,7 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 	a := aggregate{snapshot: snapshot{instance: s.proc.name(s.instance), written: now}}
 	untils := make(map[uint64]int64)
 	note := func(snap *snapshot) {
-		a.members = append(a.members, member{name: snap.instance, w: written{at: snap.written.UnixNano(), sum: snap.sum}, shift: snap.shift})
+		a.members = append(a.members, member{name: snap.instance, w: written{at: snap.written.UnixNano(), sum: snap.sum}, shift: snap.shift, early: snap.early})
 		s.forget = appendForgets(s.forget[:0], s.latest, snap.resets, s.listed)
 		for _, b := range snap.blocks {
 			if !forgotten(s.forget, b.hash) {
@@ -276,6 +296,12 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 	}
 	slices.SortFunc(a.resets, func(x, y reset) int { return cmp.Compare(x.hash, y.hash) })
 	a.sketch = agg.AppendBinary(s.sk[:0])
+	if sub := c.sketch.Slot(); lingerLost(&a, sub, clockTolerance(sub)) {
+		// What the sum still lingers of the sub-window before its
+		// oldest, which the older forms cannot carry.
+		a.tail = agg.AppendTail(s.tail[:0])
+		s.tail = a.tail
+	}
 	s.buf = appendAggregate(s.buf[:0], &a)
 	s.sk = a.sketch
 	if err := s.st.Store(ctx, AggregateKey(c.shape.Zone), s.buf); err != nil {
@@ -285,41 +311,46 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 
 // membersEarly is how much earlier than their writers' the aggregate a's
 // members' counts may leave its aggregator's view, as placed there (sub
-// the sub-window, tol the tolerance): at most the most that a member's
-// snapshot was found after its write, less what its shift moved it, and
-// never more than tol (clockShift's early).
+// the sub-window, tol the tolerance): in version 3, the most of the
+// members' early as the aggregator measured it (clockShift); before, at
+// most the most that a member's snapshot was found after its write, less
+// what its shift moved it, and never more than tol (clockShift's early),
+// which a dead member still listed sets at tol.
 func membersEarly(a *aggregate, sub, tol time.Duration) time.Duration {
 	var most time.Duration
 	for _, m := range a.members {
+		if a.tail != nil {
+			most = max(most, m.early)
+			continue
+		}
 		most = max(most, min(a.written.Sub(time.Unix(0, m.w.at))-time.Duration(m.shift)*sub, tol))
 	}
 	return most
 }
 
-// lingerLost reports whether the aggregate a may lack counts that its
-// members still grant on (sub the sub-window, tol the tolerance): written
-// within membersEarly of the start of its aggregator's sub-window, where
-// the aggregator's sum still counted its members' sub-window before its
-// oldest apart (limiter.SketchSum.AddBinaryLinger's tail), which its
-// binary form, of the sum's own sub-windows, does not carry. A reader of
-// it would drop them up to membersEarly before their writers do, in the
-// aggregate's sub-window, and one whose clock is behind the aggregator's
-// even in the sub-window before (Later moves the sum back a sub-window,
-// with nothing for its oldest). Such a reader reads every snapshot
-// instead, lingering each as the aggregator did. Written later into its
-// sub-window, the aggregate drops nothing a member still counts: a
-// member's clock is at most membersEarly behind the aggregator's as
-// placed, so its counts of that sub-window left its own view before the
-// aggregate was written, and every decision on the aggregate comes after.
-// It costs a full read on the reads that find such an aggregate, about
-// membersEarly / sub of them: membersEarly is at most the tolerance
-// (clockTolerance: at least half a sub-window), so up to half the reads,
-// and every read where the tolerance is a sub-window less a nanosecond
-// (a window under 7 read intervals); fewer the closer the clocks agree
-// and the sooner the aggregator reads after its members write, but one
-// lagging member (a dead one still listed) sets it for all
-// (docs/cluster.md has the figures). Carrying the sum's sub-window before its oldest in the
-// aggregate instead would need a new form, which older readers reject.
+// lingerLost reports whether the aggregate a, were it written without its
+// tail, may lack counts that its members still grant on (sub the
+// sub-window, tol the tolerance): written within membersEarly of the start
+// of its aggregator's sub-window, where the aggregator's sum still counted
+// its members' sub-window before its oldest apart (its tail,
+// limiter.SketchSum.AddBinaryLinger), which the binary form of the sum's
+// own sub-windows does not carry. A reader of it would drop them up to
+// membersEarly before their writers do, in the aggregate's sub-window,
+// and one whose clock is behind the aggregator's even in the sub-window
+// before (Later moves the sum back a sub-window, with nothing for its
+// oldest). Written later into its sub-window, the aggregate drops nothing
+// a member still counts: a member's clock is at most membersEarly behind
+// the aggregator's as placed, so its counts of that sub-window left its
+// own view before the aggregate was written, and every decision on the
+// aggregate comes after. So the aggregator writes the tail (version 3)
+// where this holds, and only there, so that an instance of an older
+// version, which refuses version 3 and reads every snapshot instead, reads
+// every other aggregate as before (it read every snapshot at those this
+// held of with its tolerance, half a sub-window). A reader of an
+// aggregate without a tail (an older aggregator's) reads every snapshot
+// where this holds of it, lingering each as the aggregator did: about
+// membersEarly / sub of the reads, up to every one with a dead member
+// listed (docs/cluster.md has the figures).
 func lingerLost(a *aggregate, sub, tol time.Duration) bool {
 	start := time.Unix(0, limiter.WindowNumber(a.written, sub)*int64(sub))
 	return a.written.Sub(start) < membersEarly(a, sub, tol)

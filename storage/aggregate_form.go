@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"time"
 )
 
 // The stored form of an aggregate is
@@ -15,15 +16,23 @@ import (
 //	    and the resets (each key's latest) applied to the sum
 //	uvarint n, then n × (uvarint len(name), name, varint written,
 //	    4-byte little-endian checksum of the snapshot summed,
-//	    and in version 2 varint shift: by how many sub-windows the
-//	    aggregator moved its counts, placing them on its clock)
+//	    from version 2 varint shift: by how many sub-windows the
+//	    aggregator moved its counts, placing them on its clock,
+//	    and in version 3 varint early (ns): how much earlier than their
+//	    writer's those counts may leave the aggregator's view, clockShift)
+//	in version 3, uvarint len(tail), tail: what the sum counts of the
+//	    sub-window before its oldest (limiter.SketchSum.AppendTail)
 //	4-byte little-endian CRC-32C of everything before it
 //
 // Version 1, still read (every shift 0), is written when every shift is 0,
-// so that an instance of an older version still reads it.
+// and version 2 when the aggregate is not written within its members'
+// linger of its sub-window's start (lingerLost), so that an instance of
+// an older version still reads it: one reads neither version 3 nor, from
+// version 2 on, an aggregate lingerLost holds of, and reads every snapshot
+// instead of either.
 const (
 	aggregateMagic   = "FGAG"
-	aggregateVersion = 2
+	aggregateVersion = 3
 )
 
 // An aggregate is the sum of a zone's live snapshots, as published by its
@@ -31,14 +40,21 @@ const (
 type aggregate struct {
 	snapshot
 	members []member
+	// tail is what the sum counts of the sub-window before its oldest,
+	// in version 3 (nil before: not known).
+	tail []byte
 }
 
 // A member is an instance whose snapshot an aggregate summed, and which,
-// and by how many sub-windows its counts were moved (clockShift).
+// by how many sub-windows its counts were moved (clockShift), and how
+// much earlier than their writer's they may leave the aggregator's view
+// as moved (clockShift's early; known from version 3 on, where the
+// aggregate's tail is not nil; else 0).
 type member struct {
 	name  string
 	w     written
 	shift int64
+	early time.Duration
 }
 
 func appendAggregate(dst []byte, a *aggregate) []byte {
@@ -46,8 +62,11 @@ func appendAggregate(dst []byte, a *aggregate) []byte {
 	v := byte(1)
 	for _, m := range a.members {
 		if m.shift != 0 {
-			v = aggregateVersion
+			v = 2
 		}
+	}
+	if a.tail != nil {
+		v = 3
 	}
 	dst = append(dst, aggregateMagic...)
 	dst = append(dst, v)
@@ -61,6 +80,13 @@ func appendAggregate(dst []byte, a *aggregate) []byte {
 		if v > 1 {
 			dst = binary.AppendVarint(dst, m.shift)
 		}
+		if v > 2 {
+			dst = binary.AppendVarint(dst, int64(m.early))
+		}
+	}
+	if v > 2 {
+		dst = binary.AppendUvarint(dst, uint64(len(a.tail)))
+		dst = append(dst, a.tail...)
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
@@ -121,7 +147,26 @@ func decodeAggregate(data []byte) (*aggregate, error) {
 				return nil, err
 			}
 		}
-		a.members = append(a.members, member{name: string(name), w: written{at: at, sum: binary.LittleEndian.Uint32(sum)}, shift: shift})
+		var early int64
+		if v > 2 {
+			if early, err = r.varint("member early"); err != nil {
+				return nil, err
+			}
+			if early < 0 || early > int64(MaxClockSkew) {
+				return nil, fmt.Errorf("aggregate member early %v: must be between 0 and %v", time.Duration(early), MaxClockSkew)
+			}
+		}
+		a.members = append(a.members, member{name: string(name), w: written{at: at, sum: binary.LittleEndian.Uint32(sum)}, shift: shift, early: time.Duration(early)})
+	}
+	if v > 2 {
+		l, err := r.uvarint("tail length")
+		if err != nil {
+			return nil, err
+		}
+		if a.tail, err = r.bytes(l, "tail"); err != nil {
+			return nil, err
+		}
+		a.tail = append([]byte{}, a.tail...) // non-nil, even empty
 	}
 	if r.off != len(body) {
 		return nil, fmt.Errorf("aggregate has %d trailing bytes", len(body)-r.off)
@@ -130,8 +175,10 @@ func decodeAggregate(data []byte) (*aggregate, error) {
 }
 
 // maxAggregateSize is the size of the largest aggregate of a zone of shape
-// s: a snapshot's largest, and the longest list of members.
+// s: a snapshot's largest, the longest list of members, and the longest
+// tail (one sub-window's list of cells).
 func maxAggregateSize(s Shape) int64 {
 	const v = binary.MaxVarintLen64
-	return maxSnapshotSize(s) + v + MaxAggregateMembers*(v+maxInstanceLen+v+4+v)
+	tail := v + v + int64(SketchRows)*int64(s.Width)*2*binary.MaxVarintLen32
+	return maxSnapshotSize(s) + v + MaxAggregateMembers*(v+maxInstanceLen+v+4+v+v) + tail
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/floodgate-rl/floodgate/limiter"
+	"go.uber.org/zap"
 )
 
 // readsLoad has the nodes read at now and returns how many entries they
@@ -360,8 +361,36 @@ func TestAggregateListsItsMembersShifts(t *testing.T) {
 		if err != nil {
 			t.Fatalf("shifts %v: %v", c.shifts, err)
 		}
-		if !slices.Equal(got.members, a.members) {
-			t.Errorf("shifts %v: decoded members %+v, want %+v", c.shifts, got.members, a.members)
+		if !slices.Equal(got.members, a.members) || got.tail != nil {
+			t.Errorf("shifts %v: decoded members %+v, tail %x, want %+v and none", c.shifts, got.members, got.tail, a.members)
+		}
+	}
+}
+
+// An aggregate that carries its sum's tail (what it still lingers of the
+// sub-window before its oldest) is written in version 3, with each
+// member's early, and decodes to what was written, an empty tail
+// included; an early out of range is rejected.
+func TestAggregateCarriesItsTail(t *testing.T) {
+	for _, tail := range [][]byte{{0}, {2, 1, 5, 3, 7}} {
+		a := aggregate{snapshot: snapshot{instance: "x", written: t0}, tail: tail}
+		a.members = []member{{name: "m0", w: written{at: 1, sum: 7}, shift: 1, early: 300 * time.Millisecond}, {name: "m1", w: written{at: 2, sum: 7}}}
+		data := appendAggregate(nil, &a)
+		if v := data[len(aggregateMagic)]; v != 3 {
+			t.Errorf("tail %x: written in version %d, want 3", tail, v)
+		}
+		got, err := decodeAggregate(data)
+		if err != nil {
+			t.Fatalf("tail %x: %v", tail, err)
+		}
+		if !slices.Equal(got.members, a.members) || !bytes.Equal(got.tail, tail) || got.tail == nil {
+			t.Errorf("tail %x: decoded members %+v, tail %x, want %+v, %x", tail, got.members, got.tail, a.members, tail)
+		}
+		for _, early := range []time.Duration{-1, MaxClockSkew + 1} {
+			a.members[1].early = early
+			if _, err := decodeAggregate(appendAggregate(nil, &a)); err == nil {
+				t.Errorf("an early of %v accepted", early)
+			}
 		}
 	}
 }
@@ -370,14 +399,17 @@ func TestAggregateListsItsMembersShifts(t *testing.T) {
 // tolerance, so not moved) keeps its counts of a sub-window that long
 // into the next one on the aggregator's clock, and so do the readers of
 // the aggregate: the aggregator's sum holds them apart (its tail) when it
-// reads within that long of its sub-window's start, and its aggregate,
-// which does not carry them, is then not used (lingerLost). Here events
+// reads within that long of its sub-window's start, and its aggregate
+// carries them then (version 3), for its readers to use. Here events
 // 30 (bound 34), the aggregator a on real time, members b.. behind by δ
 // burst 10 ms before their sub-window ends, then the key goes round robin
 // every 20 ms, paused around the edge a window later until just after
-// the first read past it, q after the edge on a's clock. Before, the
-// readers of the aggregate dropped the members' counts at the aggregate's
-// edge, and up to 43 of 30 passed in a span.
+// the first read past it, q after the edge on a's clock. Before the
+// members' counts lingered, the readers of the aggregate dropped them at
+// the aggregate's edge, and up to 43 of 30 passed in a span; then the
+// aggregate, which did not carry them, was not used that early in its
+// sub-window (lingerLost), and every reader read every snapshot at the
+// read past the edge.
 func TestAggregateKeepsItsMembersLingeringCounts(t *testing.T) {
 	const events = 30
 	bound := events*11/10 + 1
@@ -422,8 +454,17 @@ func TestAggregateKeepsItsMembersLingeringCounts(t *testing.T) {
 			}
 		}
 		k := 0
+		checked := false
 		for at := B.Add(c.delta); at.Before(B.Add(window + 20*time.Second)); at = at.Add(20 * time.Millisecond) {
 			sync(at)
+			if !checked && !at.Before(tick) {
+				checked = true // the read at tick, the last one
+				for _, x := range nodes[1:] {
+					if x.s.lastRead != aggregateUsed {
+						t.Errorf("%d instances, %d behind by %v, read %v after the edge: %s read %v there, want the aggregate used", c.n, c.behind, c.delta, c.q, x.s.instance, x.s.lastRead)
+					}
+				}
+			}
 			if !at.Before(edge.Add(-50*time.Millisecond)) && at.Before(tick.Add(5*time.Millisecond)) {
 				continue
 			}
@@ -443,4 +484,97 @@ func TestAggregateKeepsItsMembersLingeringCounts(t *testing.T) {
 		}
 	}
 	t.Logf("worst span %d (bound %d)", worst, bound)
+}
+
+// An aggregate written within its members' linger of its sub-window's
+// start carries what its sum lingers (version 3), so its readers use it
+// whatever the members' lags: five instances writing and reading at
+// staggered phases of 1 s intervals on a 1 m window, two of them 3 s
+// behind, or one dead (it stops writing, and is listed until purged).
+// Before, the aggregate did not carry it and was not used that early
+// (lingerLost), and 45 % and 50 % of the other instances' reads read every
+// snapshot; the most lagging member, a dead one by its age, set it.
+func TestAggregateIsUsedWhateverItsMembersLag(t *testing.T) {
+	const window, iv, n = time.Minute, time.Second, 5
+	old := testIntervals
+	defer func() { testIntervals = old }()
+	testIntervals = Intervals{Read: iv, Write: iv, PurgeAge: 5 * time.Minute}
+	for _, c := range []struct {
+		behind time.Duration
+		dead   bool
+	}{{3 * time.Second, false}, {0, true}} {
+		nodes, clock := clockedNodes(t, n, 30, window, func(i int) time.Duration {
+			if i == 1 || i == 2 {
+				return -c.behind
+			}
+			return 0
+		}, t0)
+		reads, full := 0, 0
+		for at := t0.Add(iv); at.Before(t0.Add(3 * window)); at = at.Add(iv / n) {
+			k := int(at.Sub(t0) / (iv / n) % n)
+			x := nodes[k]
+			if c.dead && k == n-1 && at.After(t0.Add(window/2)) {
+				continue
+			}
+			x.s.Write(bg, clock(x, at))
+			x.s.Read(bg, clock(x, at))
+			if !x.s.agg.aggregating && at.After(t0.Add(window)) {
+				reads++
+				if x.s.lastRead != aggregateUsed {
+					full++
+				}
+			}
+		}
+		if reads == 0 || full > 0 {
+			t.Errorf("two members %v behind, one dead %v: %d of %d reads read every snapshot, want none", c.behind, c.dead, full, reads)
+		}
+	}
+}
+
+// A reader keeps an aggregate's counts its own placing of the aggregator's
+// clock (clockShift's early) plus what the aggregator's placing of its
+// members left (membersEarly) into the sub-window after they leave its
+// view; a sum lingers less than a sub-window, so where the two reach one
+// the reader reads every snapshot instead. Here a 10 s window (sub-windows
+// of 1.43 s): the reader finds the aggregator's aggregates 0.9 s after
+// their writes, and the aggregate lists a member written 0.3 s or 0.6 s
+// before it (or, in version 3, that it measured that early). Before, the
+// reader used the aggregate with 1.5 s, cut at the sub-window: the
+// member's counts could leave its view 0.07 s before their writer's.
+func TestAggregateThatWouldLingerASubWindowIsNotUsed(t *testing.T) {
+	const window = 10 * time.Second
+	sub := subWindowOf(window)
+	for _, c := range []struct {
+		member time.Duration // how long before the aggregate its member was written
+		tail   bool
+		used   bool
+	}{
+		{300 * time.Millisecond, false, true},
+		{600 * time.Millisecond, false, false},
+		{300 * time.Millisecond, true, true},
+		{600 * time.Millisecond, true, false},
+	} {
+		st := newMemStorage()
+		n := newJoiner(t, st, "n", 30, window, zap.NewNop())
+		agg := newJoiner(t, st, "x", 30, window, zap.NewNop())
+		_ = agg
+		// Written 1.2 s into their sub-window, after the member's linger.
+		start := time.Unix(0, (t0.UnixNano()/int64(sub)+1)*int64(sub))
+		for k, at := range []time.Time{start.Add(1200 * time.Millisecond), start.Add(sub + 1200*time.Millisecond)} {
+			a := aggregate{
+				snapshot: snapshot{instance: "x", written: at, sketch: agg.c.sketch.NewSketchSum(at).AppendBinary(nil)},
+				members:  []member{{name: "m", w: written{at: at.Add(-c.member).UnixNano(), sum: 1}, early: c.member}},
+			}
+			if c.tail {
+				a.tail = []byte{0}
+			}
+			if err := st.Store(bg, AggregateKey("w"), appendAggregate(nil, &a)); err != nil {
+				t.Fatal(err)
+			}
+			n.s.Read(bg, at.Add(900*time.Millisecond))
+			if used := n.s.lastRead == aggregateUsed; k == 1 && used != c.used {
+				t.Errorf("a member written %v before the aggregate, tail %v: used %v, want %v", c.member, c.tail, used, c.used)
+			}
+		}
+	}
 }

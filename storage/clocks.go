@@ -94,10 +94,24 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 	}
 	n := now.UnixNano()
 	p := s.clocks[name]
-	switch {
-	case p == nil:
+	if p == nil {
 		s.clocks[name] = &peerClock{written: written, seen: n}
 		return 0, 0
+	}
+	p.note(written, n)
+	p.seen = n
+	ahead, ok := p.ahead()
+	if !ok {
+		return 0, 0
+	}
+	s.warnAhead(now, name, ahead, clockTolerance(s.c.sketch.Slot()))
+	return s.placeClock(ahead)
+}
+
+// note takes written, found at n, as the peer's latest write time, and as
+// a sample if it is another than the latest.
+func (p *peerClock) note(written, n int64) {
+	switch {
 	case written < p.written:
 		// Set back: what was measured before no longer holds.
 		p.n = 0
@@ -109,55 +123,81 @@ func (s *Syncer) clockShift(now time.Time, name string, written int64) (shift in
 			p.n -= clockSamples
 		}
 	}
-	p.written, p.seen = written, n
-	ahead, ok := p.ahead()
-	if !ok {
-		return 0, 0
+	p.written = written
+}
+
+// clockEarly is the early clockShift would return for the same arguments,
+// without noting anything: for a reader to weigh an aggregate before it
+// takes it (readAggregate).
+func (s *Syncer) clockEarly(now time.Time, name string, written int64) time.Duration {
+	p := s.clocks[name]
+	if !s.c.shape.Sliding || p == nil {
+		return 0
 	}
+	q := *p
+	q.note(written, now.UnixNano())
+	ahead, ok := q.ahead()
+	if !ok {
+		return 0
+	}
+	_, early := s.placeClock(ahead)
+	return early
+}
+
+// placeClock is clockShift's shift and early for a peer's clock measured
+// ahead of this one's by ahead (negative: behind).
+func (s *Syncer) placeClock(ahead time.Duration) (shift int64, early time.Duration) {
 	sub := s.c.sketch.Slot()
-	s.warnAhead(now, name, ahead, clockTolerance(s.iv, sub))
 	// Far beyond the ring either way: the limiter clamps it.
 	ahead = max(min(ahead, MaxClockSkew+s.iv.PurgeAge), -MaxClockSkew-s.iv.PurgeAge)
 	if ahead >= 0 {
 		return -limiter.WindowNumber(time.Unix(0, int64(ahead)), sub), 0
 	}
-	shift = -limiter.WindowNumber(time.Unix(0, int64(min(ahead+clockTolerance(s.iv, sub), 0))), sub)
+	shift = -limiter.WindowNumber(time.Unix(0, int64(min(ahead+clockTolerance(sub), 0))), sub)
 	return shift, max(-ahead-time.Duration(shift)*sub, 0)
 }
 
 // clockTolerance is how much of a peer's clock seen behind this one's is
 // not corrected by moving its counts a sub-window (sub) later
-// (clockShift), but by keeping them that much longer (its early): a read
-// interval, or half a sub-window if that is more, and less than a
-// sub-window. A snapshot is found up to a read interval after its write
-// (more through an aggregate): the measure of a peer's clock may take it
-// that much further behind than it is, and nothing read from storage
-// tells the two apart. (Reads at drawn gaps, readGap, make the delay
-// vary, so that the measure, the most of clockSamples, comes near the
-// skew; nothing bounds how near.) Moved a whole sub-window, every peer's
-// counts would be kept a sub-window longer than W in a cluster whose
-// clocks agree, and the shares would take a peer's grants of before a
-// re-balance, moved past it, for use of what they left that peer, and
-// hand it out again (with every measured lag moved: up to 38 and 40 of
-// 30 in a span, bound 34, in 3 and 12 of the 120 random schedules of
-// window_test.go, without and with a joiner). That holds of a peer whose
-// clock is behind as much as of the delay: with a tolerance of a read
-// interval, peers whose skew and delay together passed it (clocks each
-// within a read interval of the true time, so up to two apart) were moved,
-// and 5 of 80 random schedules on a 1 m window got 35 to 39 of 30 in a
-// span (window_skew_test.go). Kept early longer instead, they cost a
-// peer's lag after its write, less than the sub-window moving them
-// costs, and in a cluster that reads when it writes nothing. Half a
-// sub-window, not all of it: a reader of an aggregate keeps its counts
-// early plus what the aggregator's placing of its members left, each at
-// most the tolerance, and a sum lingers less than a sub-window
-// (limiter.SketchSum.Linger). (Read intervals longer than half a
-// sub-window, W/14, make the two together up to two read intervals,
-// which the sum's linger cuts at a sub-window; and reads longer than a
-// sub-window, W/7, may find a peer's snapshots late by more, and keep its
-// counts a sub-window longer: a request may wait W/7 more there.)
-func clockTolerance(iv Intervals, sub time.Duration) time.Duration {
-	return max(min(iv.Read, sub-1), (sub-1)/2)
+// (clockShift), but by keeping them that much longer (its early): a
+// sub-window less a nanosecond, the most a sum lingers
+// (limiter.SketchSum.Linger). A snapshot is found up to a read interval
+// after its write (more through an aggregate): the measure of a peer's
+// clock may take it that much further behind than it is, and nothing read
+// from storage tells the two apart. (Reads at drawn gaps, readGap, make
+// the delay vary, so that the measure, the most of clockSamples, comes
+// near the skew; nothing bounds how near.) Moved a whole
+// sub-window, every peer's counts would be kept a sub-window longer than
+// W in a cluster whose clocks agree, and the shares would take a peer's
+// grants of before a re-balance, moved past it, for use of what they left
+// that peer, and hand it out again (with every measured lag moved: up to
+// 38 and 40 of 30 in a span, bound 34, in 3 and 12 of the 120 random
+// schedules of window_test.go, without and with a joiner). That holds of
+// a peer whose clock is behind as much as of the delay, so any tolerance
+// short of a sub-window moved what a skew and the delay together pushed
+// past it: with a read interval, clocks each within one of the true time
+// (so up to two apart), 5 of 80 random schedules on a 1 m window got 35
+// to 39 of 30 in a span (window_skew_test.go); with a read interval where
+// that is more than half a sub-window (a 10 s window with 1 s reads), the
+// readers of an aggregate, finding it up to a read interval after its
+// write with its aggregator a few hundred milliseconds ahead, moved it,
+// and 5 of 160 schedules with clocks within ±1 s got 35 to 39
+// (TestWindowZoneAggregateFoundLateOnAShortWindowKeepsTheBound); with half
+// a sub-window elsewhere, clocks within ±4.29 s on a 1 m window (so up to
+// a sub-window apart), 36, and 41 once the aggregate was used early in
+// its sub-window (TestWindowZonePeerFoundUpToASubWindowBehindKeepsTheBound).
+// Kept early longer instead, they cost a peer's lag after its write, less
+// than the sub-window moving them costs, and in a cluster that reads when
+// it writes nothing. A reader of an aggregate keeps its counts early plus
+// what the aggregator's placing of its members left, each at most the
+// tolerance; where the two reach a sub-window, which a sum cannot linger,
+// it reads every snapshot instead (readAggregate): with clocks that agree
+// that takes reads of half a sub-window or more, W/14 (a quarter of the
+// reads on a 10 s window with 1 s reads, as measured in docs/cluster.md). (Reads longer than a sub-window, W/7, may find a
+// peer's snapshots late by more, and keep its counts a sub-window longer:
+// a request may wait W/7 more there.)
+func clockTolerance(sub time.Duration) time.Duration {
+	return sub - 1
 }
 
 // warnAhead logs, at most once per purge_age, that the peer name's clock

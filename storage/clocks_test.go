@@ -266,7 +266,7 @@ func TestWindowZoneRetryAfterWaitsForTheLinger(t *testing.T) {
 		testIntervals = Intervals{Read: iv, Write: iv, PurgeAge: 5 * time.Minute}
 		{
 			L := subWindowOf(window)
-			tol := clockTolerance(testIntervals, L)
+			tol := clockTolerance(L)
 			for _, f := range []float64{0.3, 0.6, 0.9} {
 				skew := time.Duration(f * float64(tol))
 				nodes, clock := clockedNodes(t, 2, events, window, func(i int) time.Duration {

@@ -23,12 +23,12 @@
 // instance's counts age out with its windows. A window zone's reader places
 // each peer's snapshot on its own clock (clocks.go): by how far ahead the
 // peer's clock has at least been seen, from when the reader found its
-// snapshots new, moved by whole sub-windows past a tolerance and, below it,
-// still counted that long into the next sub-window (SketchSum.Linger), so
-// that a peer's counts stay in the reader's view for at least W, where a
-// reader ahead by s dropped them s early (docs/cluster.md, Clocks, says
-// what skews still cost where a find delay pushes them past the
-// tolerance). From AggregateFrom live
+// snapshots new, moved by whole sub-windows past a tolerance (a
+// sub-window) and, below it, still counted that long into the next
+// sub-window (SketchSum.Linger), so that a peer's counts stay in the
+// reader's view for at least W, where a reader ahead by s dropped them s
+// early (docs/cluster.md, Clocks, says what clocks most of a sub-window
+// apart still cost). From AggregateFrom live
 // instances on, one of them, elected through the storage's lock and kept the
 // only one by its claim (aggregator.go), publishes the sum of every snapshot
 // as one aggregate, and the others read that instead and take their own

@@ -73,12 +73,12 @@ type Syncer struct {
 	joined bool
 
 	// Used only by the goroutine (or by a test calling Write and Read).
-	buf, sk []byte
-	blocks  []block
-	resets  []reset
-	snaps   []*snapshot
-	forget  []limiter.Forget
-	lifted  []uint64
+	buf, sk, tail []byte
+	blocks        []block
+	resets        []reset
+	snaps         []*snapshot
+	forget        []limiter.Forget
+	lifted        []uint64
 	// latest and listed map a key hash to its latest reset: known here,
 	// and listed by the snapshot at hand.
 	latest, listed map[uint64]int64
