@@ -510,23 +510,34 @@ func (st *shareState) raised(d int, q uint64) uint64 {
 
 // addFreed adds to the view, d sub-windows after the copy's window, what
 // this instance leaves the others in each of the key's cells of the counts
-// that have left the view since (freedAt), as counted in the current
+// that have left the view since (leftTo), as counted in the current
 // sub-window: it stays occupied until the next read re-balances, which
 // carries it (carry). cols are the key's (ring × cell index). It does not
 // allocate.
 func (st *shareState) addFreed(cols *sketchCols, d, ring int, q uint64, v *sketchView, lingered *[MaxSketchRows]uint64) {
-	up := st.raised(d, q)
 	for r := 0; r < v.n; r++ {
-		x := up
-		if j := int(st.pos[cols[r]/uint64(ring)]) - 1; j >= 0 {
-			f := st.freedAt(j, d, q)
-			// What still lingers in the view (Linger) has freed no room
-			// yet: the others need no share of it.
-			x += f - min(f, lingered[r])
-		}
+		x := st.leftTo(st.pos[cols[r]/uint64(ring)]-1, d, q, lingered[r])
 		v.sub[r][len(v.sub[r])-1] += x
 		v.rows[r].curr += x
 	}
+}
+
+// leftTo is what the copy leaves the others, d sub-windows after its
+// window, in its listed cell j (−1 for none) of the counts that have left
+// the view since (freedAt) and of a raise (raised), under the quota q:
+// none in its own window under the quota it shared. What still lingers in
+// the view (Linger), lingered of what has just left it, has freed no room
+// yet: the others need no share of it.
+func (st *shareState) leftTo(j int32, d int, q, lingered uint64) uint64 {
+	if d < 0 || d == 0 && q <= st.q {
+		return 0
+	}
+	x := st.raised(d, q)
+	if j >= 0 {
+		f := st.freedAt(int(j), d, q)
+		x += f - min(f, lingered)
+	}
+	return x
 }
 
 // grownBefore is what the peers granted since a copy made d sub-windows
