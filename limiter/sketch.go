@@ -485,7 +485,7 @@ func (s *Sketch) touch(h uint64) {
 func (s *Sketch) read(cols *sketchCols, e, t int64, v *sketchView) {
 	v.n, v.w, v.t = s.rows, uint64(s.window), uint64(t)
 	if v.sliding = s.ring > 2; v.sliding {
-		v.lingerEnd, v.linger, v.lingerNext = 0, [MaxSketchRows]uint64{}, 0 // a sum's to add (addTo)
+		v.lingerEnd, v.linger, v.lingerNext, v.share = 0, [MaxSketchRows]uint64{}, 0, nil // a sum's to add (addTo)
 		// Window e − 7 + k is in counter (e + 1 + k) mod 8, tagged
 		// with its own number / 8.
 		first := e - (1<<sketchSlidingBits - 1)
@@ -540,6 +540,16 @@ type sketchView struct {
 	sub        [MaxSketchRows][1 << sketchSlidingBits]uint64
 	linger     [MaxSketchRows]uint64
 	peers      [MaxSketchRows][1 << sketchSlidingBits]uint32 // a sum's counts, as it holds them
+	// share is, for a view of a sliding copy made by WithShares, the
+	// copy's shares (nil for none), shareD how many sub-windows after
+	// the copy's the view is, shareQ the quota, and shareJ[i] the index
+	// of row i's cell among those the copy lists (−1 for none): so that
+	// a wait knows what of the room that frees as sub-windows and
+	// lingers leave goes to the others (addFreed, leftTo).
+	share  *shareState
+	shareD int
+	shareQ uint64
+	shareJ [MaxSketchRows]int32
 }
 
 // num returns row i's estimate times W.
@@ -624,7 +634,7 @@ func (v *sketchView) remaining(q uint64) int64 {
 // has neither a current nor a previous count.
 func (v *sketchView) reset() time.Duration {
 	if v.sliding {
-		return v.slidingWait(0)
+		return v.slidingWait(0, false)
 	}
 	best := 2*v.w - v.t
 	for i := 0; i < v.n && best > 0; i++ {
@@ -644,7 +654,7 @@ func (v *sketchView) reset() time.Duration {
 // skipping it spares a 128-bit division; usually the rows are equal.
 func (v *sketchView) retry(need uint64) time.Duration {
 	if v.sliding {
-		return v.slidingWait(need)
+		return v.slidingWait(need, true)
 	}
 	best := uint64(math.MaxUint64)
 	var solved [MaxSketchRows]int
@@ -687,13 +697,21 @@ func (v *sketchView) rowRetry(i int, need uint64) uint64 {
 }
 
 // slidingWait is, for a sliding view, the time until some row counts at
-// most need, assuming no new traffic: what lingers stops counting at
-// lingerEnd, and sub-window k of the ring (oldest first) at the end of
-// the current sub-window plus k sub-windows, so the first of those with
-// the rest at most need gives the wait; lingerNext later if the rest is
-// at most need only without what a sum still counts of sub-window k
-// then (peers: a sum lingers what leaves the view, Linger).
-func (v *sketchView) slidingWait(need uint64) time.Duration {
+// most need, assuming no new traffic and no new copy (a read): what
+// lingers stops counting at lingerEnd, and sub-window k of the ring
+// (oldest first) at the end of the current sub-window plus k sub-windows,
+// so the first of those with the rest at most need gives the wait;
+// lingerNext later if the rest is at most need only without what a sum
+// still counts of sub-window k then (peers: a sum lingers what leaves the
+// view, Linger). With shares set, what a copy made by WithShares leaves
+// the others of the room that frees then (share: addFreed) is counted as
+// it will be, so that a request told to retry then passes then; without,
+// as it is now (Reset: when the counts are gone).
+func (v *sketchView) slidingWait(need uint64, shares bool) time.Duration {
+	share := v.share
+	if !shares {
+		share = nil
+	}
 	best := uint64(math.MaxUint64)
 	for i := 0; i < v.n && best > 0; i++ {
 		left := v.rows[i].curr
@@ -701,15 +719,25 @@ func (v *sketchView) slidingWait(need uint64) time.Duration {
 			best = 0
 			break
 		}
-		if left -= v.linger[i]; left <= need {
+		// The counts alone, without what lingers and what the room
+		// freed leaves the others now (in the current sub-window).
+		now := v.leftTo(share, i, 0, v.linger[i])
+		rest := left - v.linger[i] - now
+		if v.linger[i] > 0 && rest+v.leftTo(share, i, 0, 0) <= need {
 			best = min(best, v.lingerEnd-v.t)
 			continue
 		}
+		last := len(v.sub[i]) - 1
 		for k, c := range v.sub[i] {
-			if left -= c; left <= need {
+			if k == last {
+				c -= now
+			}
+			if rest -= c; rest+v.leftTo(share, i, k+1, 0) <= need {
 				at := v.w - v.t + uint64(k)*v.w
-				if v.lingerNext > 0 && left+uint64(v.peers[i][k]) > need {
-					at += v.lingerNext
+				if v.lingerNext > 0 {
+					if n := uint64(v.peers[i][k]); rest+n+v.leftTo(share, i, k+1, n) > need {
+						at += v.lingerNext
+					}
 				}
 				best = min(best, at)
 				break
@@ -717,6 +745,17 @@ func (v *sketchView) slidingWait(need uint64) time.Duration {
 		}
 	}
 	return time.Duration(best)
+}
+
+// leftTo is what share, the view's copy's (nil for none), leaves the
+// others in row i's cell of the room that has freed m sub-windows after
+// the view's (addFreed), lingered of what has just left the view still
+// counting.
+func (v *sketchView) leftTo(share *shareState, i, m int, lingered uint64) uint64 {
+	if share == nil {
+		return 0
+	}
+	return share.leftTo(v.shareJ[i], v.shareD+m, v.shareQ, lingered)
 }
 
 func (v *sketchView) denied(q, w uint64) Decision {

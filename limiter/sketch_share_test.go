@@ -1087,3 +1087,154 @@ func TestSlidingSumTailTravelsInBinaryForm(t *testing.T) {
 		}
 	}
 }
+
+// A peer whose clock is behind this one's (by less than a sub-window,
+// left unmoved: Linger) counts what it grants of the share a copy left it
+// in a sub-window of its own clock, which may be the one before the
+// copy's here: that is its share used as much as a grant in the copy's
+// sub-window is, and the next copy holds no more of it for the peer. So
+// once the key's counts let a request pass (where a decision on the
+// peers' sum alone says it does: the cluster blocks a key over its limit
+// until then and tells it to retry then), this instance grants its share
+// of the room. Two instances, events 30 per 4 s, reads every second and a
+// hold of 4 s (a cluster's at 1 s intervals, as long as the window): the
+// peer, 0.9 sub-window behind, grants its 15 10 ms before a sub-window of
+// its clock ends, this one its 15 just after; once the peer's grants
+// left the view, the counts alone allowed the key, and the shares denied
+// it until the hold passed, since the copies kept holding the peer's 15
+// for it on top of them (in a cluster: a Retry-After early by up to a
+// read interval, 0.93 s of five instances).
+func TestSlidingCopyTakesAPeerBehindsGrantsForItsShareUsed(t *testing.T) {
+	const quota, n = 30, 2
+	const read, hold = time.Second, 4 * time.Second
+	peer, own, L, start, h := fourSecondPair(t, quota)
+	behind := L * 9 / 10 // the peer's clock, and how long the sums linger
+	peersAt := func(at time.Time) *SketchSum {
+		sum := own.NewSketchSum(at)
+		snap, _ := peer.AppendSnapshot(nil, at.Add(-behind))
+		if _, err := sum.AddBinaryLinger(snap, nil, 0, behind); err != nil {
+			t.Fatal(err)
+		}
+		return sum
+	}
+	at := start.Add(L / 10)
+	sum := peersAt(at)
+	shared := sum.WithShares(own, n, 0, at, nil, hold)
+	next := at.Add(read)
+	// The peer's clock 10 ms before its sub-window ends: the one before
+	// start here.
+	burst := start.Add(behind - 10*time.Millisecond)
+	for range quota / n {
+		if d, _ := peer.TakeHashWith(h, 1, burst.Add(-behind), nil); !d.Allowed {
+			t.Fatal("the peer denied its own share")
+		}
+		if d, _ := own.TakeHashWith(h, 1, burst, shared); !d.Allowed {
+			t.Fatal("this instance denied its own share")
+		}
+	}
+	const step = 10 * time.Millisecond
+	var retry time.Time // where the counts' last denial said the key passes
+	for now := burst.Add(step); now.Before(start.Add(9 * L)); now = now.Add(step) {
+		for ; !now.Before(next); next = next.Add(read) {
+			sum = peersAt(next)
+			shared = sum.WithShares(own, n, 0, next, shared, hold)
+		}
+		counts := own.PeekHashWith(h, 1, now, sum)
+		if !counts.Allowed {
+			retry = now.Add(counts.RetryAfter)
+			continue
+		}
+		if retry.IsZero() {
+			continue // the peer's grants not read yet
+		}
+		if now.Sub(retry) >= step || retry.After(now) {
+			t.Fatalf("the counts' Retry-After said %v after the burst, they allowed the key at %v", retry.Sub(burst), now.Sub(burst))
+		}
+		got := 0
+		for got < quota {
+			if d, _ := own.TakeHashWith(h, 1, now, shared); !d.Allowed {
+				break
+			}
+			got++
+		}
+		// The peer's 15 left: this instance's share of them, 7 or 8
+		// by turn.
+		t.Logf("the counts allow the key %v after the burst: granted %d on the shares", now.Sub(burst), got)
+		if got < (quota/n)/n {
+			t.Errorf("the counts allow the key %v after the burst, and their denial said so, but the shares granted %d, want this instance's share of the %d that left, at least %d", now.Sub(burst), got, quota/n, (quota/n)/n)
+		}
+		return
+	}
+	t.Fatal("the counts never allowed the key")
+}
+
+// Counts moved into the sub-window before a copy's from an older one
+// (a peer placed a sub-window later at the next read: its clock measured
+// anew) are no grant: the next copy still holds what the copy left the
+// peer, which may have granted it unseen. Two instances, events 30 per
+// 4 s, the sums lingering 0.9 sub-window: the peer's 10, two sub-windows
+// old, are seen; the copy leaves it 10 of the 20 left, this instance
+// takes its 10 and the peer its 10, unseen; at the next read its 10 old
+// ones are placed a sub-window later. Taken for grants, its 10 unseen
+// ones were no longer held for it, and this instance granted 5 more: 35
+// in the window.
+func TestSlidingCopyTakesNoMovedCountsForGrants(t *testing.T) {
+	const quota, n = 30, 2
+	peer, own, L, start, h := fourSecondPair(t, quota)
+	linger := L * 9 / 10
+	for range 10 {
+		if d, _ := peer.TakeHashWith(h, 1, start.Add(-3*L/2), nil); !d.Allowed {
+			t.Fatal("the peer denied its own grants")
+		}
+	}
+	at := start.Add(L / 10)
+	snap, _ := peer.AppendSnapshot(nil, at)
+	sum := own.NewSketchSum(at)
+	if _, err := sum.AddBinaryLinger(snap, nil, 0, linger); err != nil {
+		t.Fatal(err)
+	}
+	shared := sum.WithShares(own, n, 0, at, nil, 4*time.Second)
+	take := func(at time.Time) int {
+		got := 0
+		for got < quota {
+			if d, _ := own.TakeHashWith(h, 1, at, shared); !d.Allowed {
+				break
+			}
+			got++
+		}
+		return got
+	}
+	if got := take(start.Add(L / 5)); got != 10 {
+		t.Fatalf("this instance's share of the 20 left: %d granted, want 10", got)
+	}
+	for range 10 {
+		if d, _ := peer.TakeHashWith(h, 1, start.Add(3*L/10), nil); !d.Allowed {
+			t.Fatal("the peer denied its share")
+		}
+	}
+	at = start.Add(L / 2)
+	moved := own.NewSketchSum(at)
+	if _, err := moved.AddBinaryLinger(snap, nil, 1, linger); err != nil {
+		t.Fatal(err)
+	}
+	shared = moved.WithShares(own, n, 0, at, shared, 4*time.Second)
+	if got := take(at); got != 0 {
+		t.Errorf("the peer's 10 placed a sub-window later, its 10 since unseen: %d granted, want 0 (the quota is used)", got)
+	}
+}
+
+// fourSecondPair returns two sliding sketches of quota per 4 s, their
+// sub-window, the start of one of its sub-windows and a key's hash.
+func fourSecondPair(t *testing.T, quota int64) (peer, own *Sketch, sub time.Duration, start time.Time, h uint64) {
+	t.Helper()
+	newSk := func() *Sketch {
+		s, err := NewSketch(SketchConfig{Quota: quota, Window: 4 * time.Second, Rows: 4, Width: 64, Sliding: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	peer, own = newSk(), newSk()
+	sub = own.Slot()
+	return peer, own, sub, time.Unix(0, (WindowNumber(time.Unix(1_700_000_000, 0), sub)+1)*int64(sub)), HashString("k")
+}

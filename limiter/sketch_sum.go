@@ -331,10 +331,16 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 			}
 			v.rows[i].curr += sum
 		}
-		if st := t.shares; st != nil && st.freed != nil && (d > 0 || d == 0 && q > st.q) {
-			// A copy made by WithShares d sub-windows ago, or under a
-			// lower quota.
-			t.shares.addFreed(cols, int(d), t.ring, q, v, &lingered)
+		if st := t.shares; st != nil && st.freed != nil {
+			// A copy made by WithShares: what it leaves the others of
+			// the room that frees, now (d sub-windows ago, or under a
+			// lower quota) and as the view's sub-windows leave it
+			// (slidingWait).
+			v.share, v.shareD, v.shareQ = st, int(d), q
+			for i := 0; i < v.n; i++ {
+				v.shareJ[i] = st.pos[cols[i]/uint64(t.ring)] - 1
+			}
+			st.addFreed(cols, int(d), t.ring, q, v, &lingered)
 		}
 		return
 	}
