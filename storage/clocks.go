@@ -187,8 +187,9 @@ func (s *Syncer) placeClock(ahead time.Duration) (shift int64, early time.Durati
 // a sub-window apart), 36, and 41 once the aggregate was used early in
 // its sub-window (TestWindowZonePeerFoundUpToASubWindowBehindKeepsTheBound).
 // Kept early longer instead, they cost a peer's lag after its write, less
-// than the sub-window moving them costs, and in a cluster that reads when
-// it writes nothing. A reader of an aggregate keeps its counts early plus
+// than the sub-window moving them costs (with clocks that agree, the
+// least delay of the snapshots measured: little, with reads at drawn
+// gaps). A reader of an aggregate keeps its counts early plus
 // what the aggregator's placing of its members left, each at most the
 // tolerance; where the two reach a sub-window, which a sum cannot linger,
 // it reads every snapshot instead (readAggregate): with clocks that agree
@@ -205,20 +206,20 @@ func clockTolerance(sub time.Duration) time.Duration {
 // (clockTolerance). Within the tolerance, a window zone keeps a peer's
 // counts longer (its early); past it, a peer's clock seen behind is moved
 // by whole sub-windows (clockShift), and the shares may hand out again
-// room a peer's moved grants used: clocks a sub-window or more apart got
-// 35 to 37 of 30 in a span in 1 or 2 of 160 random schedules
-// (docs/cluster.md). Only a clock ahead is known: the measure of one
-// behind may be a snapshot found late (clockTolerance). So of two clocks
-// that far apart, the instance whose clock is behind says so, of the
-// other, which is the one to look at.
+// room a peer's moved grants used (docs/cluster.md has the figures). Only
+// a clock ahead is known: the measure of one behind may be a snapshot
+// found late (clockTolerance). So of two clocks that far apart, the one
+// behind says so; which of the two is wrong, nothing here knows (this
+// instance's own clock may be the one behind the true time), and the
+// message names both.
 func (s *Syncer) warnAhead(now time.Time, name string, ahead, tol time.Duration) {
 	if ahead <= tol || now.Sub(s.clockLogged) < s.iv.PurgeAge {
 		return
 	}
 	s.clockLogged = now
-	s.log.Warn("another instance's clock is ahead of this one's by more than a window zone's cluster tolerates; keep the instances' clocks synchronised",
-		zap.String("zone", s.c.shape.Zone), zap.String("instance", name), zap.Duration("ahead_at_least", ahead),
-		zap.Duration("tolerance", tol))
+	s.log.Warn("this instance's clock and another's disagree by more than a window zone's cluster tolerates; check both against the true time and keep the instances' clocks synchronised",
+		zap.String("zone", s.c.shape.Zone), zap.String("this_instance", s.instance), zap.String("instance", name),
+		zap.Duration("other_ahead_at_least", ahead), zap.Duration("tolerance", tol))
 }
 
 // forgetClocks forgets the peers no read has found for purge_age: their

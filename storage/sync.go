@@ -213,8 +213,8 @@ func (s *Syncer) run(ctx context.Context) {
 		return
 	}
 	s.do(ctx, s.iv.Read, s.Read)
-	next := time.Now().Add(readGap(s.iv.Read, rand.Int64N))
-	rt, wt := time.NewTimer(time.Until(next)), time.NewTicker(s.iv.Write)
+	due := time.Now().Add(readGap(s.iv.Read, rand.Int64N))
+	rt, wt := time.NewTimer(time.Until(due)), time.NewTicker(s.iv.Write)
 	defer rt.Stop()
 	defer wt.Stop()
 	for {
@@ -223,16 +223,9 @@ func (s *Syncer) run(ctx context.Context) {
 			return
 		case <-rt.C:
 			s.do(ctx, s.iv.Read, s.Read)
-			// Counted from when this read was due, as a ticker's
-			// are: a slow read delays the next by no more than it
-			// ran over.
-			next = next.Add(readGap(s.iv.Read, rand.Int64N))
-			if d := time.Until(next); d > 0 {
-				rt.Reset(d)
-			} else {
-				next = time.Now()
-				rt.Reset(0)
-			}
+			due = nextRead(due, time.Now(), readGap(s.iv.Read, rand.Int64N))
+			rt.Reset(time.Until(due)) // at once if due is now
+
 		case <-wt.C:
 			s.do(ctx, s.iv.Write, s.Write)
 			if s.join != nil {
@@ -260,6 +253,18 @@ func (s *Syncer) run(ctx context.Context) {
 // as on a ticker; it costs a seventh more reads, on average.
 func readGap(iv time.Duration, draw func(int64) int64) time.Duration {
 	return iv - time.Duration(draw(int64(iv/4)+1))
+}
+
+// nextRead is when the read after one due at due is due, given that read
+// ended at now and the gap drawn (readGap): gap after due, as a ticker
+// counts, so that a read that runs late or long delays the next by no
+// more than it ran over, never by its whole length (reads at most gap
+// apart, as long as each takes less); at once (now) if that has passed.
+func nextRead(due, now time.Time, gap time.Duration) time.Time {
+	if next := due.Add(gap); next.After(now) {
+		return next
+	}
+	return now
 }
 
 // waitOpen tries open (if the storage is not open yet) and join (if set)
