@@ -59,9 +59,7 @@ import (
 // A sliding sketch moves to a new sub-window every W/7, often between two
 // reads: its copies carry the reservations across sub-windows (while the
 // sum still holds the previous copy's window), what the others used since
-// being their counts of that window and the ones after it (and of the one
-// before, for a copy made within its sum's linger of its sub-window's
-// start, where a peer behind grants after it: behind), and times
+// being their counts of that window and the ones after it, and times
 // being counted from the window the chain of carrying copies began in;
 // a sum of another sub-window (an aggregate's, read late or written on a
 // clock ahead) is shifted to now's, what it counts after now counted as
@@ -178,7 +176,7 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 	// Every cell that counts nothing anywhere and held the previous
 	// default is in the same state: it is settled once, here, and the
 	// cells that are not are settled one by one below.
-	st := &shareState{origin: origin, n: b.n, rank: b.rank, q: b.q, behind: s.ring > 2 && el < c.linger}
+	st := &shareState{origin: origin, n: b.n, rank: b.rank, q: b.q}
 	if s.ring > 2 {
 		for d := range st.turns {
 			st.turns[d] = turned(b.rank, uint64(e+int64(d)), b.n)
@@ -252,9 +250,6 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 			for w := prev.epoch; w < e; w++ {
 				ownSince += s.count(i, w)
 				peerSince += uint64(t.counts[r*i+r-1-int(e-w)])
-			}
-			if p.behind {
-				peerSince += grownBefore(t.counts[r*i:][:r], prev.counts[r*i:][:r], int(e-prev.epoch))
 			}
 		}
 		// What the previous copy left the others here: listed, or
@@ -381,22 +376,6 @@ type shareState struct {
 	// turns holds, for a sliding sketch, the rank shareOf takes d
 	// sub-windows after the copy's window (turned), at index d.
 	turns [1 << sketchSlidingBits]uint64
-	// behind is set on a sliding copy made within its sum's linger of
-	// its sub-window's start: a peer whose clock is behind this one's
-	// (by less than a sub-window, left unmoved: Linger) counts what it
-	// grants after the copy, of the share the copy left it, in the
-	// sub-window before the copy's here until its clock reaches the
-	// copy's. The next copy takes the peers' growth there for use of
-	// the shares too (grownBefore), as their growth from the copy's
-	// sub-window on; missed, a peer's share stayed held for it on top
-	// of its grants, and the key was denied here where its counts
-	// allowed it (at the Retry-After they gave) until a read after that
-	// hold passed (five instances, events 30 per 4 s, 1 s intervals,
-	// one 0.9 sub-window behind: 0.93 s). A copy made later in its
-	// sub-window takes the growth from its own sub-window on alone:
-	// a peer within the linger grants after it in that one or later,
-	// and what grows before was granted before the copy was made.
-	behind bool
 }
 
 // Uncounted is the rank WithShares takes for an instance ranked rank
@@ -538,23 +517,6 @@ func (st *shareState) leftTo(j int32, d int, q, lingered uint64) uint64 {
 		x += f - min(f, lingered)
 	}
 	return x
-}
-
-// grownBefore is what the peers granted since a copy made d sub-windows
-// before now in the sub-window before the copy's (behind): their growth
-// there, now's counts of the cell being now and the copy's then (a sum's
-// ring of counts each), at most their net growth over the older
-// sub-windows both hold, so that counts moved into it from those (a
-// peer's clock measured anew, an aggregate read in place of the
-// snapshots) are no grant; and none in the sub-windows before that,
-// where what grows was granted before the copy was made.
-func grownBefore(now, then []uint32, d int) uint64 {
-	r := len(then)
-	var net int64
-	for k := d; k < r-1; k++ {
-		net += int64(now[k-d]) - int64(then[k])
-	}
-	return uint64(max(min(net, int64(now[r-2-d])-int64(then[r-2])), 0))
 }
 
 // kept is what a sliding copy made by WithShares leaves the others in
