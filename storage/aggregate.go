@@ -174,11 +174,16 @@ func (s *Syncer) readAggregate(ctx context.Context, now time.Time) aggregateRead
 		return aggregateNone
 	}
 	sub := c.sketch.Slot()
-	lingers := membersEarly(a, sub, clockTolerance(sub))
-	if a.tail == nil && lingerLost(a, sub, clockTolerance(sub)) {
+	var lingers time.Duration
+	if c.shape.Sliding {
+		// Only a window zone's sum lingers (clockShift places no
+		// other zone's counts).
+		lingers = membersEarly(a, sub, clockTolerance(sub))
+	}
+	if c.shape.Sliding && a.tail == nil && lingerLost(a, sub, clockTolerance(sub)) {
 		return aggregateForeign
 	}
-	if s.clockEarly(now, a.instance, a.written.UnixNano())+lingers >= sub {
+	if c.shape.Sliding && s.clockEarly(now, a.instance, a.written.UnixNano())+lingers >= sub {
 		// Placed on this clock, the sum would linger a sub-window or
 		// more, which a sum cannot (limiter.SketchSum.Linger cuts it
 		// there): its members' counts could leave this view before
@@ -296,7 +301,7 @@ func (s *Syncer) publishAggregate(ctx context.Context, now time.Time, sum *limit
 	}
 	slices.SortFunc(a.resets, func(x, y reset) int { return cmp.Compare(x.hash, y.hash) })
 	a.sketch = agg.AppendBinary(s.sk[:0])
-	if sub := c.sketch.Slot(); lingerLost(&a, sub, clockTolerance(sub)) {
+	if sub := c.sketch.Slot(); c.shape.Sliding && lingerLost(&a, sub, clockTolerance(sub)) {
 		// What the sum still lingers of the sub-window before its
 		// oldest, which the older forms cannot carry.
 		a.tail = agg.AppendTail(s.tail[:0])

@@ -578,3 +578,36 @@ func TestAggregateThatWouldLingerASubWindowIsNotUsed(t *testing.T) {
 		}
 	}
 }
+
+// A token-bucket zone's aggregate is never written in version 3, nor skipped
+// for a linger: only a window zone's sum lingers. Before, its aggregator
+// wrote version 3 (which an older instance refuses) on reads just after a
+// window's start (1 of the 30 here).
+func TestATokenBucketZonesAggregateNeverCarriesALinger(t *testing.T) {
+	st := newMemStorage()
+	var nodes []*node
+	for _, name := range []string{"a", "b", "c", "d", "e"} {
+		nodes = append(nodes, newNode(t, st, name))
+	}
+	start := time.Unix(0, (t0.UnixNano()/int64(testWindow)+1)*int64(testWindow))
+	versions := map[byte]int{}
+	full := 0
+	for at := start.Add(-10 * time.Second); at.Before(start.Add(20 * time.Second)); at = at.Add(time.Second) {
+		for i, x := range nodes {
+			x.s.Write(bg, at.Add(time.Duration(i)*150*time.Millisecond-500*time.Millisecond))
+		}
+		for i, x := range nodes {
+			x.s.Read(bg, at.Add(time.Duration(i)*150*time.Millisecond+50*time.Millisecond))
+			if !x.s.agg.aggregating && x.s.lastRead != aggregateUsed {
+				full++
+			}
+		}
+		if data, err := st.Load(bg, AggregateKey("z/1")); err == nil {
+			versions[data[len(aggregateMagic)]]++
+		}
+	}
+	t.Logf("aggregate versions written: %v; reads of every snapshot by the others: %d", versions, full)
+	if versions[3] != 0 || versions[1] == 0 {
+		t.Errorf("aggregate versions written %v, want version 1 only", versions)
+	}
+}
