@@ -267,13 +267,21 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 			// holds them in the copy's. Compared over the copy's
 			// window alone, that move read as the others' use of their
 			// reservation, which was then handed out again.
+			// In those older sub-windows only what left them counts
+			// (now's counts at most the copy's): it offsets what moved
+			// into a later one; what grew there was granted before the
+			// copy was made (published late), or moved there by a
+			// placing, and is no use of the shares it left.
 			lo := max(min(p.from, prev.epoch), e-int64(r)+1)
 			prevCount = uint64(prev.curr(i))
 			for w := lo; w < e; w++ {
-				peerSince += uint64(t.counts[r*i+r-1-int(e-w)])
+				nw := uint64(t.counts[r*i+r-1-int(e-w)])
 				if w < prev.epoch {
-					prevCount += uint64(prev.counts[r*i+r-1-int(prev.epoch-w)])
+					pw := uint64(prev.counts[r*i+r-1-int(prev.epoch-w)])
+					prevCount += pw
+					nw = min(nw, pw)
 				}
+				peerSince += nw
 			}
 		}
 		// What the previous copy left the others here: listed, or
