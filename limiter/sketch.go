@@ -542,14 +542,18 @@ type sketchView struct {
 	peers      [MaxSketchRows][1 << sketchSlidingBits]uint32 // a sum's counts, as it holds them
 	// share is, for a view of a sliding copy made by WithShares, the
 	// copy's shares (nil for none), shareD how many sub-windows after
-	// the copy's the view is, shareQ the quota, and shareJ[i] the index
-	// of row i's cell among those the copy lists (−1 for none): so that
-	// a wait knows what of the room that frees as sub-windows and
-	// lingers leave goes to the others (addFreed, leftTo).
-	share  *shareState
-	shareD int
-	shareQ uint64
-	shareJ [MaxSketchRows]int32
+	// the copy's the view is, shareQ the quota, and shareCols and
+	// shareRing the key's columns and the copy's ring: so that a wait
+	// knows what of the room that frees as sub-windows and lingers leave
+	// goes to the others (addFreed, leftTo). The columns, not the cells'
+	// places among those the copy lists: looking those up is a load from
+	// an index of the whole table per row, which only a denial's wait
+	// needs, not every decision.
+	share     *shareState
+	shareD    int
+	shareQ    uint64
+	shareRing uint64
+	shareCols sketchCols
 }
 
 // num returns row i's estimate times W.
@@ -719,11 +723,15 @@ func (v *sketchView) slidingWait(need uint64, shares bool) time.Duration {
 			best = 0
 			break
 		}
+		j := int32(-1) // row i's cell among those the copy lists
+		if share != nil {
+			j = share.pos[v.shareCols[i]/v.shareRing] - 1
+		}
 		// The counts alone, without what lingers and what the room
 		// freed leaves the others now (in the current sub-window).
-		now := v.leftTo(share, i, 0, v.linger[i])
+		now := v.leftTo(share, j, 0, v.linger[i])
 		rest := left - v.linger[i] - now
-		if v.linger[i] > 0 && rest+v.leftTo(share, i, 0, 0) <= need {
+		if v.linger[i] > 0 && rest+v.leftTo(share, j, 0, 0) <= need {
 			best = min(best, v.lingerEnd-v.t)
 			continue
 		}
@@ -732,10 +740,10 @@ func (v *sketchView) slidingWait(need uint64, shares bool) time.Duration {
 			if k == last {
 				c -= now
 			}
-			if rest -= c; rest+v.leftTo(share, i, k+1, 0) <= need {
+			if rest -= c; rest+v.leftTo(share, j, k+1, 0) <= need {
 				at := v.w - v.t + uint64(k)*v.w
 				if v.lingerNext > 0 {
-					if n := uint64(v.peers[i][k]); rest+n+v.leftTo(share, i, k+1, n) > need {
+					if n := uint64(v.peers[i][k]); rest+n+v.leftTo(share, j, k+1, n) > need {
 						at += v.lingerNext
 					}
 				}
@@ -748,14 +756,15 @@ func (v *sketchView) slidingWait(need uint64, shares bool) time.Duration {
 }
 
 // leftTo is what share, the view's copy's (nil for none), leaves the
-// others in row i's cell of the room that has freed m sub-windows after
+// others in a row's cell, j among those it lists (−1 for none), of the
+// room that has freed m sub-windows after
 // the view's (addFreed), lingered of what has just left the view still
 // counting.
-func (v *sketchView) leftTo(share *shareState, i, m int, lingered uint64) uint64 {
+func (v *sketchView) leftTo(share *shareState, j int32, m int, lingered uint64) uint64 {
 	if share == nil {
 		return 0
 	}
-	return share.leftTo(v.shareJ[i], v.shareD+m, v.shareQ, lingered)
+	return share.leftTo(j, v.shareD+m, v.shareQ, lingered)
 }
 
 func (v *sketchView) denied(q, w uint64) Decision {

@@ -336,11 +336,12 @@ func (t *SketchSum) addTo(cols *sketchCols, e int64, q uint64, v *sketchView) {
 			// the room that frees, now (d sub-windows ago, or under a
 			// lower quota) and as the view's sub-windows leave it
 			// (slidingWait).
-			v.share, v.shareD, v.shareQ = st, int(d), q
-			for i := 0; i < v.n; i++ {
-				v.shareJ[i] = st.pos[cols[i]/uint64(t.ring)] - 1
+			v.share, v.shareD, v.shareQ, v.shareRing, v.shareCols = st, int(d), q, uint64(t.ring), *cols
+			if d > 0 || d == 0 && q > st.q {
+				// Room has freed since the copy (leftTo's none
+				// otherwise): the lookups only then.
+				st.addFreed(cols, int(d), t.ring, q, v, &lingered)
 			}
-			st.addFreed(cols, int(d), t.ring, q, v, &lingered)
 		}
 		return
 	}
