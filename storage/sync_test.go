@@ -168,10 +168,10 @@ func (l *listTimes) List(ctx context.Context, path string, recursive bool) ([]st
 }
 
 // The running Syncer reads at gaps drawn by readGap, counted from when each
-// read was due: with reads every 40 ms, answered at once or after 20 ms,
+// read was due: with reads every 100 ms, answered at once or after 50 ms,
 // the median gap between two reads is under 0.95 of the interval (7/8 of
 // it, drawn: a ticker's is the interval, and a loaded machine only makes
-// it longer; counted from the end of a 20 ms read it would be 1.4), the
+// it longer; counted from the end of a 50 ms read it would be 1.4), the
 // shortest tenth of the gaps are at least 0.6 of it (3/4 at least, drawn;
 // not more reads than that), and the gaps differ (their middle half spans
 // more than a 20th of the interval: 1/8 drawn, where one period drawn
@@ -180,7 +180,7 @@ func (l *listTimes) List(ctx context.Context, path string, recursive bool) ([]st
 // shortens the next. (window_skew_test.go has what the drawn gaps are
 // for; nextRead's test, the slow read.)
 func TestSyncerReadsAtDrawnGaps(t *testing.T) {
-	const iv = 40 * time.Millisecond
+	const iv = 100 * time.Millisecond
 	for _, slow := range []time.Duration{0, iv / 2} {
 		st := &listTimes{memStorage: newMemStorage(), slow: slow}
 		c, err := newCluster(Shape{Zone: "z/1", Window: testWindow, Width: 256}, 10)
