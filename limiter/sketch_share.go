@@ -275,6 +275,10 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 			// what moved into a later one; what grew there was granted
 			// before the copy was made (published late), or moved
 			// there by a placing, and is no use of the shares it left.
+			// What left the oldest may instead have left a peer's view
+			// early (an instance ahead drops it first): it offsets use
+			// all the same, and the reservation is held longer
+			// (docs/cluster.md has what that costs a stream).
 			prevCount = uint64(prev.curr(i))
 			for w := e - int64(r) + 1; w < e; w++ {
 				nw := uint64(t.counts[r*i+r-1-int(e-w)])
