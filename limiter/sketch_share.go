@@ -59,10 +59,12 @@ import (
 // A sliding sketch moves to a new sub-window every W/7, often between two
 // reads: its copies carry the reservations across sub-windows (while the
 // sum still holds the previous copy's window), what the others used since
-// being their counts of that window and the ones after it (from the sum's
-// own, for a copy made of a sum of an older sub-window, whose counts of
-// later ones it holds in its own: the next sum holds them where they
-// belong, and that move is no grant), and times
+// being what their counts grew by over the sub-windows both copies' views
+// hold, each before the previous copy's counted at most as it was then
+// (the same grants may sit a sub-window apart in two sums: a sum of an
+// older sub-window counts later ones in its own, and a reader may place a
+// peer a sub-window later than before; that move is no grant, and what
+// grows in an older one was granted before the copy), and times
 // being counted from the window the chain of carrying copies began in;
 // a sum of another sub-window (an aggregate's, read late or written on a
 // clock ahead) is shifted to now's, what it counts after now counted as
@@ -122,10 +124,6 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 	n = max(n, 1)
 	e, el := s.clock(now)
 	d := e - t.epoch
-	// The oldest sub-window whose peers' counts the next copy compares
-	// with this one's to see what the others used of their reservations
-	// (carry): the sum's own, if it is older than now's.
-	from := min(t.epoch, e)
 	if d != 0 {
 		// A sum of another window or sub-window (an aggregate's: read a
 		// read interval or two after it was written, or written on a
@@ -183,7 +181,7 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 	// Every cell that counts nothing anywhere and held the previous
 	// default is in the same state: it is settled once, here, and the
 	// cells that are not are settled one by one below.
-	st := &shareState{origin: origin, n: b.n, rank: b.rank, q: b.q, from: from}
+	st := &shareState{origin: origin, n: b.n, rank: b.rank, q: b.q}
 	if s.ring > 2 {
 		for d := range st.turns {
 			st.turns[d] = turned(b.rank, uint64(e+int64(d)), b.n)
@@ -249,32 +247,40 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 		}
 		ownCurr := s.count(i, e)
 		peerCurr := uint64(t.curr(i))
-		// What the own sketch and the peers counted from the window
-		// the previous copy was made in on: the current one, or for a
-		// sliding sketch maybe one or more before.
+		// What the own sketch counted from the window the previous
+		// copy was made in on (the current one, or for a sliding
+		// sketch maybe one or more before), and what the peers count
+		// over the windows both copies' views hold.
 		ownSince, peerSince := ownCurr, peerCurr
 		var prevCount uint64
 		if p != nil {
 			for w := prev.epoch; w < e; w++ {
 				ownSince += s.count(i, w)
 			}
-			// The peers' counts from the previous copy's from on, in
-			// that copy (its reservation in its own window included)
-			// and now: a sum of an older sub-window than its copy's
-			// (an aggregate summed on a clock behind this one's) counts
-			// a peer ahead's grants of the copy's sub-window in its
-			// own, which the copy holds in the one before; a later sum
-			// holds them in the copy's. Compared over the copy's
-			// window alone, that move read as the others' use of their
+			// The peers' counts over every window of now's view, in
+			// the previous copy (its reservation in its own window
+			// included) and now: the same grants may sit in another
+			// sub-window in the next sum though nothing was granted
+			// (a sum of an older sub-window than its copy's, an
+			// aggregate summed on a clock behind this one's, counts a
+			// peer ahead's grants of the copy's sub-window in its own,
+			// which the copy holds in the one before, and a later sum
+			// holds them in the copy's; a reader that places a peer by
+			// whole sub-windows placed it a sub-window later since).
+			// Compared over the copy's window alone, or from the older
+			// sum's on, such a move read as the others' use of their
 			// reservation, which was then handed out again.
-			// In those older sub-windows only what left them counts
-			// (now's counts at most the copy's): it offsets what moved
-			// into a later one; what grew there was granted before the
-			// copy was made (published late), or moved there by a
-			// placing, and is no use of the shares it left.
-			lo := max(min(p.from, prev.epoch), e-int64(r)+1)
+			// In the windows before the copy's only what left them
+			// counts (now's counts at most the copy's): it offsets
+			// what moved into a later one; what grew there was granted
+			// before the copy was made (published late), or moved
+			// there by a placing, and is no use of the shares it left.
+			// What left the oldest may instead have left a peer's view
+			// early (an instance ahead drops it first): it offsets use
+			// all the same, and the reservation is held longer
+			// (docs/cluster.md has what that costs a stream).
 			prevCount = uint64(prev.curr(i))
-			for w := lo; w < e; w++ {
+			for w := e - int64(r) + 1; w < e; w++ {
 				nw := uint64(t.counts[r*i+r-1-int(e-w)])
 				if w < prev.epoch {
 					pw := uint64(prev.counts[r*i+r-1-int(prev.epoch-w)])
@@ -386,10 +392,6 @@ type shareState struct {
 	cells         []shareCell
 	// origin is the window the times are counted from (WithShares).
 	origin int64
-	// from is the oldest window whose peers' counts the next copy
-	// compares with this one's (carry): its own, or that of the older
-	// sum it was made from (WithShares shifts such a sum to now's).
-	from int64
 	// freed holds, for a sliding sketch, ring − 1 counts for each cell
 	// listed in cells, in the same order: entry k is the room (below the
 	// quota) that what the cell counted, own and the peers', in the k + 1

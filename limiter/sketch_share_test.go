@@ -1162,14 +1162,15 @@ func TestSlidingCopyTakesNoCountsMovedByAnOlderSumForGrants(t *testing.T) {
 // use of the shares. With the peers' counts compared from the older sum's
 // sub-window on whole (b4b766a), this instance took its share, 8, then
 // might take 5 more (6 + 8 + 5 + the others' 16: 35 of 30), a review found.
-// From a sum of the copy's own sub-window, the same move still reads as
-// use (5 more): that is what moving a peer by whole sub-windows does to
-// the shares (docs/cluster.md, Clocks), left open; comparing every
-// sub-window of the view so held it, but departs from the shares'
-// reference model (sketch_share_ref_test.go) elsewhere.
+// From a sum of the copy's own sub-window (back 0: a reader that places the
+// peer a sub-window later than at the read before, as storage's clocks may
+// when the peer's measured skew crosses a sub-window), the same move read
+// as use too (5 more), while the peers' counts were compared from the
+// copy's sub-window on: they are compared over every sub-window both views
+// hold, so that what left the older one offsets what moved into the copy's.
 func TestSlidingCopyTakesNoCountsMovedLaterForGrants(t *testing.T) {
 	const quota = 30
-	for _, back := range []int{1, 2} {
+	for _, back := range []int{0, 1, 2} {
 		peer, own, sub, start, h := fourSecondPair(t, quota)
 		S := func(k int) time.Time { return start.Add(time.Duration(10+k) * sub) }
 		for range 6 {
