@@ -98,8 +98,8 @@ type Syncer struct {
 	// skewLogged is when the purge of a snapshot from a clock too far ahead
 	// was last logged: at most once per purge_age.
 	skewLogged time.Time
-	// clockLogged is when a peer's clock ahead past a window zone's
-	// tolerance was last logged (warnAhead): at most once per purge_age.
+	// clockLogged is when a peer's clock ahead past where a window
+	// zone's bound holds (clockAgreement) was last logged (warnAhead): at most once per purge_age.
 	clockLogged time.Time
 	// agg is this instance's part in the election of the zone's
 	// aggregator (aggregator.go).
