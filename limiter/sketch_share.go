@@ -75,6 +75,17 @@ import (
 // instance's share of the counts, own and the peers', that have left its
 // view since (freedAt, added as the key's cells are read: no allocation,
 // no lock), and the next copy carries that as a reservation (carry).
+// Counts may leave the sum before they leave the view: a peer whose clock
+// is ahead of this one's drops its oldest sub-window at its own
+// sub-window's end, and every reader still in the sub-window before finds
+// them gone at its next read. That room has freed for every instance too:
+// the next copy leaves the others all but this instance's share of what
+// the sum counts less than the previous copy in the older sub-windows
+// still in the view (dropped), carried as the room that left the view is.
+// Taken whole, because the reservation carried for the others (not yet
+// seen to use it) was more than their shares of what is left, it was
+// granted once per such reader (six instances, clocks within 2 s, through
+// an aggregate: 36 of 30 in a span of a 30 s window).
 // A sliding copy decided on under a quota other than the one it shared (a
 // reload since) frees at most the quota now, and leaves the others their
 // shares of a raise (raised); the next copy carries that as it carries
@@ -297,6 +308,13 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 				pc := &p.cells[j]
 				pk, ps, po = pc.keep, pc.since, pc.owned
 				freed += p.freedAt(j, int(e-prev.epoch), b.q)
+				if r > 2 {
+					// What left the sum since, not the view:
+					// room freed as that of what leaves the
+					// view is (dropped).
+					x := min(t.dropped(prev, i, e, min(p.from, prev.epoch)), b.q)
+					freed += x - shareOf(x, b.n, b.turned)
+				}
 			}
 			held, since = b.carry(pk, ps, po, freed, prevCount, peerSince, ownSince)
 		}
@@ -555,6 +573,28 @@ func (st *shareState) leftTo(j int32, d int, q, lingered uint64) uint64 {
 	return x
 }
 
+// dropped is what a sliding sum t of window e counts less than prev, the
+// copy made at the previous read, in cell i over the sub-windows of e's
+// view before to (older than prev's own and than the sum the carry
+// compares the peers' counts from: WithShares). Those sub-windows are
+// still in this view, and counts leave them only by leaving the sum: a
+// peer whose clock is ahead of this one's (by less than a sub-window, or
+// by what moving its counts by whole sub-windows leaves: storage's
+// clockShift) drops its oldest sub-window from its snapshots, and an
+// aggregator its own from its aggregate, at its sub-window's end, that
+// much before this clock's; a reset learned at the read takes a key's
+// counts out. Counts moved between those sub-windows offset each other,
+// and a grant of before the copy published late offsets what left.
+func (t *SketchSum) dropped(prev *SketchSum, i int, e, to int64) uint64 {
+	r := t.ring
+	var was, is uint64
+	for w := e - int64(r) + 1; w < to; w++ {
+		was += uint64(prev.counts[r*i+r-1-int(prev.epoch-w)])
+		is += uint64(t.counts[r*i+r-1-int(e-w)])
+	}
+	return was - min(was, is)
+}
+
 // kept is what a sliding copy made by WithShares leaves the others in
 // cell i, in its count of window epoch: 0 in any other sum.
 func (t *SketchSum) kept(i int) uint32 {
@@ -661,13 +701,13 @@ type shareBalance struct {
 
 // carry returns what a reservation of pk, made or seen used at ps, while
 // the own sketch counted po, plus freed (what the copy left the others of
-// the counts that left its view since, freedAt), still holds for the
-// others, and since when: less what the sum (whose count of the cell was
-// prevCount with the reservation pk) has counted of theirs since; all of
-// it again from now if this instance granted in the cell since (the others
-// may have too, at the same moment, unseen yet) or room was freed (the
-// others may have granted their shares of it since, unseen yet); all of
-// it until hold passes; then nothing.
+// the counts that left its view since, freedAt, or the sum, dropped),
+// still holds for the others, and since when: less what the sum (whose
+// count of the cell was prevCount with the reservation pk) has counted of
+// theirs since; all of it again from now if this instance granted in the
+// cell since (the others may have too, at the same moment, unseen yet) or
+// room was freed (the others may have granted their shares of it since,
+// unseen yet); all of it until hold passes; then nothing.
 func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCurr uint64) (held uint64, since uint32) {
 	kept := uint64(pk) + freed
 	if b.joined {
