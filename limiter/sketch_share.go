@@ -59,12 +59,13 @@ import (
 // A sliding sketch moves to a new sub-window every W/7, often between two
 // reads: its copies carry the reservations across sub-windows (while the
 // sum still holds the previous copy's window), what the others used since
-// being what their counts grew by over the sub-windows both copies' views
-// hold, each before the previous copy's counted at most as it was then
-// (the same grants may sit a sub-window apart in two sums: a sum of an
-// older sub-window counts later ones in its own, and a reader may place a
-// peer a sub-window later than before; that move is no grant, and what
-// grows in an older one was granted before the copy), and times
+// being what the peers' counts grew by in the view's sub-windows but the
+// oldest (all of them from an older sum's on; in those older than the
+// copy's, only what left them counts against what grew later), so that a
+// move of the same grants to another sub-window (a sum of an older
+// sub-window holds a peer ahead's grants of a later one in its own; a
+// reader may place a peer a sub-window later than at the read before) is
+// no grant, and times
 // being counted from the window the chain of carrying copies began in;
 // a sum of another sub-window (an aggregate's, read late or written on a
 // clock ahead) is shifted to now's, what it counts after now counted as
@@ -77,6 +78,17 @@ import (
 // instance's share of the counts, own and the peers', that have left its
 // view since (freedAt, added as the key's cells are read: no allocation,
 // no lock), and the next copy carries that as a reservation (carry).
+// Counts may leave the sum before they leave the view: a peer whose clock
+// is ahead of this one's drops its oldest sub-window at its own
+// sub-window's end, and every reader still in the sub-window before finds
+// them gone at its next read. That room has freed for every instance too:
+// the next copy leaves the others all but this instance's share of what
+// the sum counts less than the previous copy in the oldest sub-window of
+// the view (dropped), carried as the room that left the view is.
+// Taken whole, because the reservation carried for the others (not yet
+// seen to use it) was more than their shares of what is left, it was
+// granted once per such reader (six instances, clocks within 2 s, through
+// an aggregate: 36 of 30 in a span of a 30 s window).
 // A sliding copy decided on under a quota other than the one it shared (a
 // reload since) frees at most the quota now, and leaves the others their
 // shares of a raise (raised); the next copy carries that as it carries
@@ -124,6 +136,10 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 	n = max(n, 1)
 	e, el := s.clock(now)
 	d := e - t.epoch
+	// The oldest sub-window whose peers' counts the next copy compares
+	// with this one's to see what the others used of their reservations
+	// (carry): the sum's own, if it is older than now's.
+	from := min(t.epoch, e)
 	if d != 0 {
 		// A sum of another window or sub-window (an aggregate's: read a
 		// read interval or two after it was written, or written on a
@@ -181,7 +197,7 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 	// Every cell that counts nothing anywhere and held the previous
 	// default is in the same state: it is settled once, here, and the
 	// cells that are not are settled one by one below.
-	st := &shareState{origin: origin, n: b.n, rank: b.rank, q: b.q}
+	st := &shareState{origin: origin, n: b.n, rank: b.rank, q: b.q, from: from}
 	if s.ring > 2 {
 		for d := range st.turns {
 			st.turns[d] = turned(b.rank, uint64(e+int64(d)), b.n)
@@ -247,40 +263,42 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 		}
 		ownCurr := s.count(i, e)
 		peerCurr := uint64(t.curr(i))
-		// What the own sketch counted from the window the previous
-		// copy was made in on (the current one, or for a sliding
-		// sketch maybe one or more before), and what the peers count
-		// over the windows both copies' views hold.
+		// What the own sketch and the peers counted from the window
+		// the previous copy was made in on: the current one, or for a
+		// sliding sketch maybe one or more before.
 		ownSince, peerSince := ownCurr, peerCurr
 		var prevCount uint64
+		var lo int64 // the oldest window the peers' counts are compared from
 		if p != nil {
 			for w := prev.epoch; w < e; w++ {
 				ownSince += s.count(i, w)
 			}
-			// The peers' counts over every window of now's view, in
-			// the previous copy (its reservation in its own window
-			// included) and now: the same grants may sit in another
-			// sub-window in the next sum though nothing was granted
-			// (a sum of an older sub-window than its copy's, an
-			// aggregate summed on a clock behind this one's, counts a
-			// peer ahead's grants of the copy's sub-window in its own,
-			// which the copy holds in the one before, and a later sum
-			// holds them in the copy's; a reader that places a peer by
-			// whole sub-windows placed it a sub-window later since).
-			// Compared over the copy's window alone, or from the older
-			// sum's on, such a move read as the others' use of their
-			// reservation, which was then handed out again.
+			// The peers' counts from lo on, in the previous copy (its
+			// reservation in its own window included) and now. The
+			// same grants may sit in an older or a later sub-window in
+			// the next sum though nothing was granted: a sum of an
+			// older sub-window than its copy's (an aggregate summed on
+			// a clock behind this one's) counts a peer ahead's grants
+			// of the copy's sub-window in its own, which the copy holds
+			// in the one before, and a later sum holds them in the
+			// copy's; a reader that places a peer by whole sub-windows
+			// may place it a sub-window later than at the read before.
+			// Compared over the copy's window alone, such a move read
+			// as the others' use of their reservation, which was then
+			// handed out again. So a sliding copy's compares every
+			// sub-window of the view but the oldest (all of them from
+			// an older sum's on), where a move lands or starts.
 			// In the windows before the copy's only what left them
 			// counts (now's counts at most the copy's): it offsets
 			// what moved into a later one; what grew there was granted
 			// before the copy was made (published late), or moved
 			// there by a placing, and is no use of the shares it left.
-			// What left the oldest may instead have left a peer's view
-			// early (an instance ahead drops it first): it offsets use
-			// all the same, and the reservation is held longer
-			// (docs/cluster.md has what that costs a stream).
+			// What leaves the oldest, a peer ahead drops first (a
+			// move from there would leave the view): that room is
+			// shared (dropped, below), not taken for a move.
+			lo = max(min(p.from, prev.epoch, e-int64(r)+2), e-int64(r)+1)
 			prevCount = uint64(prev.curr(i))
-			for w := e - int64(r) + 1; w < e; w++ {
+			for w := lo; w < e; w++ {
 				nw := uint64(t.counts[r*i+r-1-int(e-w)])
 				if w < prev.epoch {
 					pw := uint64(prev.counts[r*i+r-1-int(prev.epoch-w)])
@@ -303,6 +321,13 @@ func (t *SketchSum) WithSharesSole(s *Sketch, n, rank, of int, now time.Time, pr
 				pc := &p.cells[j]
 				pk, ps, po = pc.keep, pc.since, pc.owned
 				freed += p.freedAt(j, int(e-prev.epoch), b.q)
+				if r > 2 {
+					// What left the sum since, not the view:
+					// room freed as that of what leaves the
+					// view is (dropped).
+					x := min(t.dropped(prev, i, e, lo), b.q)
+					freed += x - shareOf(x, b.n, b.turned)
+				}
 			}
 			held, since = b.carry(pk, ps, po, freed, prevCount, peerSince, ownSince)
 		}
@@ -392,6 +417,10 @@ type shareState struct {
 	cells         []shareCell
 	// origin is the window the times are counted from (WithShares).
 	origin int64
+	// from is the oldest window whose peers' counts the next copy
+	// compares with this one's (carry): its own, or that of the older
+	// sum it was made from (WithShares shifts such a sum to now's).
+	from int64
 	// freed holds, for a sliding sketch, ring − 1 counts for each cell
 	// listed in cells, in the same order: entry k is the room (below the
 	// quota) that what the cell counted, own and the peers', in the k + 1
@@ -557,6 +586,28 @@ func (st *shareState) leftTo(j int32, d int, q, lingered uint64) uint64 {
 	return x
 }
 
+// dropped is what a sliding sum t of window e counts less than prev, the
+// copy made at the previous read, in cell i over the sub-windows of e's
+// view before to (those the carry does not compare: the oldest, unless
+// prev was made of an older sum, WithShares). Those sub-windows are
+// still in this view, and counts leave them only by leaving the sum: a
+// peer whose clock is ahead of this one's (by less than a sub-window, or
+// by what moving its counts by whole sub-windows leaves: storage's
+// clockShift) drops its oldest sub-window from its snapshots, and an
+// aggregator its own from its aggregate, at its sub-window's end, that
+// much before this clock's; a reset learned at the read takes a key's
+// counts out. Counts moved between those sub-windows offset each other,
+// and a grant of before the copy published late offsets what left.
+func (t *SketchSum) dropped(prev *SketchSum, i int, e, to int64) uint64 {
+	r := t.ring
+	var was, is uint64
+	for w := e - int64(r) + 1; w < to; w++ {
+		was += uint64(prev.counts[r*i+r-1-int(prev.epoch-w)])
+		is += uint64(t.counts[r*i+r-1-int(e-w)])
+	}
+	return was - min(was, is)
+}
+
 // kept is what a sliding copy made by WithShares leaves the others in
 // cell i, in its count of window epoch: 0 in any other sum.
 func (t *SketchSum) kept(i int) uint32 {
@@ -663,13 +714,13 @@ type shareBalance struct {
 
 // carry returns what a reservation of pk, made or seen used at ps, while
 // the own sketch counted po, plus freed (what the copy left the others of
-// the counts that left its view since, freedAt), still holds for the
-// others, and since when: less what the sum (whose count of the cell was
-// prevCount with the reservation pk) has counted of theirs since; all of
-// it again from now if this instance granted in the cell since (the others
-// may have too, at the same moment, unseen yet) or room was freed (the
-// others may have granted their shares of it since, unseen yet); all of
-// it until hold passes; then nothing.
+// the counts that left its view since, freedAt, or the sum, dropped),
+// still holds for the others, and since when: less what the sum (whose
+// count of the cell was prevCount with the reservation pk) has counted of
+// theirs since; all of it again from now if this instance granted in the
+// cell since (the others may have too, at the same moment, unseen yet) or
+// room was freed (the others may have granted their shares of it since,
+// unseen yet); all of it until hold passes; then nothing.
 func (b shareBalance) carry(pk, ps, po uint32, freed, prevCount, peerCurr, ownCurr uint64) (held uint64, since uint32) {
 	kept := uint64(pk) + freed
 	if b.joined {

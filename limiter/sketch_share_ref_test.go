@@ -38,17 +38,13 @@ func withSharesDense(t *SketchSum, s *Sketch, n, rank int, now time.Time, prev *
 	ct, pt := s.tag(e), s.tag(e-1)
 	d.keep, d.since, d.owned = make([]uint32, cells), make([]uint32, cells), make([]uint32, cells)
 	// settle is the rule for one cell, from its counts and what prev left
-	// in it: prevCount is what the peers counted over the view in prev,
-	// with its reservation, and peerSince what they count over it now,
-	// the previous window's count at most prev's (what grew there is no
-	// use of the reservation; what left it offsets what moved into the
-	// current one).
-	settle := func(ownPrev, ownCurr, peerPrev, peerCurr uint64, pk, ps, po uint32, prevCount, peerSince uint64) (uint32, uint32) {
+	// in it.
+	settle := func(ownPrev, ownCurr, peerPrev, peerCurr uint64, pk, ps, po uint32, prevCount uint64) (uint32, uint32) {
 		var held uint64
 		since := at
 		if carried && pk != 0 {
 			then := prevCount - min(uint64(pk), prevCount)
-			if used := peerSince - min(peerSince, then); used != 0 {
+			if used := peerCurr - min(peerCurr, then); used != 0 {
 				held = uint64(pk) - min(used, uint64(pk))
 			} else if ownCurr > uint64(po) {
 				held = uint64(pk)
@@ -84,19 +80,17 @@ func withSharesDense(t *SketchSum, s *Sketch, n, rank int, now time.Time, prev *
 	if carried {
 		pqk, pqa = prev.quietKeep, prev.quietAt
 	}
-	d.quietKeep, d.quietAt = settle(0, 0, 0, 0, pqk, pqa, 0, uint64(pqk), 0)
+	d.quietKeep, d.quietAt = settle(0, 0, 0, 0, pqk, pqa, 0, uint64(pqk))
 	for i := range cells {
 		ownPrev := sketchCount(s.slots[2*i+int(pp)].Load(), pt)
 		ownCurr := sketchCount(s.slots[2*i+int(cp)].Load(), ct)
 		peerPrev, peerCurr := uint64(t.counts[2*i]), uint64(t.counts[2*i+1])
 		var pk, ps, po uint32
-		var prevCount, peerSince uint64
+		var prevCount uint64
 		if carried {
-			pk, ps, po = prev.keep[i], prev.since[i], prev.owned[i]
-			pw := uint64(prev.counts[2*i])
-			prevCount, peerSince = uint64(prev.counts[2*i+1])+pw, peerCurr+min(peerPrev, pw)
+			pk, ps, po, prevCount = prev.keep[i], prev.since[i], prev.owned[i], uint64(prev.counts[2*i+1])
 		}
-		keep, since := settle(ownPrev, ownCurr, peerPrev, peerCurr, pk, ps, po, prevCount, peerSince)
+		keep, since := settle(ownPrev, ownCurr, peerPrev, peerCurr, pk, ps, po, prevCount)
 		if ownPrev|ownCurr|peerPrev|peerCurr == 0 && keep == d.quietKeep && since <= d.quietAt {
 			since = d.quietAt // a quiet cell whose hold began no later takes the quiet one's
 		}

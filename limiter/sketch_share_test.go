@@ -1203,3 +1203,83 @@ func TestSlidingCopyTakesNoCountsMovedLaterForGrants(t *testing.T) {
 		}
 	}
 }
+
+// A peer whose clock is ahead of the others' (within the tolerance, so
+// that its sub-windows are taken as theirs: docs/cluster.md, Clocks) drops
+// its oldest sub-window from its snapshots at its own sub-window's end,
+// before that sub-window leaves the others' views, and an aggregator does
+// the same to its aggregate. A reader between the two edges finds those
+// counts gone from the sum in a sub-window its view still holds: room that
+// has freed for every instance, of which a re-balance takes its share, as
+// of the room that leaves the view. Here the peer granted 6 in a
+// sub-window; at a read in the last sub-window that still holds them, each
+// of three instances was left its share of the 24 left (8), and the two
+// readers took theirs; their next reads, after the peer's clock crossed
+// the edge and before theirs did, found the 6 gone and the others' grants
+// not yet published. Before, each reader took the 6 whole (the
+// reservation it carried for the others, 16, being more than their shares
+// of the 22 it saw left), and the peer its share of them: 38 of 30 within
+// a sub-window (a review's random schedules, six instances with clocks
+// within 2 s of each other reading an aggregate on a 30 s window: 36).
+// Each now takes its share, 2: 30 in all.
+func TestSlidingCopySharesTheCountsAPeerAheadDrops(t *testing.T) {
+	const quota, n, hold = 30, 3, 10 * time.Second
+	peer, a, sub, start, h := fourSecondPair(t, quota)
+	b, err := NewSketch(SketchConfig{Quota: quota, Window: 4 * time.Second, Rows: 4, Width: 64, Sliding: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := sub / 2 // the peer's clock: its local time is the real one plus ahead
+	S := func(k int) time.Time { return start.Add(time.Duration(k) * sub) }
+	for range 6 {
+		if d, _ := peer.TakeHash(h, 1, S(0).Add(sub/2)); !d.Allowed {
+			t.Fatal("the peer's grant was denied")
+		}
+	}
+	snap := func(s *Sketch, now time.Time) []byte {
+		data, _ := s.AppendSnapshot(nil, now)
+		return data
+	}
+	sumOf := func(s *Sketch, now time.Time, snaps ...[]byte) *SketchSum {
+		sum := s.NewSketchSum(now)
+		for _, data := range snaps {
+			if _, err := sum.AddBinary(data); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return sum
+	}
+	take := func(s *Sketch, now time.Time, c *SketchSum) int {
+		took := 0
+		for range quota {
+			if d, _ := s.TakeHashWith(h, 1, now, c); d.Allowed {
+				took++
+			}
+		}
+		return took
+	}
+	// The reads in sub-window 7, the last whose view holds sub-window 0,
+	// more than a window after the peer's grants (real time S(0)).
+	t1 := S(7).Add(sub / 10)
+	sa, sb, sp := snap(a, t1), snap(b, t1), snap(peer, t1.Add(ahead))
+	ca := sumOf(a, t1, sb, sp).WithShares(a, n, 0, t1, nil, hold)
+	cb := sumOf(b, t1, sa, sp).WithShares(b, n, 1, t1, nil, hold)
+	cp := sumOf(peer, t1.Add(ahead), sa, sb).WithShares(peer, n, 2, t1.Add(ahead), nil, hold)
+	first := take(a, t1, ca) + take(b, t1, cb)
+	// The peer's sub-window 8 has begun, the readers' not: its snapshot
+	// no longer counts sub-window 0, and it takes its share of the
+	// room.
+	t2 := S(8).Add(-ahead / 2)
+	sp2 := snap(peer, t2.Add(ahead))
+	byPeer := take(peer, t2.Add(ahead), cp)
+	ca2 := sumOf(a, t2, sb, sp2).WithShares(a, n, 0, t2, ca, hold)
+	cb2 := sumOf(b, t2, sa, sp2).WithShares(b, n, 1, t2, cb, hold)
+	more := [2]int{take(a, t2, ca2), take(b, t2, cb2)}
+	total := first + byPeer + more[0] + more[1]
+	t.Logf("the readers took %d of the 24 left, the peer %d as its sub-window ended, then the readers %d and %d: %d of %d within %v",
+		first, byPeer, more[0], more[1], total, quota, t2.Sub(t1))
+	if first != 16 || more != [2]int{2, 2} || total != quota {
+		t.Errorf("the cluster granted %d of %d within %v (the readers %d, then %d and %d, the peer %d), want the readers' 16, then their shares of the 6 that left the sum, 2 each, and %d in all: that room is the cluster's, not each reader's",
+			total, quota, t2.Sub(t1), first, more[0], more[1], byPeer, quota)
+	}
+}

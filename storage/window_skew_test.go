@@ -367,3 +367,91 @@ func TestWindowZonePeerFoundUpToASubWindowBehindKeepsTheBound(t *testing.T) {
 		}
 	}
 }
+
+// An aggregator whose clock is ahead of the others' (2 s on a 30 s window:
+// within the tolerance, so nothing is moved) crosses a sub-window's edge
+// before them, and its next aggregate no longer counts its own grants of
+// the sub-window that has just left its view, which the readers' views
+// still hold. Readers that read it before their own edge, and before the
+// others' grants since their last read are published, find those counts
+// gone: room freed for the whole cluster, of which each takes only its
+// share. Here the aggregator granted 6 in a sub-window; at a read in the
+// last sub-window that still holds them, more than a window later, each of
+// the four was left its share of the 24 left, and took it; the readers'
+// next read, after the aggregator's edge and before theirs, found the 6
+// gone. Before, each reader took that room as its own (the reservation it
+// carried for the others being more than their shares of what it saw
+// left): 37 of 30 within a second (a review's random schedules, six
+// instances with clocks within 2 s of each other on a 30 s window with 2 s
+// intervals: 36).
+func TestWindowZoneAggregatorAheadDropsNoRoomTwice(t *testing.T) {
+	const events, skew = 30, 2 * time.Second
+	window := 30 * time.Second
+	sub := subWindowOf(window)
+	S := func(k int) time.Time { return time.Unix(0, (t0.UnixNano()/int64(sub)+10+int64(k))*int64(sub)) }
+	var ahead *node
+	clock := func(n *node, at time.Time) time.Time {
+		if n == ahead {
+			return at.Add(skew)
+		}
+		return at
+	}
+	nodes := newWindowNodesOf(t, 4, events, window, true, sameClock, S(-5))
+	ahead = nodes[0] // the first to read: the aggregator
+	readers := nodes[1:]
+	h := limiter.HashString("k")
+	var log []time.Time
+	grant := func(n *node, at time.Time, k int) int {
+		got := 0
+		for range k {
+			if d, _ := n.c.TakeHash(h, 1, clock(n, at)); d.Allowed {
+				log = append(log, at)
+				got++
+			}
+		}
+		return got
+	}
+	// Writes every second, reads 0.4 s after them, the aggregator's
+	// first; its 6 in sub-window 0 of its clock, then, in the readers'
+	// sub-window 7 (the aggregator's crosses into 8 at 2.29 s), each
+	// instance's share of the 24 left: the aggregator's after the read at
+	// 1.6 s, the readers' after their write at 2.2 s, unpublished at
+	// their read at 2.6 s, which finds the aggregate of the aggregator's
+	// sub-window 8.
+	var first, then int
+	for k := -40; k <= 3; k++ {
+		at := S(7).Add(200*time.Millisecond + time.Duration(k)*testIntervals.Write)
+		for _, n := range nodes {
+			n.s.Write(bg, clock(n, at))
+		}
+		if k == 2 {
+			for _, n := range readers {
+				first += grant(n, at.Add(10*time.Millisecond), events)
+			}
+		}
+		read := at.Add(400 * time.Millisecond)
+		for _, n := range nodes {
+			n.s.Read(bg, clock(n, read))
+		}
+		switch k {
+		case -30: // S(0) + 0.6 s, sub-window 0 on the aggregator's clock
+			if got := grant(ahead, read.Add(10*time.Millisecond), 6); got != 6 {
+				t.Fatalf("the aggregator granted %d of 6 of a fresh key", got)
+			}
+		case 1:
+			first += grant(ahead, read.Add(10*time.Millisecond), events)
+		case 2:
+			for _, n := range readers {
+				then += grant(n, read.Add(10*time.Millisecond), events)
+			}
+		}
+	}
+	if got := aggregators(nodes); len(got) != 1 || got[0] != ahead.s.instance {
+		t.Fatalf("aggregators %v, want the instance ahead, %s", got, ahead.s.instance)
+	}
+	ws := worstSpan(log, window)
+	t.Logf("the aggregator's 6, then the four's shares of the 24 left: %d; the readers after the aggregator's edge: %d; worst span %d of %d", first, then, ws, events)
+	if first != 24 || then < 1 || ws > events {
+		t.Errorf("the four took %d of the 24 left (want 24), the readers %d more after the aggregator's edge (want their shares of the 6 that left: at least 1): %d of %d in a span, want at most %d", first, then, ws, events, events)
+	}
+}
