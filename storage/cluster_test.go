@@ -175,34 +175,14 @@ func TestPeekHashOfAShareDenialWaitsForTheNextRead(t *testing.T) {
 func TestWindowZoneRetryAfterOfAKeyFoundOverItsLimitIsNoLaterThanItPasses(t *testing.T) {
 	const events = 30
 	for _, window := range []time.Duration{10 * time.Second, time.Minute} {
-		L := subWindowOf(window)
-		skew := clockTolerance(L) / 20
-		nodes, clock := clockedNodes(t, 2, events, window, func(i int) time.Duration {
-			if i == 0 {
-				return -skew
-			}
-			return 0
-		}, t0)
-		a, b := nodes[0], nodes[1]
-		edge := time.Unix(0, (clock(a, t0).UnixNano()/int64(L)+2)*int64(L)).Add(-10 * time.Millisecond)
-		burst := edge.Add(skew) // real time
-		next := t0.Add(testIntervals.Read)
-		sync := func(at time.Time) {
-			for ; !at.Before(next); next = next.Add(testIntervals.Read) {
-				syncAt(nodes, nodes, clock, next)
-			}
-		}
-		sync(burst)
 		h := limiter.HashString(fmt.Sprint("found over its limit", window))
-		for range events {
-			a.c.TakeHash(h, 1, clock(a, burst))
-		}
+		b, clock, burst, sync := burstBehind(t, events, window, clockTolerance(subWindowOf(window))/20, h)
 		type told struct {
 			how string
 			at  time.Time
 			d   limiter.Decision
 		}
-		var denied [3][]told // by weight, since a request of it last passed
+		var denied [3][]told // by ask (PeekHash of weights 1 and 2, TakeHash), since one passed
 		checked := [3]int{}
 		const step = 10 * time.Millisecond
 		for at := burst.Add(step); at.Before(burst.Add(window + 10*time.Second)); at = at.Add(step) {
