@@ -243,6 +243,37 @@ func TestWindowZoneKeyOnAClockBehindWaitsNoLongerThanItsLinger(t *testing.T) {
 	}
 }
 
+// burstBehind has two instances a and b of a window zone of events per
+// window, a's clock skew behind b's, synced at every read interval from
+// t0 on, and a burst of events for the key with hash h on a 10 ms before
+// a's sub-window ends. It returns b, the instances' clock, the burst's
+// real time, and sync, which syncs them at every read interval up to a
+// real time.
+func burstBehind(t *testing.T, events int64, window, skew time.Duration, h uint64) (b *node, clock func(*node, time.Time) time.Time, burst time.Time, sync func(time.Time)) {
+	t.Helper()
+	L := subWindowOf(window)
+	nodes, clock := clockedNodes(t, 2, events, window, func(i int) time.Duration {
+		if i == 0 {
+			return -skew
+		}
+		return 0
+	}, t0)
+	a := nodes[0]
+	edge := time.Unix(0, (clock(a, t0).UnixNano()/int64(L)+2)*int64(L)).Add(-10 * time.Millisecond)
+	burst = edge.Add(skew) // real time
+	next := t0.Add(testIntervals.Read)
+	sync = func(at time.Time) {
+		for ; !at.Before(next); next = next.Add(testIntervals.Read) {
+			syncAt(nodes, nodes, clock, next)
+		}
+	}
+	sync(burst)
+	for range events {
+		a.c.TakeHash(h, 1, clock(a, burst))
+	}
+	return nodes[1], clock, burst, sync
+}
+
 // A request denied before a peer's counts begin to linger, on counts
 // that must leave for it to pass, is told to retry when the linger ends:
 // at its Retry-After the key passes. Two instances, a behind b by 0.3 to
@@ -269,26 +300,8 @@ func TestWindowZoneRetryAfterWaitsForTheLinger(t *testing.T) {
 			tol := clockTolerance(L)
 			for _, f := range []float64{0.3, 0.6, 0.9} {
 				skew := time.Duration(f * float64(tol))
-				nodes, clock := clockedNodes(t, 2, events, window, func(i int) time.Duration {
-					if i == 0 {
-						return -skew
-					}
-					return 0
-				}, t0)
-				a, b := nodes[0], nodes[1]
-				edge := time.Unix(0, (clock(a, t0).UnixNano()/int64(L)+2)*int64(L)).Add(-10 * time.Millisecond)
-				burst := edge.Add(skew) // real time
-				next := t0.Add(testIntervals.Read)
-				sync := func(at time.Time) {
-					for ; !at.Before(next); next = next.Add(testIntervals.Read) {
-						syncAt(nodes, nodes, clock, next)
-					}
-				}
-				sync(burst)
 				h := limiter.HashString(fmt.Sprint("retry after the linger", iv, window, f))
-				for range events {
-					a.c.TakeHash(h, 1, clock(a, burst))
-				}
+				b, clock, burst, sync := burstBehind(t, events, window, skew, h)
 				const step = 10 * time.Millisecond
 				known := burst.Add(2*testIntervals.Read + 50*time.Millisecond)
 				var due []time.Time // of the denials since the last grant

@@ -208,16 +208,15 @@ func (c *Cluster) SplitBursts(on bool, reread time.Duration) {
 
 // PeekHash answers whether TakeHash would grant the request, charging and
 // blocking nothing; Remaining and Reset are what the key holds now, and a
-// denial by this instance's share alone waits until the next read, as
-// TakeHash's does.
+// denial waits as TakeHash's does (denial).
 func (c *Cluster) PeekHash(h uint64, weight int64, now time.Time) limiter.Decision {
 	if d, ok := c.blockedAt(h, now); ok {
 		return d
 	}
 	shared := c.decisionSum(h)
 	d := c.sketch.PeekHashWith(h, weight, now, shared)
-	if !d.Allowed && c.shareOnly(h, 1, now, shared) {
-		d = c.shareDenial(d)
+	if !d.Allowed {
+		d, _ = c.denial(h, weight, now, shared, d)
 	}
 	return d
 }
@@ -238,8 +237,7 @@ func (c *Cluster) ShareDenies(h uint64, weight int64, now time.Time) bool {
 
 // shareOnly reports whether a denial decided on the sum shared is by the
 // shares alone: shared holds them, and a request of weight passes on the
-// peers' counts without them. (PeekHash asks it of weight 1, as mitigate
-// does for TakeHash: whether the key is over its limit.)
+// peers' counts without them.
 func (c *Cluster) shareOnly(h uint64, weight int64, now time.Time, shared *limiter.SketchSum) bool {
 	peers := c.peers.Load()
 	return shared != peers && c.sketch.PeekHashWith(h, weight, now, peers).Allowed
@@ -252,6 +250,40 @@ func (c *Cluster) shareDenial(d limiter.Decision) limiter.Decision {
 		d.RetryAfter = wait
 	}
 	return d
+}
+
+// denial returns the decision to answer the denial d of a request of
+// weight, decided on the sum shared, with (told), and over, a request of
+// weight 1 decided on the peers' counts alone, without the shares: denied
+// if the key is over its limit, rather than the request too heavy for what
+// is left or over this instance's share.
+//
+// d's wait is right on peers, not on a sum with the shares: there what
+// this instance leaves the others is a count of the current sub-window,
+// which stays until that leaves the view, up to W + L on (slidingWait
+// assumes no new copy), where each read re-balances the shares and a
+// share is held for the others only while they may be granting it
+// (shareHold). So a request denied by its share alone is told to retry at
+// the next read at most (shareDenial), and one over its limit when a
+// request of its weight passes on the peers' counts alone: when mitigate's
+// block, of weight 1, has lifted, as blockedAt tells every request after
+// it, or later for a heavier one.
+func (c *Cluster) denial(h uint64, weight int64, now time.Time, shared *limiter.SketchSum, d limiter.Decision) (told, over limiter.Decision) {
+	peers := c.peers.Load()
+	over = d
+	if weight > 1 || shared != peers {
+		over = c.sketch.PeekHashWith(h, 1, now, peers)
+	}
+	switch {
+	case shared == peers:
+	case over.Allowed:
+		d = c.shareDenial(d)
+	case weight > 1:
+		d.RetryAfter = c.sketch.PeekHashWith(h, weight, now, peers).RetryAfter
+	default:
+		d.RetryAfter = over.RetryAfter
+	}
+	return d, over
 }
 
 // decisionSum is the peers' sum a decision on the key with hash h reads:
@@ -300,22 +332,13 @@ func (c *Cluster) blockedAt(h uint64, now time.Time) (limiter.Decision, bool) {
 // mitigate blocks the key after the denial d, on the sum shared, of a
 // request of weight, if the key is over its limit rather than the request
 // too heavy for what is left or over this instance's share: until a
-// request of weight 1 would pass. A denial by the share alone blocks
-// nothing (the other instances may still grant the key); its wait is at
-// most until the next read re-balances the shares. It returns the
-// decision to answer with.
+// request of weight 1 would pass on the peers' counts alone. A denial by
+// the share alone blocks nothing (the other instances may still grant the
+// key). It returns the decision to answer with, its wait as denial tells
+// it.
 func (c *Cluster) mitigate(h uint64, weight int64, now time.Time, shared *limiter.SketchSum, d limiter.Decision) limiter.Decision {
-	peers := c.peers.Load()
-	over := d
-	if weight > 1 || shared != peers {
-		if over = c.sketch.PeekHashWith(h, 1, now, peers); over.Allowed {
-			if shared != peers {
-				d = c.shareDenial(d)
-			}
-			return d
-		}
-	}
-	if over.RetryAfter <= 0 || over.RetryAfter == limiter.Never {
+	d, over := c.denial(h, weight, now, shared, d)
+	if over.Allowed || over.RetryAfter <= 0 || over.RetryAfter == limiter.Never {
 		return d
 	}
 	n := now.UnixNano()

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -151,5 +152,67 @@ func TestPeekHashOfAShareDenialWaitsForTheNextRead(t *testing.T) {
 	}
 	if d := a.c.PeekHash(over, 1, now); d.Allowed || d.RetryAfter <= testIntervals.Read {
 		t.Fatalf("a key over its limit: %+v, want denied until its count ages out", d)
+	}
+}
+
+// A key found over its limit is told to retry when a request of its weight
+// passes on the counts, not later: the request that blocks it is told what
+// every request after it is told while it is blocked. With the shares, a
+// denial's wait on the copy counts what this instance leaves the others as
+// a count of the current sub-window, held until that leaves the view, where
+// the next reads re-balance it. Two instances, a's clock 5 % of the
+// tolerance behind b's; a burst of events on a 10 ms before a's sub-window
+// ends (a grants its share, counted in a sub-window older than b's copy,
+// so b keeps holding a's share for it), then the key sent to b every
+// 10 ms, each time asked of PeekHash (weights 1 and 2) and then of
+// TakeHash: a wait longer than a read interval (not a share's, which ends
+// at the next read at most) must end no later than the first time a
+// request of its weight passes, and no earlier than a step before it.
+// Before, the read that brought a's grants had the next request blocked
+// until they left the view, and told to retry a sub-window after that:
+// 10.37 s on a 10 s window where the key passed 9.02 s later, 67.25 s on
+// a 1 m one where 59.12 s.
+func TestWindowZoneRetryAfterOfAKeyFoundOverItsLimitIsNoLaterThanItPasses(t *testing.T) {
+	const events = 30
+	for _, window := range []time.Duration{10 * time.Second, time.Minute} {
+		h := limiter.HashString(fmt.Sprint("found over its limit", window))
+		b, clock, burst, sync := burstBehind(t, events, window, clockTolerance(subWindowOf(window))/20, h)
+		type told struct {
+			how string
+			at  time.Time
+			d   limiter.Decision
+		}
+		var denied [3][]told // by ask (PeekHash of weights 1 and 2, TakeHash), since one passed
+		checked := [3]int{}
+		const step = 10 * time.Millisecond
+		for at := burst.Add(step); at.Before(burst.Add(window + 10*time.Second)); at = at.Add(step) {
+			sync(at)
+			now := clock(b, at)
+			peek1, peek2 := b.c.PeekHash(h, 1, now), b.c.PeekHash(h, 2, now)
+			d, _ := b.c.TakeHash(h, 1, now)
+			if peek1.Allowed != d.Allowed {
+				t.Fatalf("window %v, burst+%v: PeekHash %+v, TakeHash %+v", window, at.Sub(burst), peek1, d)
+			}
+			for w, x := range []told{{"PeekHash", at, peek1}, {"PeekHash", at, peek2}, {"TakeHash", at, d}} {
+				weight := []int{1, 2, 1}[w]
+				if !x.d.Allowed {
+					if x.d.RetryAfter > testIntervals.Read { // not a share's
+						denied[w] = append(denied[w], x)
+					}
+					continue
+				}
+				for _, x := range denied[w] {
+					checked[w]++
+					if due := x.at.Add(x.d.RetryAfter); due.After(at) || due.Add(step).Before(at) {
+						t.Errorf("window %v: %s of weight %d at burst+%v told to retry in %v (burst+%v), one first passed at burst+%v",
+							window, x.how, weight, x.at.Sub(burst), x.d.RetryAfter, due.Sub(burst), at.Sub(burst))
+					}
+				}
+				denied[w] = denied[w][:0]
+			}
+		}
+		if checked[0] == 0 || checked[1] == 0 || checked[2] == 0 {
+			t.Errorf("window %v: %v denials told more than a read interval followed by a pass (PeekHash of weights 1 and 2, TakeHash): the scene went wrong", window, checked)
+		}
 	}
 }
