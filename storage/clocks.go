@@ -201,20 +201,23 @@ func clockTolerance(sub time.Duration) time.Duration {
 	return sub - 1
 }
 
-// clockAgreement is how far apart two clocks may be for a window zone's
-// cluster bound to hold as measured (docs/cluster.md, Clocks): half a
-// sub-window (sub). Random schedules of clocks that far apart or less
-// went over the bound in none of 640 on each window measured; further
-// apart, within the tolerance (clockTolerance), a few did. So that is
-// where an operator is told (warnAhead), not only past the tolerance.
+// clockAgreement is how far apart two clocks are expected to be at most
+// (docs/cluster.md, Clocks): half a sub-window (sub). Every figure of the
+// window zone's cluster was measured true there: no random schedule went
+// over the bound, and no Retry-After came early; further apart, within
+// the tolerance (clockTolerance), a Retry-After came up to 0.99 s early on
+// a 4 s window (a clock 0.8 of a sub-window behind), a steady stream got
+// less than its rate, and before the shares' carry compared the view's
+// older sub-windows a few schedules went over. So that is where an
+// operator is told (warnAhead), not only past the tolerance.
 func clockAgreement(sub time.Duration) time.Duration {
 	return sub / 2
 }
 
 // warnAhead logs, at most once per purge_age, that the peer name's clock
 // was seen ahead of this one's by more than within (clockAgreement),
-// where the cluster's bound is no longer sure to hold (docs/cluster.md
-// has the figures). Only a clock ahead is known: the measure of one
+// past which the cluster's figures are no longer sure to hold
+// (docs/cluster.md has them). Only a clock ahead is known: the measure of one
 // behind may be a snapshot found late (clockTolerance), and the measure
 // of one ahead never takes it further ahead than it is, so a warning is
 // never a delay taken for a skew. So of two clocks that far apart, the one
@@ -228,7 +231,7 @@ func (s *Syncer) warnAhead(now time.Time, name string, ahead, within time.Durati
 	s.clockLogged = now
 	s.log.Warn("this instance's clock and another's disagree by more than a window zone's cluster tolerates; check both against the true time and keep the instances' clocks synchronised",
 		zap.String("zone", s.c.shape.Zone), zap.String("this_instance", s.instance), zap.String("instance", name),
-		zap.Duration("other_ahead_at_least", ahead), zap.Duration("bound_holds_within", within))
+		zap.Duration("other_ahead_at_least", ahead), zap.Duration("expected_within", within))
 }
 
 // forgetClocks forgets the peers no read has found for purge_age: their
