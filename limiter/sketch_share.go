@@ -417,9 +417,11 @@ type shareState struct {
 	cells         []shareCell
 	// origin is the window the times are counted from (WithShares).
 	origin int64
-	// from is the oldest window whose peers' counts the next copy
-	// compares with this one's (carry): its own, or that of the older
-	// sum it was made from (WithShares shifts such a sum to now's).
+	// from is the window from which on, at the latest, the next copy
+	// compares the peers' counts with this one's (carry; it compares
+	// every window of its view but the oldest, and from from on where
+	// that is older): its own, or that of the older sum it was made
+	// from (WithShares shifts such a sum to now's).
 	from int64
 	// freed holds, for a sliding sketch, ring − 1 counts for each cell
 	// listed in cells, in the same order: entry k is the room (below the
