@@ -202,14 +202,15 @@ func clockTolerance(sub time.Duration) time.Duration {
 }
 
 // clockAgreement is how far apart two clocks are expected to be at most
-// (docs/cluster.md, Clocks): half a sub-window (sub). Every figure of the
-// window zone's cluster was measured true there: no random schedule went
-// over the bound, and no Retry-After came early; further apart, within
-// the tolerance (clockTolerance), a Retry-After came up to 0.99 s early on
-// a 4 s window (a clock 0.8 of a sub-window behind), a steady stream got
-// less than its rate, and before the shares' carry compared the view's
-// older sub-windows a few schedules went over. So that is where an
-// operator is told (warnAhead), not only past the tolerance.
+// (docs/cluster.md, Clocks): half a sub-window (sub). The window zone's
+// cluster figures were measured true there: no random schedule went over
+// the bound, and no request of weight 1 was told to retry early. Further
+// apart, within the tolerance (clockTolerance), a Retry-After came up to
+// 0.99 s early on a 4 s window (a clock 0.8 of a sub-window behind), a
+// steady stream got less than its rate, and before the shares' carry
+// compared the view's older sub-windows a few schedules went over. So
+// that is where an operator is told (warnAhead), not only past the
+// tolerance.
 func clockAgreement(sub time.Duration) time.Duration {
 	return sub / 2
 }

@@ -263,23 +263,33 @@ func (c *Cluster) shareDenial(d limiter.Decision) limiter.Decision {
 // which stays until that leaves the view, up to W + L on (slidingWait
 // assumes no new copy), where each read re-balances the shares and a
 // share is held for the others only while they may be granting it
-// (shareHold). So a request denied by its share alone is told to retry at
-// the next read at most (shareDenial), and one over its limit when a
-// request of its weight passes on the peers' counts alone: when mitigate's
-// block, of weight 1, has lifted, as blockedAt tells every request after
-// it, or later for a heavier one.
+// (shareHold). So a request denied by its share alone (a request of its
+// weight passes on the peers' counts; asked of weight 1, a heavy one that
+// fitted nowhere was taken for one and told the next read, 65 s early on
+// a 1 m window) is told to retry at the next read at most
+// (shareDenial), and one over its limit, or too heavy for what is left,
+// when it passes on the peers' counts alone: for weight 1, when
+// mitigate's block has lifted, as blockedAt tells every request after it.
+// (A heavier one may be denied again then by its share of the room that
+// freed, if that is less than its weight: docs/cluster.md.)
 func (c *Cluster) denial(h uint64, weight int64, now time.Time, shared *limiter.SketchSum, d limiter.Decision) (told, over limiter.Decision) {
 	peers := c.peers.Load()
 	over = d
 	if weight > 1 || shared != peers {
 		over = c.sketch.PeekHashWith(h, 1, now, peers)
 	}
+	if shared == peers {
+		return d, over
+	}
+	fits := over
+	if weight > 1 {
+		fits = c.sketch.PeekHashWith(h, weight, now, peers)
+	}
 	switch {
-	case shared == peers:
-	case over.Allowed:
+	case fits.Allowed:
 		d = c.shareDenial(d)
 	case weight > 1:
-		d.RetryAfter = c.sketch.PeekHashWith(h, weight, now, peers).RetryAfter
+		d.RetryAfter = fits.RetryAfter
 	default:
 		d.RetryAfter = over.RetryAfter
 	}
