@@ -243,16 +243,16 @@ func TestWindowZoneKeyOnAClockBehindWaitsNoLongerThanItsLinger(t *testing.T) {
 	}
 }
 
-// burstBehind has n instances (a, b, …) of a window zone of events per
-// window, a's clock skew behind the others', synced at every read interval
-// from t0 on, and a burst of events for the key with hash h on a (on every
-// instance if all) 10 ms before a's sub-window ends. It returns b, the
-// instances' clock, the burst's real time, and sync, which syncs them at
-// every read interval up to a real time.
-func burstBehind(t *testing.T, n int, all bool, events int64, window, skew time.Duration, h uint64) (b *node, clock func(*node, time.Time) time.Time, burst time.Time, sync func(time.Time)) {
+// burstBehind has two instances a and b of a window zone of events per
+// window, a's clock skew behind b's, synced at every read interval from
+// t0 on, and a burst of events for the key with hash h on a 10 ms before
+// a's sub-window ends. It returns b, the instances' clock, the burst's
+// real time, and sync, which syncs them at every read interval up to a
+// real time.
+func burstBehind(t *testing.T, events int64, window, skew time.Duration, h uint64) (b *node, clock func(*node, time.Time) time.Time, burst time.Time, sync func(time.Time)) {
 	t.Helper()
 	L := subWindowOf(window)
-	nodes, clock := clockedNodes(t, n, events, window, func(i int) time.Duration {
+	nodes, clock := clockedNodes(t, 2, events, window, func(i int) time.Duration {
 		if i == 0 {
 			return -skew
 		}
@@ -268,14 +268,8 @@ func burstBehind(t *testing.T, n int, all bool, events int64, window, skew time.
 		}
 	}
 	sync(burst)
-	on := nodes[:1]
-	if all {
-		on = nodes
-	}
-	for _, x := range on {
-		for range events {
-			x.c.TakeHash(h, 1, clock(x, burst))
-		}
+	for range events {
+		a.c.TakeHash(h, 1, clock(a, burst))
 	}
 	return nodes[1], clock, burst, sync
 }
@@ -307,7 +301,7 @@ func TestWindowZoneRetryAfterWaitsForTheLinger(t *testing.T) {
 			for _, f := range []float64{0.3, 0.6, 0.9} {
 				skew := time.Duration(f * float64(tol))
 				h := limiter.HashString(fmt.Sprint("retry after the linger", iv, window, f))
-				b, clock, burst, sync := burstBehind(t, 2, false, events, window, skew, h)
+				b, clock, burst, sync := burstBehind(t, events, window, skew, h)
 				const step = 10 * time.Millisecond
 				known := burst.Add(2*testIntervals.Read + 50*time.Millisecond)
 				var due []time.Time // of the denials since the last grant

@@ -176,7 +176,7 @@ func TestWindowZoneRetryAfterOfAKeyFoundOverItsLimitIsNoLaterThanItPasses(t *tes
 	const events = 30
 	for _, window := range []time.Duration{10 * time.Second, time.Minute} {
 		h := limiter.HashString(fmt.Sprint("found over its limit", window))
-		b, clock, burst, sync := burstBehind(t, 2, false, events, window, clockTolerance(subWindowOf(window))/20, h)
+		b, clock, burst, sync := burstBehind(t, events, window, clockTolerance(subWindowOf(window))/20, h)
 		type told struct {
 			how string
 			at  time.Time
@@ -232,7 +232,7 @@ func TestWindowZoneHeavyRequestIsToldNoSoonerThanItPasses(t *testing.T) {
 	const events, step = 30, 10 * time.Millisecond
 	for _, window := range []time.Duration{10 * time.Second, time.Minute} {
 		h := limiter.HashString(fmt.Sprint("heavy", window))
-		b, clock, start, sync := burstBehind(t, 2, false, events, window, 0, h)
+		b, clock, start, sync := burstBehind(t, events, window, 0, h)
 		for range 14 {
 			b.c.TakeHash(h, 1, clock(b, start))
 		}
